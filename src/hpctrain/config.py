@@ -1,0 +1,296 @@
+"""The recipe schema, YAML loading, `key=value` overrides and validation.
+
+One resolved `Config` is the single source of truth for a run: every feature is a field here,
+consumed in exactly one place. Validation errors name the key, the value given and what is
+allowed, and surface as `ConfigError` (exit code 2).
+"""
+
+from __future__ import annotations
+
+import difflib
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from hpctrain.errors import ConfigError
+
+Auto = Literal["auto"]
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ShapesConfig(Section):
+    num_train: int = Field(10000, ge=10)
+    num_val: int = Field(2000, ge=10)
+    image_size: int = Field(32, ge=8, le=512)
+    seed: int = 0
+    cache_dir: str = Field("~/.cache/hpctrain",
+                           description="where the generated dataset is kept between runs")
+
+
+class SyntheticConfig(Section):
+    num_train: int = Field(2560, ge=1)
+    num_val: int = Field(512, ge=1)
+    num_classes: int = Field(1000, ge=2)
+
+
+class AugmentConfig(Section):
+    random_resized_crop: bool = True
+    crop_scale: tuple[float, float] = (0.08, 1.0)
+    hflip: bool = True
+
+    @model_validator(mode="after")
+    def _scale_range(self):
+        lo, hi = self.crop_scale
+        if not 0 < lo <= hi <= 1:
+            raise ValueError(f"crop_scale must satisfy 0 < min <= max <= 1, got {self.crop_scale}")
+        return self
+
+
+class ProgressiveConfig(Section):
+    """FFCV-style progressive resizing: train size grows linearly from start to end size."""
+
+    enabled: bool = False
+    start_size: int = Field(160, ge=8)
+    end_size: int = Field(192, ge=8)
+    start_epoch: int = Field(0, ge=0)
+    end_epoch: int = Field(10, ge=1)
+    multiple_of: int = Field(32, ge=1)
+
+
+class DataConfig(Section):
+    dataset: Literal["shapes", "imagefolder", "synthetic"] = "shapes"
+    path: str | None = Field(None, description="ImageFolder root (with train/ and val/, "
+                                               "or class folders and a val_fraction)")
+    val_fraction: float | None = Field(None, gt=0, lt=1)
+    image_size: int = Field(32, ge=8, le=1024)
+    val_image_size: int | None = Field(None, ge=8, le=1024)
+    val_resize_ratio: float = Field(1.0, gt=0, le=1,
+                                    description="crop fraction for validation (0.875 for "
+                                                "ImageNet; 1 = resize only)")
+    mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
+    std: tuple[float, float, float] = (0.229, 0.224, 0.225)
+    num_workers: Union[int, Auto] = "auto"
+    prefetch_factor: int = Field(4, ge=1)
+    persistent_workers: bool = True
+    pin_memory: Union[bool, Auto] = "auto"
+    on_bad_image: Literal["skip", "fail"] = "skip"
+    augment: AugmentConfig = AugmentConfig()
+    progressive: ProgressiveConfig = ProgressiveConfig()
+    shapes: ShapesConfig = ShapesConfig()
+    synthetic: SyntheticConfig = SyntheticConfig()
+
+    @model_validator(mode="after")
+    def _needs_path(self):
+        if self.dataset == "imagefolder" and not self.path:
+            raise ValueError("dataset 'imagefolder' needs data.path (for example "
+                             "data.path=/scratch/imagenet)")
+        if isinstance(self.num_workers, int) and self.num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0 or 'auto', got {self.num_workers}")
+        return self
+
+
+class ModelConfig(Section):
+    name: str = Field("hpctrain:resnet_small",
+                      description="torchvision:NAME, timm:NAME or hpctrain:NAME")
+    kwargs: dict[str, Any] = Field(default_factory=dict,
+                                   description="extra keyword arguments for the constructor")
+    activation_checkpointing: bool = False
+
+
+class EmaConfig(Section):
+    enabled: bool = False
+    decay: float = Field(0.999, gt=0, lt=1)
+
+
+class OptimConfig(Section):
+    name: Literal["sgd", "adamw", "lars", "lamb"] = "sgd"
+    lr: float = Field(0.1, gt=0)
+    momentum: float = Field(0.9, ge=0, lt=1)
+    nesterov: bool = False
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = Field(5e-5, ge=0)
+    no_decay_norm_bias: bool = True
+    lr_scaling: Literal["none", "linear", "sqrt"] = "none"
+    reference_batch_size: int = Field(256, ge=1)
+    grad_clip_norm: float | None = Field(None, gt=0)
+    ema: EmaConfig = EmaConfig()
+
+
+class ScheduleConfig(Section):
+    name: Literal["cosine", "step", "onecycle", "constant"] = "cosine"
+    warmup_epochs: float = Field(0.0, ge=0)
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    milestones: list[float] = Field(default_factory=lambda: [30, 60, 80],
+                                    description="epochs at which 'step' multiplies by gamma")
+    gamma: float = Field(0.1, gt=0, le=1)
+    pct_start: float = Field(0.25, gt=0, lt=1, description="'onecycle' rising fraction")
+
+
+class TrainConfig(Section):
+    epochs: float = Field(10, gt=0)
+    max_steps: int | None = Field(None, ge=1, description="stop after this many optimiser "
+                                                          "steps (overrides epochs)")
+    batch_size: int = Field(128, ge=1, description="per-device micro-batch")
+    grad_accum_steps: int = Field(1, ge=1)
+    label_smoothing: float = Field(0.0, ge=0, lt=1)
+    log_every: int = Field(20, ge=1, description="optimiser steps between metric read-backs")
+    eval_every_epochs: float = Field(1, gt=0)
+    nan_patience: int = Field(2, ge=1, description="stop after this many logging intervals "
+                                                   "in a row with only non-finite losses")
+
+
+class CheckpointConfig(Section):
+    every_steps: int | None = Field(None, ge=1)
+    every_epochs: float | None = Field(1, gt=0)
+    keep_last: int = Field(3, ge=1)
+
+
+class Config(Section):
+    name: str = "default"
+    seed: int = 0
+    output_dir: str = "runs"
+    run_name: str | None = None
+    resume: str | None = Field(None, description="'auto', a run directory or a checkpoint")
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
+    precision: Literal["auto", "fp32", "tf32", "fp16", "bf16"] = "auto"
+    channels_last: Union[bool, Auto] = "auto"
+    compile: Union[bool, Auto] = "auto"
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune",
+                          "max-autotune-no-cudagraphs"] = "default"
+    cudnn_benchmark: Union[bool, Auto] = "auto"
+    deterministic: bool = False
+    tensorboard: bool = True
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    optim: OptimConfig = OptimConfig()
+    schedule: ScheduleConfig = ScheduleConfig()
+    train: TrainConfig = TrainConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def shipped_recipes() -> dict[str, Path]:
+    """Name -> path of the recipes shipped inside the package."""
+    folder = resources.files("hpctrain") / "recipes"
+    return {Path(p.name).stem: Path(str(p)) for p in folder.iterdir() if p.name.endswith(".yaml")}
+
+
+def _recipe_path(recipe: str) -> Path:
+    path = Path(recipe).expanduser()
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.is_file():
+            raise ConfigError(f"recipe file {recipe!r} does not exist")
+        return path
+    shipped = shipped_recipes()
+    if recipe in shipped:
+        return shipped[recipe]
+    hint = difflib.get_close_matches(recipe, shipped, n=1)
+    raise ConfigError(
+        f"unknown recipe {recipe!r}: not a file and not a shipped recipe"
+        + (f" (did you mean {hint[0]!r}?)" if hint else "")
+        + f". Shipped recipes: {', '.join(sorted(shipped))}; or give a path to a .yaml file.")
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a recipe must be a mapping of keys, got {type(data).__name__}")
+    return data
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`a.b=value` -> (["a", "b"], value), the value parsed as YAML (so 1e-3, true, [1,2])."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {text!r} is not of the form key=value "
+                          "(for example train.batch_size=256)")
+    try:
+        value = yaml.safe_load(raw) if raw != "" else None
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def _set_dotted(tree: dict, keys: list[str], value: Any, text: str) -> None:
+    node = tree
+    for i, key in enumerate(keys[:-1]):
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {text!r}: {'.'.join(keys[:i + 1])} is a value, "
+                              "not a section")
+        node = child
+    node[keys[-1]] = value
+
+
+def _known_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    keys = []
+    for name, field in model.model_fields.items():
+        keys.append(prefix + name)
+        sub = field.annotation
+        if isinstance(sub, type) and issubclass(sub, BaseModel):
+            keys += _known_keys(sub, prefix + name + ".")
+    return keys
+
+
+def _explain(err: ValidationError, source: str) -> ConfigError:
+    """Turn pydantic's report into one line per problem: key, value given, what is allowed."""
+    lines = []
+    known = _known_keys(Config)
+    for problem in err.errors():
+        # pydantic adds the union member ('int', 'literal[...]') to the location: drop those
+        loc = [str(p) for p in problem["loc"]]
+        loc = [p for p in loc if not (p.startswith(("literal[", "function-")) or p in
+                                      ("int", "bool", "str", "float"))]
+        key = ".".join(loc) or "(recipe)"
+        if problem["type"] == "extra_forbidden":
+            hint = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+            lines.append(f"unknown key {key!r}" + (f" (did you mean {hint[0]!r}?)" if hint
+                                                    else ""))
+            continue
+        value = problem.get("input")
+        allowed = problem["msg"]
+        expected = problem.get("ctx", {}).get("expected")
+        if expected:
+            allowed = f"expected {expected}"
+        shown = "" if isinstance(value, dict) else f" = {value!r}"
+        lines.append(f"{key}{shown}: {allowed}")
+    return ConfigError(f"invalid configuration ({source}):\n  " + "\n  ".join(lines))
+
+
+def load_config(recipe: str | None = None, overrides: list[str] = ()) -> Config:
+    """Resolve a recipe (path or shipped name, default 'default') plus overrides."""
+    path = _recipe_path(recipe or "default")
+    tree = _read_yaml(path)
+    tree.setdefault("name", path.stem)
+    for text in overrides:
+        keys, value = parse_override(text)
+        _set_dotted(tree, keys, value, text)
+    source = f"recipe {path}" + (f" with overrides {' '.join(overrides)}" if overrides else "")
+    try:
+        return Config.model_validate(tree)
+    except ValidationError as err:
+        raise _explain(err, source) from None
+
+
+def config_from_dict(tree: dict) -> Config:
+    """Rebuild a Config saved in a run directory or checkpoint."""
+    try:
+        return Config.model_validate(tree)
+    except ValidationError as err:
+        raise _explain(err, "saved configuration") from None
+
+
+def to_yaml(config: Config) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

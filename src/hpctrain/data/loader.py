@@ -1,0 +1,152 @@
+"""Build the train and validation DataLoaders from the data section of a Config.
+
+Loader policy: workers sized to the cores (auto), pinned memory on GPU so host-to-device copies
+are asynchronous, persistent workers (no re-fork each epoch), a deep prefetch, drop_last for
+training. Batches stay uint8 until `DeviceBatcher` moves them to the device and normalises them
+there in one batched operation.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from hpctrain.config import DataConfig
+from hpctrain.data.datasets import ImageFolderDataset, SyntheticDataset, scan_image_folder
+from hpctrain.data.sampling import EpochSampler
+from hpctrain.data.shapes import CLASSES as SHAPE_CLASSES, ensure_shapes
+from hpctrain.errors import DataError
+
+
+@dataclass
+class DataBundle:
+    train_loader: DataLoader
+    train_sampler: EpochSampler
+    val_loader: DataLoader
+    val_sampler: EpochSampler
+    num_classes: int
+    num_workers: int
+
+    @property
+    def skipped_images(self) -> int:
+        return self.train_loader.dataset.skipped.value + self.val_loader.dataset.skipped.value
+
+
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def resolve_num_workers(setting: int | str) -> int:
+    """auto: all cores but one for the training process, at most 16."""
+    if setting != "auto":
+        return int(setting)
+    return max(1, min(16, usable_cpus() - 1))
+
+
+def image_size_for_epoch(data: DataConfig, epoch: int) -> int:
+    """The training resolution of `epoch`: fixed, or growing linearly (progressive resizing)."""
+    p = data.progressive
+    if not p.enabled:
+        return data.image_size
+    t = min(max((epoch - p.start_epoch) / max(p.end_epoch - p.start_epoch, 1), 0.0), 1.0)
+    size = p.start_size + t * (p.end_size - p.start_size)
+    return max(p.multiple_of, int(round(size / p.multiple_of)) * p.multiple_of)
+
+
+def _split(samples: list, fraction: float, seed: int) -> tuple[list, list]:
+    order = list(range(len(samples)))
+    random.Random(seed).shuffle(order)
+    n_val = max(1, round(len(samples) * fraction))
+    val = sorted(order[:n_val])
+    train = sorted(order[n_val:])
+    return [samples[i] for i in train], [samples[i] for i in val]
+
+
+def _image_folder_samples(root: Path, val_fraction: float | None, seed: int):
+    """(num_classes, train samples, val samples) from train/ + val/, or one tree split."""
+    if (root / "train").is_dir():
+        classes, train = scan_image_folder(root / "train")
+        val_root = next((root / n for n in ("val", "validation") if (root / n).is_dir()), None)
+        if val_root is not None:
+            val_classes, val = scan_image_folder(val_root)
+            if val_classes != classes:
+                missing = sorted(set(classes) ^ set(val_classes))[:5]
+                raise DataError(f"data.path: {root}/train and {val_root} have different class "
+                                f"folders (differences: {', '.join(missing)})")
+            return len(classes), train, val
+        if val_fraction is None:
+            raise DataError(f"data.path: {root} has train/ but no val/ folder; add one or set "
+                            "data.val_fraction=0.1 to hold out part of train/")
+        return (len(classes), *_split(train, val_fraction, seed))
+    if not root.is_dir():
+        raise DataError(f"data.path: folder {root} does not exist")
+    classes, samples = scan_image_folder(root)
+    if val_fraction is None:
+        raise DataError(f"data.path: {root} has no train/ and val/ folders; set "
+                        "data.val_fraction=0.1 to hold out part of it for validation")
+    return (len(classes), *_split(samples, val_fraction, seed))
+
+
+def build_datasets(data: DataConfig, seed: int) -> tuple[Dataset, Dataset, int]:
+    if data.dataset == "synthetic":
+        s = data.synthetic
+        return (SyntheticDataset(s.num_train, s.num_classes, seed),
+                SyntheticDataset(s.num_val, s.num_classes, seed + 1), s.num_classes)
+    if data.dataset == "shapes":
+        s = data.shapes
+        root = ensure_shapes(Path(s.cache_dir).expanduser(), s.seed, s.num_train, s.num_val,
+                             s.image_size)
+        num_classes, train, val = _image_folder_samples(root, None, seed)
+        assert num_classes == len(SHAPE_CLASSES)
+    else:
+        num_classes, train, val = _image_folder_samples(Path(data.path).expanduser(),
+                                                        data.val_fraction, seed)
+    make = lambda samples, is_train: ImageFolderDataset(  # noqa: E731
+        samples, is_train, data.augment, seed, data.val_resize_ratio, data.on_bad_image)
+    return make(train, True), make(val, False), num_classes
+
+
+def build_data(data: DataConfig, batch_size: int, seed: int, device: torch.device) -> DataBundle:
+    train_set, val_set, num_classes = build_datasets(data, seed)
+    if len(train_set) < batch_size:
+        raise DataError(f"the training set has {len(train_set)} samples, fewer than one batch "
+                        f"(train.batch_size={batch_size}); lower the batch size")
+    workers = resolve_num_workers(data.num_workers)
+    pin = device.type == "cuda" if data.pin_memory == "auto" else data.pin_memory
+    common = dict(num_workers=workers, pin_memory=pin)
+    if workers > 0:
+        common.update(persistent_workers=data.persistent_workers,
+                      prefetch_factor=data.prefetch_factor)
+    train_sampler = EpochSampler(len(train_set), data.image_size, shuffle=True, seed=seed)
+    val_sampler = EpochSampler(len(val_set), data.val_image_size or data.image_size,
+                               shuffle=False)
+    train_loader = DataLoader(train_set, batch_size=batch_size, sampler=train_sampler,
+                              drop_last=True, **common)
+    val_loader = DataLoader(val_set, batch_size=batch_size * 2, sampler=val_sampler,
+                            drop_last=False, **common)
+    return DataBundle(train_loader, train_sampler, val_loader, val_sampler, num_classes, workers)
+
+
+class DeviceBatcher:
+    """Move a uint8 batch to the device (non-blocking from pinned memory), then convert,
+    normalise and lay it out (channels_last) there, as batched tensor operations."""
+
+    def __init__(self, device: torch.device, mean, std, channels_last: bool):
+        self.device = device
+        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+        self.scale = (1.0 / (255.0 * torch.tensor(std))).view(1, 3, 1, 1).to(device)
+        self.shift = (torch.tensor(mean) / torch.tensor(std)).view(1, 3, 1, 1).to(device)
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor):
+        images = images.to(self.device, non_blocking=True)
+        labels = labels.to(self.device, non_blocking=True)
+        images = images.float().mul_(self.scale).sub_(self.shift)
+        return images.contiguous(memory_format=self.memory_format), labels

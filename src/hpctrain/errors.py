@@ -1,0 +1,30 @@
+"""The project's exception types.
+
+A ``UserError`` is a mistake the user can fix (bad recipe, missing data, wrong device): the
+CLI prints its message, never a traceback, and exits with its ``exit_code``. Anything else
+that escapes is a bug and keeps its traceback.
+"""
+
+
+class UserError(Exception):
+    """Bad usage, configuration or input: exit code 2."""
+
+    exit_code = 2
+
+
+class ConfigError(UserError):
+    """The recipe or an override is invalid."""
+
+
+class DataError(UserError):
+    """The dataset is missing, empty or unreadable."""
+
+
+class DeviceError(UserError):
+    """The requested device or precision is not available on this machine."""
+
+
+class RunFailed(UserError):
+    """The run started but could not finish (NaN loss, out of memory): exit code 1."""
+
+    exit_code = 1

@@ -1,0 +1,84 @@
+"""Optimiser, batch-size LR scaling, the LR schedule and the EMA of weights.
+
+SGD and AdamW come from torch (foreach, or fused on GPU), LARS and LAMB from timm. Norm and
+bias parameters (every parameter with fewer than two dimensions) get no weight decay, as in
+the large-batch ImageNet recipes. The schedule is one function of the step, wrapped in a
+LambdaLR so its position is part of the checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+from hpctrain.config import OptimConfig, ScheduleConfig
+
+
+def scaled_lr(optim: OptimConfig, global_batch_size: int) -> float:
+    """The base LR scaled to the global batch: linear (Goyal et al.) or square-root rule."""
+    ratio = global_batch_size / optim.reference_batch_size
+    factor = {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[optim.lr_scaling]
+    return optim.lr * factor
+
+
+def param_groups(model: nn.Module, weight_decay: float, no_decay_norm_bias: bool) -> list[dict]:
+    decay, no_decay = [], []
+    for param in model.parameters():
+        if param.requires_grad:
+            (no_decay if no_decay_norm_bias and param.ndim <= 1 else decay).append(param)
+    groups = [{"params": decay, "weight_decay": weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    return groups
+
+
+def build_optimizer(model: nn.Module, optim: OptimConfig, lr: float,
+                    device: torch.device) -> torch.optim.Optimizer:
+    groups = param_groups(model, optim.weight_decay, optim.no_decay_norm_bias)
+    fast = {"fused": True} if device.type == "cuda" else {"foreach": True}
+    if optim.name == "sgd":
+        return torch.optim.SGD(groups, lr=lr, momentum=optim.momentum,
+                               nesterov=optim.nesterov and optim.momentum > 0, **fast)
+    if optim.name == "adamw":
+        return torch.optim.AdamW(groups, lr=lr, betas=optim.betas, **fast)
+    from timm.optim import Lamb, Lars
+
+    if optim.name == "lars":
+        return Lars(groups, lr=lr, momentum=optim.momentum, nesterov=optim.nesterov)
+    return Lamb(groups, lr=lr, betas=optim.betas)
+
+
+def lr_multiplier(schedule: ScheduleConfig, step: int, total_steps: int,
+                  steps_per_epoch: int) -> float:
+    """The fraction of the peak LR at optimiser step `step` (0-based)."""
+    if schedule.name == "onecycle":
+        rise = max(1, round(schedule.pct_start * total_steps))
+        if step < rise:
+            return 0.04 + 0.96 * step / rise  # from peak/25, as torch's OneCycleLR
+        t = (step - rise) / max(1, total_steps - rise)
+        return schedule.min_lr_ratio + (1 - schedule.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t))
+    warmup = round(schedule.warmup_epochs * steps_per_epoch)
+    if step < warmup:
+        return (step + 1) / warmup
+    if schedule.name == "cosine":
+        t = (step - warmup) / max(1, total_steps - warmup)
+        return schedule.min_lr_ratio + (1 - schedule.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t))
+    if schedule.name == "step":
+        epoch = step / steps_per_epoch
+        return schedule.gamma ** sum(epoch >= m for m in schedule.milestones)
+    return 1.0
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, schedule: ScheduleConfig,
+                    total_steps: int, steps_per_epoch: int) -> LambdaLR:
+    return LambdaLR(optimizer, lambda step: lr_multiplier(schedule, step, total_steps,
+                                                          steps_per_epoch))
+
+
+def build_ema(model: nn.Module, decay: float) -> AveragedModel:
+    """An exponential moving average of the weights (and buffers), updated every step."""
+    return AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)

@@ -1,0 +1,50 @@
+"""Mixed precision: the autocast context and, for fp16, dynamic loss scaling.
+
+bf16 has fp32's exponent range and needs no scaling; fp16 does, so its gradients go through a
+GradScaler that skips steps with inf/NaN gradients and adapts the scale. tf32 is plain fp32
+code with Tensor Core matmuls, switched on globally in system.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+class Precision:
+    def __init__(self, name: str, device: torch.device):
+        self.name = name
+        self.device_type = device.type
+        self.dtype = AUTOCAST_DTYPES.get(name)
+        self.scaler = torch.amp.GradScaler(device.type) if name == "fp16" else None
+
+    def autocast(self):
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device_type, dtype=self.dtype)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
+
+    def step(self, optimizer: torch.optim.Optimizer, parameters, clip_norm: float | None):
+        """Unscale (fp16), clip if asked, and step; a scaler skips non-finite steps."""
+        if self.scaler:
+            if clip_norm:
+                self.scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(parameters, clip_norm)
+            self.scaler.step(optimizer)
+            self.scaler.update()
+            return
+        if clip_norm:
+            torch.nn.utils.clip_grad_norm_(parameters, clip_norm)
+        optimizer.step()
+
+    def state_dict(self) -> dict:
+        return self.scaler.state_dict() if self.scaler else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.scaler and state:
+            self.scaler.load_state_dict(state)

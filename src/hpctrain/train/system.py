@@ -1,0 +1,102 @@
+"""Resolve the `auto` system switches against the hardware, once, and apply the global ones.
+
+Each switch is decided here and nowhere else: device, precision, channels_last, compile,
+cudnn.benchmark, determinism. The result is printed at the start of a run and saved in the
+summary, so a user always knows what ran.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+
+import torch
+
+from hpctrain.config import Config
+from hpctrain.errors import DeviceError
+
+
+@dataclass(frozen=True)
+class SystemPlan:
+    device: str
+    device_name: str
+    precision: str  # fp32 | tf32 | fp16 | bf16
+    channels_last: bool
+    compile: bool
+    cudnn_benchmark: bool
+    deterministic: bool
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def resolve_device(setting: str) -> torch.device:
+    if setting == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(setting)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceError(
+                f"device={setting} asked for a GPU, but this machine has none that PyTorch can "
+                f"use (torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'}). "
+                "Run on a GPU node (hpctrain submit), or use device=auto or device=cpu.")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise DeviceError(f"device={setting}: only {torch.cuda.device_count()} GPU(s) "
+                              "visible (check CUDA_VISIBLE_DEVICES)")
+    return device
+
+
+def resolve_precision(setting: str, device: torch.device) -> str:
+    if device.type == "cuda":
+        if setting == "auto":
+            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        if setting == "bf16" and not torch.cuda.is_bf16_supported():
+            raise DeviceError(f"precision=bf16: {torch.cuda.get_device_name(device)} has no "
+                              "bf16 support (needs Ampere or newer); use precision=fp16")
+        return setting
+    if setting == "auto":
+        return "fp32"
+    if setting == "fp16":
+        raise DeviceError("precision=fp16 needs a GPU: fp16 autocast with loss scaling is a "
+                          "CUDA feature and runs slower than fp32 on CPUs. Use precision=bf16 "
+                          "(autocast works on CPU) or precision=fp32.")
+    if setting == "tf32":
+        raise DeviceError("precision=tf32 is a GPU Tensor Core mode (Ampere or newer); on the "
+                          "CPU use precision=fp32 or precision=bf16")
+    return setting
+
+
+def _has_triton() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def plan_system(config: Config) -> SystemPlan:
+    """Decide every `auto` switch for this machine."""
+    device = resolve_device(config.device)
+    on_gpu = device.type == "cuda"
+    precision = resolve_precision(config.precision, device)
+    channels_last = on_gpu if config.channels_last == "auto" else config.channels_last
+    # compile pays for itself on GPUs (fused kernels, fewer launches); on CPU the compile time
+    # dominates short runs, so auto leaves it off there.
+    compile_ = (on_gpu and _has_triton()) if config.compile == "auto" else config.compile
+    benchmark = (on_gpu and not config.deterministic) if config.cudnn_benchmark == "auto" \
+        else config.cudnn_benchmark
+    name = torch.cuda.get_device_name(device) if on_gpu else "cpu"
+    return SystemPlan(str(device), name, precision, channels_last, compile_, benchmark,
+                      config.deterministic)
+
+
+def apply_global_switches(plan: SystemPlan, seed: int) -> None:
+    """The process-wide flags: TF32, cudnn autotuning, determinism, seeds."""
+    tf32 = plan.precision != "fp32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.backends.cudnn.benchmark = plan.cudnn_benchmark
+    if plan.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+    torch.manual_seed(seed)

@@ -1,0 +1,98 @@
+"""What a run tells: a progress line or bar, metrics.jsonl, TensorBoard, summary.json.
+
+Only figures already read back from the device reach this module (at logging intervals), so
+nothing here forces a host-device synchronisation inside the training step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+
+class Telemetry:
+    def __init__(self, run_dir: Path, total_steps: int, start_step: int, tensorboard: bool):
+        self.metrics_file = open(run_dir / "metrics.jsonl", "a", buffering=1)
+        self.writer = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(run_dir / "tb"))
+        self.total_steps = total_steps
+        self.interactive = sys.stdout.isatty()
+        self.progress = None
+        if self.interactive:
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                       TimeElapsedColumn, TimeRemainingColumn)
+
+            self.progress = Progress(
+                TextColumn("step"), MofNCompleteColumn(), BarColumn(),
+                TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
+                TextColumn("ETA"), TimeRemainingColumn(), transient=False)
+            self.task = self.progress.add_task("train", total=total_steps,
+                                               completed=start_step, status="")
+            self.progress.start()
+
+    def record(self, kind: str, step: int, values: dict) -> None:
+        """Append one metrics.jsonl record and the matching TensorBoard scalars."""
+        row = {"kind": kind, "step": step, "time": round(time.time(), 3), **values}
+        self.metrics_file.write(json.dumps(row) + "\n")
+        if self.writer:
+            for key, value in values.items():
+                if isinstance(value, (int, float)) and math.isfinite(value):
+                    self.writer.add_scalar(f"{kind}/{key}", value, step)
+
+    def show(self, step: int, line: str) -> None:
+        if self.progress:
+            self.progress.update(self.task, completed=step, status=line)
+        else:
+            print(f"step {step}/{self.total_steps}  {line}", flush=True)
+
+    def message(self, text: str) -> None:
+        if self.progress:
+            self.progress.console.print(text)
+        else:
+            print(text, flush=True)
+
+    def close(self) -> None:
+        if self.progress:
+            self.progress.stop()
+        if self.writer:
+            self.writer.close()
+        self.metrics_file.close()
+
+
+def write_summary(run_dir: Path, summary: dict) -> None:
+    tmp = run_dir / "summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=2) + "\n")
+    tmp.replace(run_dir / "summary.json")
+
+
+SUMMARY_ROWS = [
+    ("status", "{}"), ("best_val_accuracy", "{:.4f}"), ("final_val_accuracy", "{:.4f}"),
+    ("images_per_second", "{:,.1f}"), ("data_wait_fraction", "{:.1%}"),
+    ("peak_memory_bytes", "bytes"), ("wall_seconds", "{:,.1f}"), ("steps", "{}"),
+    ("epochs", "{:.2f}"), ("global_batch_size", "{}"), ("effective_lr", "{:.4g}"),
+    ("device", "{}"), ("world_size", "{}"), ("precision", "{}"), ("device_hours", "{:.4f}"),
+    ("skipped_images", "{}"),
+]
+
+
+def print_summary(summary: dict, run_dir: Path) -> None:
+    table = Table(title=f"hpctrain run: {run_dir}", show_header=False)
+    for key, fmt in SUMMARY_ROWS:
+        value = summary.get(key)
+        if value is None:
+            text = "-"
+        elif fmt == "bytes":
+            text = f"{value / 2**20:,.0f} MiB"
+        else:
+            text = fmt.format(value)
+        table.add_row(key, text)
+    Console(width=100).print(table)
