@@ -28,6 +28,7 @@ CLASSES = (
 )
 SUPERSAMPLE = 3  # render larger, then downsample: anti-aliased edges
 FORMAT_VERSION = 1
+PARALLEL_FROM = 2000  # below this, starting worker processes costs more than it saves
 
 
 def _polygon(points: np.ndarray, cx: float, cy: float, r: float, angle: float) -> list[tuple]:
@@ -141,13 +142,18 @@ def ensure_shapes(root: Path, seed: int, num_train: int, num_val: int, size: int
     jobs = [(tmp, seed, split, start, min(start + 500, n), size)
             for split, n in (("train", num_train), ("val", num_val))
             for start in range(0, n, 500)]
-    with progress_bar("generating the shapes dataset", total=num_train + num_val) as advance, \
-            multiprocessing.get_context("spawn").Pool(os.cpu_count() or 1) as pool:
-        for done in pool.imap_unordered(_write_range, jobs):
-            advance(done)
+    with progress_bar("generating the shapes dataset", total=num_train + num_val) as advance:
+        if num_train + num_val < PARALLEL_FROM:
+            for job in jobs:
+                advance(_write_range(job))
+        else:
+            with multiprocessing.get_context("spawn").Pool(os.cpu_count() or 1) as pool:
+                for done in pool.imap_unordered(_write_range, jobs):
+                    advance(done)
     (tmp / "complete.json").write_text(json.dumps({"classes": CLASSES, "seed": seed}))
-    if folder.exists():  # another process finished first: keep theirs
+    if marker.exists():  # another process finished first: keep theirs
         shutil.rmtree(tmp)
-    else:
-        tmp.rename(folder)
+        return folder
+    shutil.rmtree(folder, ignore_errors=True)  # an interrupted earlier generation
+    tmp.rename(folder)
     return folder

@@ -1,0 +1,88 @@
+"""Shared fixtures: tiny, fast configurations and small datasets built on disk."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from hpctrain import cli
+from hpctrain.config import load_config
+
+
+@pytest.fixture(scope="session")
+def shapes_cache(tmp_path_factory) -> Path:
+    """One small shapes dataset for the whole session."""
+    return tmp_path_factory.mktemp("shapes-cache")
+
+
+@pytest.fixture
+def tiny(tmp_path, shapes_cache):
+    """Overrides for a run of a few seconds: tiny net, 16 px, small shapes set."""
+    def make(*extra: str) -> list[str]:
+        return [
+            f"output_dir={tmp_path / 'runs'}",
+            f"data.shapes.cache_dir={shapes_cache}",
+            "data.shapes.num_train=160", "data.shapes.num_val=40", "data.shapes.image_size=16",
+            "data.image_size=16", "data.num_workers=0",
+            "model.name=hpctrain:tiny_cnn", "train.batch_size=16", "train.epochs=1",
+            "train.log_every=2", "tensorboard=false", *extra,
+        ]
+    return make
+
+
+@pytest.fixture
+def tiny_config(tiny):
+    def make(*extra: str):
+        return load_config("default", tiny(*extra))
+    return make
+
+
+@pytest.fixture
+def run_cli(capsys):
+    """Call the CLI in-process: (exit code, stdout, stderr)."""
+    def call(*args: str):
+        code = cli.main(list(args))
+        out, err = capsys.readouterr()
+        return code, out, err
+    return call
+
+
+@pytest.fixture(autouse=True)
+def restore_torch_globals():
+    """Runs change process-wide switches (determinism, TF32, seeds): put them back."""
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    benchmark = torch.backends.cudnn.benchmark
+    yield
+    torch.use_deterministic_algorithms(deterministic)
+    torch.backends.cudnn.benchmark = benchmark
+
+
+def write_image_folder(root: Path, classes=("cat", "dog"), per_class=6, size=20,
+                       ext="jpg") -> Path:
+    rng = np.random.default_rng(0)
+    for name in classes:
+        (root / name).mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            pixels = rng.integers(0, 256, (size, size + 4, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / name / f"{i}.{ext}")
+    return root
+
+
+@pytest.fixture
+def image_folder(tmp_path) -> Path:
+    """ROOT/train/<class> and ROOT/val/<class> with random images."""
+    root = tmp_path / "images"
+    write_image_folder(root / "train", per_class=12)
+    write_image_folder(root / "val", per_class=4)
+    return root
+
+
+@pytest.fixture
+def seeded():
+    random.seed(0)
+    torch.manual_seed(0)

@@ -1,0 +1,149 @@
+"""Whole runs through the CLI: the run-directory contract, telemetry and the failure paths."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from hpctrain.train import loop
+from hpctrain.train.checkpoint import list_checkpoints, load_checkpoint
+from conftest import write_image_folder
+
+SUMMARY_KEYS = {"status", "best_val_accuracy", "final_val_accuracy", "images_per_second",
+                "data_wait_fraction", "peak_memory_bytes", "wall_seconds", "steps", "epochs",
+                "device", "world_size", "precision", "device_hours", "global_batch_size"}
+
+
+def only_run(tmp_path) -> Path:
+    runs = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
+    assert len(runs) == 1
+    return runs[0]
+
+
+def read_metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_run_fills_the_run_directory(tmp_path, run_cli, tiny):
+    code, out, _ = run_cli("run", "default", *tiny("tensorboard=true", "train.epochs=2",
+                                                   "checkpoint.keep_last=1",
+                                                   "optim.lr_scaling=linear",
+                                                   "optim.reference_batch_size=32"))
+    assert code == 0
+    run = only_run(tmp_path)
+    summary = json.loads((run / "summary.json").read_text())
+    assert SUMMARY_KEYS <= set(summary)
+    assert summary["status"] == "completed" and summary["steps"] == 20 == 2 * 160 // 16
+    assert summary["epochs"] == 2 and summary["world_size"] == 1 and summary["precision"] == "fp32"
+    assert 0 <= summary["best_val_accuracy"] <= 1 and 0 <= summary["final_val_accuracy"] <= 1
+    assert summary["best_val_accuracy"] >= summary["final_val_accuracy"]
+    assert 0 <= summary["data_wait_fraction"] <= 1
+    assert summary["images_per_second"] > 0 and summary["peak_memory_bytes"] > 0
+    assert summary["effective_lr"] == pytest.approx(0.2 * 16 / 32)
+    assert summary["device_hours"] == pytest.approx(summary["wall_seconds"] / 3600)
+    assert "best_val_accuracy" in out and "images_per_second" in out  # the closing table
+    records = read_metrics(run)
+    train = [r for r in records if r["kind"] == "train"]
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert [r["step"] for r in train] == list(range(2, 21, 2))
+    assert [r["step"] for r in evals] == [10, 20]
+    assert max(r["lr"] for r in train) <= summary["effective_lr"] + 1e-9
+    assert (run / "config.yaml").exists() and list((run / "tb").glob("events.out.tfevents.*"))
+    assert [p.name for p in list_checkpoints(run / "checkpoints")] == ["step_00000020.pt"]
+
+
+def test_gradient_accumulation_sets_the_global_batch(tmp_path, run_cli, tiny):
+    code, _, _ = run_cli("run", "default", *tiny("train.grad_accum_steps=2", "--json"))
+    summary = json.loads((only_run(tmp_path) / "summary.json").read_text())
+    assert code == 0 and summary["global_batch_size"] == 32 and summary["steps"] == 160 // 32
+
+
+def test_ema_is_evaluated(tmp_path, run_cli, tiny):
+    code, _, _ = run_cli("run", "default", *tiny("optim.ema.enabled=true"))
+    evals = [r for r in read_metrics(only_run(tmp_path)) if r["kind"] == "eval"]
+    assert code == 0 and evals and all(0 <= r["val_accuracy_ema"] <= 1 for r in evals)
+
+
+def test_a_loss_that_stays_nan_stops_and_keeps_the_last_good_checkpoint(tmp_path, run_cli,
+                                                                         tiny):
+    code, _, err = run_cli("run", "default", *tiny("optim.lr=1e30", "train.epochs=4",
+                                                   "checkpoint.every_steps=1",
+                                                   "train.nan_patience=2"))
+    assert code == 1
+    assert "NaN/inf at every step since step" in err and "optim.lr" in err
+    assert "Last good checkpoint" in err and "Traceback" not in err
+    run = only_run(tmp_path)
+    assert json.loads((run / "summary.json").read_text())["status"] == "failed"
+    kept = list_checkpoints(run / "checkpoints")
+    for path in kept:
+        weights = load_checkpoint(path)["model"]
+        assert all(torch.isfinite(t).all() for t in weights.values() if t.is_floating_point())
+    assert (kept[-1].name in err) if kept else ("none saved yet" in err)
+
+
+def test_out_of_memory_names_the_batch_and_the_switches(tmp_path, run_cli, tiny, monkeypatch):
+    """CUDA cannot run here: the model raises the error CUDA would raise."""
+    class Exhausting(torch.nn.Module):
+        def __init__(self, *args, **kwargs):
+            super().__init__()
+            self.layer = torch.nn.Linear(1, 1)
+
+        def forward(self, x):
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    monkeypatch.setattr(loop, "build_model", lambda *a, **k: Exhausting())
+    code, _, err = run_cli("run", "default", *tiny("train.batch_size=16"))
+    assert code == 1 and "out of memory at step 0 with train.batch_size=16" in err
+    assert "train.batch_size=8 train.grad_accum_steps=2" in err
+    assert "model.activation_checkpointing=true" in err and "precision=bf16" in err
+
+
+def test_unreadable_images_are_skipped_and_counted(tmp_path, run_cli, tiny):
+    root = tmp_path / "data"
+    write_image_folder(root / "train", per_class=16)
+    write_image_folder(root / "val", per_class=4)
+    (root / "train" / "cat" / "0.jpg").write_bytes(b"not a jpeg")
+    code, _, err = run_cli("run", "default", *tiny("data.dataset=imagefolder",
+                                                   f"data.path={root}"))
+    summary = json.loads((only_run(tmp_path) / "summary.json").read_text())
+    assert code == 0 and summary["skipped_images"] >= 1
+    assert "skipping unreadable image" in err and "0.jpg" in err
+
+
+def test_unreadable_images_fail_when_asked(tmp_path, run_cli, tiny):
+    root = tmp_path / "data"
+    write_image_folder(root / "train", per_class=16)
+    write_image_folder(root / "val", per_class=4)
+    (root / "train" / "dog" / "3.jpg").write_bytes(b"")
+    code, _, err = run_cli("run", "default", *tiny("data.dataset=imagefolder",
+                                                   f"data.path={root}", "data.num_workers=1",
+                                                   "data.on_bad_image=fail"))
+    assert code == 2 and "unreadable image" in err and "3.jpg" in err
+    assert "data.on_bad_image=skip" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("setup, message", [
+    ("missing", "does not exist"),
+    ("empty", "has no class sub-folders"),
+])
+def test_missing_or_empty_dataset_folder(tmp_path, run_cli, tiny, setup, message):
+    root = tmp_path / "data"
+    if setup == "empty":
+        root.mkdir()
+    code, _, err = run_cli("run", "default", *tiny("data.dataset=imagefolder",
+                                                   f"data.path={root}", "data.val_fraction=0.2"))
+    assert code == 2 and message in err and str(root) in err
+
+
+def test_a_batch_larger_than_the_dataset_is_explained(run_cli, tiny):
+    code, _, err = run_cli("run", "default", *tiny("train.batch_size=1000"))
+    assert code == 2 and "fewer than one batch" in err
+
+
+def test_synthetic_data_trains(tmp_path, run_cli, tiny):
+    code, _, _ = run_cli("run", "default", *tiny("data.dataset=synthetic",
+                                                 "data.synthetic.num_train=64",
+                                                 "data.synthetic.num_val=16",
+                                                 "data.synthetic.num_classes=5"))
+    summary = json.loads((only_run(tmp_path) / "summary.json").read_text())
+    assert code == 0 and summary["steps"] == 4

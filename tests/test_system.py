@@ -1,0 +1,79 @@
+"""Each system switch is resolved for the hardware and really takes effect in the loop."""
+
+import pytest
+import torch
+
+from hpctrain.config import load_config
+from hpctrain.errors import DeviceError
+from hpctrain.train.loop import Clock, Progress, _run_steps, build_parts
+from hpctrain.train.system import plan_system
+from hpctrain.train.telemetry import Telemetry
+
+needs_no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only answers")
+
+
+@needs_no_gpu
+def test_auto_switches_on_a_cpu_machine():
+    plan = plan_system(load_config("default"))
+    assert (plan.device, plan.precision, plan.channels_last, plan.compile,
+            plan.cudnn_benchmark) == ("cpu", "fp32", False, False, False)
+
+
+@needs_no_gpu
+@pytest.mark.parametrize("override, message", [
+    ("device=cuda", "asked for a GPU, but this machine has none"),
+    ("precision=fp16", "precision=fp16 needs a GPU"),
+    ("precision=tf32", "Tensor Core mode"),
+])
+def test_gpu_only_requests_fail_clearly_on_cpu(run_cli, tiny, override, message):
+    code, _, err = run_cli("run", "default", *tiny(override))
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def _observe_steps(parts):
+    """Run the real loop; record what the model saw in its forward passes."""
+    seen = []
+
+    def hook(module, inputs, output):
+        if module.training:
+            seen.append((inputs[0], output.dtype, torch.is_autocast_enabled("cpu")))
+    first_conv = next(m for m in parts.model.modules() if isinstance(m, torch.nn.Conv2d))
+    first_conv.register_forward_hook(hook)
+    telemetry = Telemetry(parts.run_dir, parts.total_steps, 0, tensorboard=False)
+    _run_steps(parts, Progress(), Clock(), telemetry)
+    telemetry.close()
+    return seen
+
+
+def test_bf16_runs_the_model_under_autocast(tiny_config):
+    parts = build_parts(tiny_config("precision=bf16", "train.max_steps=2"))
+    seen = _observe_steps(parts)
+    assert seen and all(dtype == torch.bfloat16 and autocast for _, dtype, autocast in seen)
+    assert all(p.dtype == torch.float32 for p in parts.model.parameters())  # master weights
+
+
+def test_fp32_runs_without_autocast(tiny_config):
+    seen = _observe_steps(build_parts(tiny_config("precision=fp32", "train.max_steps=2")))
+    assert seen and all(dtype == torch.float32 and not ac for _, dtype, ac in seen)
+
+
+def test_channels_last_changes_weights_and_inputs(tiny_config):
+    parts = build_parts(tiny_config("channels_last=true", "train.max_steps=2"))
+    conv = next(m for m in parts.model.modules() if isinstance(m, torch.nn.Conv2d))
+    assert conv.weight.is_contiguous(memory_format=torch.channels_last)
+    assert not conv.weight.is_contiguous()
+    seen = _observe_steps(parts)
+    assert all(x.is_contiguous(memory_format=torch.channels_last) for x, _, _ in seen)
+    plain = build_parts(tiny_config("channels_last=false"))
+    conv = next(m for m in plain.model.modules() if isinstance(m, torch.nn.Conv2d))
+    assert conv.weight.is_contiguous()
+
+
+def test_compile_wraps_the_forward_and_cudnn_flags_apply(tiny_config):
+    parts = build_parts(tiny_config("compile=true", "cudnn_benchmark=true"))
+    assert isinstance(parts.forward, torch._dynamo.eval_frame.OptimizedModule)
+    assert parts.forward._orig_mod is parts.model
+    assert torch.backends.cudnn.benchmark is True
+    parts = build_parts(tiny_config("compile=false", "deterministic=true"))
+    assert parts.forward is parts.model
+    assert torch.are_deterministic_algorithms_enabled()
