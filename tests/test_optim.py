@@ -60,3 +60,20 @@ def test_each_optimiser_trains(name, kind):
         optimizer.step()
         losses.append(loss.item())
     assert losses[-1] < losses[0] and math.isfinite(losses[-1])
+
+
+def test_weight_ema_follows_the_weights_at_its_decay():
+    from hpctrain.train.optim import WeightEma
+
+    model = build_model("hpctrain:tiny_cnn", 3)
+    ema = WeightEma(model, decay=0.75)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    model.state_dict()["stem.1.num_batches_tracked"].fill_(7)
+    ema.update()
+    for key, value in ema.state_dict().items():
+        if value.is_floating_point() and key in dict(model.named_parameters()):
+            torch.testing.assert_close(value, start[key] + 0.25)
+    assert ema.state_dict()["stem.1.num_batches_tracked"].item() == 7

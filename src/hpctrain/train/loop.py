@@ -22,7 +22,7 @@ from hpctrain.errors import DataError, RunFailed
 from hpctrain.models.checkpointing import enable_activation_checkpointing
 from hpctrain.models.registry import build_model
 from hpctrain.train import checkpoint as ckpt
-from hpctrain.train.optim import build_ema, build_optimizer, build_scheduler, scaled_lr
+from hpctrain.train.optim import WeightEma, build_optimizer, build_scheduler, scaled_lr
 from hpctrain.train.precision import Precision
 from hpctrain.train.run_dir import resolve_run
 from hpctrain.train.system import SystemPlan, apply_global_switches, plan_system
@@ -44,7 +44,7 @@ class Parts:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     precision: Precision
-    ema: torch.optim.swa_utils.AveragedModel | None
+    ema: WeightEma | None
     batcher: DeviceBatcher
     criterion: nn.Module
     steps_per_epoch: int
@@ -138,7 +138,7 @@ def build_parts(config: Config) -> Parts:
         data=data, model=model,
         forward=forward, optimizer=optimizer, scheduler=scheduler,
         precision=Precision(plan.precision, device),
-        ema=build_ema(model, config.optim.ema.decay) if config.optim.ema.enabled else None,
+        ema=WeightEma(model, config.optim.ema.decay) if config.optim.ema.enabled else None,
         batcher=DeviceBatcher(device, config.data.mean, config.data.std, plan.channels_last),
         criterion=nn.CrossEntropyLoss(label_smoothing=train_cfg.label_smoothing),
         steps_per_epoch=steps_per_epoch, total_steps=total_steps,
@@ -198,7 +198,7 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
             parts.scheduler.step()
             parts.optimizer.zero_grad(set_to_none=True)
             if parts.ema is not None:
-                parts.ema.update_parameters(parts.model)
+                parts.ema.update()
             progress.step += 1
             interval_images += parts.global_batch_size
             # ---- read back, evaluate, checkpoint: only at intervals ----

@@ -1,0 +1,67 @@
+"""Shared by the benchmarks: hpctrain's real step loop fed from batches held in memory.
+
+Evaluation and checkpointing are switched off (they are not the training step); everything
+else, batch normalisation on the device, autocast, metric accumulation, the read-back at
+logging intervals, the scheduler, runs exactly as in `hpctrain run`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import statistics
+import time
+
+import torch
+
+from hpctrain.config import load_config
+from hpctrain.train import loop
+from hpctrain.train.telemetry import Telemetry
+
+
+def make_batches(count: int, batch_size: int, image_size: int, num_classes: int,
+                 pin: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(0)
+    batches = []
+    for _ in range(count):
+        images = torch.randint(0, 256, (batch_size, 3, image_size, image_size),
+                               dtype=torch.uint8, generator=generator)
+        labels = torch.randint(0, num_classes, (batch_size,), generator=generator)
+        batches.append((images.pin_memory(), labels.pin_memory()) if pin else (images, labels))
+    return batches
+
+
+def hpctrain_parts(overrides: list[str], output_dir: str) -> loop.Parts:
+    config = load_config("default", [f"output_dir={output_dir}", "data.dataset=synthetic",
+                                     "data.num_workers=0", "tensorboard=false", *overrides])
+    return loop.build_parts(config)
+
+
+def with_batches(parts: loop.Parts, batches: list) -> loop.Parts:
+    """The same parts, trained from `batches` (one epoch = one pass over them)."""
+    data = dataclasses.replace(parts.data, train_loader=batches)
+    return dataclasses.replace(parts, data=data, steps_per_epoch=len(batches))
+
+
+def time_hpctrain(parts: loop.Parts, steps: int) -> float:
+    """Seconds per optimiser step over `steps` steps of the real loop."""
+    parts.total_steps = steps
+    telemetry = Telemetry(parts.run_dir, steps, 0, tensorboard=False)
+    saved = loop._evaluate_and_record, loop._save
+    loop._evaluate_and_record = loop._save = lambda *args: None
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            start = time.perf_counter()
+            loop._run_steps(parts, loop.Progress(), loop.Clock(), telemetry)
+            if parts.device.type == "cuda":
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - start
+    finally:
+        loop._evaluate_and_record, loop._save = saved
+        telemetry.close()
+    return seconds / steps
+
+
+def median_ms(samples: list[float]) -> float:
+    return statistics.median(samples) * 1e3

@@ -1,0 +1,59 @@
+"""GPU paths: need CUDA, so they are skipped elsewhere; run them on the lent GPU machine."""
+
+import json
+
+import pytest
+import torch
+
+from hpctrain.train import loop
+from hpctrain.train.loop import Clock, Progress, RunningMetrics, _run_steps, build_parts
+from hpctrain.train.telemetry import Telemetry
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+def test_auto_picks_bf16_channels_last_compile_and_pinned_memory(tiny_config):
+    parts = build_parts(tiny_config("data.num_workers=1"))
+    assert parts.plan.device.startswith("cuda") and parts.plan.precision == "bf16"
+    assert parts.plan.channels_last and parts.plan.cudnn_benchmark
+    assert parts.data.train_loader.pin_memory
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16", "tf32"])
+def test_a_gpu_run_completes(tmp_path, run_cli, tiny, precision):
+    code, _, err = run_cli("run", "default", *tiny(f"precision={precision}", "compile=false"))
+    assert code == 0, err
+    summary = json.loads(next((tmp_path / "runs").glob("*/summary.json")).read_text())
+    assert summary["precision"] == precision and summary["peak_memory_kind"] == "cuda_allocated"
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_no_host_device_synchronisation_inside_the_step(tiny_config, monkeypatch, precision):
+    """Synchronising anywhere but the logging read-back raises."""
+    parts = build_parts(tiny_config(f"precision={precision}", "compile=false",
+                                    "optim.ema.enabled=true", "train.max_steps=6",
+                                    "train.log_every=3", "optim.grad_clip_norm=1.0"))
+    monkeypatch.setattr(loop, "_evaluate_and_record", lambda *a: None)
+    monkeypatch.setattr(loop, "_save", lambda *a: None)
+    read = RunningMetrics.read
+
+    def read_allowing_sync(self):
+        torch.cuda.set_sync_debug_mode(0)
+        try:
+            return read(self)
+        finally:
+            torch.cuda.set_sync_debug_mode("error")
+    monkeypatch.setattr(RunningMetrics, "read", read_allowing_sync)
+    telemetry = Telemetry(parts.run_dir, parts.total_steps, 0, tensorboard=False)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        _run_steps(parts, Progress(), Clock(), telemetry)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+        telemetry.close()
+
+
+def test_compiled_run(tmp_path, run_cli, tiny):
+    code, _, err = run_cli("run", "default", *tiny("compile=true"))
+    assert code == 0, err
