@@ -49,6 +49,7 @@ def test_a_run_fills_the_run_directory(tmp_path, run_cli, tiny):
     assert [r["step"] for r in train] == list(range(2, 21, 2))
     assert [r["step"] for r in evals] == [10, 20]
     assert max(r["lr"] for r in train) <= summary["effective_lr"] + 1e-9
+    assert all(0 <= r["data_wait_fraction"] <= 1 and r["images_per_second"] > 0 for r in train)
     assert (run / "config.yaml").exists() and list((run / "tb").glob("events.out.tfevents.*"))
     assert [p.name for p in list_checkpoints(run / "checkpoints")] == ["step_00000020.pt"]
 

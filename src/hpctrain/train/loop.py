@@ -177,6 +177,7 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
                                                       * parts.steps_per_epoch))
     metrics = RunningMetrics(parts.device)
     interval_start, interval_images, first_interval = time.perf_counter(), 0, True
+    interval_wait = 0.0
     params = [p for p in parts.model.parameters() if p.requires_grad]
     parts.model.train()
 
@@ -209,10 +210,12 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
                 if not first_interval:
                     clock.steady_seconds += seconds
                     clock.steady_images += interval_images
+                waited = clock.data_wait_seconds - interval_wait
                 _log_interval(parts, progress, metrics.read(), epoch, interval_images / seconds,
-                              telemetry)
+                              waited / seconds, telemetry)
                 first_interval = False
                 interval_start, interval_images = time.perf_counter(), 0
+                interval_wait = clock.data_wait_seconds
             paused = time.perf_counter()  # evaluation and checkpoints are not training time
             if progress.step % eval_every == 0 or last:
                 _evaluate_and_record(parts, progress, telemetry)
@@ -241,7 +244,7 @@ def _next_batch(batches):
 
 
 def _log_interval(parts: Parts, progress: Progress, values: dict, epoch: int,
-                  images_per_second: float, telemetry: Telemetry) -> None:
+                  images_per_second: float, data_wait: float, telemetry: Telemetry) -> None:
     lr = parts.optimizer.param_groups[0]["lr"]
     if values.pop("all_nonfinite"):
         progress.nan_intervals += 1
@@ -258,10 +261,10 @@ def _log_interval(parts: Parts, progress: Progress, values: dict, epoch: int,
         progress.nan_intervals, progress.nan_since_step = 0, None
     record = {"loss": values["loss"], "train_accuracy": values["accuracy"], "lr": lr,
               "epoch": progress.step / parts.steps_per_epoch, "images_per_second":
-              images_per_second}
+              images_per_second, "data_wait_fraction": data_wait}
     telemetry.record("train", progress.step, record)
     telemetry.show(progress.step, f"epoch {epoch}  loss {values['loss']:.4f}  "
-                                  f"{images_per_second:,.0f} img/s")
+                                  f"{images_per_second:,.0f} img/s  data wait {data_wait:.0%}")
 
 
 @torch.inference_mode()
