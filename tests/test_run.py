@@ -99,11 +99,16 @@ def test_out_of_memory_names_the_batch_and_the_switches(tmp_path, run_cli, tiny,
     assert "model.activation_checkpointing=true" in err and "precision=bf16" in err
 
 
-def test_unreadable_images_are_skipped_and_counted(tmp_path, run_cli, tiny):
+def folder_with_a_bad_image(tmp_path, bad: str, content: bytes) -> Path:
     root = tmp_path / "data"
     write_image_folder(root / "train", per_class=16)
     write_image_folder(root / "val", per_class=4)
-    (root / "train" / "cat" / "0.jpg").write_bytes(b"not a jpeg")
+    (root / "train" / bad).write_bytes(content)
+    return root
+
+
+def test_unreadable_images_are_skipped_and_counted(tmp_path, run_cli, tiny):
+    root = folder_with_a_bad_image(tmp_path, "cat/0.jpg", b"not a jpeg")
     code, _, err = run_cli("run", "default", *tiny("data.dataset=imagefolder",
                                                    f"data.path={root}"))
     summary = json.loads((only_run(tmp_path) / "summary.json").read_text())
@@ -112,10 +117,7 @@ def test_unreadable_images_are_skipped_and_counted(tmp_path, run_cli, tiny):
 
 
 def test_unreadable_images_fail_when_asked(tmp_path, run_cli, tiny):
-    root = tmp_path / "data"
-    write_image_folder(root / "train", per_class=16)
-    write_image_folder(root / "val", per_class=4)
-    (root / "train" / "dog" / "3.jpg").write_bytes(b"")
+    root = folder_with_a_bad_image(tmp_path, "dog/3.jpg", b"")
     code, _, err = run_cli("run", "default", *tiny("data.dataset=imagefolder",
                                                    f"data.path={root}", "data.num_workers=1",
                                                    "data.on_bad_image=fail"))
@@ -134,6 +136,7 @@ def test_missing_or_empty_dataset_folder(tmp_path, run_cli, tiny, setup, message
     code, _, err = run_cli("run", "default", *tiny("data.dataset=imagefolder",
                                                    f"data.path={root}", "data.val_fraction=0.2"))
     assert code == 2 and message in err and str(root) in err
+    assert not (tmp_path / "runs").exists()  # a run that cannot start leaves nothing behind
 
 
 def test_a_batch_larger_than_the_dataset_is_explained(run_cli, tiny):

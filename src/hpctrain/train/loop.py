@@ -149,6 +149,7 @@ def train(config: Config) -> dict:
     """Train `config` to the end (or resume it) and return the summary."""
     parts = build_parts(config)
     resume_from = parts.resume_from
+    parts.run_dir.mkdir(parents=True, exist_ok=True)
     (parts.run_dir / "config.yaml").write_text(to_yaml(config))
     progress = Progress()
     if resume_from is not None:
@@ -162,6 +163,9 @@ def train(config: Config) -> dict:
         status = "completed"
     except torch.cuda.OutOfMemoryError:
         raise RunFailed(_oom_advice(parts, progress.step)) from None
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
     finally:
         telemetry.close()
         summary = _summary(parts, progress, clock, status)

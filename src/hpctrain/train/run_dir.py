@@ -38,7 +38,8 @@ def _new_run_dir(output_dir: Path, name: str) -> Path:
 
 
 def resolve_run(config: Config) -> tuple[Path, Path | None]:
-    """(run directory, checkpoint to resume from or None); creates the directory."""
+    """(run directory, checkpoint to resume from or None); the caller creates the directory
+    once the run is built, so a run that fails to start leaves nothing behind."""
     output_dir = Path(config.output_dir).expanduser()
     named = output_dir / config.run_name if config.run_name else None
     resume_from = None
@@ -61,6 +62,4 @@ def resolve_run(config: Config) -> tuple[Path, Path | None]:
         if run is not None and list_checkpoints(run / "checkpoints"):
             raise ConfigError(f"run_name={config.run_name}: {run} already holds checkpoints; "
                               "continue it with resume=auto, or choose another run_name")
-    run = run or _new_run_dir(output_dir, config.name)
-    run.mkdir(parents=True, exist_ok=True)
-    return run, resume_from
+    return run or _new_run_dir(output_dir, config.name), resume_from
