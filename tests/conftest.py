@@ -57,9 +57,11 @@ def restore_torch_globals():
     """Runs change process-wide switches (determinism, TF32, seeds): put them back."""
     deterministic = torch.are_deterministic_algorithms_enabled()
     benchmark = torch.backends.cudnn.benchmark
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     yield
     torch.use_deterministic_algorithms(deterministic)
     torch.backends.cudnn.benchmark = benchmark
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
 
 
 def write_image_folder(root: Path, classes=("cat", "dog"), per_class=6, size=20,

@@ -77,3 +77,24 @@ def test_compile_wraps_the_forward_and_cudnn_flags_apply(tiny_config):
     parts = build_parts(tiny_config("compile=false", "deterministic=true"))
     assert parts.forward is parts.model
     assert torch.are_deterministic_algorithms_enabled()
+
+
+@pytest.mark.parametrize("precision, tf32", [("fp32", False), ("tf32", True), ("bf16", True)])
+def test_tf32_matmuls_follow_the_precision(precision, tf32):
+    from hpctrain.train.system import SystemPlan, apply_global_switches
+
+    plan = SystemPlan("cuda", "H100", precision, True, False, True, False)
+    apply_global_switches(plan, seed=0)
+    assert torch.backends.cuda.matmul.allow_tf32 is tf32
+    assert torch.backends.cudnn.allow_tf32 is tf32
+
+
+def test_training_switches_reach_their_one_place(tiny_config):
+    parts = build_parts(tiny_config("train.label_smoothing=0.2", "optim.nesterov=true",
+                                    "data.num_workers=1", "data.prefetch_factor=3"))
+    assert parts.criterion.label_smoothing == 0.2
+    assert parts.optimizer.param_groups[0]["nesterov"] is True
+    loader = parts.data.train_loader
+    assert loader.num_workers == 1 and loader.persistent_workers and loader.prefetch_factor == 3
+    assert loader.drop_last and not parts.data.val_loader.drop_last
+    assert not loader.pin_memory  # pinned memory only helps copies to a GPU

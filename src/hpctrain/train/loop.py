@@ -149,12 +149,11 @@ def train(config: Config) -> dict:
     """Train `config` to the end (or resume it) and return the summary."""
     parts = build_parts(config)
     resume_from = parts.resume_from
-    parts.run_dir.mkdir(parents=True, exist_ok=True)
-    (parts.run_dir / "config.yaml").write_text(to_yaml(config))
     progress = Progress()
     if resume_from is not None:
         progress = _restore(parts, resume_from)
     telemetry = Telemetry(parts.run_dir, parts.total_steps, progress.step, config.tensorboard)
+    (parts.run_dir / "config.yaml").write_text(to_yaml(config))
     telemetry.message(_banner(parts, resume_from))
     clock = Clock()
     status = "failed"

@@ -18,6 +18,7 @@ from rich.table import Table
 
 class Telemetry:
     def __init__(self, run_dir: Path, total_steps: int, start_step: int, tensorboard: bool):
+        run_dir.mkdir(parents=True, exist_ok=True)  # the run exists once it reports
         self.metrics_file = open(run_dir / "metrics.jsonl", "a", buffering=1)
         self.writer = None
         if tensorboard:
