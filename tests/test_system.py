@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from hpctrain.config import load_config
-from hpctrain.errors import DeviceError
 from hpctrain.train.loop import Clock, Progress, _run_steps, build_parts
 from hpctrain.train.system import plan_system
 from hpctrain.train.telemetry import Telemetry

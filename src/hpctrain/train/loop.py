@@ -7,6 +7,7 @@ accumulate in device tensors (`RunningMetrics`) and are read back once per loggi
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import resource
 import time
@@ -49,6 +50,7 @@ class Parts:
     criterion: nn.Module
     steps_per_epoch: int
     total_steps: int
+    world_size: int
     global_batch_size: int
     effective_lr: float
 
@@ -141,7 +143,7 @@ def build_parts(config: Config) -> Parts:
         ema=WeightEma(model, config.optim.ema.decay) if config.optim.ema.enabled else None,
         batcher=DeviceBatcher(device, config.data.mean, config.data.std, plan.channels_last),
         criterion=nn.CrossEntropyLoss(label_smoothing=train_cfg.label_smoothing),
-        steps_per_epoch=steps_per_epoch, total_steps=total_steps,
+        steps_per_epoch=steps_per_epoch, total_steps=total_steps, world_size=world_size,
         global_batch_size=global_batch, effective_lr=lr)
 
 
@@ -304,10 +306,9 @@ def _save(parts: Parts, progress: Progress, telemetry: Telemetry) -> None:
     if not torch.isfinite(norm):
         telemetry.message(f"step {progress.step}: weights are not finite, checkpoint skipped")
         return
-    progress_state = {k: v for k, v in vars(progress).items()}
     state = {
         "step": progress.step,
-        "progress": progress_state,
+        "progress": dataclasses.asdict(progress),
         "model": parts.model.state_dict(),
         "optimizer": parts.optimizer.state_dict(),
         "scheduler": parts.scheduler.state_dict(),
@@ -380,7 +381,7 @@ def _summary(parts: Parts, progress: Progress, clock: Clock, status: str) -> dic
         images_per_second = (progress.step * parts.global_batch_size
                              / clock.train_seconds) if clock.train_seconds else None
     peak, peak_kind = _peak_memory(parts.device)
-    world_size = 1
+    world_size = parts.world_size
     return {
         "status": status,
         "best_val_accuracy": progress.best_val_accuracy,
