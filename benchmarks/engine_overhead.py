@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import copy
 import tempfile
+import time
 
 import torch
 from torch import nn
@@ -22,8 +23,6 @@ from harness import hpctrain_parts, make_batches, median_ms, time_hpctrain, with
 
 def hand_written_loop(model, batches, steps, lr, precision, device, channels_last) -> float:
     """The loop a careful user writes by hand: the reference."""
-    import time
-
     mean = torch.tensor([0.485, 0.456, 0.406], device=device).view(1, 3, 1, 1) * 255
     std = torch.tensor([0.229, 0.224, 0.225], device=device).view(1, 3, 1, 1) * 255
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True,

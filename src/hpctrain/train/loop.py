@@ -381,7 +381,6 @@ def _summary(parts: Parts, progress: Progress, clock: Clock, status: str) -> dic
         images_per_second = (progress.step * parts.global_batch_size
                              / clock.train_seconds) if clock.train_seconds else None
     peak, peak_kind = _peak_memory(parts.device)
-    world_size = parts.world_size
     return {
         "status": status,
         "best_val_accuracy": progress.best_val_accuracy,
@@ -397,9 +396,9 @@ def _summary(parts: Parts, progress: Progress, clock: Clock, status: str) -> dic
         "global_batch_size": parts.global_batch_size,
         "effective_lr": parts.effective_lr,
         "device": parts.plan.device_name,
-        "world_size": world_size,
+        "world_size": parts.world_size,
         "precision": parts.plan.precision,
-        "device_hours": wall * world_size / 3600,
+        "device_hours": wall * parts.world_size / 3600,
         "skipped_images": parts.data.skipped_images,
         "system": parts.plan.as_dict(),
         "run_dir": str(parts.run_dir),

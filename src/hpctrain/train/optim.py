@@ -90,13 +90,13 @@ class WeightEma:
         self.decay = decay
         self.module = copy.deepcopy(model).eval().requires_grad_(False)
         pairs = list(zip(self.module.state_dict().values(), model.state_dict().values()))
-        self._float = [(e, m) for e, m in pairs if e.is_floating_point()]
+        self._ema_float = [e for e, _ in pairs if e.is_floating_point()]
+        self._live_float = [m for e, m in pairs if e.is_floating_point()]
         self._other = [(e, m) for e, m in pairs if not e.is_floating_point()]
 
     @torch.no_grad()
     def update(self) -> None:
-        ema, live = zip(*self._float)
-        torch._foreach_lerp_(list(ema), list(live), 1.0 - self.decay)
+        torch._foreach_lerp_(self._ema_float, self._live_float, 1.0 - self.decay)
         for ema_tensor, live_tensor in self._other:  # counters such as num_batches_tracked
             ema_tensor.copy_(live_tensor)
 

@@ -38,22 +38,23 @@ def _new_run_dir(output_dir: Path, name: str) -> Path:
 
 
 def resolve_run(config: Config) -> tuple[Path, Path | None]:
-    """(run directory, checkpoint to resume from or None); the caller creates the directory
-    once the run is built, so a run that fails to start leaves nothing behind."""
+    """(run directory, checkpoint to resume from or None). Nothing is created here: the
+    directory appears when the run first reports (Telemetry), so a run that fails to start
+    leaves nothing behind."""
     output_dir = Path(config.output_dir).expanduser()
     named = output_dir / config.run_name if config.run_name else None
     resume_from = None
     if config.resume == "auto":
         run = named if named else _latest_run(output_dir, config.name)
-        if run is not None and list_checkpoints(run / "checkpoints"):
-            resume_from = list_checkpoints(run / "checkpoints")[-1]
-        run = run or named
+        checkpoints = list_checkpoints(run / "checkpoints") if run is not None else []
+        resume_from = checkpoints[-1] if checkpoints else None
     elif config.resume:
         target = Path(config.resume).expanduser()
+        checkpoints = list_checkpoints(target / "checkpoints")
         if target.is_file():
             resume_from, run = target, target.parent.parent
-        elif target.is_dir() and list_checkpoints(target / "checkpoints"):
-            run, resume_from = target, list_checkpoints(target / "checkpoints")[-1]
+        elif checkpoints:
+            run, resume_from = target, checkpoints[-1]
         else:
             raise ConfigError(f"resume={config.resume}: no checkpoint there; give a run "
                               "directory with checkpoints/, a checkpoint file, or resume=auto")
