@@ -17,6 +17,8 @@ import torch
 
 from hpctrain.config import load_config
 from hpctrain.train import loop
+from hpctrain.train.build import Parts, build_parts
+from hpctrain.train.preemption import Stopper
 from hpctrain.train.telemetry import Telemetry
 
 
@@ -32,19 +34,19 @@ def make_batches(count: int, batch_size: int, image_size: int, num_classes: int,
     return batches
 
 
-def hpctrain_parts(overrides: list[str], output_dir: str) -> loop.Parts:
+def hpctrain_parts(overrides: list[str], output_dir: str) -> Parts:
     config = load_config("default", [f"output_dir={output_dir}", "data.dataset=synthetic",
                                      "data.num_workers=0", "tensorboard=false", *overrides])
-    return loop.build_parts(config)
+    return build_parts(config)
 
 
-def with_batches(parts: loop.Parts, batches: list) -> loop.Parts:
+def with_batches(parts: Parts, batches: list) -> Parts:
     """The same parts, trained from `batches` (one epoch = one pass over them)."""
     data = dataclasses.replace(parts.data, train_loader=batches)
     return dataclasses.replace(parts, data=data, steps_per_epoch=len(batches))
 
 
-def time_hpctrain(parts: loop.Parts, steps: int) -> float:
+def time_hpctrain(parts: Parts, steps: int) -> float:
     """Seconds per optimiser step over `steps` steps of the real loop."""
     parts.total_steps = steps
     telemetry = Telemetry(parts.run_dir, steps, 0, tensorboard=False)
@@ -53,7 +55,8 @@ def time_hpctrain(parts: loop.Parts, steps: int) -> float:
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             start = time.perf_counter()
-            loop._run_steps(parts, loop.Progress(), loop.Clock(), telemetry)
+            loop._run_steps(parts, loop.Progress(), loop.Clock(), telemetry,
+                            Stopper(parts.distributed))
             if parts.device.type == "cuda":
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - start

@@ -7,60 +7,85 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
+from hpctrain.cluster.environment import detect
 from hpctrain.train import checkpoint as ckpt
-from hpctrain.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from hpctrain.train.checkpoint import Checkpointer, list_checkpoints, read_checkpoint
+from hpctrain.train.parallel import Distributed
 
 DETERMINISTIC = ("deterministic=true", "train.epochs=10", "checkpoint.every_steps=5",
                  "checkpoint.keep_last=30", "data.num_workers=1", "optim.ema.enabled=true")
 
 
-def test_keep_last_and_stray_temporary_files(tmp_path):
-    (tmp_path / ".step_00000009.pt.tmp123").write_bytes(b"partial")
+def checkpointer(folder, keep_last=3, async_save=False) -> Checkpointer:
+    single = Distributed(detect({}), "none", hosts=("here",))
+    return Checkpointer(folder, keep_last, single, async_save)
+
+
+def test_keep_last_and_stray_partial_folders(tmp_path):
+    (tmp_path / ".step_00000009.partial").mkdir(parents=True)  # a crash mid-save
+    saver = checkpointer(tmp_path, keep_last=2)
     for step in (1, 2, 3, 4):
-        save_checkpoint(tmp_path, step, {"w": torch.tensor([step])}, keep_last=2)
-    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000003.pt",
-                                                            "step_00000004.pt"]
-    assert load_checkpoint(list_checkpoints(tmp_path)[-1])["w"].item() == 4
+        saver.save(step, {"w": torch.tensor([float(step)])}, {"note": step})
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000003", "step_00000004"]
+    state = {"w": torch.zeros(1)}
+    meta, rng = saver.load(tmp_path / "step_00000004", state)
+    assert state["w"].item() == 4 and meta["step"] == 4 and meta["note"] == 4
+    assert meta["world_size"] == 1 and rng is not None
+
+
+def test_asynchronous_save_holds_the_state_of_the_moment_it_was_called(tmp_path):
+    saver = checkpointer(tmp_path, async_save=True)
+    weights = torch.zeros(256, 256)
+    saver.save(1, {"w": weights}, {})
+    weights.add_(1.0)  # training goes on while the write runs
+    saver.wait()
+    state = {"w": torch.empty(256, 256)}
+    saver.load(tmp_path / "step_00000001", state)
+    assert torch.count_nonzero(state["w"]) == 0
 
 
 def test_a_failed_write_never_replaces_a_good_checkpoint(tmp_path, monkeypatch):
-    save_checkpoint(tmp_path, 1, {"w": torch.tensor([1])}, keep_last=3)
+    saver = checkpointer(tmp_path)
+    saver.save(1, {"w": torch.tensor([1.0])}, {})
 
-    def crash(obj, handle):
-        handle.write(b"half a checkpoint")
+    def crash(state, checkpoint_id, process_group):
+        (Path(checkpoint_id) / "__0_0.distcp").write_bytes(b"half a shard")
         raise OSError("disk quota exceeded")
-    monkeypatch.setattr(ckpt.torch, "save", crash)
+    monkeypatch.setattr(ckpt.dcp, "save", crash)
     with pytest.raises(OSError):
-        save_checkpoint(tmp_path, 2, {"w": torch.tensor([2])}, keep_last=3)
-    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000001.pt"]
-    assert load_checkpoint(tmp_path / "step_00000001.pt")["w"].item() == 1
+        saver.save(2, {"w": torch.tensor([2.0])}, {})
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000001"]
+    state = {"w": torch.zeros(1)}
+    saver.load(tmp_path / "step_00000001", state)
+    assert state["w"].item() == 1
 
 
 def test_loading_refuses_arbitrary_objects(tmp_path):
-    path = tmp_path / "step_00000001.pt"
-    torch.save({"evil": print}, path)
+    saver = checkpointer(tmp_path)
+    saver.save(1, {"w": torch.tensor([1.0])}, {})
+    torch.save({"evil": print}, tmp_path / "step_00000001" / "rng_rank0.pt")
     with pytest.raises(Exception, match="[Ww]eights only"):
-        load_checkpoint(path)
+        saver.load(tmp_path / "step_00000001", {"w": torch.zeros(1)})
 
 
 def final_state(run_dir):
-    return load_checkpoint(list_checkpoints(run_dir / "checkpoints")[-1])
+    return read_checkpoint(list_checkpoints(run_dir / "checkpoints")[-1])
 
 
 def assert_same_training_state(a, b):
-    assert a["step"] == b["step"]
+    assert a["meta"]["step"] == b["meta"]["step"]
     for part in ("model", "ema"):
         assert a[part].keys() == b[part].keys()
         for key in a[part]:
             assert torch.equal(a[part][key], b[part][key]), f"{part}.{key} differs"
-    for key, state in a["optimizer"]["state"].items():
-        assert torch.equal(state["momentum_buffer"],
-                           b["optimizer"]["state"][key]["momentum_buffer"])
-    assert a["scheduler"]["last_epoch"] == b["scheduler"]["last_epoch"]
+    for key, state in a["optim"]["state"].items():
+        assert torch.equal(state["momentum_buffer"], b["optim"]["state"][key]["momentum_buffer"])
+    assert a["meta"]["scheduler"]["last_epoch"] == b["meta"]["scheduler"]["last_epoch"]
 
 
 def test_resume_from_a_mid_epoch_checkpoint_ends_bitwise_equal(tmp_path, run_cli, tiny):
@@ -70,11 +95,11 @@ def test_resume_from_a_mid_epoch_checkpoint_ends_bitwise_equal(tmp_path, run_cli
     resumed = tmp_path / "runs" / "resumed"
     shutil.copytree(full, resumed)
     for path in list_checkpoints(resumed / "checkpoints"):
-        if int(path.stem.split("_")[1]) > 15:  # 10 steps per epoch: 15 is mid-epoch
-            path.unlink()
+        if int(path.name.split("_")[1]) > 15:  # 10 steps per epoch: 15 is mid-epoch
+            shutil.rmtree(path)
     (resumed / "summary.json").unlink()
     code, out, _ = run_cli("run", "default", *overrides, "run_name=resumed", "resume=auto")
-    assert code == 0 and "resuming step_00000015.pt" in out
+    assert code == 0 and "resuming step_00000015" in out
     assert_same_training_state(final_state(full), final_state(resumed))
     summary = json.loads((resumed / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == 100
@@ -89,14 +114,14 @@ def test_a_killed_run_resumed_ends_bitwise_equal(tmp_path, run_cli, tiny):
                                 "run_name=killed"], stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
-    while not (run_dir / "checkpoints" / "step_00000010.pt").exists():
+    while not (run_dir / "checkpoints" / "step_00000010" / "meta.json").exists():
         assert process.poll() is None and time.monotonic() < deadline
         time.sleep(0.005)
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
     assert not (run_dir / "summary.json").exists(), "the run finished before it was killed"
     killed_at = list_checkpoints(run_dir / "checkpoints")[-1]
-    assert int(killed_at.stem.split("_")[1]) < 100
+    assert int(killed_at.name.split("_")[1]) < 100
     code, out, _ = run_cli("run", "default", *overrides, "run_name=killed", "resume=auto")
     assert code == 0 and f"resuming {killed_at.name}" in out
     assert_same_training_state(final_state(tmp_path / "runs" / "reference"),
@@ -108,7 +133,7 @@ def test_resume_auto_continues_the_newest_run_and_is_idempotent(tmp_path, run_cl
     assert code == 0 and "resuming" not in out  # nothing to continue: a fresh run
     first = next((tmp_path / "runs").iterdir())
     code, out, _ = run_cli("run", "default", *tiny("resume=auto"))
-    assert code == 0 and f"run {first} (resuming step_00000010.pt)" in out
+    assert code == 0 and f"run {first} (resuming step_00000010)" in out
     assert len(list((tmp_path / "runs").iterdir())) == 1  # no new directory
     assert json.loads((first / "summary.json").read_text())["steps"] == 10
 

@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from hpctrain.train import loop
-from hpctrain.train.loop import Clock, Progress, RunningMetrics, _run_steps, build_parts
+from hpctrain.train.build import build_parts
+from hpctrain.train.loop import Clock, Progress, RunningMetrics, _run_steps
+from hpctrain.train.preemption import Stopper
 from hpctrain.train.telemetry import Telemetry
 
 pytestmark = [pytest.mark.gpu,
@@ -48,7 +50,7 @@ def test_no_host_device_synchronisation_inside_the_step(tiny_config, monkeypatch
     telemetry = Telemetry(parts.run_dir, parts.total_steps, 0, tensorboard=False)
     torch.cuda.set_sync_debug_mode("error")
     try:
-        _run_steps(parts, Progress(), Clock(), telemetry)
+        _run_steps(parts, Progress(), Clock(), telemetry, Stopper(parts.distributed))
     finally:
         torch.cuda.set_sync_debug_mode(0)
         telemetry.close()

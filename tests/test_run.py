@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from hpctrain.train import loop
-from hpctrain.train.checkpoint import list_checkpoints, load_checkpoint
 from conftest import write_image_folder
+
+from hpctrain.train import build
+from hpctrain.train.checkpoint import list_checkpoints, read_checkpoint
 
 SUMMARY_KEYS = {"status", "best_val_accuracy", "final_val_accuracy", "images_per_second",
                 "data_wait_fraction", "peak_memory_bytes", "wall_seconds", "steps", "epochs",
@@ -51,7 +51,7 @@ def test_a_run_fills_the_run_directory(tmp_path, run_cli, tiny):
     assert max(r["lr"] for r in train) <= summary["effective_lr"] + 1e-9
     assert all(0 <= r["data_wait_fraction"] <= 1 and r["images_per_second"] > 0 for r in train)
     assert (run / "config.yaml").exists() and list((run / "tb").glob("events.out.tfevents.*"))
-    assert [p.name for p in list_checkpoints(run / "checkpoints")] == ["step_00000020.pt"]
+    assert [p.name for p in list_checkpoints(run / "checkpoints")] == ["step_00000020"]
 
 
 def test_gradient_accumulation_sets_the_global_batch(tmp_path, run_cli, tiny):
@@ -78,7 +78,7 @@ def test_a_loss_that_stays_nan_stops_and_keeps_the_last_good_checkpoint(tmp_path
     assert json.loads((run / "summary.json").read_text())["status"] == "failed"
     kept = list_checkpoints(run / "checkpoints")
     for path in kept:
-        weights = load_checkpoint(path)["model"]
+        weights = read_checkpoint(path)["model"]
         assert all(torch.isfinite(t).all() for t in weights.values() if t.is_floating_point())
     assert (kept[-1].name in err) if kept else ("none saved yet" in err)
 
@@ -92,7 +92,7 @@ def test_out_of_memory_names_the_batch_and_the_switches(tmp_path, run_cli, tiny,
 
         def forward(self, x):
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-    monkeypatch.setattr(loop, "build_model", lambda *a, **k: Exhausting())
+    monkeypatch.setattr(build, "build_model", lambda *a, **k: Exhausting())
     code, _, err = run_cli("run", "default", *tiny("train.batch_size=16"))
     assert code == 1 and "out of memory at step 0 with train.batch_size=16" in err
     assert "train.batch_size=8 train.grad_accum_steps=2" in err

@@ -4,7 +4,9 @@ import pytest
 import torch
 
 from hpctrain.config import load_config
-from hpctrain.train.loop import Clock, Progress, _run_steps, build_parts
+from hpctrain.train.build import build_parts
+from hpctrain.train.loop import Clock, Progress, _run_steps
+from hpctrain.train.preemption import Stopper
 from hpctrain.train.system import plan_system
 from hpctrain.train.telemetry import Telemetry
 
@@ -39,7 +41,7 @@ def _observe_steps(parts):
     first_conv = next(m for m in parts.model.modules() if isinstance(m, torch.nn.Conv2d))
     first_conv.register_forward_hook(hook)
     telemetry = Telemetry(parts.run_dir, parts.total_steps, 0, tensorboard=False)
-    _run_steps(parts, Progress(), Clock(), telemetry)
+    _run_steps(parts, Progress(), Clock(), telemetry, Stopper(parts.distributed))
     telemetry.close()
     return seen
 

@@ -1,7 +1,8 @@
 """The command line: one small function per verb; parsing and printing only.
 
-Exit codes: 0 done, 1 the run failed, 2 bad usage, configuration or input. A user mistake
-prints a message naming what, where and how to fix, never a traceback.
+Exit codes: 0 done, 1 the run failed, 2 bad usage, configuration or input, 75 stopped early
+with a checkpoint (preemption or time limit: requeue me). A user mistake prints a message
+naming what, where and how to fix, never a traceback.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import argparse
 import json
 import sys
 
-from hpctrain.errors import UserError
+from hpctrain.errors import Preempted, UserError
 
 RUN_EXAMPLE = """examples:
   hpctrain run                                   # the built-in default (shapes dataset)
@@ -27,6 +28,8 @@ def cmd_run(args) -> int:
 
     config = load_config(args.recipe, args.overrides)
     summary = train(config)
+    if summary is None:  # not rank 0: rank 0 reports for the run
+        return 0
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -118,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         print(f"hpctrain: error: {err}", file=sys.stderr)
         return err.exit_code
+    except Preempted as stop:
+        print(f"hpctrain: {stop} Run the same command again (resume=auto) to continue; exit "
+              f"status {stop.exit_code} means 'requeue me'.", file=sys.stderr)
+        return stop.exit_code
     except KeyboardInterrupt:
         print("hpctrain: interrupted", file=sys.stderr)
         return 130

@@ -8,12 +8,20 @@ allowed, and surface as `ConfigError` (exit code 2).
 from __future__ import annotations
 
 import difflib
+import signal
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from hpctrain.errors import ConfigError
 
@@ -75,10 +83,10 @@ class DataConfig(Section):
                                                 "ImageNet; 1 = resize only)")
     mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
     std: tuple[float, float, float] = (0.229, 0.224, 0.225)
-    num_workers: Union[int, Auto] = "auto"
+    num_workers: int | Auto = "auto"
     prefetch_factor: int = Field(4, ge=1)
     persistent_workers: bool = True
-    pin_memory: Union[bool, Auto] = "auto"
+    pin_memory: bool | Auto = "auto"
     on_bad_image: Literal["skip", "fail"] = "skip"
     augment: AugmentConfig = AugmentConfig()
     progressive: ProgressiveConfig = ProgressiveConfig()
@@ -137,6 +145,9 @@ class TrainConfig(Section):
     max_steps: int | None = Field(None, ge=1, description="stop after this many optimiser "
                                                           "steps (overrides epochs)")
     batch_size: int = Field(128, ge=1, description="per-device micro-batch")
+    global_batch_size: int | None = Field(
+        None, ge=1, description="when set, fixes the samples per optimiser step whatever the "
+        "number of processes: batch_size becomes global / (processes x grad_accum_steps)")
     grad_accum_steps: int = Field(1, ge=1)
     label_smoothing: float = Field(0.0, ge=0, lt=1)
     log_every: int = Field(20, ge=1, description="optimiser steps between metric read-backs")
@@ -149,6 +160,44 @@ class CheckpointConfig(Section):
     every_steps: int | None = Field(None, ge=1)
     every_epochs: float | None = Field(1, gt=0)
     keep_last: int = Field(3, ge=1)
+    async_save: bool = Field(False, description="write in the background while training "
+                                                "goes on (the state is copied to host first)")
+
+
+class ParallelConfig(Section):
+    strategy: Literal["auto", "none", "ddp", "fsdp"] = Field(
+        "auto", description="auto: ddp with more than one process, none with one")
+    backend: Literal["auto", "nccl", "gloo"] = "auto"
+    timeout_seconds: float = Field(600, gt=0, description="how long a collective may wait "
+                                                          "for the other ranks")
+    bucket_cap_mb: float = Field(25, gt=0, description="DDP gradient bucket size")
+    gradient_as_bucket_view: bool = True
+    static_graph: bool = Field(False, description="DDP: the same parameters are used every "
+                                                  "step (lets DDP skip per-step bookkeeping)")
+    sync_batchnorm: bool = False
+    reshard_after_forward: bool = Field(True, description="FSDP: free gathered parameters "
+                                                          "after forward (ZeRO-3); false: ZeRO-2")
+    cpu_offload: bool = Field(False, description="FSDP: keep sharded parameters and optimiser "
+                                                 "state in host memory")
+
+
+class PreemptionConfig(Section):
+    signal: str = Field("SIGUSR1", description="the signal that asks for a save-and-requeue; "
+                                               "SIGTERM is always handled too")
+    requeue: Literal["auto", "never"] = Field(
+        "auto", description="auto: under Slurm, rank 0 runs 'scontrol requeue' after saving")
+    deadline: str | None = Field(
+        "auto", description="save and stop this long before the end: 'auto' reads the Slurm "
+        "job's end time; or a time (ISO 8601 or Unix seconds); or null")
+    deadline_margin_seconds: float = Field(300, ge=0)
+
+    @field_validator("signal")
+    @classmethod
+    def _known_signal(cls, value: str) -> str:
+        name = value.upper() if value.upper().startswith("SIG") else f"SIG{value.upper()}"
+        if not hasattr(signal, name) or name in ("SIGKILL", "SIGSTOP"):
+            raise ValueError(f"{value!r} is not a signal that can be caught; use e.g. SIGUSR1")
+        return name
 
 
 class Config(Section):
@@ -159,11 +208,11 @@ class Config(Section):
     resume: str | None = Field(None, description="'auto', a run directory or a checkpoint")
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
     precision: Literal["auto", "fp32", "tf32", "fp16", "bf16"] = "auto"
-    channels_last: Union[bool, Auto] = "auto"
-    compile: Union[bool, Auto] = "auto"
+    channels_last: bool | Auto = "auto"
+    compile: bool | Auto = "auto"
     compile_mode: Literal["default", "reduce-overhead", "max-autotune",
                           "max-autotune-no-cudagraphs"] = "default"
-    cudnn_benchmark: Union[bool, Auto] = "auto"
+    cudnn_benchmark: bool | Auto = "auto"
     deterministic: bool = False
     tensorboard: bool = True
     data: DataConfig = DataConfig()
@@ -172,6 +221,8 @@ class Config(Section):
     schedule: ScheduleConfig = ScheduleConfig()
     train: TrainConfig = TrainConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    parallel: ParallelConfig = ParallelConfig()
+    preemption: PreemptionConfig = PreemptionConfig()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -282,14 +333,6 @@ def load_config(recipe: str | None = None, overrides: list[str] = ()) -> Config:
         return Config.model_validate(tree)
     except ValidationError as err:
         raise _explain(err, source) from None
-
-
-def config_from_dict(tree: dict) -> Config:
-    """Rebuild a Config saved in a run directory or checkpoint."""
-    try:
-        return Config.model_validate(tree)
-    except ValidationError as err:
-        raise _explain(err, "saved configuration") from None
 
 
 def to_yaml(config: Config) -> str:

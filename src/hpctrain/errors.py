@@ -28,3 +28,10 @@ class RunFailed(UserError):
     """The run started but could not finish (NaN loss, out of memory): exit code 1."""
 
     exit_code = 1
+
+
+class Preempted(Exception):
+    """The run saved a checkpoint and stopped early (preemption signal or time limit) and wants
+    to be started again: exit code 75 (EX_TEMPFAIL, "try again later")."""
+
+    exit_code = 75

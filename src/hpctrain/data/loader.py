@@ -17,9 +17,14 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from hpctrain.config import DataConfig
-from hpctrain.data.datasets import ImageFolderDataset, SyntheticDataset, scan_image_folder
+from hpctrain.data.datasets import (
+    ImageFolderDataset,
+    SyntheticDataset,
+    scan_image_folder,
+)
 from hpctrain.data.sampling import EpochSampler
-from hpctrain.data.shapes import CLASSES as SHAPE_CLASSES, ensure_shapes
+from hpctrain.data.shapes import CLASSES as SHAPE_CLASSES
+from hpctrain.data.shapes import ensure_shapes
 from hpctrain.errors import DataError
 
 
@@ -109,25 +114,30 @@ def build_datasets(data: DataConfig, seed: int) -> tuple[Dataset, Dataset, int]:
     else:
         num_classes, train, val = _image_folder_samples(Path(data.path).expanduser(),
                                                         data.val_fraction, seed)
-    make = lambda samples, is_train: ImageFolderDataset(  # noqa: E731
+    make = lambda samples, is_train: ImageFolderDataset(
         samples, is_train, data.augment, seed, data.val_resize_ratio, data.on_bad_image)
     return make(train, True), make(val, False), num_classes
 
 
-def build_data(data: DataConfig, batch_size: int, seed: int, device: torch.device) -> DataBundle:
+def build_data(data: DataConfig, batch_size: int, seed: int, device: torch.device,
+               rank: int = 0, world_size: int = 1) -> DataBundle:
+    """Loaders for this rank's share of the data (see `EpochSampler`)."""
     train_set, val_set, num_classes = build_datasets(data, seed)
-    if len(train_set) < batch_size:
+    if len(train_set) < batch_size * world_size:
         raise DataError(f"the training set has {len(train_set)} samples, fewer than one batch "
-                        f"(train.batch_size={batch_size}); lower the batch size")
+                        f"(train.batch_size={batch_size} x {world_size} processes); lower the "
+                        "batch size")
     workers = resolve_num_workers(data.num_workers)
     pin = device.type == "cuda" if data.pin_memory == "auto" else data.pin_memory
     common = dict(num_workers=workers, pin_memory=pin)
     if workers > 0:
         common.update(persistent_workers=data.persistent_workers,
                       prefetch_factor=data.prefetch_factor)
-    train_sampler = EpochSampler(len(train_set), data.image_size, shuffle=True, seed=seed)
+    shard = dict(rank=rank, world_size=world_size)
+    train_sampler = EpochSampler(len(train_set), data.image_size, shuffle=True, seed=seed,
+                                 **shard)
     val_sampler = EpochSampler(len(val_set), data.val_image_size or data.image_size,
-                               shuffle=False)
+                               shuffle=False, pad=True, **shard)
     train_loader = DataLoader(train_set, batch_size=batch_size, sampler=train_sampler,
                               drop_last=True, **common)
     val_loader = DataLoader(val_set, batch_size=batch_size * 2, sampler=val_sampler,

@@ -47,7 +47,7 @@ def build_model(name: str, num_classes: int, kwargs: dict | None = None) -> nn.M
                 raise _unknown("timm", model_name, timm.list_models())
             return timm.create_model(model_name, pretrained=False, num_classes=num_classes,
                                      **kwargs)
-    except TypeError as err:  # a bad entry in model.kwargs
+    except (TypeError, ValueError) as err:  # a bad entry in model.kwargs
         raise ConfigError(f"model.kwargs {kwargs} do not fit {name}: {err}") from None
     raise ConfigError(f"model.name {name!r}: unknown source {source!r}; use torchvision:NAME, "
                       f"timm:NAME or hpctrain:NAME (built-in: {', '.join(BUILTIN)})")

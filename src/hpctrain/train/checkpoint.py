@@ -1,48 +1,152 @@
-"""Atomic checkpoints: write to a temporary file, fsync, rename; keep the last K.
+"""Checkpoints that survive crashes, preemption and a change of world size.
 
-A crash at any moment leaves either the previous good checkpoint or the new complete one,
-never a half-written file under a checkpoint's name. Loading uses `weights_only=True`, so a
-checkpoint can hold only tensors and plain containers: RNG states are stored as tensors.
+A checkpoint is a folder `checkpoints/step_XXXXXXXX/` written with torch.distributed.checkpoint
+(DCP): every rank writes its own shard in parallel, and a later run on any number of processes
+reads back the pieces it needs (DCP reshards; that is why we use it rather than one file per
+run). Beside the shards: `meta.json` (step, world size, schedule, loss scale, progress: plain,
+readable by tools) and one `rng_rankN.pt` per rank.
+
+Atomicity: everything goes to a hidden `.step_XXXXXXXX.partial/` folder; rank 0 writes
+meta.json last and renames the folder, so a crash at any moment leaves either the previous
+complete checkpoint or the new one, never a half-written folder under a checkpoint's name.
+With `async_save` the shards are copied to host memory at once and written by a background
+thread; the rename happens at a later step boundary, once the write has finished.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
+import shutil
+import tempfile
+import time
+import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed.checkpoint as dcp
 
-NAME = re.compile(r"^step_(\d{8,})\.pt$")
+NAME = re.compile(r"^step_(\d{8,})$")
+META = "meta.json"
+
+# DCP warns that it "assumes a single process" whenever no process group exists: that is
+# exactly our single-process case, not a mistake.
+warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+warnings.filterwarnings("ignore", message=".*assuming the intent is to.*single process.*")
 
 
 def checkpoint_path(folder: Path, step: int) -> Path:
-    return folder / f"step_{step:08d}.pt"
+    return folder / f"step_{step:08d}"
 
 
 def list_checkpoints(folder: Path) -> list[Path]:
     """Complete checkpoints in `folder`, oldest first."""
     if not folder.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := NAME.match(p.name))]
+    found = [(int(m.group(1)), p) for p in folder.iterdir()
+             if (m := NAME.match(p.name)) and (p / META).is_file()]
     return [p for _, p in sorted(found)]
 
 
-def save_checkpoint(folder: Path, step: int, state: dict, keep_last: int) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    final = checkpoint_path(folder, step)
-    tmp = final.with_name(f".{final.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as handle:
-        torch.save(state, handle)
+def read_meta(path: Path) -> dict:
+    return json.loads((path / META).read_text())
+
+
+class Checkpointer:
+    """Saves and loads one run's checkpoints; at most one asynchronous save in flight."""
+
+    def __init__(self, folder: Path, keep_last: int, distributed, async_save: bool):
+        self.folder = folder
+        self.keep_last = keep_last
+        self.dist = distributed
+        self.async_save = async_save
+        self.pending = None  # (future, partial folder, final folder, meta)
+
+    def save(self, step: int, state: dict, meta: dict) -> Path:
+        """Write `state` (tensors: model, optimiser, EMA) and `meta` (plain values) as the
+        checkpoint of `step`; returns its final path (complete at once unless async)."""
+        self.wait()
+        final = checkpoint_path(self.folder, step)
+        partial = final.with_name(f".{final.name}.partial")
+        if self.dist.is_main:
+            shutil.rmtree(partial, ignore_errors=True)
+            partial.mkdir(parents=True)
+        self.dist.barrier()
+        _write_file(partial / f"rng_rank{self.dist.rank}.pt", capture_rng())
+        meta = {**meta, "step": step, "world_size": self.dist.world_size,
+                "saved_at": time.time()}
+        if self.async_save:
+            future = dcp.async_save(state, checkpoint_id=partial, process_group=self.dist.control)
+            self.pending = (future, partial, final, meta)
+        else:
+            dcp.save(state, checkpoint_id=partial, process_group=self.dist.control)
+            self._publish(partial, final, meta)
+        return final
+
+    def poll(self) -> None:
+        """Publish a finished asynchronous save (call at step boundaries)."""
+        if self.pending is not None and self.pending[0].done():
+            self.wait()
+
+    def wait(self) -> None:
+        """Block until the save in flight, if any, is complete and published."""
+        if self.pending is None:
+            return
+        future, partial, final, meta = self.pending
+        self.pending = None
+        future.result()
+        self._publish(partial, final, meta)
+
+    def _publish(self, partial: Path, final: Path, meta: dict) -> None:
+        """Rank 0: meta.json last, then the rename that makes the checkpoint exist. DCP's
+        save ends with a gather of every rank's write results, so all shards are on disk."""
+        if not self.dist.is_main:
+            return
+        _write_file(partial / META, json.dumps(meta, indent=1).encode())
+        if final.exists():  # saved again at the same step (e.g. preempted right after a save)
+            stale = final.with_name(f".{final.name}.stale")
+            shutil.rmtree(stale, ignore_errors=True)
+            os.replace(final, stale)
+            shutil.rmtree(stale)
+        os.replace(partial, final)
+        _fsync_dir(self.folder)
+        for old in list_checkpoints(self.folder)[:-self.keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def load(self, path: Path, state: dict) -> tuple[dict, dict | None]:
+        """Fill `state` in place from `path`; return (meta, this rank's RNG state or None when
+        the world size changed and no state belongs to this rank)."""
+        dcp.load(state, checkpoint_id=path, process_group=self.dist.control)
+        meta = read_meta(path)
+        rng_file = path / f"rng_rank{self.dist.rank}.pt"
+        same_layout = meta["world_size"] == self.dist.world_size and rng_file.is_file()
+        rng = torch.load(rng_file, weights_only=True) if same_layout else None
+        return meta, rng
+
+
+def read_checkpoint(path: Path) -> dict:
+    """A whole checkpoint as plain CPU tensors, plus its `meta`, in one process (for tools
+    and tests: no model or process group needed)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory() as scratch:
+        merged = Path(scratch) / "merged.pt"
+        dcp_to_torch_save(path, merged)
+        state = torch.load(merged, map_location="cpu", weights_only=True)
+    return {**state, "meta": read_meta(path)}
+
+
+def _write_file(path: Path, payload) -> None:
+    with open(path, "wb") as handle:
+        if isinstance(payload, bytes):
+            handle.write(payload)
+        else:
+            torch.save(payload, handle)
         handle.flush()
         os.fsync(handle.fileno())
-    os.replace(tmp, final)
-    _fsync_dir(folder)
-    for old in list_checkpoints(folder)[:-keep_last]:
-        old.unlink(missing_ok=True)
-    return final
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -51,10 +155,6 @@ def _fsync_dir(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def load_checkpoint(path: Path) -> dict:
-    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def capture_rng() -> dict:

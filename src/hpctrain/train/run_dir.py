@@ -14,7 +14,7 @@ from pathlib import Path
 
 from hpctrain.config import Config
 from hpctrain.errors import ConfigError
-from hpctrain.train.checkpoint import list_checkpoints
+from hpctrain.train.checkpoint import META, list_checkpoints
 
 
 def _latest_run(output_dir: Path, name: str) -> Path | None:
@@ -51,13 +51,14 @@ def resolve_run(config: Config) -> tuple[Path, Path | None]:
     elif config.resume:
         target = Path(config.resume).expanduser()
         checkpoints = list_checkpoints(target / "checkpoints")
-        if target.is_file():
+        if (target / META).is_file():  # one checkpoint folder
             resume_from, run = target, target.parent.parent
         elif checkpoints:
             run, resume_from = target, checkpoints[-1]
         else:
             raise ConfigError(f"resume={config.resume}: no checkpoint there; give a run "
-                              "directory with checkpoints/, a checkpoint file, or resume=auto")
+                              "directory with checkpoints/, one checkpoint folder "
+                              "(checkpoints/step_N), or resume=auto")
     else:
         run = named
         if run is not None and list_checkpoints(run / "checkpoints"):

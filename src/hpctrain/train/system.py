@@ -74,9 +74,10 @@ def _has_triton() -> bool:
     return True
 
 
-def plan_system(config: Config) -> SystemPlan:
-    """Decide every `auto` switch for this machine."""
-    device = resolve_device(config.device)
+def plan_system(config: Config, device_setting: str | None = None) -> SystemPlan:
+    """Decide every `auto` switch for this machine (`device_setting`: this rank's device when
+    the launcher decides it, else config.device)."""
+    device = resolve_device(device_setting or config.device)
     on_gpu = device.type == "cuda"
     precision = resolve_precision(config.precision, device)
     channels_last = on_gpu if config.channels_last == "auto" else config.channels_last

@@ -1,7 +1,8 @@
 """What a run tells: a progress line or bar, metrics.jsonl, TensorBoard, summary.json.
 
 Only figures already read back from the device reach this module (at logging intervals), so
-nothing here forces a host-device synchronisation inside the training step.
+nothing here forces a host-device synchronisation inside the training step. Only rank 0
+reports; on the other ranks a Telemetry is built disabled and says nothing.
 """
 
 from __future__ import annotations
@@ -17,20 +18,32 @@ from rich.table import Table
 
 
 class Telemetry:
-    def __init__(self, run_dir: Path, total_steps: int, start_step: int, tensorboard: bool):
-        run_dir.mkdir(parents=True, exist_ok=True)  # the run exists once it reports
-        self.metrics_file = open(run_dir / "metrics.jsonl", "a", buffering=1)
+    def __init__(self, run_dir: Path, total_steps: int, start_step: int, tensorboard: bool,
+                 enabled: bool = True):
+        self.enabled = enabled
         self.writer = None
+        self.progress = None
+        if not enabled:
+            return
+        run_dir.mkdir(parents=True, exist_ok=True)  # the run exists once it reports
+        metrics = run_dir / "metrics.jsonl"
+        if start_step:
+            _drop_records_after(metrics, start_step)
+        self.metrics_file = open(metrics, "a", buffering=1)
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
             self.writer = SummaryWriter(str(run_dir / "tb"))
         self.total_steps = total_steps
-        self.interactive = sys.stdout.isatty()
-        self.progress = None
-        if self.interactive:
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                       TimeElapsedColumn, TimeRemainingColumn)
+        if sys.stdout.isatty():
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
 
             self.progress = Progress(
                 TextColumn("step"), MofNCompleteColumn(), BarColumn(),
@@ -42,6 +55,8 @@ class Telemetry:
 
     def record(self, kind: str, step: int, values: dict) -> None:
         """Append one metrics.jsonl record and the matching TensorBoard scalars."""
+        if not self.enabled:
+            return
         row = {"kind": kind, "step": step, "time": round(time.time(), 3), **values}
         self.metrics_file.write(json.dumps(row) + "\n")
         if self.writer:
@@ -50,23 +65,42 @@ class Telemetry:
                     self.writer.add_scalar(f"{kind}/{key}", value, step)
 
     def show(self, step: int, line: str) -> None:
+        if not self.enabled:
+            return
         if self.progress:
             self.progress.update(self.task, completed=step, status=line)
         else:
             print(f"step {step}/{self.total_steps}  {line}", flush=True)
 
     def message(self, text: str) -> None:
+        if not self.enabled:
+            return
         if self.progress:
             self.progress.console.print(text)
         else:
             print(text, flush=True)
 
     def close(self) -> None:
+        if not self.enabled:
+            return
         if self.progress:
             self.progress.stop()
         if self.writer:
             self.writer.close()
         self.metrics_file.close()
+
+
+def _drop_records_after(metrics: Path, step: int) -> None:
+    """On resume, forget what was logged after the checkpoint: those steps run again, and
+    metrics.jsonl then tells each step once."""
+    if not metrics.is_file():
+        return
+    lines = metrics.read_text().splitlines(keepends=True)
+    kept = [line for line in lines if json.loads(line).get("step", 0) <= step]
+    if len(kept) != len(lines):
+        tmp = metrics.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(kept))
+        tmp.replace(metrics)
 
 
 def write_summary(run_dir: Path, summary: dict) -> None:
@@ -80,8 +114,8 @@ SUMMARY_ROWS = [
     ("images_per_second", "{:,.1f}"), ("data_wait_fraction", "{:.1%}"),
     ("peak_memory_bytes", "bytes"), ("wall_seconds", "{:,.1f}"), ("steps", "{}"),
     ("epochs", "{:.2f}"), ("global_batch_size", "{}"), ("effective_lr", "{:.4g}"),
-    ("device", "{}"), ("world_size", "{}"), ("precision", "{}"), ("device_hours", "{:.4f}"),
-    ("skipped_images", "{}"),
+    ("device", "{}"), ("world_size", "{}"), ("strategy", "{}"), ("precision", "{}"),
+    ("device_hours", "{:.4f}"), ("restarts", "{}"), ("skipped_images", "{}"),
 ]
 
 
@@ -96,4 +130,9 @@ def print_summary(summary: dict, run_dir: Path) -> None:
         else:
             text = fmt.format(value)
         table.add_row(key, text)
+    slow = summary.get("straggler")
+    if slow:
+        table.add_row("straggler", f"rank {slow['rank']} on {slow['host']}: "
+                      f"{slow['step_seconds'] * 1e3:,.1f} ms/step, "
+                      f"{slow['ratio_to_median']:.2f}x the median rank")
     Console(width=100).print(table)

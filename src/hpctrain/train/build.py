@@ -1,0 +1,132 @@
+"""Build everything a run needs from one Config and the process environment, in order:
+layout checks, process group, run directory, data, model (wrapped for DDP/FSDP), optimiser.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from hpctrain.cluster.environment import ProcessEnv, detect
+from hpctrain.cluster.job import job_end_time
+from hpctrain.config import Config
+from hpctrain.data.loader import DataBundle, DeviceBatcher, build_data
+from hpctrain.errors import DataError
+from hpctrain.models.checkpointing import enable_activation_checkpointing
+from hpctrain.models.registry import build_model
+from hpctrain.train import parallel
+from hpctrain.train.checkpoint import Checkpointer
+from hpctrain.train.optim import WeightEma, build_optimizer, build_scheduler, scaled_lr
+from hpctrain.train.parallel import Distributed
+from hpctrain.train.precision import Precision
+from hpctrain.train.preemption import deadline_at
+from hpctrain.train.run_dir import resolve_run
+from hpctrain.train.system import SystemPlan, apply_global_switches, plan_system
+
+
+@dataclass
+class Parts:
+    """Everything the loop needs, built once."""
+
+    config: Config
+    plan: SystemPlan
+    device: torch.device
+    distributed: Distributed
+    run_dir: Path
+    resume_from: Path | None
+    data: DataBundle
+    model: nn.Module  # the module whose state checkpoints hold (sharded in place under FSDP)
+    forward: nn.Module  # the module the step calls (DDP wrapper, compiled when compile is on)
+    gradient_sync: Callable  # gradient_sync(enabled) -> context for one micro-step
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    precision: Precision
+    ema: WeightEma | None
+    batcher: DeviceBatcher
+    criterion: nn.Module
+    checkpointer: Checkpointer
+    deadline: float | None  # Unix time at which to save and stop, or None
+    steps_per_epoch: int
+    total_steps: int
+    batch_size: int  # per device and micro-step
+    global_batch_size: int
+    effective_lr: float
+
+    @property
+    def world_size(self) -> int:
+        return self.distributed.world_size
+
+
+def _on_rank0(distributed: Distributed, make):
+    """`make()` on rank 0, its result (or its error) on every rank."""
+    result = None
+    if distributed.is_main:
+        try:
+            result = ("ok", make())
+        except Exception as err:  # re-raised below, on every rank alike
+            result = ("error", err)
+    kind, value = distributed.broadcast(result)
+    if kind == "error":
+        raise value
+    return value
+
+
+def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
+    """All parts of a run; `env` defaults to the environment this process was started in."""
+    env = env or detect()
+    # ---- decide and check the layout before any process group exists ----
+    strategy = parallel.resolve_strategy(config, env)
+    plan = plan_system(config, parallel.local_device(config.device, env))
+    device = torch.device(plan.device)
+    batch_size, global_batch = parallel.per_device_batch(config, env.world_size)
+    parallel.check_layout(config, strategy, device, plan.precision)
+
+    distributed = parallel.start(config, env, strategy, device)
+    apply_global_switches(plan, config.seed)
+    run_dir, resume_from = _on_rank0(distributed, lambda: resolve_run(config))
+    job_end = _on_rank0(distributed, lambda: job_end_time(env.job_id, os.environ)
+                        if env.job_id and config.preemption.deadline == "auto" else None)
+    with distributed.node_leader_first():  # one rank per node fills the dataset cache
+        data = build_data(config.data, batch_size, config.seed, device, env.rank,
+                          env.world_size)
+
+    # ---- the model, then its distributed wrapper ----
+    model = build_model(config.model.name, data.num_classes, config.model.kwargs)
+    if config.model.activation_checkpointing:
+        model = enable_activation_checkpointing(model, config.model.name)
+    model = parallel.convert_batchnorm(model, config, strategy)
+    memory_format = torch.channels_last if plan.channels_last else torch.preserve_format
+    model = model.to(device=device, memory_format=memory_format)
+    wrapped = parallel.wrap_model(model, distributed, config, device, plan.precision)
+    forward = torch.compile(wrapped, mode=config.compile_mode) if plan.compile else wrapped
+
+    # ---- optimiser and schedule, sized by the global batch ----
+    train_cfg = config.train
+    lr = scaled_lr(config.optim, global_batch)
+    steps_per_epoch = len(data.train_loader) // train_cfg.grad_accum_steps
+    if steps_per_epoch == 0:
+        raise DataError(f"one optimiser step needs {global_batch} samples but the training set "
+                        f"has {len(data.train_loader.dataset)}; lower train.batch_size, "
+                        "train.global_batch_size or train.grad_accum_steps")
+    total_steps = train_cfg.max_steps or math.ceil(train_cfg.epochs * steps_per_epoch)
+    optimizer = build_optimizer(model, config.optim, lr, device)
+    scheduler = build_scheduler(optimizer, config.schedule, total_steps, steps_per_epoch)
+    return Parts(
+        config=config, plan=plan, device=device, distributed=distributed, run_dir=run_dir,
+        resume_from=resume_from, data=data, model=model, forward=forward,
+        gradient_sync=parallel.gradient_sync(forward), optimizer=optimizer,
+        scheduler=scheduler, precision=Precision(plan.precision, device),
+        ema=WeightEma(model, config.optim.ema.decay) if config.optim.ema.enabled else None,
+        batcher=DeviceBatcher(device, config.data.mean, config.data.std, plan.channels_last),
+        criterion=nn.CrossEntropyLoss(label_smoothing=train_cfg.label_smoothing),
+        checkpointer=Checkpointer(run_dir / "checkpoints", config.checkpoint.keep_last,
+                                  distributed, config.checkpoint.async_save),
+        deadline=deadline_at(config.preemption, job_end),
+        steps_per_epoch=steps_per_epoch, total_steps=total_steps, batch_size=batch_size,
+        global_batch_size=global_batch, effective_lr=lr)

@@ -1,0 +1,267 @@
+"""Data parallelism: the process group, DDP or FSDP2, and the few collectives the loop needs.
+
+Everything is decided once, at build, from the config and the process environment. The layout
+is checked before the process group starts, because a wrong layout (more ranks than GPUs, a
+global batch that does not divide) otherwise shows up as a hang in the first collective.
+
+Besides the training group (NCCL on GPUs, gloo on CPU) a small gloo group carries the
+CPU-side agreements: the per-step stop flag, the timings gathered at logging intervals and
+asynchronous checkpoint writes. On GPUs these then never wait on the CUDA stream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hpctrain.cluster.environment import ProcessEnv
+from hpctrain.config import Config
+from hpctrain.errors import ConfigError, DeviceError, RunFailed
+from hpctrain.models.checkpointing import is_block
+
+
+@dataclass
+class Distributed:
+    env: ProcessEnv
+    strategy: str  # none | ddp | fsdp
+    control: object | None = None  # the gloo group for CPU-side agreements
+    hosts: tuple[str, ...] = ()
+
+    @property
+    def rank(self) -> int:
+        return self.env.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.env.world_size
+
+    @property
+    def is_main(self) -> bool:
+        return self.env.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.env.world_size > 1
+
+    def sum_(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum `tensor` over ranks in place (on its device, in the training group)."""
+        if self.active:
+            dist.all_reduce(tensor)
+        return tensor
+
+    def any(self, flag: int) -> int:
+        """The largest of the ranks' small integer flags (0 = nothing to report)."""
+        if not self.active:
+            return flag
+        value = torch.tensor([flag], dtype=torch.int32)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self.control)
+        return int(value.item())
+
+    def gather(self, values: list[float]) -> list[list[float]]:
+        """Every rank's `values`, in rank order (CPU side, gloo)."""
+        if not self.active:
+            return [values]
+        mine = torch.tensor(values, dtype=torch.float64)
+        out = [torch.empty_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(out, mine, group=self.control)
+        return [t.tolist() for t in out]
+
+    def broadcast(self, obj):
+        """Rank 0's `obj` on every rank."""
+        if not self.active:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self.control)
+        return box[0]
+
+    def barrier(self) -> None:
+        if self.active:
+            dist.barrier(group=self.control)
+
+    @contextlib.contextmanager
+    def node_leader_first(self):
+        """Let local rank 0 of each node go first (e.g. to build a dataset cache), then the
+        others, so that they find it made instead of all making it at once."""
+        if self.env.local_rank == 0:
+            yield
+            self.barrier()
+        else:
+            self.barrier()
+            yield
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def resolve_strategy(config: Config, env: ProcessEnv) -> str:
+    wanted = config.parallel.strategy
+    if env.world_size == 1:
+        return "none"
+    if wanted == "none":
+        raise ConfigError(
+            f"parallel.strategy=none, but {env.world_size} processes were started "
+            f"({env.launcher}): each would train its own copy. Use parallel.strategy=ddp (or "
+            "auto), or start one process.")
+    return "ddp" if wanted == "auto" else wanted
+
+
+def local_device(setting: str, env: ProcessEnv) -> str:
+    """This rank's device: cuda:LOCAL_RANK when the node's GPUs are all visible, cuda:0 when
+    the launcher gave each task its own GPU (srun --gpus-per-task)."""
+    if setting == "cpu" or not torch.cuda.is_available():
+        return setting
+    visible = torch.cuda.device_count()
+    if env.world_size == 1:
+        return setting
+    if visible >= env.local_world_size:
+        return f"cuda:{env.local_rank}"
+    if visible == 1 and env.launcher == "slurm":
+        return "cuda:0"
+    raise DeviceError(
+        f"{env.local_world_size} processes on {env.hostname} but only {visible} GPU(s) "
+        "visible: start one process per GPU (torchrun --nproc-per-node="
+        f"{visible}, or srun --ntasks-per-node={visible}), or make more GPUs visible "
+        "(CUDA_VISIBLE_DEVICES, --gpus-per-node)")
+
+
+def per_device_batch(config: Config, world_size: int) -> tuple[int, int]:
+    """(per-device micro-batch, global batch) for this many processes."""
+    train = config.train
+    per_step = world_size * train.grad_accum_steps
+    if train.global_batch_size is None:
+        return train.batch_size, train.batch_size * per_step
+    if train.global_batch_size % per_step:
+        low = max(per_step, train.global_batch_size // per_step * per_step)
+        raise ConfigError(
+            f"train.global_batch_size={train.global_batch_size} does not divide among "
+            f"{world_size} process(es) x {train.grad_accum_steps} accumulation step(s); use a "
+            f"multiple of {per_step} (e.g. {low} or {low + per_step}) or change "
+            "train.grad_accum_steps")
+    return train.global_batch_size // per_step, train.global_batch_size
+
+
+def check_layout(config: Config, strategy: str, device: torch.device, precision: str) -> None:
+    """Refuse what cannot work, before any process group exists."""
+    p = config.parallel
+    if p.sync_batchnorm and strategy == "ddp" and device.type != "cuda":
+        raise ConfigError("parallel.sync_batchnorm=true needs GPUs (torch's SyncBatchNorm "
+                          "runs on CUDA only); set it to false on CPU")
+    if strategy == "fsdp":
+        if p.cpu_offload and device.type != "cuda":
+            raise ConfigError("parallel.cpu_offload=true moves FSDP shards from GPU to host "
+                              "memory; on CPU there is nothing to offload: set it to false")
+        if precision == "fp16":
+            raise ConfigError("parallel.strategy=fsdp with precision=fp16 is not supported: "
+                              "use precision=bf16 (no loss scaling needed)")
+        if config.optim.ema.enabled:
+            raise ConfigError("optim.ema.enabled=true is not supported with "
+                              "parallel.strategy=fsdp yet; use ddp, or switch EMA off")
+        if p.sync_batchnorm:
+            raise ConfigError("parallel.sync_batchnorm=true applies to ddp only; set it to "
+                              "false with parallel.strategy=fsdp")
+
+
+def start(config: Config, env: ProcessEnv, strategy: str, device: torch.device) -> Distributed:
+    """Join the process group (nothing to do for one process)."""
+    if env.world_size == 1:
+        return Distributed(env, strategy, hosts=(env.hostname,))
+    backend = config.parallel.backend
+    if backend == "auto":
+        backend = "nccl" if device.type == "cuda" else "gloo"
+    timeout = timedelta(seconds=config.parallel.timeout_seconds)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    # torchrun's workers find its store through the environment (env://); srun tasks meet at
+    # the address derived from the node list.
+    init = "env://" if env.launcher == "torchrun" else \
+        f"tcp://{env.master_addr}:{env.master_port}"
+    dist.init_process_group(backend, init_method=init, rank=env.rank,
+                            world_size=env.world_size, timeout=timeout)
+    control = dist.new_group(backend="gloo", timeout=timeout)
+    hosts: list = [None] * env.world_size
+    dist.all_gather_object(hosts, env.hostname, group=control)
+    return Distributed(env, strategy, control, tuple(hosts))
+
+
+def wrap_model(model: nn.Module, distributed: Distributed, config: Config,
+               device: torch.device, precision: str) -> nn.Module:
+    """The module the training step calls: DDP around `model`, or `model` sharded in place."""
+    p = config.parallel
+    if distributed.strategy == "ddp":
+        return nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None,
+            bucket_cap_mb=p.bucket_cap_mb, gradient_as_bucket_view=p.gradient_as_bucket_view,
+            static_graph=p.static_graph)
+    if distributed.strategy == "fsdp":
+        from torch.distributed.fsdp import (
+            CPUOffloadPolicy,
+            MixedPrecisionPolicy,
+            OffloadPolicy,
+            fully_shard,
+        )
+
+        mixed = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+            if precision == "bf16" else MixedPrecisionPolicy()
+        options = dict(mp_policy=mixed, reshard_after_forward=p.reshard_after_forward,
+                       offload_policy=CPUOffloadPolicy() if p.cpu_offload else OffloadPolicy())
+        for block in [m for m in model.modules() if is_block(m)]:
+            fully_shard(block, **options)
+        fully_shard(model, **options)
+    return model
+
+
+def convert_batchnorm(model: nn.Module, config: Config, strategy: str) -> nn.Module:
+    if strategy == "ddp" and config.parallel.sync_batchnorm:
+        return nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    return model
+
+
+def gradient_sync(module: nn.Module):
+    """A function `sync(enabled)` giving the context for one micro-step: gradients are
+    reduced only on the last micro-step of an accumulation (DDP no_sync, FSDP2
+    set_requires_gradient_sync)."""
+    inner = getattr(module, "_orig_mod", module)  # under torch.compile
+    if isinstance(inner, nn.parallel.DistributedDataParallel):
+        return lambda enabled: contextlib.nullcontext() if enabled else inner.no_sync()
+    if hasattr(inner, "set_requires_gradient_sync"):
+        def fsdp_sync(enabled: bool):
+            inner.set_requires_gradient_sync(enabled)
+            return contextlib.nullcontext()
+        return fsdp_sync
+    return lambda enabled: contextlib.nullcontext()
+
+
+def straggler(step_seconds: list[float], hosts: tuple[str, ...]) -> dict | None:
+    """The slowest rank by mean step time, against the median rank."""
+    if len(step_seconds) < 2:
+        return None
+    median = statistics.median(step_seconds)
+    rank = max(range(len(step_seconds)), key=step_seconds.__getitem__)
+    return {"rank": rank, "host": hosts[rank], "step_seconds": step_seconds[rank],
+            "median_step_seconds": median,
+            "ratio_to_median": step_seconds[rank] / median if median > 0 else None}
+
+
+def collective_failure(err: Exception, distributed: Distributed, step: int,
+                       timeout: float) -> RunFailed | None:
+    """A readable RunFailed for a collective that timed out or lost a peer, else None."""
+    text = str(err)
+    lowered = text.lower()
+    if not distributed.active or not any(
+            key in lowered for key in ("timed out", "timeout", "connection closed",
+                                       "connection reset", "broken pipe", "nccl")):
+        return None
+    env = distributed.env
+    first = text.strip().splitlines()[0][:300] if text.strip() else type(err).__name__
+    return RunFailed(
+        f"rank {env.rank} on {env.hostname}: a collective failed at step {step} (waited up to "
+        f"parallel.timeout_seconds={timeout:g}): {first}. Another rank probably died, hangs "
+        "or is far slower; see its log. If a slow step is expected (a long evaluation or "
+        "checkpoint), raise parallel.timeout_seconds.")

@@ -1,0 +1,98 @@
+"""What a run says about itself: the banner at the start, advice on failure, the summary."""
+
+from __future__ import annotations
+
+import resource
+import time
+from pathlib import Path
+
+import torch
+
+from hpctrain.train.parallel import straggler
+
+
+def banner(parts, resume_from: Path | None) -> str:
+    p, c, env = parts.plan, parts.config, parts.distributed.env
+    lines = [
+        f"hpctrain: run {parts.run_dir}" + (f" (resuming {resume_from.name})" if resume_from
+                                           else ""),
+        f"  device {p.device} ({p.device_name}), precision {p.precision}, channels_last "
+        f"{p.channels_last}, compile {p.compile}, cudnn.benchmark {p.cudnn_benchmark}",
+        f"  model {c.model.name}, data {c.data.dataset} ({len(parts.data.train_loader.dataset)}"
+        f" train / {len(parts.data.val_loader.dataset)} val, {parts.data.num_classes} classes, "
+        f"{parts.data.num_workers} workers per process)",
+        f"  global batch {parts.global_batch_size} (batch {parts.batch_size} x "
+        f"{parts.world_size} process(es) x accumulation {c.train.grad_accum_steps}), "
+        f"{parts.total_steps} steps, {c.optim.name} effective lr {parts.effective_lr:.4g} "
+        f"({c.optim.lr_scaling} scaling)",
+    ]
+    if env.world_size > 1:
+        lines.append(f"  {env.world_size} processes ({env.launcher}, {env.num_nodes} node(s) x "
+                     f"{env.local_world_size}), strategy {parts.distributed.strategy}")
+    if parts.deadline is not None:
+        lines.append("  will save and stop at " + time.strftime(
+            "%Y-%m-%d %H:%M:%S", time.localtime(parts.deadline)) + " (time limit minus "
+            f"{c.preemption.deadline_margin_seconds:g} s)")
+    return "\n".join(lines)
+
+
+def oom_advice(parts, step: int) -> str:
+    c = parts.config
+    half = max(1, parts.batch_size // 2)
+    tips = [f"train.batch_size={half} train.grad_accum_steps={c.train.grad_accum_steps * 2} "
+            "(same global batch, half the activations)"]
+    if not c.model.activation_checkpointing:
+        tips.append("model.activation_checkpointing=true (recompute block activations)")
+    if parts.plan.precision in ("fp32", "tf32"):
+        tips.append("precision=bf16 (half-size activations)")
+    if parts.world_size > 1 and parts.distributed.strategy == "ddp":
+        tips.append("parallel.strategy=fsdp (shard parameters, gradients and optimiser state)")
+    tips.append(f"a smaller data.image_size (now {c.data.image_size})")
+    return (f"CUDA out of memory at step {step} with train.batch_size={parts.batch_size} "
+            f"per device on {parts.plan.device_name} ({c.model.name}, precision {parts.plan.precision}). "
+            "Any of these lowers the peak:\n  " + "\n  ".join(tips))
+
+
+def _peak_memory(device: torch.device) -> tuple[int, str]:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device), "cuda_allocated"
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "host_rss"
+
+
+def summary(parts, progress, clock, status: str) -> dict:
+    wall = time.perf_counter() - clock.started
+    if clock.steady_seconds > 0:
+        images_per_second = clock.steady_images / clock.steady_seconds
+    else:
+        images_per_second = (progress.step * parts.global_batch_size
+                             / clock.train_seconds) if clock.train_seconds else None
+    peak, peak_kind = _peak_memory(parts.device)
+    rank_step = [s / clock.rank_steps for s in clock.rank_seconds] if clock.rank_steps else []
+    return {
+        "status": status,
+        "best_val_accuracy": progress.best_val_accuracy,
+        "final_val_accuracy": progress.final_val_accuracy,
+        "images_per_second": images_per_second,
+        "data_wait_fraction": (clock.data_wait_seconds / clock.train_seconds
+                               if clock.train_seconds else None),
+        "peak_memory_bytes": peak,
+        "peak_memory_kind": peak_kind,
+        "wall_seconds": wall,
+        "steps": progress.step,
+        "epochs": progress.step / parts.steps_per_epoch,
+        "global_batch_size": parts.global_batch_size,
+        "batch_size_per_device": parts.batch_size,
+        "grad_accum_steps": parts.config.train.grad_accum_steps,
+        "effective_lr": parts.effective_lr,
+        "device": parts.plan.device_name,
+        "world_size": parts.world_size,
+        "strategy": parts.distributed.strategy,
+        "launcher": parts.distributed.env.launcher,
+        "precision": parts.plan.precision,
+        "device_hours": wall * parts.world_size / 3600,
+        "restarts": progress.restarts,
+        "straggler": straggler(rank_step, parts.distributed.hosts),
+        "skipped_images": parts.data.skipped_images,
+        "system": parts.plan.as_dict(),
+        "run_dir": str(parts.run_dir),
+    }
