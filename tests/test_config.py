@@ -91,3 +91,11 @@ def test_imagefolder_recipes_require_a_path(run_cli):
     assert config.precision == "bf16" and config.channels_last is True
     assert config.optim.lr_scaling == "linear" and config.train.label_smoothing == 0.1
     assert config.schedule.name == "cosine" and config.schedule.warmup_epochs > 0
+
+
+def test_a_batch_size_override_replaces_the_recipes_global_batch():
+    assert load_config("default", []).train.global_batch_size == 128
+    chosen = load_config("default", ["train.batch_size=64"]).train
+    assert (chosen.batch_size, chosen.global_batch_size) == (64, None)
+    both = load_config("default", ["train.batch_size=64", "train.global_batch_size=256"]).train
+    assert both.global_batch_size == 256

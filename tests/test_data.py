@@ -94,3 +94,14 @@ def test_device_batcher_normalises_and_lays_out():
     assert out.dtype == torch.float32
     assert torch.allclose(out, torch.full_like(out, 2.0))  # (1 - 0.5) / 0.25
     assert out.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_auto_workers_share_the_node_among_its_processes(monkeypatch):
+    """A 64-core node cannot run here: its core count is pretended."""
+    from hpctrain.data import loader
+
+    monkeypatch.setattr(loader, "usable_cpus", lambda: 64)
+    assert loader.resolve_num_workers("auto") == 16  # capped
+    assert loader.resolve_num_workers("auto", processes_per_node=8) == 7
+    assert loader.resolve_num_workers("auto", processes_per_node=64) == 1
+    assert loader.resolve_num_workers(3, processes_per_node=8) == 3

@@ -18,6 +18,11 @@ RUN_EXAMPLE = """examples:
   hpctrain run small-images data.path=/scratch/cifar10 train.epochs=30
   hpctrain run imagenet-resnet50 data.path=/scratch/imagenet train.batch_size=256 precision=bf16
   hpctrain run default resume=auto               # continue the latest run of this recipe
+  torchrun --nproc-per-node 8 -m hpctrain run imagenet-resnet50 data.path=/scratch/imagenet
+  srun --ntasks-per-node 8 hpctrain run imagenet-resnet50 run_name=rn50 resume=auto
+
+exit status 75: stopped early with a checkpoint (preemption signal or time limit); run the
+same command again with resume=auto to continue.
 """
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import signal
+from datetime import datetime
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -147,7 +148,8 @@ class TrainConfig(Section):
     batch_size: int = Field(128, ge=1, description="per-device micro-batch")
     global_batch_size: int | None = Field(
         None, ge=1, description="when set, fixes the samples per optimiser step whatever the "
-        "number of processes: batch_size becomes global / (processes x grad_accum_steps)")
+        "number of processes: batch_size becomes global / (processes x grad_accum_steps). "
+        "A train.batch_size override replaces a recipe's global_batch_size")
     grad_accum_steps: int = Field(1, ge=1)
     label_smoothing: float = Field(0.0, ge=0, lt=1)
     log_every: int = Field(20, ge=1, description="optimiser steps between metric read-backs")
@@ -186,10 +188,28 @@ class PreemptionConfig(Section):
                                                "SIGTERM is always handled too")
     requeue: Literal["auto", "never"] = Field(
         "auto", description="auto: under Slurm, rank 0 runs 'scontrol requeue' after saving")
-    deadline: str | None = Field(
+    deadline: Literal["auto"] | float | None = Field(
         "auto", description="save and stop this long before the end: 'auto' reads the Slurm "
-        "job's end time; or a time (ISO 8601 or Unix seconds); or null")
+        "job's end time; or a time (ISO 8601, local unless it says otherwise, or Unix "
+        "seconds); or null")
     deadline_margin_seconds: float = Field(300, ge=0)
+
+    @field_validator("deadline", mode="before")
+    @classmethod
+    def _as_unix_time(cls, value):
+        if isinstance(value, datetime):  # YAML reads an unquoted ISO time as a datetime
+            return value.timestamp()
+        if isinstance(value, str) and value != "auto":
+            try:
+                return float(value)
+            except ValueError:
+                pass
+            try:
+                return datetime.fromisoformat(value).timestamp()
+            except ValueError:
+                raise ValueError(f"{value!r} is not a time: give Unix seconds, an ISO time "
+                                 "such as 2026-11-22T18:00, 'auto' or null") from None
+        return value
 
     @field_validator("signal")
     @classmethod
@@ -325,9 +345,13 @@ def load_config(recipe: str | None = None, overrides: list[str] = ()) -> Config:
     path = _recipe_path(recipe or "default")
     tree = _read_yaml(path)
     tree.setdefault("name", path.stem)
+    overridden = set()
     for text in overrides:
         keys, value = parse_override(text)
         _set_dotted(tree, keys, value, text)
+        overridden.add(".".join(keys))
+    if "train.batch_size" in overridden and "train.global_batch_size" not in overridden:
+        tree.get("train", {}).pop("global_batch_size", None)  # the per-device batch asked for
     source = f"recipe {path}" + (f" with overrides {' '.join(overrides)}" if overrides else "")
     try:
         return Config.model_validate(tree)

@@ -35,3 +35,7 @@ class Preempted(Exception):
     to be started again: exit code 75 (EX_TEMPFAIL, "try again later")."""
 
     exit_code = 75
+
+    def __init__(self, message: str, requeue: bool = True):
+        super().__init__(message)
+        self.requeue = requeue  # False after SIGTERM: scancel, or Slurm requeues by itself

@@ -33,10 +33,10 @@ def requeue(job_id: str) -> str:
     """Ask Slurm to requeue the job; returns what happened, for the log."""
     if shutil.which("scontrol") is None:
         return ("scontrol is not available here: exiting with the requeue status for the "
-                "batch script to act on")
+                "batch script to act on.")
     done = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True,
                           timeout=60)
     if done.returncode == 0:
-        return f"requeued Slurm job {job_id}"
+        return f"Requeued Slurm job {job_id}."
     return (f"'scontrol requeue {job_id}' failed ({done.stderr.strip() or done.returncode}): "
-            "exiting with the requeue status for the batch script to act on")
+            "exiting with the requeue status for the batch script to act on.")

@@ -49,11 +49,12 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def resolve_num_workers(setting: int | str) -> int:
-    """auto: all cores but one for the training process, at most 16."""
+def resolve_num_workers(setting: int | str, processes_per_node: int = 1) -> int:
+    """auto: this process's share of the node's cores, less one for the training process
+    itself, at most 16 (8 GPU processes on a 64-core node get 7 workers each, not 63)."""
     if setting != "auto":
         return int(setting)
-    return max(1, min(16, usable_cpus() - 1))
+    return max(1, min(16, usable_cpus() // processes_per_node - 1))
 
 
 def image_size_for_epoch(data: DataConfig, epoch: int) -> int:
@@ -120,14 +121,14 @@ def build_datasets(data: DataConfig, seed: int) -> tuple[Dataset, Dataset, int]:
 
 
 def build_data(data: DataConfig, batch_size: int, seed: int, device: torch.device,
-               rank: int = 0, world_size: int = 1) -> DataBundle:
+               rank: int = 0, world_size: int = 1, processes_per_node: int = 1) -> DataBundle:
     """Loaders for this rank's share of the data (see `EpochSampler`)."""
     train_set, val_set, num_classes = build_datasets(data, seed)
     if len(train_set) < batch_size * world_size:
         raise DataError(f"the training set has {len(train_set)} samples, fewer than one batch "
                         f"(train.batch_size={batch_size} x {world_size} processes); lower the "
                         "batch size")
-    workers = resolve_num_workers(data.num_workers)
+    workers = resolve_num_workers(data.num_workers, processes_per_node)
     pin = device.type == "cuda" if data.pin_memory == "auto" else data.pin_memory
     common = dict(num_workers=workers, pin_memory=pin)
     if workers > 0:

@@ -79,10 +79,11 @@ class Checkpointer:
         meta = {**meta, "step": step, "world_size": self.dist.world_size,
                 "saved_at": time.time()}
         if self.async_save:
-            future = dcp.async_save(state, checkpoint_id=partial, process_group=self.dist.control)
+            future = dcp.async_save(state, checkpoint_id=partial,
+                                    process_group=self.dist.checkpoints)
             self.pending = (future, partial, final, meta)
         else:
-            dcp.save(state, checkpoint_id=partial, process_group=self.dist.control)
+            dcp.save(state, checkpoint_id=partial, process_group=self.dist.checkpoints)
             self._publish(partial, final, meta)
         return final
 
@@ -119,7 +120,7 @@ class Checkpointer:
     def load(self, path: Path, state: dict) -> tuple[dict, dict | None]:
         """Fill `state` in place from `path`; return (meta, this rank's RNG state or None when
         the world size changed and no state belongs to this rank)."""
-        dcp.load(state, checkpoint_id=path, process_group=self.dist.control)
+        dcp.load(state, checkpoint_id=path, process_group=self.dist.checkpoints)
         meta = read_meta(path)
         rng_file = path / f"rng_rank{self.dist.rank}.pt"
         same_layout = meta["world_size"] == self.dist.world_size and rng_file.is_file()

@@ -59,6 +59,16 @@ class Clock:
     rank_steps: int = 0
 
 
+@dataclass
+class Interval:
+    """The logging interval under way: when it started, what it trained, how long it waited."""
+
+    start: float = field(default_factory=time.perf_counter)
+    images: int = 0
+    wait_mark: float = 0.0  # clock.data_wait_seconds at the start
+    first: bool = True  # the first interval holds warm-up (and compilation): not steady
+
+
 class RunningMetrics:
     """Loss and accuracy sums kept on the device; `read()` is the only synchronisation."""
 
@@ -98,10 +108,22 @@ def train(config: Config, env: ProcessEnv | None = None) -> dict | None:
     Raises Preempted after a stop-and-save (signal or time limit)."""
     env = env or detect()
     try:
-        return _train(build_parts(config, env))
+        try:
+            parts = build_parts(config, env)
+        except RuntimeError as err:
+            _raise_readable(err, env, "while starting", config)
+        return _train(parts)
     finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+
+
+def _raise_readable(err: RuntimeError, env: ProcessEnv, where: str, config: Config):
+    """A lost or silent peer, said plainly; any other error unchanged."""
+    failure = collective_failure(err, env, where, config.parallel.timeout_seconds)
+    if failure is None:
+        raise err
+    raise failure from err
 
 
 def _train(parts: Parts) -> dict | None:
@@ -113,7 +135,7 @@ def _train(parts: Parts) -> dict | None:
         (parts.run_dir / "config.yaml").write_text(to_yaml(config))
     telemetry.message(report.banner(parts, parts.resume_from))
     stopper = Stopper(parts.distributed, parts.deadline)
-    stopper.install(sorted({config.preemption.signal, "SIGTERM"}))
+    stopper.install(config.preemption.signal)
     clock = Clock()
     status, stopped = "failed", None
     try:
@@ -127,11 +149,7 @@ def _train(parts: Parts) -> dict | None:
         status = "interrupted"
         raise
     except RuntimeError as err:
-        failure = collective_failure(err, parts.distributed, progress.step,
-                                     config.parallel.timeout_seconds)
-        if failure is None:
-            raise
-        raise failure from err
+        _raise_readable(err, parts.distributed.env, f"at step {progress.step}", config)
     finally:
         stopper.close()
         telemetry.close()
@@ -140,7 +158,7 @@ def _train(parts: Parts) -> dict | None:
             write_summary(parts.run_dir, summary)
     if stopped is not None:
         env = parts.distributed.env
-        if is_main and env.job_id and config.preemption.requeue == "auto":
+        if is_main and env.job_id and stopped.requeue and config.preemption.requeue == "auto":
             stopped.args = (f"{stopped} {requeue(env.job_id)}",)
         raise stopped
     return summary if is_main else None
@@ -192,27 +210,17 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
                 _save(parts, progress, telemetry)
             parts.checkpointer.poll()
             # ---- stop in time: a signal or the deadline, agreed by all ranks ----
-            reason = None if last else stopper.check()
-            if reason is not None:
+            stop = None if last else stopper.check()
+            if stop is not None:
                 if not saved:
                     _save(parts, progress, telemetry)
                 _finish_saving(parts)
-                raise Preempted(f"stopped at step {progress.step} ({reason}); checkpoint "
-                                f"{progress.last_good_checkpoint} saved.")
+                raise Preempted(f"stopped at step {progress.step} ({stop[0]}); checkpoint "
+                                f"{progress.last_good_checkpoint} saved.", requeue=stop[1])
             interval.start += time.perf_counter() - paused
             if last:
                 break
     _finish_saving(parts)
-
-
-@dataclass
-class Interval:
-    """The logging interval under way: when it started, what it trained, how long it waited."""
-
-    start: float = field(default_factory=time.perf_counter)
-    images: int = 0
-    wait_mark: float = 0.0  # clock.data_wait_seconds at the start
-    first: bool = True  # the first interval holds warm-up (and compilation): not steady
 
 
 def _finish_saving(parts: Parts) -> None:

@@ -5,13 +5,16 @@ is checked before the process group starts, because a wrong layout (more ranks t
 global batch that does not divide) otherwise shows up as a hang in the first collective.
 
 Besides the training group (NCCL on GPUs, gloo on CPU) a small gloo group carries the
-CPU-side agreements: the per-step stop flag, the timings gathered at logging intervals and
-asynchronous checkpoint writes. On GPUs these then never wait on the CUDA stream.
+CPU-side agreements: the per-step stop flag and the timings gathered at logging intervals.
+On GPUs these then never wait on the CUDA stream. Checkpoints get a gloo group of their own:
+an asynchronous save runs its collectives from a background thread, and two threads must
+never issue collectives on one group (the ranks could pair them up differently and hang).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import statistics
 from dataclasses import dataclass
 from datetime import timedelta
@@ -22,6 +25,7 @@ from torch import nn
 
 from hpctrain.cluster.environment import ProcessEnv
 from hpctrain.config import Config
+from hpctrain.data.loader import usable_cpus
 from hpctrain.errors import ConfigError, DeviceError, RunFailed
 from hpctrain.models.checkpointing import is_block
 
@@ -31,6 +35,7 @@ class Distributed:
     env: ProcessEnv
     strategy: str  # none | ddp | fsdp
     control: object | None = None  # the gloo group for CPU-side agreements
+    checkpoints: object | None = None  # the gloo group for checkpoint collectives
     hosts: tuple[str, ...] = ()
 
     @property
@@ -89,8 +94,10 @@ class Distributed:
         """Let local rank 0 of each node go first (e.g. to build a dataset cache), then the
         others, so that they find it made instead of all making it at once."""
         if self.env.local_rank == 0:
-            yield
-            self.barrier()
+            try:
+                yield
+            finally:  # also on failure: the others then meet the same error themselves
+                self.barrier()
         else:
             self.barrier()
             yield
@@ -150,6 +157,11 @@ def per_device_batch(config: Config, world_size: int) -> tuple[int, int]:
 def check_layout(config: Config, strategy: str, device: torch.device, precision: str) -> None:
     """Refuse what cannot work, before any process group exists."""
     p = config.parallel
+    if p.static_graph and strategy == "ddp" and config.train.grad_accum_steps > 1:
+        raise ConfigError("parallel.static_graph=true cannot be combined with "
+                          "train.grad_accum_steps>1 (DDP's static graph does not support "
+                          "skipping the gradient reduction on accumulation micro-steps); "
+                          "set one of them back")
     if p.sync_batchnorm and strategy == "ddp" and device.type != "cuda":
         raise ConfigError("parallel.sync_batchnorm=true needs GPUs (torch's SyncBatchNorm "
                           "runs on CUDA only); set it to false on CPU")
@@ -172,6 +184,9 @@ def start(config: Config, env: ProcessEnv, strategy: str, device: torch.device) 
     """Join the process group (nothing to do for one process)."""
     if env.world_size == 1:
         return Distributed(env, strategy, hosts=(env.hostname,))
+    if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        # srun sets no thread count: without this each process would use every core
+        torch.set_num_threads(max(1, usable_cpus() // env.local_world_size))
     backend = config.parallel.backend
     if backend == "auto":
         backend = "nccl" if device.type == "cuda" else "gloo"
@@ -185,9 +200,10 @@ def start(config: Config, env: ProcessEnv, strategy: str, device: torch.device) 
     dist.init_process_group(backend, init_method=init, rank=env.rank,
                             world_size=env.world_size, timeout=timeout)
     control = dist.new_group(backend="gloo", timeout=timeout)
+    checkpoints = dist.new_group(backend="gloo", timeout=timeout)
     hosts: list = [None] * env.world_size
     dist.all_gather_object(hosts, env.hostname, group=control)
-    return Distributed(env, strategy, control, tuple(hosts))
+    return Distributed(env, strategy, control, checkpoints, tuple(hosts))
 
 
 def wrap_model(model: nn.Module, distributed: Distributed, config: Config,
@@ -208,13 +224,21 @@ def wrap_model(model: nn.Module, distributed: Distributed, config: Config,
         )
 
         mixed = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
-            if precision == "bf16" else MixedPrecisionPolicy()
+            if bf16_parameters(model, precision) else MixedPrecisionPolicy()
         options = dict(mp_policy=mixed, reshard_after_forward=p.reshard_after_forward,
                        offload_policy=CPUOffloadPolicy() if p.cpu_offload else OffloadPolicy())
         for block in [m for m in model.modules() if is_block(m)]:
             fully_shard(block, **options)
         fully_shard(model, **options)
     return model
+
+
+def bf16_parameters(model: nn.Module, precision: str) -> bool:
+    """FSDP gathers bf16 copies of the parameters (half the traffic) when the run is bf16 and
+    no BatchNorm needs its fp32 statistics to match its weights' dtype; otherwise it gathers
+    fp32 and autocast still computes in bf16."""
+    return precision == "bf16" and not any(
+        isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
 
 def convert_batchnorm(model: nn.Module, config: Config, strategy: str) -> nn.Module:
@@ -249,19 +273,18 @@ def straggler(step_seconds: list[float], hosts: tuple[str, ...]) -> dict | None:
             "ratio_to_median": step_seconds[rank] / median if median > 0 else None}
 
 
-def collective_failure(err: Exception, distributed: Distributed, step: int,
+def collective_failure(err: Exception, env: ProcessEnv, where: str,
                        timeout: float) -> RunFailed | None:
     """A readable RunFailed for a collective that timed out or lost a peer, else None."""
     text = str(err)
     lowered = text.lower()
-    if not distributed.active or not any(
+    if env.world_size == 1 or not any(
             key in lowered for key in ("timed out", "timeout", "connection closed",
                                        "connection reset", "broken pipe", "nccl")):
         return None
-    env = distributed.env
     first = text.strip().splitlines()[0][:300] if text.strip() else type(err).__name__
     return RunFailed(
-        f"rank {env.rank} on {env.hostname}: a collective failed at step {step} (waited up to "
+        f"rank {env.rank} on {env.hostname}: a collective failed {where} (waited up to "
         f"parallel.timeout_seconds={timeout:g}): {first}. Another rank probably died, hangs "
         "or is far slower; see its log. If a slow step is expected (a long evaluation or "
         "checkpoint), raise parallel.timeout_seconds.")

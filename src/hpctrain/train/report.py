@@ -31,8 +31,7 @@ def banner(parts, resume_from: Path | None) -> str:
                      f"{env.local_world_size}), strategy {parts.distributed.strategy}")
     if parts.deadline is not None:
         lines.append("  will save and stop at " + time.strftime(
-            "%Y-%m-%d %H:%M:%S", time.localtime(parts.deadline)) + " (time limit minus "
-            f"{c.preemption.deadline_margin_seconds:g} s)")
+            "%Y-%m-%d %H:%M:%S", time.localtime(parts.deadline)) + " (before the time limit)")
     return "\n".join(lines)
 
 
@@ -49,8 +48,8 @@ def oom_advice(parts, step: int) -> str:
         tips.append("parallel.strategy=fsdp (shard parameters, gradients and optimiser state)")
     tips.append(f"a smaller data.image_size (now {c.data.image_size})")
     return (f"CUDA out of memory at step {step} with train.batch_size={parts.batch_size} "
-            f"per device on {parts.plan.device_name} ({c.model.name}, precision {parts.plan.precision}). "
-            "Any of these lowers the peak:\n  " + "\n  ".join(tips))
+            f"per device on {parts.plan.device_name} ({c.model.name}, precision "
+            f"{parts.plan.precision}). Any of these lowers the peak:\n  " + "\n  ".join(tips))
 
 
 def _peak_memory(device: torch.device) -> tuple[int, str]:

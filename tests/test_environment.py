@@ -1,0 +1,113 @@
+"""The process layout read from the launchers' variables, and the checks made before any
+process group starts."""
+
+import pytest
+import torch
+
+from hpctrain.cluster.environment import detect, expand_hostlist, port_for_job, tasks_per_node
+from hpctrain.cluster.job import job_end_time
+from hpctrain.config import load_config
+from hpctrain.errors import ConfigError, DeviceError
+from hpctrain.train import parallel
+
+
+def test_host_lists_expand_like_slurm():
+    assert expand_hostlist("n[1-2]") == ["n1", "n2"]
+    assert expand_hostlist("gpu[08-10,13],login1") == ["gpu08", "gpu09", "gpu10", "gpu13",
+                                                       "login1"]
+    assert expand_hostlist("r[1-2]n[1-2]") == ["r1n1", "r1n2", "r2n1", "r2n2"]
+    assert expand_hostlist("jean-zay-iam01") == ["jean-zay-iam01"]
+
+
+def test_task_layouts():
+    assert tasks_per_node("2(x2)") == [2, 2]
+    assert tasks_per_node("4(x2),3") == [4, 4, 3]
+    with pytest.raises(ConfigError, match="cannot read"):
+        tasks_per_node("two")
+
+
+def test_single_process_also_inside_a_batch_script():
+    """The batch step of a job has SLURM_PROCID and SLURM_NTASKS but is not an srun step."""
+    env = detect({"SLURM_JOB_ID": "77", "SLURM_PROCID": "0", "SLURM_NTASKS": "4",
+                  "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_JOB_NODELIST": "n[1-2]"})
+    assert env.launcher == "single" and env.world_size == 1 and env.job_id == "77"
+
+
+def test_torchrun_variables_win_even_inside_a_slurm_job():
+    env = detect({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
+                  "GROUP_RANK": "0", "MASTER_ADDR": "node7", "MASTER_PORT": "29400",
+                  "SLURM_JOB_ID": "12", "SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "0"})
+    assert (env.launcher, env.rank, env.world_size, env.local_rank) == ("torchrun", 3, 8, 1)
+    assert (env.local_world_size, env.num_nodes, env.master_addr) == (4, 2, "node7")
+    assert env.master_port == 29400 and env.job_id == "12"
+
+
+def test_srun_step_derives_address_and_port_without_scontrol():
+    step = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_PROCID": "3",
+            "SLURM_LOCALID": "1", "SLURM_NODEID": "1", "SLURM_STEP_NUM_TASKS": "4",
+            "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_STEP_NODELIST": "gpu[07-08]"}
+    env = detect(step)
+    assert (env.launcher, env.rank, env.world_size, env.local_rank) == ("slurm", 3, 4, 1)
+    assert (env.local_world_size, env.num_nodes, env.node_rank) == (2, 2, 1)
+    assert env.master_addr == "gpu07" and env.master_port == port_for_job("4242")
+    assert detect({**step, "SLURM_PROCID": "0"}).master_port == env.master_port  # all agree
+
+
+def test_unequal_tasks_per_node_are_refused_with_the_fix():
+    with pytest.raises(ConfigError, match="--ntasks-per-node"):
+        detect({"SLURM_JOB_ID": "5", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "7",
+                "SLURM_STEP_TASKS_PER_NODE": "4,3", "SLURM_STEP_NODELIST": "n[1-2]"})
+
+
+def layout(world: int, local_world: int | None = None, launcher="torchrun"):
+    local_world = local_world or world
+    return detect({"RANK": "0", "WORLD_SIZE": str(world), "LOCAL_RANK": "0",
+                   "LOCAL_WORLD_SIZE": str(local_world)}) if launcher == "torchrun" else \
+        detect({"SLURM_JOB_ID": "1", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": str(world),
+                "SLURM_STEP_TASKS_PER_NODE": str(local_world), "SLURM_STEP_NODELIST": "n1"})
+
+
+def test_global_batch_splits_or_says_what_divides():
+    config = load_config("default", ["train.global_batch_size=96", "train.grad_accum_steps=2"])
+    assert parallel.per_device_batch(config, 4) == (12, 96)
+    with pytest.raises(ConfigError, match=r"does not divide among 5 process.*multiple of 10"):
+        parallel.per_device_batch(config, 5)
+    plain = load_config("default", ["train.batch_size=16"])
+    assert parallel.per_device_batch(plain, 4) == (16, 64)
+
+
+def test_strategy_choice_and_refusals():
+    assert parallel.resolve_strategy(load_config("default", []), layout(1)) == "none"
+    assert parallel.resolve_strategy(load_config("default", []), layout(2)) == "ddp"
+    fsdp = load_config("default", ["parallel.strategy=fsdp"])
+    assert parallel.resolve_strategy(fsdp, layout(1)) == "none"  # nothing to shard over
+    with pytest.raises(ConfigError, match="each would train its own copy"):
+        parallel.resolve_strategy(load_config("default", ["parallel.strategy=none"]), layout(2))
+    cpu = torch.device("cpu")
+    with pytest.raises(ConfigError, match="sync_batchnorm"):
+        parallel.check_layout(load_config("default", ["parallel.sync_batchnorm=true"]), "ddp",
+                              cpu, "fp32")
+    with pytest.raises(ConfigError, match="nothing to offload"):
+        parallel.check_layout(load_config("default", ["parallel.cpu_offload=true"]), "fsdp",
+                              cpu, "fp32")
+    with pytest.raises(ConfigError, match="precision=bf16"):
+        parallel.check_layout(load_config("default", []), "fsdp", cpu, "fp16")
+    with pytest.raises(ConfigError, match="static_graph.*grad_accum_steps"):
+        parallel.check_layout(load_config("default", ["parallel.static_graph=true",
+                                                      "train.grad_accum_steps=2"]), "ddp",
+                              cpu, "fp32")
+
+
+def test_more_ranks_per_node_than_gpus_is_refused(monkeypatch):
+    """CUDA cannot run here: pretend a node with 2 GPUs."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert parallel.local_device("auto", layout(2)) == "cuda:0"
+    with pytest.raises(DeviceError, match=r"4 processes on .* only 2 GPU\(s\)"):
+        parallel.local_device("auto", layout(4))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert parallel.local_device("auto", layout(4, launcher="slurm")) == "cuda:0"  # bound
+
+
+def test_job_end_time_from_the_environment():
+    assert job_end_time("9", {"SLURM_JOB_END_TIME": "1900000000"}) == 1900000000.0
