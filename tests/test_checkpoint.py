@@ -98,9 +98,14 @@ def test_resume_from_a_mid_epoch_checkpoint_ends_bitwise_equal(tmp_path, run_cli
         if int(path.name.split("_")[1]) > 15:  # 10 steps per epoch: 15 is mid-epoch
             shutil.rmtree(path)
     (resumed / "summary.json").unlink()
+    with open(resumed / "metrics.jsonl", "a") as metrics:
+        metrics.write('{"kind": "train", "st')  # a line torn by the crash
     code, out, _ = run_cli("run", "default", *overrides, "run_name=resumed", "resume=auto")
     assert code == 0 and "resuming step_00000015" in out
     assert_same_training_state(final_state(full), final_state(resumed))
+    rows = [json.loads(line) for line in (resumed / "metrics.jsonl").read_text().splitlines()]
+    train_steps = [r["step"] for r in rows if r["kind"] == "train"]
+    assert train_steps == sorted(set(train_steps)) and train_steps[-1] == 100  # each once
     summary = json.loads((resumed / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == 100
 

@@ -107,13 +107,17 @@ def train(config: Config, env: ProcessEnv | None = None) -> dict | None:
     """Train `config` to the end (or resume it); the summary on rank 0, None elsewhere.
     Raises Preempted after a stop-and-save (signal or time limit)."""
     env = env or detect()
+    stopper = Stopper()  # from the very start: a notice during start-up is not lost
+    stopper.install(config.preemption.signal)
     try:
         try:
             parts = build_parts(config, env)
         except RuntimeError as err:
             _raise_readable(err, env, "while starting", config)
-        return _train(parts)
+        stopper.attach(parts.distributed, parts.deadline)
+        return _train(parts, stopper)
     finally:
+        stopper.close()
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
 
@@ -126,7 +130,7 @@ def _raise_readable(err: RuntimeError, env: ProcessEnv, where: str, config: Conf
     raise failure from err
 
 
-def _train(parts: Parts) -> dict | None:
+def _train(parts: Parts, stopper: Stopper) -> dict | None:
     config, is_main = parts.config, parts.distributed.is_main
     progress = _restore(parts, parts.resume_from) if parts.resume_from else Progress()
     telemetry = Telemetry(parts.run_dir, parts.total_steps, progress.step, config.tensorboard,
@@ -134,8 +138,6 @@ def _train(parts: Parts) -> dict | None:
     if is_main:
         (parts.run_dir / "config.yaml").write_text(to_yaml(config))
     telemetry.message(report.banner(parts, parts.resume_from))
-    stopper = Stopper(parts.distributed, parts.deadline)
-    stopper.install(config.preemption.signal)
     clock = Clock()
     status, stopped = "failed", None
     try:
@@ -151,7 +153,6 @@ def _train(parts: Parts) -> dict | None:
     except RuntimeError as err:
         _raise_readable(err, parts.distributed.env, f"at step {progress.step}", config)
     finally:
-        stopper.close()
         telemetry.close()
         summary = report.summary(parts, progress, clock, status)
         if is_main:

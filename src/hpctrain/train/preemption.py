@@ -41,12 +41,16 @@ def deadline_at(cfg: PreemptionConfig, job_end: float | None,
 class Stopper:
     """Collects stop requests and turns them into one agreed decision per step."""
 
-    def __init__(self, distributed, deadline: float | None = None):
+    def __init__(self, distributed=None, deadline: float | None = None):
         self.dist = distributed
         self.deadline = deadline
         self.requeue_signal = "SIGUSR1"
         self.signalled: str | None = None
         self._previous: dict[int, object] = {}
+
+    def attach(self, distributed, deadline: float | None) -> None:
+        """The ranks to agree with and the deadline, once the run is built."""
+        self.dist, self.deadline = distributed, deadline
 
     def install(self, requeue_signal: str) -> None:
         """Catch `requeue_signal` (save, stop, requeue) and SIGTERM (save, stop)."""
@@ -73,7 +77,7 @@ class Stopper:
             local = DEADLINE
         elif self.signalled:
             local = REQUEUE_SIGNAL if self.signalled == self.requeue_signal else STOP
-        agreed = self.dist.any(local)
+        agreed = self.dist.any(local) if self.dist is not None else local
         if agreed == DEADLINE:
             return "the time limit is near", True
         if agreed == REQUEUE_SIGNAL:
