@@ -92,6 +92,9 @@ def test_strategy_choice_and_refusals():
                               cpu, "fp32")
     with pytest.raises(ConfigError, match="precision=bf16"):
         parallel.check_layout(load_config("default", []), "fsdp", cpu, "fp16")
+    with pytest.raises(ConfigError, match="nccl needs GPUs"):
+        parallel.check_layout(load_config("default", ["parallel.backend=nccl"]), "ddp", cpu,
+                              "fp32")
     with pytest.raises(ConfigError, match="static_graph.*grad_accum_steps"):
         parallel.check_layout(load_config("default", ["parallel.static_graph=true",
                                                       "train.grad_accum_steps=2"]), "ddp",

@@ -102,10 +102,6 @@ class Distributed:
             self.barrier()
             yield
 
-    def close(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
 
 def resolve_strategy(config: Config, env: ProcessEnv) -> str:
     wanted = config.parallel.strategy
@@ -157,6 +153,8 @@ def per_device_batch(config: Config, world_size: int) -> tuple[int, int]:
 def check_layout(config: Config, strategy: str, device: torch.device, precision: str) -> None:
     """Refuse what cannot work, before any process group exists."""
     p = config.parallel
+    if p.backend == "nccl" and device.type != "cuda":
+        raise ConfigError("parallel.backend=nccl needs GPUs; on CPU use gloo (or auto)")
     if p.static_graph and strategy == "ddp" and config.train.grad_accum_steps > 1:
         raise ConfigError("parallel.static_graph=true cannot be combined with "
                           "train.grad_accum_steps>1 (DDP's static graph does not support "
