@@ -139,8 +139,12 @@ def test_resume_auto_continues_the_newest_run_and_is_idempotent(tmp_path, run_cl
     first = next((tmp_path / "runs").iterdir())
     code, out, _ = run_cli("run", "default", *tiny("resume=auto"))
     assert code == 0 and f"run {first} (resuming step_00000010)" in out
+    assert "changed settings" not in out
     assert len(list((tmp_path / "runs").iterdir())) == 1  # no new directory
     assert json.loads((first / "summary.json").read_text())["steps"] == 10
+    code, out, _ = run_cli("run", "default", *tiny("resume=auto", "train.epochs=2"))
+    assert code == 0 and "resuming with changed settings: train.epochs: 1.0 -> 2.0" in out
+    assert json.loads((first / "summary.json").read_text())["steps"] == 20
 
 
 def test_resume_errors_and_run_name_collisions(tmp_path, run_cli, tiny):

@@ -359,5 +359,27 @@ def load_config(recipe: str | None = None, overrides: list[str] = ()) -> Config:
         raise _explain(err, source) from None
 
 
+RUN_LOCATION_KEYS = {"resume", "run_name", "output_dir"}
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def config_changes(saved_yaml: str, config: Config) -> list[str]:
+    """What differs between a run's saved config.yaml and `config`, as 'key: old -> new'
+    (where the run lives is not a change)."""
+    old = _flatten(yaml.safe_load(saved_yaml) or {})
+    new = _flatten(config.model_dump(mode="json"))
+    return [f"{key}: {old.get(key)!r} -> {new.get(key)!r}" for key in sorted(old.keys() | new)
+            if key not in RUN_LOCATION_KEYS and old.get(key) != new.get(key)]
+
+
 def to_yaml(config: Config) -> str:
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

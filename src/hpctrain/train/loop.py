@@ -22,7 +22,7 @@ from torch.distributed.tensor import DTensor
 
 from hpctrain.cluster.environment import ProcessEnv, detect
 from hpctrain.cluster.job import requeue
-from hpctrain.config import Config, to_yaml
+from hpctrain.config import Config, config_changes, to_yaml
 from hpctrain.data.loader import image_size_for_epoch
 from hpctrain.errors import ConfigError, DataError, Preempted, RunFailed
 from hpctrain.train import checkpoint as ckpt
@@ -135,9 +135,13 @@ def _train(parts: Parts, stopper: Stopper) -> dict | None:
     progress = _restore(parts, parts.resume_from) if parts.resume_from else Progress()
     telemetry = Telemetry(parts.run_dir, parts.total_steps, progress.step, config.tensorboard,
                           enabled=is_main)
-    if is_main:
-        (parts.run_dir / "config.yaml").write_text(to_yaml(config))
     telemetry.message(report.banner(parts, parts.resume_from))
+    if is_main:
+        saved = parts.run_dir / "config.yaml"
+        if parts.resume_from and saved.is_file() and (changes := config_changes(
+                saved.read_text(), config)):
+            telemetry.message("  resuming with changed settings: " + "; ".join(changes))
+        saved.write_text(to_yaml(config))
     clock = Clock()
     status, stopped = "failed", None
     try:
