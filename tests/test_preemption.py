@@ -3,7 +3,11 @@
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
+
+from pathlib import Path
 
 import pytest
 
@@ -71,3 +75,25 @@ def test_the_deadline_saves_and_exits_with_the_requeue_status(tmp_path, run_cli,
         "preemption.deadline=null"))
     assert code == 0 and "resuming" in out
     assert json.loads((run / "summary.json").read_text())["restarts"] == 1
+
+
+def test_a_signal_to_the_whole_process_group_spares_the_data_workers(tmp_path, tiny):
+    """Slurm signals every process of a step, DataLoader workers included: they must not die
+    of it (SIGUSR1's default action), and the run must still stop cleanly with 75."""
+    run = tmp_path / "runs" / "grouped"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "hpctrain", "run", "default", *tiny(
+            "data.num_workers=1", "train.max_steps=100000", "train.log_every=5",
+            "run_name=grouped")],
+        start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = run / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and metrics.read_text().count('"train"') >= 3):
+        assert process.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)
+    workers = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()
+    assert workers, "the run should have DataLoader workers"
+    os.killpg(process.pid, signal.SIGUSR1)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 75, err[-2000:]
+    assert "SIGUSR1 received" in err and "exited unexpectedly" not in err

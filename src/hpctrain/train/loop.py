@@ -107,7 +107,10 @@ def train(config: Config, env: ProcessEnv | None = None) -> dict | None:
     """Train `config` to the end (or resume it); the summary on rank 0, None elsewhere.
     Raises Preempted after a stop-and-save (signal or time limit)."""
     env = env or detect()
-    stopper = Stopper()  # from the very start: a notice during start-up is not lost
+    # From the very start: a notice during start-up is not lost, and the DataLoader workers,
+    # forked later, inherit the harmless handler (Slurm signals every process of a step; a
+    # worker killed by SIGUSR1 would crash the run).
+    stopper = Stopper()
     stopper.install(config.preemption.signal)
     try:
         try:
