@@ -127,8 +127,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hpctrain: error: {err}", file=sys.stderr)
         return err.exit_code
     except Preempted as stop:
-        print(f"hpctrain: {stop} Run the same command again (resume=auto) to continue; exit "
-              f"status {stop.exit_code} means 'requeue me'.", file=sys.stderr)
+        if not stop.quiet:
+            print(f"hpctrain: {stop} Run the same command again (resume=auto) to continue; "
+                  f"exit status {stop.exit_code} means 'requeue me'.", file=sys.stderr)
         return stop.exit_code
     except KeyboardInterrupt:
         print("hpctrain: interrupted", file=sys.stderr)

@@ -39,3 +39,4 @@ class Preempted(Exception):
     def __init__(self, message: str, requeue: bool = True):
         super().__init__(message)
         self.requeue = requeue  # False after SIGTERM: scancel, or Slurm requeues by itself
+        self.quiet = False  # on ranks other than 0: rank 0 tells

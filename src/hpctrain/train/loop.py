@@ -168,6 +168,7 @@ def _train(parts: Parts, stopper: Stopper) -> dict | None:
         env = parts.distributed.env
         if is_main and env.job_id and stopped.requeue and config.preemption.requeue == "auto":
             stopped.args = (f"{stopped} {requeue(env.job_id)}",)
+        stopped.quiet = not is_main
         raise stopped
     return summary if is_main else None
 
