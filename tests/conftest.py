@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 
@@ -88,3 +89,21 @@ def image_folder(tmp_path) -> Path:
 def seeded():
     random.seed(0)
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """A real two-node Slurm cluster for the session (see slurm_cluster.py); SLURM_CONF points
+    the client commands at it."""
+    from slurm_cluster import LocalSlurm
+
+    cluster = LocalSlurm(tmp_path_factory.mktemp("slurm"))
+    previous = os.environ.get("SLURM_CONF")
+    cluster.start()
+    os.environ["SLURM_CONF"] = str(cluster.conf)
+    yield cluster
+    cluster.stop()
+    if previous is None:
+        os.environ.pop("SLURM_CONF", None)
+    else:
+        os.environ["SLURM_CONF"] = previous

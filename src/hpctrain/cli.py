@@ -75,6 +75,104 @@ def cmd_recipes(args) -> int:
     return 0
 
 
+SUBMIT_EXAMPLE = """examples:
+  hpctrain submit imagenet-resnet50 data.path=/scratch/imagenet --gpus 16 --time 20:00:00 \\
+      --cluster jean-zay-a100 --account abc          # 2 nodes x 8 GPUs, requeued until done
+  hpctrain submit default --gpus 4 --time 30 --dry-run     # print the script, submit nothing
+
+The script goes to RUN_DIR/job.sbatch; logs to RUN_DIR/slurm-JOBID.out/.err. Profiles: the
+shipped ones (generic, jean-zay-v100/-a100/-h100) and yours in ~/.config/hpctrain/clusters.yaml.
+"""
+
+
+def cmd_submit(args) -> int:
+    from hpctrain.cluster import jobs
+
+    options = dict(nodes=args.nodes, job_name=args.job_name, account=args.account,
+                   partition=args.partition, qos=args.qos, constraint=args.constraint,
+                   cpus_per_gpu=args.cpus_per_gpu, mem=args.mem, modules=args.module,
+                   venv=args.venv, conda=args.conda, container=args.container,
+                   extra_sbatch=args.extra_sbatch, max_requeues=args.max_requeues)
+    if args.dry_run:
+        _, script = jobs.plan(args.recipe, args.overrides, args.gpus, args.time, args.cluster,
+                              **options)
+        print(script, end="")
+        return 0
+    job = jobs.submit(args.recipe, args.overrides, args.gpus, args.time, args.cluster,
+                      **options)
+    if args.json:
+        print(json.dumps({"job_id": job.id, "run_dir": str(job.run_dir)}))
+    else:
+        print(f"submitted job {job.id}: {job.run_dir}\n  follow it: hpctrain jobs; "
+              f"hpctrain logs {job.id} --follow")
+    return 0
+
+
+def cmd_jobs(args) -> int:
+    from hpctrain.cluster import jobs
+
+    rows = jobs.queue(name=args.name)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("job", "name", "state", "elapsed", "time left", "nodes", "nodes / reason")
+    for row in rows:
+        table.add_row(row["id"], row["name"], row["state"], row["elapsed"], row["time_left"],
+                      row["nodes"], row["reason"])
+    Console().print(table if rows else "no jobs in the queue")
+    return 0
+
+
+def cmd_logs(args) -> int:
+    from hpctrain.cluster.jobs import Job
+
+    job = Job(args.job)
+    if not args.follow:
+        print(job.logs(err=args.err), end="")
+        return 0
+    path = job.log_file(err=args.err)
+    import time
+
+    from hpctrain.cluster.jobs import FINAL_STATES
+
+    position = 0
+    while True:  # print what is new, until the job ends
+        if path is not None and path.is_file():
+            with open(path, errors="replace") as log:
+                log.seek(position)
+                sys.stdout.write(log.read())
+                sys.stdout.flush()
+                position = log.tell()
+        if job.state.split()[0] in FINAL_STATES:
+            return 0
+        time.sleep(1)
+
+
+def cmd_cancel(args) -> int:
+    from hpctrain.cluster.jobs import Job
+
+    for job_id in args.jobs:
+        Job(job_id).cancel()
+        print(f"cancelled job {job_id}")
+    return 0
+
+
+def cmd_status(args) -> int:
+    from hpctrain.cluster.jobs import Job
+
+    status = Job(args.job).status()
+    if args.json:
+        print(json.dumps(status, indent=2))
+    else:
+        for key, value in status.items():
+            if value is not None:
+                print(f"{key:<10} {value}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hpctrain", description="Train deep-learning models on GPU clusters, fast.",
@@ -102,6 +200,58 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("overrides", nargs="*")
     show.add_argument("--json", action="store_true")
     show.set_defaults(func=cmd_config_show)
+
+    submit = verbs.add_parser("submit", help="train a recipe as a Slurm job",
+                              epilog=SUBMIT_EXAMPLE,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    submit.add_argument("recipe", nargs="?", default=None)
+    submit.add_argument("overrides", nargs="*", help="key=value settings for the run")
+    submit.add_argument("--gpus", type=int, required=True, help="GPUs in all (one task each)")
+    submit.add_argument("--nodes", type=int, help="default: as few as the profile allows")
+    submit.add_argument("--time", default="1:00:00", help="time limit per job (requeued "
+                        "until the run is done), Slurm format: 90, 2:00:00, 1-00:00:00")
+    submit.add_argument("--cluster", help="profile name (default: $HPCTRAIN_CLUSTER or generic)")
+    for option in ("account", "partition", "qos", "constraint", "mem", "job-name"):
+        submit.add_argument(f"--{option}")
+    submit.add_argument("--cpus-per-gpu", type=int)
+    submit.add_argument("--module", action="append", default=[], help="repeatable")
+    submit.add_argument("--venv", help="a virtual environment to activate")
+    submit.add_argument("--conda", help="a conda environment to activate")
+    submit.add_argument("--container", help="an Apptainer/Singularity image (.sif)")
+    submit.add_argument("--extra-sbatch", action="append", default=[],
+                        help="one more #SBATCH directive, e.g. '--mail-type=END'")
+    submit.add_argument("--max-requeues", type=int, default=20)
+    submit.add_argument("--dry-run", action="store_true", help="print the script only")
+    submit.add_argument("--json", action="store_true")
+    submit.set_defaults(func=cmd_submit)
+
+    queue = verbs.add_parser("jobs", help="your Slurm jobs",
+                             epilog="example:\n  hpctrain jobs --json",
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
+    queue.add_argument("--name", help="only jobs of this name")
+    queue.add_argument("--json", action="store_true")
+    queue.set_defaults(func=cmd_jobs)
+
+    logs = verbs.add_parser("logs", help="a job's output",
+                            epilog="example:\n  hpctrain logs 123456 --follow",
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    logs.add_argument("job")
+    logs.add_argument("--err", action="store_true", help="the error log instead")
+    logs.add_argument("--follow", action="store_true", help="keep printing until it ends")
+    logs.set_defaults(func=cmd_logs)
+
+    cancel = verbs.add_parser("cancel", help="cancel jobs",
+                              epilog="example:\n  hpctrain cancel 123456",
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    cancel.add_argument("jobs", nargs="+")
+    cancel.set_defaults(func=cmd_cancel)
+
+    status = verbs.add_parser("status", help="where a job stands",
+                              epilog="example:\n  hpctrain status 123456 --json",
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    status.add_argument("job")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(func=cmd_status)
 
     recipes = verbs.add_parser("recipes", help="list the shipped recipes",
                                epilog="example:\n  hpctrain recipes --json",

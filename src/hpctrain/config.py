@@ -193,6 +193,8 @@ class PreemptionConfig(Section):
         "job's end time; or a time (ISO 8601, local unless it says otherwise, or Unix "
         "seconds); or null")
     deadline_margin_seconds: float = Field(300, ge=0)
+    max_requeues: int = Field(20, ge=0, description="stop requeueing a Slurm job after this "
+                                                    "many restarts")
 
     @field_validator("deadline", mode="before")
     @classmethod

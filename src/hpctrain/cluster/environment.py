@@ -8,6 +8,7 @@ the port from the job id, so every task of a step computes the same address on i
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import socket
@@ -30,6 +31,7 @@ class ProcessEnv:
     master_port: int
     hostname: str
     job_id: str | None  # the Slurm job, when there is one (also for torchrun inside a job)
+    restart_count: int = 0  # how often Slurm has restarted (requeued) the job
 
     @property
     def distributed(self) -> bool:
@@ -98,6 +100,12 @@ def detect(environ: Mapping[str, str] | None = None) -> ProcessEnv:
     """The process layout from the launcher's variables: torchrun first (it may run inside a
     Slurm job), then an srun step, else a single process."""
     env = os.environ if environ is None else environ
+    found = _layout(env)
+    restarts = _int(env, "SLURM_RESTART_COUNT", default=0)
+    return dataclasses.replace(found, restart_count=restarts)
+
+
+def _layout(env: Mapping[str, str]) -> ProcessEnv:
     host = socket.gethostname()
     job_id = env.get("SLURM_JOB_ID")
     if "RANK" in env and "WORLD_SIZE" in env:

@@ -37,6 +37,9 @@ def requeue(job_id: str) -> str:
     done = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True,
                           timeout=60)
     if done.returncode == 0:
+        # a requeued job waits about two minutes (BeginTime) before it may start: not ours
+        subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"],
+                       capture_output=True, timeout=60)
         return f"Requeued Slurm job {job_id}."
     return (f"'scontrol requeue {job_id}' failed ({done.stderr.strip() or done.returncode}): "
             "exiting with the requeue status for the batch script to act on.")

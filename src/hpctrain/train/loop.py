@@ -167,7 +167,11 @@ def _train(parts: Parts, stopper: Stopper) -> dict | None:
     if stopped is not None:
         env = parts.distributed.env
         if is_main and env.job_id and stopped.requeue and config.preemption.requeue == "auto":
-            stopped.args = (f"{stopped} {requeue(env.job_id)}",)
+            if env.restart_count < config.preemption.max_requeues:
+                stopped.args = (f"{stopped} {requeue(env.job_id)}",)
+            else:
+                stopped.args = (f"{stopped} Not requeued: the job has been restarted "
+                                f"{env.restart_count} times (preemption.max_requeues).",)
         stopped.quiet = not is_main
         raise stopped
     return summary if is_main else None

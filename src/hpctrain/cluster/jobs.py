@@ -1,0 +1,173 @@
+"""Submit a recipe as a Slurm job and follow it: the Python API behind `hpctrain submit`,
+`jobs`, `logs`, `cancel` and `status`, usable from a notebook:
+
+    from hpctrain.cluster.jobs import submit, queue
+    job = submit("default", ["train.epochs=3"], gpus=8, time="2:00:00")
+    job.wait(); print(job.state, job.logs()[-500:])
+
+Every submitted job is remembered in ~/.local/state/hpctrain/jobs.jsonl (job id -> run
+directory), so a job the controller has forgotten, on a cluster without accounting, is still
+reported from its run directory rather than as an unexplained UNKNOWN.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpctrain.cluster import slurm
+from hpctrain.cluster.profiles import get_profile
+from hpctrain.cluster.sbatch import JobRequest, render
+from hpctrain.config import load_config
+from hpctrain.errors import ConfigError
+
+FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
+                "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
+
+
+def ledger_path() -> Path:
+    return Path.home() / ".local" / "state" / "hpctrain" / "jobs.jsonl"
+
+
+def _remember(job_id: str, run_dir: Path) -> None:
+    path = ledger_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as ledger:
+        ledger.write(json.dumps({"job_id": job_id, "run_dir": str(run_dir),
+                                 "submitted": round(time.time())}) + "\n")
+
+
+def _recall(job_id: str) -> Path | None:
+    path = ledger_path()
+    if not path.is_file():
+        return None
+    for line in reversed(path.read_text().splitlines()):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if row.get("job_id") == job_id:
+            return Path(row["run_dir"])
+    return None
+
+
+@dataclass
+class Job:
+    id: str
+    run_dir: Path | None = None
+
+    def __post_init__(self):
+        self.id = str(self.id).split("_")[0]
+        if self.run_dir is None:
+            self.run_dir = _recall(self.id)
+
+    def status(self) -> dict:
+        """Where the job stands, and where that was read (squeue/scontrol, sacct, or the run
+        directory when Slurm has forgotten the job and keeps no accounting)."""
+        details = slurm.job_details(self.id)
+        if details is not None:
+            return {"id": self.id, "state": details.get("JobState", "UNKNOWN"),
+                    "reason": details.get("Reason"), "restarts": int(details.get("Restarts", 0)),
+                    "run_dir": str(self.run_dir) if self.run_dir else None, "source": "scontrol"}
+        record = slurm.accounting(self.id)
+        if record is not None:
+            return {**record, "id": self.id, "source": "sacct",
+                    "run_dir": str(self.run_dir) if self.run_dir else None}
+        summary = self.run_dir / "summary.json" if self.run_dir else None
+        if summary is not None and summary.is_file():
+            run = json.loads(summary.read_text())
+            state = {"completed": "COMPLETED", "preempted": "REQUEUED-OR-STOPPED",
+                     "interrupted": "CANCELLED"}.get(run.get("status"), "FAILED")
+            return {"id": self.id, "state": state, "run_status": run.get("status"),
+                    "steps": run.get("steps"), "restarts": run.get("restarts"),
+                    "run_dir": str(self.run_dir), "source": "summary.json"}
+        where = f"; its run directory {self.run_dir} has no summary.json" if self.run_dir \
+            else "; it was not submitted by hpctrain from this account"
+        return {"id": self.id, "state": "UNKNOWN", "source": None,
+                "reason": "Slurm no longer knows the job and keeps no accounting" + where}
+
+    @property
+    def state(self) -> str:
+        return self.status()["state"]
+
+    def wait(self, timeout: float | None = None, poll: float = 5.0) -> str:
+        """Block until the job reaches a final state (a requeued job is not final)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            state = self.state
+            if state.split()[0] in FINAL_STATES or state == "UNKNOWN":
+                return state
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {self.id} still {state} after {timeout} s")
+            time.sleep(poll)
+
+    def log_file(self, err: bool = False) -> Path | None:
+        details = slurm.job_details(self.id) or {}
+        named = details.get("StdErr" if err else "StdOut")
+        if named:
+            return Path(named.replace("%j", self.id))
+        if self.run_dir is not None:
+            return self.run_dir / f"slurm-{self.id}.{'err' if err else 'out'}"
+        return None
+
+    def logs(self, err: bool = False) -> str:
+        path = self.log_file(err)
+        if path is None or not path.is_file():
+            raise ConfigError(f"no {'error' if err else 'output'} log for job {self.id} yet"
+                              + (f" (expected {path})" if path else ""))
+        return path.read_text(errors="replace")
+
+    def cancel(self) -> None:
+        slurm.cancel(self.id)
+
+
+def plan(recipe: str | None, overrides: list[str], gpus: int, time_limit: str,
+         cluster: str | None = None, **options) -> tuple[JobRequest, str]:
+    """(request, script) without submitting: the recipe and overrides are validated here, so a
+    typo fails now rather than after the queue."""
+    config = load_config(recipe, overrides)
+    name = options.pop("job_name", None)
+    run_name = config.run_name or name or f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir = (Path(config.output_dir).expanduser() / run_name).absolute()
+    request = JobRequest(gpus=gpus, time=time_limit, run_dir=run_dir, recipe=recipe,
+                         overrides=[o for o in overrides if not o.startswith("run_name=")],
+                         job_name=name, **options)
+    return request, render(request, get_profile(cluster))
+
+
+def submit(recipe: str | None = None, overrides: list[str] = (), gpus: int = 1,
+           time_limit: str = "1:00:00", cluster: str | None = None, **options) -> Job:
+    """Write the script into the run directory, submit it, remember the job."""
+    request, script = plan(recipe, list(overrides), gpus, time_limit, cluster, **options)
+    request.run_dir.mkdir(parents=True, exist_ok=True)
+    path = request.run_dir / "job.sbatch"
+    path.write_text(script)
+    job_id = slurm.submit(path)
+    _remember(job_id, request.run_dir)
+    (request.run_dir / "job.json").write_text(json.dumps({"job_id": job_id}) + "\n")
+    return Job(job_id, request.run_dir)
+
+
+def queue(name: str | None = None) -> list[dict]:
+    """Your jobs in the queue."""
+    return slurm.queue(name=name)
+
+
+def find_logs(job_or_text) -> list[Path]:
+    """The log files of a job (a Job or an id), or those among your remembered runs' logs
+    that contain `text`."""
+    if isinstance(job_or_text, Job) or str(job_or_text).isdigit():
+        job = job_or_text if isinstance(job_or_text, Job) else Job(str(job_or_text))
+        return [p for p in (job.log_file(), job.log_file(err=True)) if p and p.is_file()]
+    text = str(job_or_text)
+    found = []
+    path = ledger_path()
+    runs = {json.loads(line)["run_dir"] for line in path.read_text().splitlines()} \
+        if path.is_file() else set()
+    for run in sorted(runs):
+        for log in sorted(Path(run).glob("slurm-*.*")):
+            if text in log.read_text(errors="replace"):
+                found.append(log)
+    return found

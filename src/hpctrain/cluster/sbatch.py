@@ -1,0 +1,204 @@
+"""The sbatch script `hpctrain submit` writes: plain text, one request in, one script out.
+
+Safety: every value a user gives is either checked against a strict pattern (what goes into
+`#SBATCH` lines, which sbatch reads itself and where a newline would start a shell line) or
+shell-quoted (what goes into commands). A job name or override holding `$(...)`, backticks,
+quotes or newlines therefore runs nothing.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hpctrain.cluster.profiles import Profile
+from hpctrain.errors import ConfigError
+
+# what may stand in an #SBATCH value: no spaces, quotes, newlines or shell syntax
+SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.,:@%+=/-]+$")
+TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+REQUEUE_EXIT_CODE = 75
+
+
+@dataclass
+class JobRequest:
+    gpus: int
+    time: str
+    run_dir: Path
+    recipe: str | None = None
+    overrides: list[str] = field(default_factory=list)
+    nodes: int | None = None
+    job_name: str | None = None
+    account: str | None = None
+    partition: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    cpus_per_gpu: int | None = None
+    mem: str | None = None
+    modules: list[str] = field(default_factory=list)
+    venv: str | None = None
+    conda: str | None = None
+    container: str | None = None
+    extra_sbatch: list[str] = field(default_factory=list)
+    max_requeues: int = 20
+
+
+def time_seconds(text: str) -> int:
+    """Slurm's time formats: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS."""
+    match = TIME.match(text.strip())
+    if not match:
+        raise ConfigError(f"--time {text!r}: use Slurm's formats, e.g. 90 (minutes), 2:00:00, "
+                          "or 1-12:00:00 (days-hours:minutes:seconds)")
+    days, a, b, c = match.groups()
+    if days is not None:  # D-HH[:MM[:SS]]
+        seconds = int(days) * 86400 + int(a) * 3600 + int(b or 0) * 60 + int(c or 0)
+    elif c is not None:  # HH:MM:SS
+        seconds = int(a) * 3600 + int(b) * 60 + int(c)
+    else:  # MM or MM:SS
+        seconds = int(a) * 60 + int(b or 0)
+    if seconds <= 0:
+        raise ConfigError(f"--time {text!r} is zero")
+    return seconds
+
+
+def _clock(seconds: int) -> str:
+    days, rest = divmod(seconds, 86400)
+    text = time.strftime("%H:%M:%S", time.gmtime(rest))
+    return f"{days}-{text}" if days else text
+
+
+def layout(gpus: int, nodes: int | None, profile: Profile) -> tuple[int, int]:
+    """(nodes, GPUs per node) for `gpus`, filling whole nodes of the profile."""
+    per_node = profile.gpus_per_node
+    if gpus < 1:
+        raise ConfigError("--gpus must be at least 1")
+    if nodes is None:
+        if gpus <= per_node:
+            return 1, gpus
+        if gpus % per_node:
+            low, high = gpus // per_node * per_node, (gpus // per_node + 1) * per_node
+            raise ConfigError(f"--gpus {gpus} does not fill whole nodes of {profile.name} "
+                              f"({per_node} GPUs per node): use {low} or {high}, or give "
+                              "--nodes with an equal share per node")
+        return gpus // per_node, per_node
+    if gpus % nodes or gpus // nodes > per_node:
+        raise ConfigError(f"--gpus {gpus} on --nodes {nodes}: each node needs the same number "
+                          f"of GPUs, at most {per_node} on {profile.name}")
+    return nodes, gpus // nodes
+
+
+def _safe(option: str, value) -> str:
+    text = str(value)
+    if not SAFE_VALUE.match(text):
+        raise ConfigError(f"{option} {text!r}: only letters, digits and _.,:@%+=/- are "
+                          "allowed here (the value goes into an #SBATCH line)")
+    return text
+
+
+def _job_name(request: JobRequest) -> str:
+    if request.job_name:
+        return _safe("--job-name", request.job_name)
+    return request.run_dir.name
+
+
+def render(request: JobRequest, profile: Profile) -> str:
+    """The whole sbatch script for `request` on `profile`."""
+    seconds = time_seconds(request.time)
+    if profile.max_time and seconds > time_seconds(profile.max_time):
+        raise ConfigError(f"--time {request.time} exceeds {profile.name}'s limit of "
+                          f"{profile.max_time}; use a shorter --time (the run requeues "
+                          "itself and continues) or another --qos")
+    nodes, per_node = layout(request.gpus, request.nodes, profile)
+    cpus = request.cpus_per_gpu or profile.cpus_per_gpu
+    lead = min(profile.signal_lead_seconds, max(30, seconds // 10))
+    run_dir = request.run_dir.expanduser().absolute()
+    directives = [
+        ("job-name", _job_name(request)),
+        ("nodes", nodes),
+        ("ntasks-per-node", per_node),
+        ("gres", f"gpu:{per_node}"),
+        ("cpus-per-task", cpus),
+        ("hint", "nomultithread"),
+        ("time", _clock(seconds)),
+    ]
+    account = request.account and _safe("--account", request.account) + profile.account_suffix
+    for option, value in (("account", account),
+                          ("partition", request.partition or profile.partition),
+                          ("qos", request.qos or profile.qos),
+                          ("constraint", request.constraint or profile.constraint),
+                          ("mem", request.mem or (profile.mem_per_gpu and
+                                                  _per_node_mem(profile.mem_per_gpu, per_node)))):
+        if value:
+            directives.append((option, _safe(f"--{option}", value)))
+    directives += [
+        ("signal", f"USR1@{lead}"),  # to the job steps (no B:): every rank gets it
+        ("requeue", None),
+        ("open-mode", "append"),
+        ("output", f"{_safe('run directory', run_dir)}/slurm-%j.out"),
+        ("error", f"{run_dir}/slurm-%j.err"),
+    ]
+    lines = ["#!/bin/bash",
+             f"# Written by 'hpctrain submit' for the {profile.name} cluster profile.",
+             "# Submit it again with: sbatch " + shlex.quote(str(run_dir / "job.sbatch"))]
+    for option, value in directives:
+        lines.append(f"#SBATCH --{option}" + ("" if value is None else f"={value}"))
+    for line in request.extra_sbatch:
+        if "\n" in line or "\r" in line:
+            raise ConfigError("--extra-sbatch: one directive per option, without newlines")
+        lines.append("#SBATCH " + _safe("--extra-sbatch", line.removeprefix("#SBATCH").strip()))
+    environment = _environment(request, profile)
+    lines += ["", *environment, "", *_command(request, run_dir, bool(environment))]
+    return "\n".join(lines) + "\n"
+
+
+def _per_node_mem(per_gpu: str, gpus: int) -> str:
+    match = re.fullmatch(r"(\d+)([KMGT]?)", per_gpu)
+    if not match:
+        raise ConfigError(f"mem_per_gpu {per_gpu!r}: use e.g. 60G")
+    return f"{int(match.group(1)) * gpus}{match.group(2)}"
+
+
+def _environment(request: JobRequest, profile: Profile) -> list[str]:
+    lines = []
+    modules = profile.modules + request.modules
+    if modules:
+        lines.append("module purge")
+        lines += [f"module load {shlex.quote(m)}" for m in modules]
+    if request.venv:
+        lines.append(f"source {shlex.quote(str(Path(request.venv).expanduser()))}/bin/activate")
+    if request.conda:
+        lines.append(f"conda activate {shlex.quote(request.conda)}")
+    return lines
+
+
+def _command(request: JobRequest, run_dir: Path, own_environment: bool) -> list[str]:
+    if request.container:
+        python = ["apptainer", "exec", "--nv", "--bind", str(run_dir.parent),
+                  str(Path(request.container).expanduser()), "python3"]
+    elif own_environment:  # modules, a venv or a conda environment bring their python3
+        python = ["python3"]
+    else:
+        python = [sys.executable]  # the interpreter that submitted: hpctrain is installed there
+    arguments = [*python, "-m", "hpctrain", "run", *([request.recipe] if request.recipe else []),
+                 *request.overrides, f"output_dir={run_dir.parent}", f"run_name={run_dir.name}",
+                 "resume=auto", f"preemption.max_requeues={request.max_requeues}"]
+    command = " ".join(shlex.quote(str(a)) for a in arguments)
+    return [
+        "# One task per GPU; hpctrain reads the layout from srun (no MASTER_ADDR to export).",
+        f"srun {command}",
+        "status=$?",
+        f"# {REQUEUE_EXIT_CODE}: saved and stopped early (preemption signal or time limit). "
+        "hpctrain asks",
+        "# Slurm for the requeue itself; where it could not (no scontrol inside a container),",
+        "# the script does.",
+        f'if [ "$status" -eq {REQUEUE_EXIT_CODE} ] && '
+        f'[ "${{SLURM_RESTART_COUNT:-0}}" -lt {request.max_requeues} ]; then',
+        '    scontrol requeue "$SLURM_JOB_ID" && scontrol update JobId="$SLURM_JOB_ID" '
+        'StartTime=now',
+        "fi",
+        'exit "$status"',
+    ]

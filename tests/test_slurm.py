@@ -1,0 +1,131 @@
+"""`hpctrain submit`, `jobs`, `logs`, `status`, `cancel` and the Python API, against a real
+two-node Slurm cluster started by the suite (slurm_cluster.py), plus the generated script."""
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hpctrain.cluster.jobs import Job, find_logs, plan, submit
+from hpctrain.cluster.profiles import get_profile
+from hpctrain.cluster.sbatch import JobRequest, render
+from hpctrain.errors import ConfigError
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def test_the_jean_zay_a100_script_matches_the_reviewed_golden_file():
+    request = JobRequest(gpus=16, time="20:00:00", run_dir=Path("/lustre/fswork/abc/runs/rn50"),
+                         recipe="imagenet-resnet50", account="abc",
+                         overrides=["data.path=/lustre/fsn1/datasets/imagenet"])
+    script = render(request, get_profile("jean-zay-a100", {}))
+    assert script == (GOLDEN / "jean-zay-a100-2x8.sbatch").read_text()
+
+
+def test_layouts_and_limits_are_checked_before_anything_is_written():
+    profile = get_profile("jean-zay-h100", {})
+    with pytest.raises(ConfigError, match="use 4 or 8"):
+        render(JobRequest(gpus=6, time="1:00:00", run_dir=Path("/r/x")), profile)
+    with pytest.raises(ConfigError, match="exceeds jean-zay-h100's limit of 20:00:00"):
+        render(JobRequest(gpus=4, time="2-00:00:00", run_dir=Path("/r/x")), profile)
+    with pytest.raises(ConfigError, match="Slurm's formats"):
+        render(JobRequest(gpus=4, time="soon", run_dir=Path("/r/x")), profile)
+    with pytest.raises(ConfigError, match="unknown cluster profile 'jean-zay-a10'.*a100"):
+        get_profile("jean-zay-a10", {})
+
+
+def test_user_values_cannot_run_anything(tmp_path):
+    marker = tmp_path / "pwned"
+    with pytest.raises(ConfigError, match="--job-name"):
+        render(JobRequest(gpus=1, time="10", run_dir=tmp_path / "r",
+                          job_name=f"x\n#SBATCH --wrap=touch {marker}"), get_profile(None, {}))
+    with pytest.raises(ConfigError, match="--account"):
+        render(JobRequest(gpus=1, time="10", run_dir=tmp_path / "r", account="a`id`"),
+               get_profile(None, {}))
+    script = render(JobRequest(gpus=1, time="10", run_dir=tmp_path / "r",
+                               modules=[f"x; touch {marker}", f"$(touch {marker})"],
+                               venv=f"/v`touch {marker}`",
+                               overrides=[f"data.path=$(touch {marker})", f"a=`touch {marker}`"]),
+                    get_profile(None, {}))
+    # run the script's shell lines with stand-ins for the site commands it calls
+    body = script.split("\n\n", 1)[1]
+    stubs = "module() { :; }; source() { :; }; srun() { :; }; scontrol() { :; }\n"
+    subprocess.run(["bash", "-c", stubs + body], capture_output=True, timeout=30)
+    assert not marker.exists()
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A private job ledger (~/.local/state/hpctrain/jobs.jsonl)."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+@pytest.mark.slurm
+def test_a_two_node_job_runs_to_completion_and_can_be_followed(slurm_cluster, home, tmp_path,
+                                                               run_cli, tiny):
+    marker = tmp_path / "pwned"
+    code, out, err = run_cli("submit", "default", *tiny(
+        "run_name=twonode", f"data.path=$(touch {marker})"), "--gpus", "2", "--nodes", "2",
+        "--time", "10", "--json")
+    assert code == 0, err
+    submitted = json.loads(out)
+    job = Job(submitted["job_id"])
+    assert job.run_dir == tmp_path / "runs" / "twonode"
+    assert job.wait(timeout=240, poll=1) == "COMPLETED", job.logs(err=True)[-3000:]
+    summary = json.loads((job.run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["world_size"] == 2
+    assert summary["launcher"] == "slurm" and summary["steps"] == 5
+    assert not marker.exists()
+
+    code, out, _ = run_cli("logs", job.id)
+    assert code == 0 and "2 processes (slurm, 2 node(s) x 1)" in out
+    code, out, _ = run_cli("status", job.id, "--json")
+    assert code == 0 and json.loads(out)["state"] == "COMPLETED"
+    assert find_logs(job.id)[0].name == f"slurm-{job.id}.out"
+    assert f"slurm-{job.id}.out" in [p.name for p in find_logs("2 processes (slurm")]
+
+
+@pytest.mark.slurm
+def test_jobs_lists_and_cancel_stops_a_running_job(slurm_cluster, home, run_cli, tiny):
+    job = submit("default", tiny("run_name=long", "train.max_steps=100000"), gpus=1,
+                 time_limit="10")
+    code, out, _ = run_cli("jobs", "--json")
+    assert code == 0
+    rows = json.loads(out)
+    assert [r["name"] for r in rows if r["id"] == job.id] == ["long"]
+    code, out, _ = run_cli("jobs")
+    assert code == 0 and job.id in out and "long" in out
+    code, out, _ = run_cli("cancel", job.id)
+    assert code == 0 and f"cancelled job {job.id}" in out
+    assert job.wait(timeout=60, poll=0.5) == "CANCELLED"
+
+
+@pytest.mark.slurm
+def test_status_of_an_unknown_job_says_why(slurm_cluster, home, run_cli):
+    code, out, _ = run_cli("status", "999999", "--json")
+    status = json.loads(out)
+    assert code == 0 and status["state"] == "UNKNOWN"
+    assert "no longer knows the job" in status["reason"]
+
+
+def test_submit_without_slurm_says_where_to_run(monkeypatch, tmp_path, run_cli, tiny, home):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch here
+    code, _, err = run_cli("submit", "default", *tiny(), "--gpus", "1", "--time", "10")
+    assert code == 2 and "'sbatch' is not on PATH: is this a Slurm login node?" in err
+
+
+def test_a_recipe_typo_fails_at_submit_not_in_the_queue(run_cli, tiny, home):
+    code, _, err = run_cli("submit", "default", *tiny("train.bach_size=3"), "--gpus", "1",
+                           "--dry-run")
+    assert code == 2 and "did you mean 'train.batch_size'" in err
+
+
+def test_dry_run_prints_the_script_and_submits_nothing(run_cli, tiny, home, tmp_path):
+    code, out, _ = run_cli("submit", "default", *tiny("run_name=dry"), "--gpus", "8",
+                           "--time", "2:00:00", "--dry-run")
+    assert code == 0 and out.startswith("#!/bin/bash")
+    assert "#SBATCH --nodes=2" in out and "#SBATCH --ntasks-per-node=4" in out
+    assert "resume=auto" in out and not (tmp_path / "runs" / "dry").exists()
+    assert plan("default", tiny("run_name=dry"), 8, "2:00:00")[0].run_dir.name == "dry"
