@@ -129,3 +129,39 @@ def test_dry_run_prints_the_script_and_submits_nothing(run_cli, tiny, home, tmp_
     assert "#SBATCH --nodes=2" in out and "#SBATCH --ntasks-per-node=4" in out
     assert "resume=auto" in out and not (tmp_path / "runs" / "dry").exists()
     assert plan("default", tiny("run_name=dry"), 8, "2:00:00")[0].run_dir.name == "dry"
+
+
+def final_weights(run_dir: Path) -> dict:
+    from hpctrain.train.checkpoint import list_checkpoints, read_checkpoint
+
+    return read_checkpoint(list_checkpoints(run_dir / "checkpoints")[-1])["model"]
+
+
+@pytest.mark.slurm
+def test_a_preempted_job_requeues_itself_and_finishes_like_an_uninterrupted_one(
+        slurm_cluster, home, tiny):
+    import time
+
+    from hpctrain.cluster import slurm
+
+    long_run = tiny("train.max_steps=60", "train.log_every=5", "checkpoint.every_steps=1000",
+                    "checkpoint.keep_last=5")
+    reference = submit("default", [*long_run, "run_name=straight"], gpus=2, nodes=2,
+                       time_limit="10")
+    preempted = submit("default", [*long_run, "run_name=preempted"], gpus=2, nodes=2,
+                       time_limit="10")
+    metrics = preempted.run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 180
+    while not (metrics.exists() and metrics.read_text().count('"train"') >= 2):
+        assert time.monotonic() < deadline and preempted.state in ("PENDING", "RUNNING")
+        time.sleep(0.2)
+    slurm.cancel(preempted.id, signal="USR1")  # what --signal=USR1@lead sends before the end
+    assert reference.wait(timeout=300, poll=1) == "COMPLETED"
+    assert preempted.wait(timeout=300, poll=1) == "COMPLETED", preempted.logs(err=True)[-3000:]
+    summary = json.loads((preempted.run_dir / "summary.json").read_text())
+    assert summary["steps"] == 60 and summary["restarts"] == 1
+    stops = preempted.logs(err=True)
+    assert "SIGUSR1 received" in stops and f"Requeued Slurm job {preempted.id}" in stops
+    assert "(resuming step_" in preempted.logs()
+    ours, theirs = final_weights(preempted.run_dir), final_weights(reference.run_dir)
+    assert max((ours[k] - theirs[k]).abs().max().item() for k in ours) <= 1e-5

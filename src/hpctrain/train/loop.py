@@ -357,6 +357,7 @@ def _save(parts: Parts, progress: Progress, telemetry: Telemetry) -> None:
     if not torch.isfinite(norm):
         telemetry.message(f"step {progress.step}: weights are not finite, checkpoint skipped")
         return
+    parts.distributed.align_buffers(parts.model)
     meta = {"progress": dataclasses.asdict(progress),
             "scheduler": parts.scheduler.state_dict(), "scaler": parts.precision.state_dict(),
             "global_batch_size": parts.global_batch_size,

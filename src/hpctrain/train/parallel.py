@@ -85,6 +85,14 @@ class Distributed:
         dist.broadcast_object_list(box, src=0, group=self.control)
         return box[0]
 
+    def align_buffers(self, model: nn.Module) -> None:
+        """DDP: give every rank rank 0's buffers (BatchNorm statistics), as DDP itself does at
+        the next forward. Between steps they differ per rank, and a checkpoint keeps one
+        copy of what it takes to be replicated: it must be the copy training goes on with."""
+        if self.active and self.strategy == "ddp":
+            for buffer in model.buffers():
+                dist.broadcast(buffer, src=0)
+
     def barrier(self) -> None:
         if self.active:
             dist.barrier(group=self.control)
