@@ -165,3 +165,39 @@ def test_a_preempted_job_requeues_itself_and_finishes_like_an_uninterrupted_one(
     assert "(resuming step_" in preempted.logs()
     ours, theirs = final_weights(preempted.run_dir), final_weights(reference.run_dir)
     assert max((ours[k] - theirs[k]).abs().max().item() for k in ours) <= 1e-5
+
+
+@pytest.mark.slurm
+def test_a_sweep_is_one_array_job_with_a_run_directory_per_element(slurm_cluster, home,
+                                                                   tmp_path, run_cli, tiny):
+    code, out, err = run_cli("submit", "default", *tiny("run_name=lrs", "train.max_steps=3"),
+                             "--gpus", "1", "--time", "10", "--sweep", "optim.lr=0.05,0.2",
+                             "--sweep", "train.label_smoothing=0.0,0.1", "--json")
+    assert code == 0, err
+    job = Job(json.loads(out)["job_id"])
+    assert job.wait(timeout=300, poll=1) == "COMPLETED", job.status()
+    assert sorted(job.status()["elements"]) == ["0", "1", "2", "3"]
+    sweep = tmp_path / "runs" / "lrs"
+    seen = set()
+    for index in range(4):
+        config = (sweep / f"element-{index}" / "config.yaml").read_text()
+        summary = json.loads((sweep / f"element-{index}" / "summary.json").read_text())
+        assert summary["status"] == "completed"
+        lr = "0.05" if "lr: 0.05" in config else "0.2"
+        smoothing = "0.1" if "label_smoothing: 0.1" in config else "0.0"
+        seen.add((lr, smoothing))
+    assert seen == {("0.05", "0.0"), ("0.05", "0.1"), ("0.2", "0.0"), ("0.2", "0.1")}
+    assert len(list(sweep.glob(f"slurm-{job.id}_*.out"))) == 4
+
+
+@pytest.mark.slurm
+def test_more_gpus_than_the_nodes_have_shows_slurms_own_message(slurm_cluster, home, tmp_path,
+                                                                 run_cli, tiny, monkeypatch):
+    """A profile that promises 8 GPUs per node, on nodes that have 4: sbatch refuses."""
+    profiles = tmp_path / "clusters.yaml"
+    profiles.write_text("big:\n  gpus_per_node: 8\n  cpus_per_gpu: 1\n")
+    monkeypatch.setenv("HPCTRAIN_CLUSTERS", str(profiles))
+    code, _, err = run_cli("submit", "default", *tiny(), "--gpus", "8", "--time", "10",
+                           "--cluster", "big")
+    assert code == 2 and "sbatch --parsable failed" in err
+    assert "Requested node configuration is not available" in err

@@ -79,6 +79,7 @@ SUBMIT_EXAMPLE = """examples:
   hpctrain submit imagenet-resnet50 data.path=/scratch/imagenet --gpus 16 --time 20:00:00 \\
       --cluster jean-zay-a100 --account abc          # 2 nodes x 8 GPUs, requeued until done
   hpctrain submit default --gpus 4 --time 30 --dry-run     # print the script, submit nothing
+  hpctrain submit default --gpus 1 --sweep optim.lr=0.05,0.1,0.2 --sweep train.epochs=4,8
 
 The script goes to RUN_DIR/job.sbatch; logs to RUN_DIR/slurm-JOBID.out/.err. Profiles: the
 shipped ones (generic, jean-zay-v100/-a100/-h100) and yours in ~/.config/hpctrain/clusters.yaml.
@@ -92,7 +93,8 @@ def cmd_submit(args) -> int:
                    partition=args.partition, qos=args.qos, constraint=args.constraint,
                    cpus_per_gpu=args.cpus_per_gpu, mem=args.mem, modules=args.module,
                    venv=args.venv, conda=args.conda, container=args.container,
-                   extra_sbatch=args.extra_sbatch, max_requeues=args.max_requeues)
+                   extra_sbatch=args.extra_sbatch, max_requeues=args.max_requeues,
+                   sweep=args.sweep)
     if args.dry_run:
         _, script = jobs.plan(args.recipe, args.overrides, args.gpus, args.time, args.cluster,
                               **options)
@@ -221,6 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--extra-sbatch", action="append", default=[],
                         help="one more #SBATCH directive, e.g. '--mail-type=END'")
     submit.add_argument("--max-requeues", type=int, default=20)
+    submit.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2",
+                        help="one array job over the values (repeat: cartesian product); "
+                        "each element gets its own run directory")
     submit.add_argument("--dry-run", action="store_true", help="print the script only")
     submit.add_argument("--json", action="store_true")
     submit.set_defaults(func=cmd_submit)
@@ -268,8 +273,22 @@ def _split_recipe(args) -> None:
         args.recipe = None
 
 
+def _parse(argv: list[str] | None):
+    """Like parse_args, but key=value overrides may also come after options
+    (`hpctrain submit default --gpus 8 train.epochs=3`)."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    late = [a for a in extra if "=" in a and not a.startswith("-")]
+    if len(late) != len(extra) or (late and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(a for a in extra if a not in late)}"
+                     if len(late) != len(extra) else f"unrecognized arguments: {' '.join(late)}")
+    if late:
+        args.overrides = [*args.overrides, *late]
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = _parse(argv)
     _split_recipe(args)
     try:
         return args.func(args)

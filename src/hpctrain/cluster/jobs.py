@@ -12,6 +12,7 @@ reported from its run directory rather than as an unexplained UNKNOWN.
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from dataclasses import dataclass
@@ -66,11 +67,20 @@ class Job:
     def status(self) -> dict:
         """Where the job stands, and where that was read (squeue/scontrol, sacct, or the run
         directory when Slurm has forgotten the job and keeps no accounting)."""
-        details = slurm.job_details(self.id)
-        if details is not None:
-            return {"id": self.id, "state": details.get("JobState", "UNKNOWN"),
-                    "reason": details.get("Reason"), "restarts": int(details.get("Restarts", 0)),
-                    "run_dir": str(self.run_dir) if self.run_dir else None, "source": "scontrol"}
+        elements = slurm.job_details(self.id)
+        if elements:
+            states = [e.get("JobState", "UNKNOWN") for e in elements]
+            unfinished = [s for s in states if s not in FINAL_STATES]
+            failed = [s for s in states if s != "COMPLETED"]
+            state = unfinished[0] if unfinished else failed[0] if failed else "COMPLETED"
+            status = {"id": self.id, "state": state, "reason": elements[0].get("Reason"),
+                      "restarts": max(int(e.get("Restarts", 0)) for e in elements),
+                      "run_dir": str(self.run_dir) if self.run_dir else None,
+                      "source": "scontrol"}
+            if len(elements) > 1 or "ArrayTaskId" in elements[0]:
+                status["elements"] = {e.get("ArrayTaskId", e.get("JobId")): e.get("JobState")
+                                      for e in elements}
+            return status
         record = slurm.accounting(self.id)
         if record is not None:
             return {**record, "id": self.id, "source": "sacct",
@@ -104,10 +114,10 @@ class Job:
             time.sleep(poll)
 
     def log_file(self, err: bool = False) -> Path | None:
-        details = slurm.job_details(self.id) or {}
-        named = details.get("StdErr" if err else "StdOut")
-        if named:
-            return Path(named.replace("%j", self.id))
+        elements = slurm.job_details(self.id)
+        named = elements[0].get("StdErr" if err else "StdOut") if elements else None
+        if named and "%" not in named:
+            return Path(named)
         if self.run_dir is not None:
             return self.run_dir / f"slurm-{self.id}.{'err' if err else 'out'}"
         return None
@@ -123,17 +133,31 @@ class Job:
         slurm.cancel(self.id)
 
 
+def sweep_elements(specs: list[str]) -> list[list[str]]:
+    """`key=v1,v2` specs -> the cartesian product, one override list per array element."""
+    axes = []
+    for spec in specs:
+        key, sep, values = spec.partition("=")
+        if not sep or not key or not values:
+            raise ConfigError(f"--sweep {spec!r}: write key=value1,value2,...")
+        axes.append([f"{key}={value}" for value in values.split(",")])
+    return [list(combination) for combination in itertools.product(*axes)]
+
+
 def plan(recipe: str | None, overrides: list[str], gpus: int, time_limit: str,
-         cluster: str | None = None, **options) -> tuple[JobRequest, str]:
-    """(request, script) without submitting: the recipe and overrides are validated here, so a
-    typo fails now rather than after the queue."""
+         cluster: str | None = None, sweep: list[str] = (), **options) -> tuple[JobRequest, str]:
+    """(request, script) without submitting: the recipe and overrides (every sweep element's)
+    are validated here, so a typo fails now rather than after the queue."""
     config = load_config(recipe, overrides)
+    elements = sweep_elements(list(sweep)) if sweep else []
+    for element in elements:
+        load_config(recipe, [*overrides, *element])
     name = options.pop("job_name", None)
     run_name = config.run_name or name or f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = (Path(config.output_dir).expanduser() / run_name).absolute()
     request = JobRequest(gpus=gpus, time=time_limit, run_dir=run_dir, recipe=recipe,
                          overrides=[o for o in overrides if not o.startswith("run_name=")],
-                         job_name=name, **options)
+                         job_name=name, sweep=elements, **options)
     return request, render(request, get_profile(cluster))
 
 

@@ -45,6 +45,7 @@ class JobRequest:
     container: str | None = None
     extra_sbatch: list[str] = field(default_factory=list)
     max_requeues: int = 20
+    sweep: list[list[str]] = field(default_factory=list)  # per array element: its overrides
 
 
 def time_seconds(text: str) -> int:
@@ -134,12 +135,15 @@ def render(request: JobRequest, profile: Profile) -> str:
                                                   _per_node_mem(profile.mem_per_gpu, per_node)))):
         if value:
             directives.append((option, _safe(f"--{option}", value)))
+    log = "slurm-%A_%a" if request.sweep else "slurm-%j"
+    if request.sweep:
+        directives.append(("array", f"0-{len(request.sweep) - 1}"))
     directives += [
         ("signal", f"USR1@{lead}"),  # to the job steps (no B:): every rank gets it
         ("requeue", None),
         ("open-mode", "append"),
-        ("output", f"{_safe('run directory', run_dir)}/slurm-%j.out"),
-        ("error", f"{run_dir}/slurm-%j.err"),
+        ("output", f"{_safe('run directory', run_dir)}/{log}.out"),
+        ("error", f"{run_dir}/{log}.err"),
     ]
     lines = ["#!/bin/bash",
              f"# Written by 'hpctrain submit' for the {profile.name} cluster profile.",
@@ -151,7 +155,9 @@ def render(request: JobRequest, profile: Profile) -> str:
             raise ConfigError("--extra-sbatch: one directive per option, without newlines")
         lines.append("#SBATCH " + _safe("--extra-sbatch", line.removeprefix("#SBATCH").strip()))
     environment = _environment(request, profile)
-    lines += ["", *environment, "", *_command(request, run_dir, bool(environment))]
+    if environment:
+        lines += ["", *environment]
+    lines += ["", *_command(request, run_dir, bool(environment))]
     return "\n".join(lines) + "\n"
 
 
@@ -184,10 +190,21 @@ def _command(request: JobRequest, run_dir: Path, own_environment: bool) -> list[
     else:
         python = [sys.executable]  # the interpreter that submitted: hpctrain is installed there
     arguments = [*python, "-m", "hpctrain", "run", *([request.recipe] if request.recipe else []),
-                 *request.overrides, f"output_dir={run_dir.parent}", f"run_name={run_dir.name}",
-                 "resume=auto", f"preemption.max_requeues={request.max_requeues}"]
-    command = " ".join(shlex.quote(str(a)) for a in arguments)
-    return [
+                 *request.overrides]
+    where = [f"output_dir={run_dir.parent}", f"run_name={run_dir.name}"]
+    lines = []
+    if request.sweep:  # one run directory per element, inside the sweep's directory
+        lines.append('case "$SLURM_ARRAY_TASK_ID" in')
+        for index, element in enumerate(request.sweep):
+            quoted = " ".join(shlex.quote(o) for o in element)
+            lines.append(f"    {index}) ELEMENT=({quoted}) ;;")
+        lines += ["esac", ""]
+        where = [f"output_dir={run_dir}"]
+    command = " ".join(shlex.quote(str(a)) for a in [
+        *arguments, *where, "resume=auto", f"preemption.max_requeues={request.max_requeues}"])
+    if request.sweep:
+        command += ' "${ELEMENT[@]}" run_name="element-$SLURM_ARRAY_TASK_ID"'
+    return lines + [
         "# One task per GPU; hpctrain reads the layout from srun (no MASTER_ADDR to export).",
         f"srun {command}",
         "status=$?",

@@ -55,18 +55,22 @@ def queue(job_ids: list[str] | None = None, name: str | None = None,
             for line in done.stdout.splitlines() if line.strip()]
 
 
-def job_details(job_id: str) -> dict | None:
-    """`scontrol show job` as a dict (JobState, StdOut, WorkDir, Restarts, ...), or None
-    when the controller no longer knows the job."""
+def job_details(job_id: str) -> list[dict]:
+    """`scontrol show job` as one dict per job (an array job: per element) with JobState,
+    StdOut, Restarts, ...; empty when the controller no longer knows the job."""
     done = run(["scontrol", "show", "job", "-o", job_id], check=False)
-    if done.returncode != 0 or not done.stdout.strip():
-        return None
-    details = {}
-    for item in done.stdout.split():
-        key, sep, value = item.partition("=")
-        if sep:
-            details[key] = value
-    return details
+    if done.returncode != 0:
+        return []
+    jobs = []
+    for line in done.stdout.splitlines():
+        details = {}
+        for item in line.split():
+            key, sep, value = item.partition("=")
+            if sep:
+                details[key] = value
+        if details:
+            jobs.append(details)
+    return jobs
 
 
 def accounting(job_id: str) -> dict | None:
