@@ -21,6 +21,14 @@ def shapes_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("shapes-cache")
 
 
+@pytest.fixture(scope="session")
+def default_shapes_cache(tmp_path_factory) -> Path:
+    """The full-size shapes dataset of the default recipe, generated once for the session
+    (or kept in HPCTRAIN_TEST_CACHE between sessions)."""
+    kept = os.environ.get("HPCTRAIN_TEST_CACHE")
+    return Path(kept) if kept else tmp_path_factory.mktemp("default-shapes")
+
+
 @pytest.fixture
 def tiny(tmp_path, shapes_cache):
     """Overrides for a run of a few seconds: tiny net, 16 px, small shapes set."""

@@ -2,7 +2,6 @@
 accuracy (in about 3 minutes on two CPU cores). Runs the installed console script."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,8 +10,8 @@ import pytest
 
 
 @pytest.mark.slow
-def test_default_recipe_reaches_95_percent(tmp_path):
-    cache = Path(os.environ.get("HPCTRAIN_TEST_CACHE", tmp_path / "cache"))
+def test_default_recipe_reaches_95_percent(tmp_path, default_shapes_cache):
+    cache = default_shapes_cache
     script = Path(sys.executable).with_name("hpctrain")
     command = [str(script) if script.exists() else "hpctrain", "run",
                f"output_dir={tmp_path / 'runs'}", f"data.shapes.cache_dir={cache}"]

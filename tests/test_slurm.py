@@ -201,3 +201,18 @@ def test_more_gpus_than_the_nodes_have_shows_slurms_own_message(slurm_cluster, h
                            "--cluster", "big")
     assert code == 2 and "sbatch --parsable failed" in err
     assert "Requested node configuration is not available" in err
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_the_default_recipe_on_two_nodes_reaches_the_single_process_accuracy(
+        slurm_cluster, home, tmp_path, default_shapes_cache):
+    """2 nodes x 2 tasks, gloo on CPU: the README's default run, submitted."""
+    job = submit("default", [f"output_dir={tmp_path / 'runs'}", "run_name=default-2x2",
+                             f"data.shapes.cache_dir={default_shapes_cache}",
+                             "tensorboard=false"], gpus=4, nodes=2, time_limit="30",
+                 cpus_per_gpu=2)  # the emulated nodes have 8 CPUs, not the profile's 2 x 8
+    assert job.wait(timeout=1200, poll=2) == "COMPLETED", job.logs(err=True)[-3000:]
+    summary = json.loads((job.run_dir / "summary.json").read_text())
+    assert (summary["world_size"], summary["global_batch_size"]) == (4, 128)
+    assert summary["best_val_accuracy"] >= 0.95, summary
