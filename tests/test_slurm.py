@@ -216,3 +216,11 @@ def test_the_default_recipe_on_two_nodes_reaches_the_single_process_accuracy(
     summary = json.loads((job.run_dir / "summary.json").read_text())
     assert (summary["world_size"], summary["global_batch_size"]) == (4, 128)
     assert summary["best_val_accuracy"] >= 0.95, summary
+
+
+@pytest.mark.slurm
+def test_logs_follow_prints_until_the_job_ends(slurm_cluster, home, run_cli, tiny):
+    job = submit("default", tiny("run_name=followed"), gpus=1, time_limit="10")
+    code, out, _ = run_cli("logs", job.id, "--follow")
+    assert code == 0 and "hpctrain: run" in out and "best_val_accuracy" in out
+    assert job.state == "COMPLETED"
