@@ -83,7 +83,8 @@ def main() -> None:
             for run in ((run_hand, run_ours) if round_ % 2 == 0 else (run_ours, run_hand)):
                 run()
     if args.verbose:
-        print("hand", [round(x * 1e3, 1) for x in hand], "\nours", [round(x * 1e3, 1) for x in ours])
+        print("hand", [round(x * 1e3, 1) for x in hand])
+        print("ours", [round(x * 1e3, 1) for x in ours])
     print(f"engine_overhead: {args.model}, {args.image_size} px, batch {args.batch_size}, "
           f"{parts.plan.precision}, device {parts.plan.device_name}, "
           f"{args.rounds} rounds x {args.steps} steps")

@@ -77,13 +77,26 @@ def one_process(common):
     return run_ok(1, [*overrides, "run_name=one"])
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_two_processes_follow_one_process_step_by_step(common, one_process, strategy):
-    """(The fsdp run also writes its checkpoints asynchronously; the resume tests read them.)"""
+@pytest.fixture(scope="module")
+def two_processes(common):
+    """`two_processes(strategy)`: the run directory of a 2-process run (made once per
+    strategy; the fsdp run writes its checkpoints asynchronously)."""
     _, overrides = common
-    two = run_ok(2, [*overrides, f"run_name=two-{strategy}",
-                     f"parallel.strategy={strategy}", "checkpoint.every_steps=5",
-                     "checkpoint.keep_last=10", f"checkpoint.async_save={strategy == 'fsdp'}"])
+    made = {}
+
+    def run(strategy: str) -> Path:
+        if strategy not in made:
+            made[strategy] = run_ok(2, [
+                *overrides, f"run_name=two-{strategy}", f"parallel.strategy={strategy}",
+                "checkpoint.every_steps=5", "checkpoint.keep_last=10",
+                f"checkpoint.async_save={strategy == 'fsdp'}"])
+        return made[strategy]
+    return run
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_processes_follow_one_process_step_by_step(one_process, two_processes, strategy):
+    two = two_processes(strategy)
     reference, ours = records(one_process, "train"), records(two, "train")
     assert [r["step"] for r in ours] == list(range(1, 21))
     for a, b in zip(reference, ours):
@@ -120,13 +133,12 @@ def test_validation_shards_cover_every_sample_once():
 
 
 @pytest.mark.parametrize("nproc", [1, 4])
-def test_checkpoint_saved_on_two_processes_resumes_on_another_count(common, nproc):
+def test_checkpoint_saved_on_two_processes_resumes_on_another_count(common, two_processes,
+                                                                    nproc):
     """FSDP shards saved by 2 ranks, read back by 1 or 4 ranks: the continued run ends where
     the uninterrupted 2-process run ended (within TOLERANCE; float sums differ in order)."""
     out, overrides = common
-    full = out / "runs" / "two-fsdp"
-    if not full.exists():
-        pytest.skip("needs the fsdp run of test_two_processes_follow_one_process_step_by_step")
+    full = two_processes("fsdp")
     resumed = out / "runs" / f"resumed-on-{nproc}"
     shutil.copytree(full, resumed)
     for path in list_checkpoints(resumed / "checkpoints"):
@@ -143,11 +155,9 @@ def test_checkpoint_saved_on_two_processes_resumes_on_another_count(common, npro
     assert steps == list(range(1, 21))  # each step logged once, though 11-20 ran twice
 
 
-def test_resuming_with_another_global_batch_says_how_to_keep_it(common):
-    out, overrides = common
-    full = out / "runs" / "two-ddp"
-    if not full.exists():
-        pytest.skip("needs the ddp run of test_two_processes_follow_one_process_step_by_step")
+def test_resuming_with_another_global_batch_says_how_to_keep_it(common, two_processes):
+    _, overrides = common
+    full = two_processes("ddp")
     done = launch(1, [*overrides, f"resume={full}", "train.global_batch_size=16"])
     assert done.returncode == 2
     assert "global batch of 32" in done.stderr and "train.global_batch_size=32" in done.stderr

@@ -175,6 +175,14 @@ def cmd_status(args) -> int:
     return 0
 
 
+def _verb(verbs, name: str, help: str, epilog: str, func) -> argparse.ArgumentParser:
+    """A verb's parser: its help, its examples below the options, the function it runs."""
+    parser = verbs.add_parser(name, help=help, epilog=epilog,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.set_defaults(func=func)
+    return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hpctrain", description="Train deep-learning models on GPU clusters, fast.",
@@ -183,29 +191,23 @@ def build_parser() -> argparse.ArgumentParser:
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
     verbs.required = True
 
-    run = verbs.add_parser("run", help="train a recipe", epilog=RUN_EXAMPLE,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    run = _verb(verbs, "run", "train a recipe", RUN_EXAMPLE, cmd_run)
     run.add_argument("recipe", nargs="?", default=None,
                      help="shipped recipe name or YAML path (default: 'default')")
     run.add_argument("overrides", nargs="*", help="key=value settings, e.g. train.epochs=5")
     run.add_argument("--json", action="store_true", help="print the summary as JSON")
-    run.set_defaults(func=cmd_run)
 
     config = verbs.add_parser("config", help="inspect configurations")
     config_verbs = config.add_subparsers(dest="config_verb", metavar="ACTION")
     config_verbs.required = True
-    show = config_verbs.add_parser(
-        "show", help="print the resolved configuration",
-        epilog="example:\n  hpctrain config show imagenet-resnet50 train.batch_size=512",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+    show = _verb(config_verbs, "show", "print the resolved configuration",
+                 "example:\n  hpctrain config show imagenet-resnet50 train.batch_size=512",
+                 cmd_config_show)
     show.add_argument("recipe", nargs="?", default=None)
     show.add_argument("overrides", nargs="*")
     show.add_argument("--json", action="store_true")
-    show.set_defaults(func=cmd_config_show)
 
-    submit = verbs.add_parser("submit", help="train a recipe as a Slurm job",
-                              epilog=SUBMIT_EXAMPLE,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    submit = _verb(verbs, "submit", "train a recipe as a Slurm job", SUBMIT_EXAMPLE, cmd_submit)
     submit.add_argument("recipe", nargs="?", default=None)
     submit.add_argument("overrides", nargs="*", help="key=value settings for the run")
     submit.add_argument("--gpus", type=int, required=True, help="GPUs in all (one task each)")
@@ -228,41 +230,30 @@ def build_parser() -> argparse.ArgumentParser:
                         "each element gets its own run directory")
     submit.add_argument("--dry-run", action="store_true", help="print the script only")
     submit.add_argument("--json", action="store_true")
-    submit.set_defaults(func=cmd_submit)
 
-    queue = verbs.add_parser("jobs", help="your Slurm jobs",
-                             epilog="example:\n  hpctrain jobs --json",
-                             formatter_class=argparse.RawDescriptionHelpFormatter)
+    queue = _verb(verbs, "jobs", "your Slurm jobs", "example:\n  hpctrain jobs --json",
+                  cmd_jobs)
     queue.add_argument("--name", help="only jobs of this name")
     queue.add_argument("--json", action="store_true")
-    queue.set_defaults(func=cmd_jobs)
 
-    logs = verbs.add_parser("logs", help="a job's output",
-                            epilog="example:\n  hpctrain logs 123456 --follow",
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    logs = _verb(verbs, "logs", "a job's output",
+                 "example:\n  hpctrain logs 123456 --follow", cmd_logs)
     logs.add_argument("job")
     logs.add_argument("--err", action="store_true", help="the error log instead")
     logs.add_argument("--follow", action="store_true", help="keep printing until it ends")
-    logs.set_defaults(func=cmd_logs)
 
-    cancel = verbs.add_parser("cancel", help="cancel jobs",
-                              epilog="example:\n  hpctrain cancel 123456",
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    cancel = _verb(verbs, "cancel", "cancel jobs", "example:\n  hpctrain cancel 123456",
+                   cmd_cancel)
     cancel.add_argument("jobs", nargs="+")
-    cancel.set_defaults(func=cmd_cancel)
 
-    status = verbs.add_parser("status", help="where a job stands",
-                              epilog="example:\n  hpctrain status 123456 --json",
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    status = _verb(verbs, "status", "where a job stands",
+                   "example:\n  hpctrain status 123456 --json", cmd_status)
     status.add_argument("job")
     status.add_argument("--json", action="store_true")
-    status.set_defaults(func=cmd_status)
 
-    recipes = verbs.add_parser("recipes", help="list the shipped recipes",
-                               epilog="example:\n  hpctrain recipes --json",
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    recipes = _verb(verbs, "recipes", "list the shipped recipes",
+                    "example:\n  hpctrain recipes --json", cmd_recipes)
     recipes.add_argument("--json", action="store_true")
-    recipes.set_defaults(func=cmd_recipes)
     return parser
 
 

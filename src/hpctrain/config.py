@@ -273,13 +273,15 @@ def _recipe_path(recipe: str) -> Path:
         + f". Shipped recipes: {', '.join(sorted(shipped))}; or give a path to a .yaml file.")
 
 
-def _read_yaml(path: Path) -> dict:
+def read_yaml_mapping(path: Path, what: str = "a recipe") -> dict:
+    """A YAML file that must hold a mapping (a recipe, cluster profiles), or a ConfigError."""
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {err}") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: a recipe must be a mapping of keys, got {type(data).__name__}")
+        raise ConfigError(f"{path}: {what} must be a mapping of keys, got "
+                          f"{type(data).__name__}")
     return data
 
 
@@ -345,7 +347,7 @@ def _explain(err: ValidationError, source: str) -> ConfigError:
 def load_config(recipe: str | None = None, overrides: list[str] = ()) -> Config:
     """Resolve a recipe (path or shipped name, default 'default') plus overrides."""
     path = _recipe_path(recipe or "default")
-    tree = _read_yaml(path)
+    tree = read_yaml_mapping(path)
     tree.setdefault("name", path.stem)
     overridden = set()
     for text in overrides:

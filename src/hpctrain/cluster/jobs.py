@@ -40,18 +40,21 @@ def _remember(job_id: str, run_dir: Path) -> None:
                                  "submitted": round(time.time())}) + "\n")
 
 
-def _recall(job_id: str) -> Path | None:
+def _ledger() -> list[dict]:
+    """The remembered jobs, oldest first (a torn line is skipped)."""
     path = ledger_path()
-    if not path.is_file():
-        return None
-    for line in reversed(path.read_text().splitlines()):
+    rows = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
         try:
-            row = json.loads(line)
+            rows.append(json.loads(line))
         except json.JSONDecodeError:
             continue
-        if row.get("job_id") == job_id:
-            return Path(row["run_dir"])
-    return None
+    return rows
+
+
+def _recall(job_id: str) -> Path | None:
+    found = [row["run_dir"] for row in _ledger() if row.get("job_id") == job_id]
+    return Path(found[-1]) if found else None
 
 
 @dataclass
@@ -187,10 +190,7 @@ def find_logs(job_or_text) -> list[Path]:
         return [p for p in (job.log_file(), job.log_file(err=True)) if p and p.is_file()]
     text = str(job_or_text)
     found = []
-    path = ledger_path()
-    runs = {json.loads(line)["run_dir"] for line in path.read_text().splitlines()} \
-        if path.is_file() else set()
-    for run in sorted(runs):
+    for run in sorted({row["run_dir"] for row in _ledger()}):
         for log in sorted(Path(run).glob("slurm-*.*")):
             if text in log.read_text(errors="replace"):
                 found.append(log)

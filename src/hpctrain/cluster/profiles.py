@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from hpctrain.config import read_yaml_mapping
 from hpctrain.errors import ConfigError
 
 USER_FILE = Path("~/.config/hpctrain/clusters.yaml")
@@ -40,13 +40,7 @@ class Profile(BaseModel):
 
 
 def _read(path: Path) -> dict:
-    try:
-        tree = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"cluster profiles {path}: not valid YAML ({err})") from None
-    if not isinstance(tree, dict):
-        raise ConfigError(f"cluster profiles {path}: expected a mapping of profile names")
-    return tree
+    return read_yaml_mapping(path, "a cluster profiles file")
 
 
 def load_profiles(environ: Mapping[str, str] | None = None) -> dict[str, Profile]:

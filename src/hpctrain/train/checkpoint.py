@@ -1,12 +1,12 @@
 """Checkpoints that survive crashes, preemption and a change of world size.
 
-A checkpoint is a folder `checkpoints/step_XXXXXXXX/` written with torch.distributed.checkpoint
-(DCP): every rank writes its own shard in parallel, and a later run on any number of processes
-reads back the pieces it needs (DCP reshards; that is why we use it rather than one file per
-run). Beside the shards: `meta.json` (step, world size, schedule, loss scale, progress: plain,
-readable by tools) and one `rng_rankN.pt` per rank.
+A checkpoint is a folder such as `checkpoints/step_00000120/`, written with
+torch.distributed.checkpoint (DCP): every rank writes its own shard in parallel, and a later
+run on any number of processes reads back the pieces it needs (DCP reshards; that is why we
+use it rather than one file per run). Beside the shards: `meta.json` (step, world size,
+schedule, loss scale, progress: plain, readable by tools) and one `rng_rankN.pt` per rank.
 
-Atomicity: everything goes to a hidden `.step_XXXXXXXX.partial/` folder; rank 0 writes
+Atomicity: everything goes to a hidden `.step_00000120.partial/` folder first; rank 0 writes
 meta.json last and renames the folder, so a crash at any moment leaves either the previous
 complete checkpoint or the new one, never a half-written folder under a checkpoint's name.
 With `async_save` the shards are copied to host memory at once and written by a background

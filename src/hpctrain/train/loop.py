@@ -263,14 +263,14 @@ def _log_interval(parts: Parts, progress: Progress, metrics: RunningMetrics,
     """Read back the interval's figures (summed over ranks), check for NaN, report."""
     seconds = time.perf_counter() - interval.start
     waited = clock.data_wait_seconds - interval.wait_mark
-    steps = parts.config.train.log_every
+    steps = interval.images // parts.global_batch_size  # the last interval may be shorter
     per_rank = parts.distributed.gather([seconds, waited])
     clock.train_seconds += seconds
     if not interval.first:
         clock.steady_seconds += seconds
         clock.steady_images += interval.images
-        clock.rank_seconds = [a + b[0] for a, b in
-                              zip(clock.rank_seconds or [0.0] * len(per_rank), per_rank)]
+        totals = clock.rank_seconds or [0.0] * len(per_rank)
+        clock.rank_seconds = [total + mine for total, (mine, _) in zip(totals, per_rank)]
         clock.rank_steps += steps
     values = metrics.read(parts.distributed)
     images_per_second = interval.images / seconds

@@ -60,17 +60,22 @@ def lr_multiplier(schedule: ScheduleConfig, step: int, total_steps: int,
         if step < rise:
             return 0.04 + 0.96 * step / rise  # from peak/25, as torch's OneCycleLR
         t = (step - rise) / max(1, total_steps - rise)
-        return schedule.min_lr_ratio + (1 - schedule.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t))
+        return _cosine(t, schedule.min_lr_ratio)
     warmup = round(schedule.warmup_epochs * steps_per_epoch)
     if step < warmup:
         return (step + 1) / warmup
     if schedule.name == "cosine":
         t = (step - warmup) / max(1, total_steps - warmup)
-        return schedule.min_lr_ratio + (1 - schedule.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t))
+        return _cosine(t, schedule.min_lr_ratio)
     if schedule.name == "step":
         epoch = step / steps_per_epoch
         return schedule.gamma ** sum(epoch >= m for m in schedule.milestones)
     return 1.0
+
+
+def _cosine(t: float, floor: float) -> float:
+    """Half a cosine from 1 at t=0 down to `floor` at t=1."""
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * t))
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, schedule: ScheduleConfig,

@@ -126,11 +126,9 @@ def resolve_strategy(config: Config, env: ProcessEnv) -> str:
 def local_device(setting: str, env: ProcessEnv) -> str:
     """This rank's device: cuda:LOCAL_RANK when the node's GPUs are all visible, cuda:0 when
     the launcher gave each task its own GPU (srun --gpus-per-task)."""
-    if setting == "cpu" or not torch.cuda.is_available():
+    if setting == "cpu" or env.world_size == 1 or not torch.cuda.is_available():
         return setting
     visible = torch.cuda.device_count()
-    if env.world_size == 1:
-        return setting
     if visible >= env.local_world_size:
         return f"cuda:{env.local_rank}"
     if visible == 1 and env.launcher == "slurm":
