@@ -107,11 +107,29 @@ def slurm_cluster(tmp_path_factory):
 
     cluster = LocalSlurm(tmp_path_factory.mktemp("slurm"))
     previous = os.environ.get("SLURM_CONF")
-    cluster.start()
-    os.environ["SLURM_CONF"] = str(cluster.conf)
-    yield cluster
-    cluster.stop()
+    try:
+        cluster.start()
+        os.environ["SLURM_CONF"] = str(cluster.conf)
+        yield cluster
+    finally:
+        cluster.stop()
     if previous is None:
         os.environ.pop("SLURM_CONF", None)
     else:
         os.environ["SLURM_CONF"] = previous
+
+
+@pytest.fixture
+def slurm_accounting_cluster(tmp_path_factory, monkeypatch):
+    """A one-node cluster with accounting (MariaDB + slurmdbd, so sacct answers), beside the
+    session's cluster on other ports, for one test."""
+    from slurm_cluster import LocalSlurm
+
+    cluster = LocalSlurm(tmp_path_factory.mktemp("slurm-accounting"), name="accounted",
+                         nodes=("a1",), port=16917, accounting=True)
+    try:
+        cluster.start()
+        monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+        yield cluster
+    finally:
+        cluster.stop()

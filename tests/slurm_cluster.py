@@ -1,11 +1,12 @@
 """A real, throw-away Slurm cluster on this machine for the `slurm` tests.
 
-Two emulated nodes (n1, n2: two slurmd daemons on one host) with 4 fake GPUs each (character
-devices; no CUDA behind them, so training falls back to CPU and gloo). Everything lives in a
-temporary folder and is found through SLURM_CONF, so no system configuration is touched
-except one /etc/hosts line that lets n1 and n2 resolve. Only the daemons started here are
-stopped, by PID. Needs root (slurmd launches the jobs); installs Debian's packages if they
-are missing.
+Emulated nodes (by default n1, n2: one slurmd daemon each on this host) with 4 fake GPUs each
+(character devices; no CUDA behind them, so training falls back to CPU and gloo). With
+`accounting=True` a private MariaDB server and slurmdbd keep job accounting, so `sacct`
+works. Everything lives in a temporary folder and is found through SLURM_CONF, so no system
+configuration is touched except an /etc/hosts line that lets the node names resolve. Only
+the daemons started here are stopped, by PID. Needs root (slurmd launches the jobs);
+installs Debian's packages if they are missing.
 """
 
 from __future__ import annotations
@@ -17,19 +18,22 @@ import subprocess
 import time
 from pathlib import Path
 
-PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
-CTLD_PORT = 16817
-NODE_PORTS = {"n1": 17101, "n2": 17102}
+PACKAGES = {"slurmctld": "slurmctld", "slurmd": "slurmd", "sbatch": "slurm-client",
+            "munged": "munge"}
+ACCOUNTING_PACKAGES = {"slurmdbd": "slurmdbd", "mariadbd": "mariadb-server"}
 
 
-def ensure_installed() -> None:
-    if all(shutil.which(b) for b in ("slurmctld", "slurmd", "sbatch", "munged")):
+def ensure_installed(packages: dict[str, str]) -> None:
+    """apt-get install the packages whose program (the key) is missing."""
+    missing = [package for program, package in packages.items() if not shutil.which(program)
+               and not Path("/usr/sbin", program).exists()]
+    if not missing:
         return
     if os.geteuid() != 0:
         raise RuntimeError("the slurm tests need root to install and run Slurm")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
-    subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *PACKAGES],
+    subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing],
                    check=True, env=env, stdout=subprocess.DEVNULL)
 
 
@@ -42,9 +46,40 @@ def _wait_for(check, what: str, timeout: float = 20) -> None:
     raise RuntimeError(f"timed out waiting for {what}")
 
 
+def _listening(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.waitpid(pid, os.WNOHANG)  # reap it if it is our child (mariadbd)
+    except ChildProcessError:
+        pass
+    return not Path(f"/proc/{pid}").exists()
+
+
+def _make_resolvable(names: list[str]) -> None:
+    """torch.distributed's rendezvous address is the first node's name: it must resolve."""
+    unresolved = []
+    for name in names:
+        try:
+            socket.gethostbyname(name)
+        except OSError:
+            unresolved.append(name)
+    if unresolved:
+        with open("/etc/hosts", "a") as hosts:
+            hosts.write(f"127.0.0.1 {' '.join(unresolved)}\n")
+
+
 class LocalSlurm:
-    def __init__(self, root: Path):
-        self.root = root
+    """Ports: slurmctld `port`, slurmdbd port+1, MariaDB port+2, the nodes' slurmd port+10+i,
+    so two clusters with different `port` and `name` can run side by side."""
+
+    def __init__(self, root: Path, name: str = "hpctraintest", nodes: tuple = ("n1", "n2"),
+                 port: int = 16817, accounting: bool = False):
+        self.root, self.name, self.port, self.accounting = root, name, port, accounting
+        self.node_ports = {node: port + 10 + i for i, node in enumerate(nodes)}
         self.conf = root / "slurm.conf"
         self.pids: list[int] = []
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
@@ -59,12 +94,16 @@ class LocalSlurm:
         host = socket.gethostname().split(".")[0]
         nodes = "\n".join(
             f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs=8 "
-            f"RealMemory=8000 Gres=gpu:4 State=UNKNOWN" for name, port in NODE_PORTS.items())
+            f"RealMemory=8000 Gres=gpu:4 State=UNKNOWN" for name, port in self.node_ports.items())
+        node_list = ",".join(self.node_ports)
         r = self.root
-        self.conf.write_text(f"""ClusterName=hpctraintest
+        accounting = (f"AccountingStorageType=accounting_storage/slurmdbd\n"
+                      f"AccountingStorageHost=localhost\nAccountingStoragePort={self.port + 1}"
+                      if self.accounting else "AccountingStorageType=accounting_storage/none")
+        self.conf.write_text(f"""ClusterName={self.name}
 SlurmctldHost=localhost
 SlurmUser=root
-SlurmctldPort={CTLD_PORT}
+SlurmctldPort={self.port}
 AuthType=auth/munge
 StateSaveLocation={r}/state
 SlurmdSpoolDir={r}/spool-%n
@@ -86,14 +125,29 @@ KillWait=5
 MinJobAge=300
 InactiveLimit=0
 JobCompType=jobcomp/none
-AccountingStorageType=accounting_storage/none
+{accounting}
 JobAcctGatherType=jobacct_gather/none
 GresTypes=gpu
 {nodes}
-PartitionName=debug Nodes=n[1-2] Default=YES MaxTime=INFINITE State=UP
+PartitionName=debug Nodes={node_list} Default=YES MaxTime=INFINITE State=UP
 """)
         (self.root / "gres.conf").write_text(
-            f"NodeName=n[1-2] Name=gpu File={r}/dev/fakegpu[0-3]\n")
+            f"NodeName={node_list} Name=gpu File={r}/dev/fakegpu[0-3]\n")
+        if self.accounting:
+            dbd = self.root / "slurmdbd.conf"  # found beside slurm.conf; must be private
+            dbd.write_text(f"""AuthType=auth/munge
+DbdHost=localhost
+DbdPort={self.port + 1}
+SlurmUser=root
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort={self.port + 2}
+StorageUser=root
+StorageLoc=slurm_{self.name}
+PidFile={r}/slurmdbd.pid
+LogFile={r}/log/slurmdbd.log
+""")
+            dbd.chmod(0o600)
 
     def _start_munge(self) -> None:
         probe = subprocess.run("munge -n | unmunge", shell=True, capture_output=True)
@@ -117,21 +171,55 @@ PartitionName=debug Nodes=n[1-2] Default=YES MaxTime=INFINITE State=UP
         _wait_for(lambda: pid_file.is_file() and pid_file.read_text().strip(), args[0])
         self.pids.append(int(pid_file.read_text()))
 
+    def _start_accounting(self) -> None:
+        """A private MariaDB (root without password, TCP on 127.0.0.1 only), then slurmdbd,
+        then this cluster registered in it."""
+        data = self.root / "mariadb"
+        subprocess.run(["mariadb-install-db", "--user=root", f"--datadir={data}",
+                        "--auth-root-authentication-method=normal", "--skip-test-db"],
+                       check=True, capture_output=True)
+        server = subprocess.Popen(
+            ["/usr/sbin/mariadbd", "--no-defaults", "--user=root", f"--datadir={data}",
+             f"--socket={self.root}/mariadb.sock", f"--port={self.port + 2}",
+             "--bind-address=127.0.0.1", "--skip-name-resolve",
+             f"--log-error={self.root}/log/mariadb.log"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self.pids.append(server.pid)
+        _wait_for(lambda: _listening(self.port + 2), "mariadbd")
+        self._start_daemon(["/usr/sbin/slurmdbd"], self.root / "slurmdbd.pid")
+        _wait_for(lambda: _listening(self.port + 1), "slurmdbd")
+        subprocess.run(["sacctmgr", "-i", "add", "cluster", self.name], check=True,
+                       env=self.env, capture_output=True)
+
     def start(self) -> None:
-        ensure_installed()
-        hosts = Path("/etc/hosts")
-        if not any(line.split()[1:3] == ["n1", "n2"] for line in
-                   hosts.read_text().splitlines() if line.strip()):
-            with open(hosts, "a") as handle:
-                handle.write("127.0.0.1 n1 n2\n")
+        ensure_installed({**PACKAGES, **(ACCOUNTING_PACKAGES if self.accounting else {})})
+        _make_resolvable(list(self.node_ports))
         self.write_config()
         self._start_munge()
-        self._start_daemon(["/usr/sbin/slurmctld", "-f", str(self.conf)],
-                           self.root / "slurmctld.pid")
-        for name in NODE_PORTS:
+        if self.accounting:
+            self._start_accounting()
+        self._start_controller()
+        for name in self.node_ports:
             self._start_daemon(["/usr/sbin/slurmd", "-f", str(self.conf), "-N", name],
                                self.root / f"slurmd-{name}.pid")
-        _wait_for(self._idle, "both nodes idle", timeout=30)
+        _wait_for(self._idle, "all nodes idle", timeout=30)
+
+    def _start_controller(self, *options: str) -> None:
+        self._start_daemon(["/usr/sbin/slurmctld", *options, "-f", str(self.conf)],
+                           self.root / "slurmctld.pid")
+
+    def forget_jobs(self) -> None:
+        """Restart the controller with its job state cleared: what happens to a finished job
+        once MinJobAge has passed, or after the controller lost its state. (Accounting, if
+        any, keeps the jobs.) Only between tests: running jobs are lost too."""
+        pid_file = self.root / "slurmctld.pid"
+        old = int(pid_file.read_text())
+        self.pids.remove(old)
+        os.kill(old, 15)
+        _wait_for(lambda: not Path(f"/proc/{old}").exists(), "slurmctld to stop")
+        pid_file.unlink(missing_ok=True)
+        self._start_controller("-c")
+        _wait_for(self._idle, "all nodes idle again", timeout=30)
 
     def _idle(self) -> bool:
         out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True,
@@ -144,5 +232,5 @@ PartitionName=debug Nodes=n[1-2] Default=YES MaxTime=INFINITE State=UP
                 os.kill(pid, 15)
             except ProcessLookupError:
                 continue
-            _wait_for(lambda: not Path(f"/proc/{pid}").exists(), f"pid {pid} to stop")
+            _wait_for(lambda: _gone(pid), f"pid {pid} to stop")
         self.pids.clear()

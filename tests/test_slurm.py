@@ -86,6 +86,29 @@ def test_a_two_node_job_runs_to_completion_and_can_be_followed(slurm_cluster, ho
     assert find_logs(job.id)[0].name == f"slurm-{job.id}.out"
     assert f"slurm-{job.id}.out" in [p.name for p in find_logs("2 processes (slurm")]
 
+    slurm_cluster.forget_jobs()  # as after MinJobAge; this cluster keeps no accounting
+    code, out, _ = run_cli("status", job.id, "--json")
+    status = json.loads(out)
+    assert code == 0 and (status["state"], status["source"]) == ("COMPLETED", "summary.json")
+    assert status["steps"] == 5
+
+
+@pytest.mark.slurm
+def test_status_of_a_forgotten_job_comes_from_accounting(slurm_accounting_cluster, home,
+                                                           run_cli, tiny):
+    done = submit("default", tiny("run_name=accounted"), gpus=1, time_limit="10")
+    failed = submit("default", tiny("run_name=broken", "data.dataset=imagefolder",
+                                    "data.path=/nonexistent"), gpus=1, time_limit="10")
+    assert done.wait(timeout=240, poll=1) == "COMPLETED"
+    assert failed.wait(timeout=240, poll=1) == "FAILED"
+    slurm_accounting_cluster.forget_jobs()
+    code, out, _ = run_cli("status", done.id, "--json")
+    status = json.loads(out)
+    assert code == 0 and (status["state"], status["source"]) == ("COMPLETED", "sacct")
+    assert status["exit_code"] == "0:0" and status["name"] == "accounted"
+    code, out, _ = run_cli("status", failed.id)
+    assert code == 0 and "FAILED" in out and "2:0" in out and "sacct" in out
+
 
 @pytest.mark.slurm
 def test_jobs_lists_and_cancel_stops_a_running_job(slurm_cluster, home, run_cli, tiny):
