@@ -227,6 +227,23 @@ def test_more_gpus_than_the_nodes_have_shows_slurms_own_message(slurm_cluster, h
 
 
 @pytest.mark.slurm
+def test_a_job_that_could_never_start_is_refused_with_the_fix(slurm_cluster, home, run_cli,
+                                                              tiny):
+    """The generic profile's 8 CPUs per GPU x 2 tasks on nodes of 8 CPUs: sbatch would accept
+    it and leave it pending forever."""
+    code, _, err = run_cli("submit", "default", *tiny(), "--gpus", "2", "--time", "10")
+    assert code == 2 and "could never start: 2 task(s) per node x 8 CPUs" in err
+    assert "largest node of the default partition has 8. Use --cpus-per-gpu 4" in err
+    code, out, err = run_cli("submit", "default", *tiny(), "--gpus", "2", "--time", "10",
+                             "--dry-run")  # a preview: the script, and the same words
+    assert code == 0 and "#SBATCH --cpus-per-task=8" in out
+    assert "warning: this job could never start" in err
+    code, _, err = run_cli("submit", "default", *tiny(), "--gpus", "2", "--time", "10",
+                           "--cpus-per-gpu", "4", "--dry-run")
+    assert code == 0 and "warning" not in err
+
+
+@pytest.mark.slurm
 @pytest.mark.slow
 def test_the_default_recipe_on_two_nodes_reaches_the_single_process_accuracy(
         slurm_cluster, home, tmp_path, default_shapes_cache):

@@ -88,6 +88,7 @@ shipped ones (generic, jean-zay-v100/-a100/-h100) and yours in ~/.config/hpctrai
 
 def cmd_submit(args) -> int:
     from hpctrain.cluster import jobs
+    from hpctrain.cluster.profiles import get_profile
 
     options = dict(nodes=args.nodes, job_name=args.job_name, account=args.account,
                    partition=args.partition, qos=args.qos, constraint=args.constraint,
@@ -96,9 +97,13 @@ def cmd_submit(args) -> int:
                    extra_sbatch=args.extra_sbatch, max_requeues=args.max_requeues,
                    sweep=args.sweep)
     if args.dry_run:
-        _, script = jobs.plan(args.recipe, args.overrides, args.gpus, args.time, args.cluster,
-                              **options)
+        request, script = jobs.plan(args.recipe, args.overrides, args.gpus, args.time,
+                                    args.cluster, **options)
         print(script, end="")
+        try:
+            jobs.check_fits(request, get_profile(args.cluster))
+        except jobs.slurm.ClusterError as error:  # a preview: say it, still show the script
+            print(f"hpctrain: warning: {error}", file=sys.stderr)
         return 0
     job = jobs.submit(args.recipe, args.overrides, args.gpus, args.time, args.cluster,
                       **options)

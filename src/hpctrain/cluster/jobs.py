@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpctrain.cluster import slurm
-from hpctrain.cluster.profiles import get_profile
-from hpctrain.cluster.sbatch import JobRequest, render
+from hpctrain.cluster.profiles import Profile, get_profile
+from hpctrain.cluster.sbatch import JobRequest, layout, render
 from hpctrain.config import load_config
 from hpctrain.errors import ConfigError
 
@@ -164,10 +164,30 @@ def plan(recipe: str | None, overrides: list[str], gpus: int, time_limit: str,
     return request, render(request, get_profile(cluster))
 
 
+def check_fits(request: JobRequest, profile: Profile) -> None:
+    """Refuse a job that no node of its partition can hold. sbatch accepts some of these (more
+    CPUs per node than any node has) and they pend forever; where sinfo cannot be asked
+    (not on the cluster) nothing is checked. GPUs need no check: sbatch refuses those."""
+    partition = request.partition or profile.partition
+    largest = slurm.largest_node_cpus(partition)
+    if largest is None:
+        return
+    _, tasks = layout(request.gpus, request.nodes, profile)
+    cpus = request.cpus_per_gpu or profile.cpus_per_gpu
+    if tasks * cpus > largest:
+        where = f"partition {partition}" if partition else "the default partition"
+        raise slurm.ClusterError(
+            f"this job could never start: {tasks} task(s) per node x {cpus} CPUs per task = "
+            f"{tasks * cpus} CPUs per node, but the largest node of {where} has {largest}. "
+            f"Use --cpus-per-gpu {max(1, largest // tasks)}, or the cluster profile that "
+            f"matches this cluster (--cluster; profile in use: {profile.name})")
+
+
 def submit(recipe: str | None = None, overrides: list[str] = (), gpus: int = 1,
            time_limit: str = "1:00:00", cluster: str | None = None, **options) -> Job:
     """Write the script into the run directory, submit it, remember the job."""
     request, script = plan(recipe, list(overrides), gpus, time_limit, cluster, **options)
+    check_fits(request, get_profile(cluster))
     request.run_dir.mkdir(parents=True, exist_ok=True)
     path = request.run_dir / "job.sbatch"
     path.write_text(script)

@@ -73,6 +73,21 @@ def job_details(job_id: str) -> list[dict]:
     return jobs
 
 
+def largest_node_cpus(partition: str | None) -> int | None:
+    """The most CPUs one node of `partition` (None: the default partition) has, from sinfo;
+    None where sinfo is missing or cannot say."""
+    if shutil.which("sinfo") is None:
+        return None
+    done = run(["sinfo", "-h", "-N", "-o", "%P %c", *(["-p", partition] if partition else [])],
+               check=False)
+    cpus = []
+    for line in done.stdout.splitlines() if done.returncode == 0 else []:
+        name, _, count = line.partition(" ")
+        if (partition or name.endswith("*")) and count.strip().rstrip("+").isdigit():
+            cpus.append(int(count.strip().rstrip("+")))
+    return max(cpus, default=None)
+
+
 def accounting(job_id: str) -> dict | None:
     """The job's final record from sacct, or None without accounting."""
     if shutil.which("sacct") is None:
