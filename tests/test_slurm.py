@@ -3,6 +3,7 @@ two-node Slurm cluster started by the suite (slurm_cluster.py), plus the generat
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -108,6 +109,22 @@ def test_status_of_a_forgotten_job_comes_from_accounting(slurm_accounting_cluste
     assert status["exit_code"] == "0:0" and status["name"] == "accounted"
     code, out, _ = run_cli("status", failed.id)
     assert code == 0 and "FAILED" in out and "2:0" in out and "sacct" in out
+
+
+@pytest.mark.slurm
+def test_a_job_runs_in_the_virtual_environment_it_was_given(slurm_cluster, home, tmp_path,
+                                                            tiny):
+    """--venv: the script activates it and srun runs that environment's python3 (one that
+    sees this interpreter's packages, hpctrain included)."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip",
+                    str(venv)], check=True)
+    job = submit("default", tiny("run_name=in-venv", "train.max_steps=2"), gpus=1,
+                 time_limit="10", venv=str(venv))
+    assert job.wait(timeout=240, poll=1) == "COMPLETED", job.logs(err=True)[-3000:]
+    summary = json.loads((job.run_dir / "summary.json").read_text())
+    assert summary["software"]["python"] == str(venv / "bin" / "python3")
+    assert summary["slurm_job_id"] == job.id
 
 
 @pytest.mark.slurm

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import platform
 import resource
+import sys
 import time
 from pathlib import Path
 
 import torch
 
+from hpctrain import __version__
 from hpctrain.train.parallel import straggler
 
 
@@ -93,5 +96,13 @@ def summary(parts, progress, clock, status: str) -> dict:
         "straggler": straggler(rank_step, parts.distributed.hosts),
         "skipped_images": parts.data.skipped_images,
         "system": parts.plan.as_dict(),
+        "software": software(),
+        "slurm_job_id": parts.distributed.env.job_id,
         "run_dir": str(parts.run_dir),
     }
+
+
+def software() -> dict:
+    """What ran it: enough to rebuild the environment or to tell two runs' setups apart."""
+    return {"python": sys.executable, "python_version": platform.python_version(),
+            "torch": torch.__version__, "cuda": torch.version.cuda, "hpctrain": __version__}
