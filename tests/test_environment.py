@@ -114,3 +114,9 @@ def test_more_ranks_per_node_than_gpus_is_refused(monkeypatch):
 
 def test_job_end_time_from_the_environment():
     assert job_end_time("9", {"SLURM_JOB_END_TIME": "1900000000"}) == 1900000000.0
+
+
+def test_restarts_count_slurm_requeues_and_continuations_in_new_jobs():
+    assert detect({}).restart_count == 0
+    assert detect({"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "1",
+                   "HPCTRAIN_RESTARTS": "2"}).restart_count == 3

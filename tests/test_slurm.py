@@ -181,6 +181,7 @@ def final_weights(run_dir: Path) -> dict:
 def test_a_preempted_job_requeues_itself_and_finishes_like_an_uninterrupted_one(
         slurm_cluster, home, tiny):
     import time
+    from datetime import datetime
 
     from hpctrain.cluster import slurm
 
@@ -200,9 +201,16 @@ def test_a_preempted_job_requeues_itself_and_finishes_like_an_uninterrupted_one(
     assert preempted.wait(timeout=300, poll=1) == "COMPLETED", preempted.logs(err=True)[-3000:]
     summary = json.loads((preempted.run_dir / "summary.json").read_text())
     assert summary["steps"] == 60 and summary["restarts"] == 1
+    first, second = preempted.chain()
+    assert preempted.status()["chain"] == [first, second]
     stops = preempted.logs(err=True)
-    assert "SIGUSR1 received" in stops and f"Requeued Slurm job {preempted.id}" in stops
+    assert "SIGUSR1 received" in stops and "The batch script continues it" in stops
+    assert f"continuing in job {second} once job {first} ends" in stops
     assert "(resuming step_" in preempted.logs()
+    # promptly: not after Slurm's 2-minute requeue delay
+    ended = datetime.fromisoformat(slurm.job_details(first)[0]["EndTime"])
+    started = datetime.fromisoformat(slurm.job_details(second)[0]["StartTime"])
+    assert (started - ended).total_seconds() < 30
     ours, theirs = final_weights(preempted.run_dir), final_weights(reference.run_dir)
     assert max((ours[k] - theirs[k]).abs().max().item() for k in ours) <= 1e-5
 

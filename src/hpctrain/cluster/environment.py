@@ -31,7 +31,7 @@ class ProcessEnv:
     master_port: int
     hostname: str
     job_id: str | None  # the Slurm job, when there is one (also for torchrun inside a job)
-    restart_count: int = 0  # how often Slurm has restarted (requeued) the job
+    restart_count: int = 0  # how often the job was requeued or continued
 
     @property
     def distributed(self) -> bool:
@@ -101,7 +101,9 @@ def detect(environ: Mapping[str, str] | None = None) -> ProcessEnv:
     Slurm job), then an srun step, else a single process."""
     env = os.environ if environ is None else environ
     found = _layout(env)
-    restarts = _int(env, "SLURM_RESTART_COUNT", default=0)
+    # Slurm's own requeues, plus the continuations in new jobs that hpctrain's scripts submit
+    restarts = _int(env, "SLURM_RESTART_COUNT", default=0) + _int(env, "HPCTRAIN_RESTARTS",
+                                                                   default=0)
     return dataclasses.replace(found, restart_count=restarts)
 
 

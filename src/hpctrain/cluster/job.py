@@ -29,17 +29,19 @@ def job_end_time(job_id: str, environ: Mapping[str, str]) -> float | None:
         return None  # no limit ("N/A"), job unknown, or slurmctld unreachable
 
 
-def requeue(job_id: str) -> str:
-    """Ask Slurm to requeue the job; returns what happened, for the log."""
+def requeue(job_id: str, environ: Mapping[str, str]) -> str:
+    """Have the job continued; returns what happens, for the log. A script written by
+    `hpctrain submit` continues it in a new job itself (HPCTRAIN_CONTINUES=script). Any other
+    job is requeued with scontrol: Slurm then holds it until its credential expires (AuthInfo
+    cred_expire, 2 minutes by default) before it may start again."""
+    if environ.get("HPCTRAIN_CONTINUES") == "script":
+        return "The batch script continues it in a new job."
     if shutil.which("scontrol") is None:
         return ("scontrol is not available here: exiting with the requeue status for the "
                 "batch script to act on.")
     done = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True,
                           timeout=60)
     if done.returncode == 0:
-        # a requeued job waits about two minutes (BeginTime) before it may start: not ours
-        subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"],
-                       capture_output=True, timeout=60)
         return f"Requeued Slurm job {job_id}."
     return (f"'scontrol requeue {job_id}' failed ({done.stderr.strip() or done.returncode}): "
             "exiting with the requeue status for the batch script to act on.")

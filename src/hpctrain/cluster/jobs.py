@@ -20,7 +20,7 @@ from pathlib import Path
 
 from hpctrain.cluster import slurm
 from hpctrain.cluster.profiles import Profile, get_profile
-from hpctrain.cluster.sbatch import JobRequest, layout, render
+from hpctrain.cluster.sbatch import LEDGER, JobRequest, layout, render
 from hpctrain.config import load_config
 from hpctrain.errors import ConfigError
 
@@ -29,7 +29,7 @@ FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", 
 
 
 def ledger_path() -> Path:
-    return Path.home() / ".local" / "state" / "hpctrain" / "jobs.jsonl"
+    return Path.home() / LEDGER
 
 
 def _remember(job_id: str, run_dir: Path) -> None:
@@ -57,6 +57,21 @@ def _recall(job_id: str) -> Path | None:
     return Path(found[-1]) if found else None
 
 
+def _continuation(job: str) -> str | None:
+    """The job that a stopped job (`ID`, or `ID_TASK` for an array element) continues in, as
+    the batch script recorded it."""
+    found = [row["job_id"] for row in _ledger() if row.get("continues") == job]
+    return found[-1] if found else None
+
+
+def _overall(states: list[str]) -> str:
+    """One state for several (array elements): the first unfinished, else the first that did
+    not complete, else COMPLETED."""
+    unfinished = [s for s in states if s not in FINAL_STATES]
+    failed = [s for s in states if s != "COMPLETED"]
+    return unfinished[0] if unfinished else failed[0] if failed else "COMPLETED"
+
+
 @dataclass
 class Job:
     id: str
@@ -69,13 +84,27 @@ class Job:
 
     def status(self) -> dict:
         """Where the job stands, and where that was read (squeue/scontrol, sacct, or the run
-        directory when Slurm has forgotten the job and keeps no accounting)."""
+        directory when Slurm has forgotten the job and keeps no accounting). A job that stopped
+        early and continues in a new job reports the state of its continuation, with the ids
+        in `chain`."""
+        status = self._own_status()
+        if "elements" in status:
+            for task, state in status["elements"].items():
+                later = _continuation(f"{self.id}_{task}") if state != "COMPLETED" else None
+                if later:
+                    status["elements"][task] = Job(later, self.run_dir).status()["state"]
+            status["state"] = _overall(list(status["elements"].values()))
+            return status
+        later = _continuation(self.id) if status["state"] != "COMPLETED" else None
+        if later is None:
+            return status
+        following = Job(later, self.run_dir).status()
+        return {**following, "chain": [self.id, *following.get("chain", [later])]}
+
+    def _own_status(self) -> dict:
         elements = slurm.job_details(self.id)
         if elements:
-            states = [e.get("JobState", "UNKNOWN") for e in elements]
-            unfinished = [s for s in states if s not in FINAL_STATES]
-            failed = [s for s in states if s != "COMPLETED"]
-            state = unfinished[0] if unfinished else failed[0] if failed else "COMPLETED"
+            state = _overall([e.get("JobState", "UNKNOWN") for e in elements])
             status = {"id": self.id, "state": state, "reason": elements[0].get("Reason"),
                       "restarts": max(int(e.get("Restarts", 0)) for e in elements),
                       "run_dir": str(self.run_dir) if self.run_dir else None,
@@ -116,21 +145,34 @@ class Job:
                 raise TimeoutError(f"job {self.id} still {state} after {timeout} s")
             time.sleep(poll)
 
+    def chain(self) -> list[str]:
+        """This job and the jobs it continued in, oldest first."""
+        ids = [self.id]
+        while (later := _continuation(ids[-1])) is not None and later not in ids:
+            ids.append(later)
+        return ids
+
     def log_file(self, err: bool = False) -> Path | None:
-        elements = slurm.job_details(self.id)
+        """The log of the latest job of the chain (the one to follow)."""
+        return self._own_log_file(self.chain()[-1], err)
+
+    def _own_log_file(self, job_id: str, err: bool) -> Path | None:
+        elements = slurm.job_details(job_id)
         named = elements[0].get("StdErr" if err else "StdOut") if elements else None
         if named and "%" not in named:
             return Path(named)
         if self.run_dir is not None:
-            return self.run_dir / f"slurm-{self.id}.{'err' if err else 'out'}"
+            return self.run_dir / f"slurm-{job_id}.{'err' if err else 'out'}"
         return None
 
     def logs(self, err: bool = False) -> str:
-        path = self.log_file(err)
-        if path is None or not path.is_file():
+        """The whole log: of every job of the chain, in order."""
+        paths = [self._own_log_file(job_id, err) for job_id in self.chain()]
+        found = [p for p in paths if p is not None and p.is_file()]
+        if not found:
             raise ConfigError(f"no {'error' if err else 'output'} log for job {self.id} yet"
-                              + (f" (expected {path})" if path else ""))
-        return path.read_text(errors="replace")
+                              + (f" (expected {paths[0]})" if paths[0] else ""))
+        return "".join(p.read_text(errors="replace") for p in found)
 
     def cancel(self) -> None:
         slurm.cancel(self.id)

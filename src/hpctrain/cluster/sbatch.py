@@ -8,6 +8,7 @@ quotes or newlines therefore runs nothing.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import sys
@@ -22,6 +23,7 @@ from hpctrain.errors import ConfigError
 SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.,:@%+=/-]+$")
 TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 REQUEUE_EXIT_CODE = 75
+LEDGER = ".local/state/hpctrain/jobs.jsonl"  # under $HOME: job id -> run directory, and chains
 
 
 @dataclass
@@ -204,18 +206,36 @@ def _command(request: JobRequest, run_dir: Path, own_environment: bool) -> list[
         *arguments, *where, "resume=auto", f"preemption.max_requeues={request.max_requeues}"])
     if request.sweep:
         command += ' "${ELEMENT[@]}" run_name="element-$SLURM_ARRAY_TASK_ID"'
+    if request.sweep:  # an element continues alone, as a one-element array of the same index
+        this_job = ['    this_job="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"',
+                    '    element="$SLURM_ARRAY_TASK_ID"']
+        same_element = '--array="$element" '
+    else:
+        this_job, same_element = ['    this_job="$SLURM_JOB_ID"'], ""
+    script = shlex.quote(str(run_dir / "job.sbatch"))
+    record = shlex.quote(json.dumps(str(run_dir)))
     return lines + [
         "# One task per GPU; hpctrain reads the layout from srun (no MASTER_ADDR to export).",
+        "export HPCTRAIN_CONTINUES=script  # the continuation below is this script's job",
         f"srun {command}",
         "status=$?",
         f"# {REQUEUE_EXIT_CODE}: saved and stopped early (preemption signal or time limit). "
-        "hpctrain asks",
-        "# Slurm for the requeue itself; where it could not (no scontrol inside a container),",
-        "# the script does.",
+        "Continue in a new job",
+        "# that may start as soon as this one ends (a requeued job waits until its credential",
+        "# expires, AuthInfo cred_expire, 2 minutes by default), and note it in the job ledger.",
+        'restarts=$(( ${SLURM_RESTART_COUNT:-0} + ${HPCTRAIN_RESTARTS:-0} ))',
         f'if [ "$status" -eq {REQUEUE_EXIT_CODE} ] && '
-        f'[ "${{SLURM_RESTART_COUNT:-0}}" -lt {request.max_requeues} ]; then',
-        '    scontrol requeue "$SLURM_JOB_ID" && scontrol update JobId="$SLURM_JOB_ID" '
-        'StartTime=now',
+        f'[ "$restarts" -lt {request.max_requeues} ]; then',
+        *this_job,
+        "    # this job's variables must not reach the next one (SLURM_CONF, if set, must)",
+        '    unset $(compgen -e | grep -E "^(SLURM|SBATCH|SRUN|SALLOC)_" | grep -vx SLURM_CONF)',
+        f'    next=$(HPCTRAIN_RESTARTS=$((restarts + 1)) sbatch --parsable {same_element}'
+        f'--dependency=afterany:"$this_job" {script})',
+        '    if [ -n "$next" ]; then',
+        '        echo "hpctrain: continuing in job ${next%%;*} once job $this_job ends" >&2',
+        f'        printf \'{{"job_id": "%s", "continues": "%s", "run_dir": %s}}\\n\' '
+        f'"${{next%%;*}}" "$this_job" {record} >> "$HOME/{LEDGER}"',
+        "    fi",
         "fi",
         'exit "$status"',
     ]
