@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
-from hpctrain.errors import Preempted, UserError
+from hpctrain.errors import ConfigError, Preempted, UserError
 
 RUN_EXAMPLE = """examples:
   hpctrain run                                   # the built-in default (shapes dataset)
@@ -180,6 +181,40 @@ def cmd_status(args) -> int:
     return 0
 
 
+PACK_EXAMPLE = """examples:
+  hpctrain pack /scratch/imagenet /scratch/imagenet-packed --max-side 512
+  hpctrain pack labels.csv /scratch/packed --store auto --raw-max-side 64
+  hpctrain run imagenet-resnet50 data.dataset=shards data.path=/scratch/imagenet-packed
+An interrupted pack resumes when run again with the same arguments.
+"""
+
+
+def cmd_pack(args) -> int:
+    from hpctrain.data.pack import PackOptions, describe, pack
+
+    if args.quality is not None and not 1 <= args.quality <= 100:
+        raise ConfigError(f"--quality {args.quality}: use 1 to 100")
+    options = PackOptions(max_side=args.max_side, store=args.store,
+                          raw_max_side=args.raw_max_side, quality=args.quality,
+                          shard_bytes=_bytes(args.shard_size, "--shard-size"))
+    log = (lambda text: print(text, file=sys.stderr)) if args.json else print
+    manifest = pack(Path(args.src), Path(args.dst), options, workers=args.workers,
+                    strict=args.strict, overwrite=args.overwrite, log=log)
+    print(json.dumps(manifest, indent=1) if args.json else describe(manifest))
+    return 0
+
+
+def _bytes(text: str, option: str) -> int:
+    """'256MB', '1GB', '500k' or a plain number of bytes."""
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    number = text.strip().upper().removesuffix("B").removesuffix("I")
+    unit = number[-1:] if number[-1:] in units else ""
+    digits = number[:len(number) - len(unit)]
+    if not digits.isdigit() or int(digits) == 0:
+        raise ConfigError(f"{option} {text!r}: use a size such as 256MB or 1GB")
+    return int(digits) * units[unit]
+
+
 def _verb(verbs, name: str, help: str, epilog: str, func) -> argparse.ArgumentParser:
     """A verb's parser: its help, its examples below the options, the function it runs."""
     parser = verbs.add_parser(name, help=help, epilog=epilog,
@@ -255,6 +290,26 @@ def build_parser() -> argparse.ArgumentParser:
                    "example:\n  hpctrain status 123456 --json", cmd_status)
     status.add_argument("job")
     status.add_argument("--json", action="store_true")
+
+    packer = _verb(verbs, "pack", "pack an image dataset into shards for fast reading",
+                   PACK_EXAMPLE, cmd_pack)
+    packer.add_argument("src", help="an ImageFolder tree (with train/ and val/, or one tree), "
+                        "or a CSV/list file of path,label lines")
+    packer.add_argument("dst", help="the pack folder (must be empty, or unfinished to resume)")
+    packer.add_argument("--max-side", type=int, help="pre-resize: longer side at most this")
+    packer.add_argument("--store", choices=("jpeg", "raw", "auto"), default="jpeg",
+                        help="JPEG bytes, raw pixels (no decoding), or raw for images whose "
+                        "longer side is at most --raw-max-side (default: jpeg)")
+    packer.add_argument("--raw-max-side", type=int, default=64)
+    packer.add_argument("--quality", type=int, help="re-encode every JPEG at this quality "
+                        "(default: keep original JPEG bytes; re-encoded images use 90)")
+    packer.add_argument("--shard-size", default="256MB", help="about this much per shard")
+    packer.add_argument("--workers", type=int, help="processes (default: all cores)")
+    packer.add_argument("--strict", action="store_true",
+                        help="abort on an unreadable image instead of skipping it")
+    packer.add_argument("--overwrite", action="store_true",
+                        help="replace what DST holds")
+    packer.add_argument("--json", action="store_true", help="print the manifest as JSON")
 
     recipes = _verb(verbs, "recipes", "list the shipped recipes",
                     "example:\n  hpctrain recipes --json", cmd_recipes)

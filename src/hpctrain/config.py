@@ -73,9 +73,12 @@ class ProgressiveConfig(Section):
 
 
 class DataConfig(Section):
-    dataset: Literal["shapes", "imagefolder", "synthetic"] = "shapes"
-    path: str | None = Field(None, description="ImageFolder root (with train/ and val/, "
-                                               "or class folders and a val_fraction)")
+    dataset: Literal["shapes", "imagefolder", "shards", "synthetic"] = "shapes"
+    path: str | None = Field(None, description="imagefolder: its root (with train/ and val/, "
+                                               "or class folders and a val_fraction); shards: "
+                                               "the folder written by hpctrain pack")
+    num_classes: int | None = Field(None, ge=1, description="expected number of classes, "
+                                    "checked against the data (None: take the data's)")
     val_fraction: float | None = Field(None, gt=0, lt=1)
     image_size: int = Field(32, ge=8, le=1024)
     val_image_size: int | None = Field(None, ge=8, le=1024)
@@ -96,8 +99,8 @@ class DataConfig(Section):
 
     @model_validator(mode="after")
     def _needs_path(self):
-        if self.dataset == "imagefolder" and not self.path:
-            raise ValueError("dataset 'imagefolder' needs data.path (for example "
+        if self.dataset in ("imagefolder", "shards") and not self.path:
+            raise ValueError(f"dataset '{self.dataset}' needs data.path (for example "
                              "data.path=/scratch/imagenet)")
         if isinstance(self.num_workers, int) and self.num_workers < 0:
             raise ValueError(f"num_workers must be >= 0 or 'auto', got {self.num_workers}")

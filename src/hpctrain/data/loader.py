@@ -13,6 +13,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
@@ -23,6 +24,8 @@ from hpctrain.data.datasets import (
     scan_image_folder,
 )
 from hpctrain.data.sampling import EpochSampler
+from hpctrain.data.shard_dataset import ShardDataset
+from hpctrain.data.shards import Pack
 from hpctrain.data.shapes import CLASSES as SHAPE_CLASSES
 from hpctrain.data.shapes import ensure_shapes
 from hpctrain.errors import DataError
@@ -112,12 +115,40 @@ def build_datasets(data: DataConfig, seed: int) -> tuple[Dataset, Dataset, int]:
                              s.image_size)
         num_classes, train, val = _image_folder_samples(root, None, seed)
         assert num_classes == len(SHAPE_CLASSES)
+    elif data.dataset == "shards":
+        return _check_classes(data, *_shard_datasets(data, seed))
     else:
         num_classes, train, val = _image_folder_samples(Path(data.path).expanduser(),
                                                         data.val_fraction, seed)
     make = lambda samples, is_train: ImageFolderDataset(
         samples, is_train, data.augment, seed, data.val_resize_ratio, data.on_bad_image)
-    return make(train, True), make(val, False), num_classes
+    return _check_classes(data, make(train, True), make(val, False), num_classes)
+
+
+def _shard_datasets(data: DataConfig, seed: int) -> tuple[Dataset, Dataset, int]:
+    """A pack's train and val splits; without a val split, data.val_fraction of train."""
+    packed = Pack(data.path)
+    train = packed.split("train")
+    make = lambda split, rows, is_train: ShardDataset(split, rows, is_train, data.augment, seed,
+                                                      data.val_resize_ratio)
+    if "val" in packed.splits:
+        return (make(train, None, True), make(packed.split("val"), None, False),
+                len(packed.classes))
+    if data.val_fraction is None:
+        raise DataError(f"data.path: pack {packed.root} has no val split; set "
+                        "data.val_fraction=0.1 to hold out part of train, or pack a source "
+                        "with train/ and val/")
+    train_rows, val_rows = _split(list(range(len(train.index))), data.val_fraction, seed)
+    return (make(train, np.array(train_rows), True), make(train, np.array(val_rows), False),
+            len(packed.classes))
+
+
+def _check_classes(data: DataConfig, train: Dataset, val: Dataset, num_classes: int):
+    if data.num_classes is not None and data.num_classes != num_classes:
+        raise DataError(f"data.num_classes={data.num_classes}, but the {data.dataset} data "
+                        f"{data.path or ''} has {num_classes} classes: fix the recipe, or "
+                        "point data.path at the dataset it was written for")
+    return train, val, num_classes
 
 
 def build_data(data: DataConfig, batch_size: int, seed: int, device: torch.device,

@@ -1,0 +1,354 @@
+"""`hpctrain pack SRC DST`: turn an image dataset into packed shards (format: shards.py).
+
+The work is planned first (which sample goes to which shard, in a seeded shuffled order so that
+even a sequential reader of the tars sees mixed classes), then shards are written in parallel,
+one process per shard. Each shard is written under a temporary name and renamed when complete,
+with its index fragment and statistics beside it; a re-run with the same source and options
+skips the finished shards, so an interrupted pack resumes. The manifest is written last:
+a folder without pack.json is never mistaken for a usable pack.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import multiprocessing
+import os
+import random
+import shutil
+import tarfile
+import time
+import uuid
+import zlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from hpctrain.data.datasets import scan_image_folder
+from hpctrain.data.shards import (EXTENSIONS, FORMAT, INDEX_DTYPE, KIND_JPEG, KIND_RAW,
+                                  MANIFEST, VERSION, file_sha256, index_name, ppm_header,
+                                  shard_name)
+from hpctrain.errors import DataError
+from hpctrain.progress import progress_bar
+
+PLAN = ".plan.json"
+
+
+@dataclass
+class PackOptions:
+    max_side: int | None = None  # pre-resize so that the longer side is at most this
+    store: str = "jpeg"  # jpeg | raw | auto (raw when the longer side <= raw_max_side)
+    raw_max_side: int = 64
+    quality: int | None = None  # re-encode every JPEG at this quality; None: keep the bytes
+    shard_bytes: int = 256 << 20
+    seed: int = 0
+
+
+@dataclass
+class ShardJob:
+    split: str
+    number: int
+    first: int  # position of the shard's first sample in the split
+    samples: list[tuple[str, int]]
+    dst: str
+    options: PackOptions
+    strict: bool
+
+
+@dataclass
+class ShardResult:
+    split: str
+    number: int
+    samples: int = 0
+    bytes: int = 0
+    sha256: str = ""
+    per_class: dict[int, int] = field(default_factory=dict)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+
+# --- the source ------------------------------------------------------------------------------
+
+def read_source(src: Path) -> tuple[list[str], dict[str, list[tuple[str, int]]]]:
+    """(classes, {split: [(path, label)]}) of an ImageFolder tree (with train/ and val/, or one
+    tree) or of a CSV/list file of `path,label` lines (paths relative to the file's folder;
+    labels are class names or integers)."""
+    if src.is_file():
+        return _read_list(src)
+    if (src / "train").is_dir():
+        classes, train = scan_image_folder(src / "train")
+        splits = {"train": train}
+        val_root = next((src / n for n in ("val", "validation") if (src / n).is_dir()), None)
+        if val_root is not None:
+            val_classes, splits["val"] = scan_image_folder(val_root)
+            if val_classes != classes:
+                raise DataError(f"{src}: train/ and {val_root.name}/ have different class "
+                                "folders")
+        return classes, splits
+    if not src.exists():
+        raise DataError(f"pack: source {src} does not exist")
+    classes, samples = scan_image_folder(src)
+    return classes, {"train": samples}
+
+
+def _read_list(path: Path) -> tuple[list[str], dict[str, list[tuple[str, int]]]]:
+    rows = []
+    with open(path, newline="") as handle:
+        for number, row in enumerate(csv.reader(handle), 1):
+            if not row or row[0].startswith("#"):
+                continue
+            if len(row) != 2:
+                raise DataError(f"{path}:{number}: expected 'path,label', got {row!r}")
+            if number == 1 and row[1].strip().lower() == "label":
+                continue  # a header line
+            rows.append((row[0].strip(), row[1].strip()))
+    if not rows:
+        raise DataError(f"{path}: no 'path,label' lines")
+    if all(label.lstrip("-").isdigit() for _, label in rows):
+        numbers = [int(label) for _, label in rows]
+        if min(numbers) < 0:
+            raise DataError(f"{path}: labels must be >= 0 (found {min(numbers)})")
+        classes = [str(i) for i in range(max(numbers) + 1)]
+        labelled = [(p, int(label)) for p, label in rows]
+    else:
+        classes = sorted({label for _, label in rows})
+        lookup = {name: i for i, name in enumerate(classes)}
+        labelled = [(p, lookup[label]) for p, label in rows]
+    base = path.parent
+    return classes, {"train": [(str(base / p) if not os.path.isabs(p) else p, label)
+                               for p, label in labelled]}
+
+
+def plan_shards(splits: dict[str, list[tuple[str, int]]], dst: Path, options: PackOptions,
+                strict: bool) -> list[ShardJob]:
+    """Shuffle each split once (seeded) and cut it into shards of about options.shard_bytes,
+    estimated from the source files' sizes."""
+    jobs = []
+    for split, samples in splits.items():
+        order = list(samples)
+        random.Random(f"{options.seed}-{split}").shuffle(order)
+        groups, current, size = [], [], 0
+        for sample in order:
+            current.append(sample)
+            size += _estimated_bytes(sample[0], options)
+            if size >= options.shard_bytes:
+                groups.append(current)
+                current, size = [], 0
+        groups += [current] if current else []
+        first = 0
+        for number, group in enumerate(groups):
+            jobs.append(ShardJob(split, number, first, group, str(dst), options, strict))
+            first += len(group)
+    return jobs
+
+
+def _estimated_bytes(path: str, options: PackOptions) -> int:
+    try:
+        size = os.stat(path).st_size
+    except OSError:
+        return 0
+    return size if options.max_side is None else min(size, options.max_side ** 2 // 2)
+
+
+# --- one shard -------------------------------------------------------------------------------
+
+def encode_sample(path: str, options: PackOptions) -> tuple[bytes, int, int, int]:
+    """(bytes, kind, width, height) of one source image, as the options want it stored.
+    Original JPEG bytes are kept when nothing needs to change."""
+    with open(path, "rb") as handle:
+        raw = handle.read()
+    with Image.open(io.BytesIO(raw)) as image:
+        is_rgb_jpeg = image.format == "JPEG" and image.mode == "RGB"
+        image.load()  # decode fully: a truncated file fails here, not in training
+        image = image.convert("RGB")
+    width, height = image.size
+    if options.max_side and max(width, height) > options.max_side:
+        scale = options.max_side / max(width, height)
+        width, height = max(1, round(width * scale)), max(1, round(height * scale))
+        image = image.resize((width, height), Image.BICUBIC, reducing_gap=3.0)
+        is_rgb_jpeg = False  # pixels changed: encode again
+    if options.store == "raw" or (options.store == "auto"
+                                  and max(width, height) <= options.raw_max_side):
+        return ppm_header(width, height) + image.tobytes(), KIND_RAW, width, height
+    if is_rgb_jpeg and options.quality is None:
+        return raw, KIND_JPEG, width, height
+    out = io.BytesIO()
+    image.save(out, "JPEG", quality=options.quality or 90)
+    return out.getvalue(), KIND_JPEG, width, height
+
+
+def _save_index(path: Path, index: np.ndarray) -> None:
+    """np.save under a temporary name, then rename."""
+    partial = path.with_name(f".{path.name}.partial")
+    with open(partial, "wb") as handle:
+        np.save(handle, index, allow_pickle=False)
+    os.replace(partial, path)
+
+
+def _fragment(dst: Path, split: str, number: int, suffix: str) -> Path:
+    return dst / f".{split}-{number:05d}.{suffix}"
+
+
+def write_shard(job: ShardJob) -> ShardResult:
+    """Write one shard under a temporary name, then its index fragment and statistics; the
+    statistics file, renamed last, marks the shard finished."""
+    dst = Path(job.dst)
+    name = shard_name(job.split, job.number)
+    partial = dst / f".{name}.partial"
+    records = []
+    result = ShardResult(job.split, job.number)
+    with tarfile.open(partial, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for position, (path, label) in enumerate(job.samples, job.first):
+            try:
+                data, kind, width, height = encode_sample(path, job.options)
+            except (OSError, ValueError, Image.DecompressionBombError) as err:
+                if job.strict:
+                    raise DataError(f"unreadable source image {path}: {err} (--strict)") \
+                        from None
+                result.skipped.append((path, str(err)))
+                continue
+            member = f"{position:08d}"
+            info = tarfile.TarInfo(f"{member}.{EXTENSIONS[kind]}")
+            info.size, info.mtime, info.mode = len(data), 0, 0o644
+            data_at = tar.offset + tarfile.BLOCKSIZE  # after the one ustar header block
+            tar.addfile(info, io.BytesIO(data))
+            records.append((job.number, data_at, len(data), zlib.crc32(data), label,
+                            width, height, kind))
+            text = f"{label}\n".encode()
+            info = tarfile.TarInfo(f"{member}.cls")
+            info.size, info.mtime, info.mode = len(text), 0, 0o644
+            tar.addfile(info, io.BytesIO(text))
+            result.per_class[label] = result.per_class.get(label, 0) + 1
+    result.samples, result.bytes = len(records), partial.stat().st_size
+    result.sha256 = file_sha256(partial)
+    _save_index(_fragment(dst, job.split, job.number, "npy"),
+                np.array(records, dtype=INDEX_DTYPE))
+    os.replace(partial, dst / name)
+    _fragment(dst, job.split, job.number, "json.partial").write_text(json.dumps(asdict(result)))
+    os.replace(_fragment(dst, job.split, job.number, "json.partial"),
+               _fragment(dst, job.split, job.number, "json"))
+    return result
+
+
+def _finished(dst: Path, job: ShardJob) -> ShardResult | None:
+    stats = _fragment(dst, job.split, job.number, "json")
+    if not (stats.is_file() and (dst / shard_name(job.split, job.number)).is_file()):
+        return None
+    data = json.loads(stats.read_text())
+    data["per_class"] = {int(k): v for k, v in data["per_class"].items()}
+    data["skipped"] = [tuple(s) for s in data["skipped"]]
+    return ShardResult(**data)
+
+
+# --- the whole pack --------------------------------------------------------------------------
+
+def _plan_fingerprint(classes, splits, options: PackOptions) -> str:
+    digest = hashlib.sha256(json.dumps([classes, splits, asdict(options)]).encode())
+    return digest.hexdigest()
+
+
+def _prepare(dst: Path, fingerprint: str, overwrite: bool) -> bool:
+    """Make `dst` ready; True when an unfinished pack of the same plan is resumed."""
+    plan = dst / PLAN
+    if dst.exists() and any(dst.iterdir()):
+        resumable = plan.is_file() and json.loads(plan.read_text()).get("fingerprint") \
+            == fingerprint and not (dst / MANIFEST).exists()
+        if resumable:
+            return True
+        if not overwrite:
+            what = ("a finished pack" if (dst / MANIFEST).exists() else
+                    "an unfinished pack of another source or other options"
+                    if plan.is_file() else "other files")
+            raise DataError(f"pack: {dst} is not empty (it holds {what}); choose an empty "
+                            "folder, or add --overwrite to replace its contents")
+        for entry in dst.iterdir():
+            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+    dst.mkdir(parents=True, exist_ok=True)
+    plan.write_text(json.dumps({"fingerprint": fingerprint}))
+    return False
+
+
+def pack(src: Path, dst: Path, options: PackOptions, workers: int | None = None,
+         strict: bool = False, overwrite: bool = False, log=print) -> dict:
+    """Pack `src` into `dst`; the manifest (also written to dst/pack.json)."""
+    src, dst = Path(src).expanduser(), Path(dst).expanduser()
+    started = time.perf_counter()
+    classes, splits = read_source(src)
+    fingerprint = _plan_fingerprint(classes, splits, options)
+    resumed = _prepare(dst, fingerprint, overwrite)
+    jobs = plan_shards(splits, dst, options, strict)
+    done = {(j.split, j.number): r for j in jobs if (r := _finished(dst, j)) is not None}
+    todo = [j for j in jobs if (j.split, j.number) not in done]
+    if resumed:
+        log(f"pack: resuming {dst}: {len(done)} of {len(jobs)} shards already written")
+    workers = max(1, min(workers or os.cpu_count() or 1, len(todo) or 1))
+    total = sum(len(j.samples) for j in todo)
+    with progress_bar(f"packing {len(todo)} shards", total) as advance:
+        if workers == 1:
+            results = map(write_shard, todo)
+        else:
+            pool = multiprocessing.get_context("forkserver").Pool(workers)
+            results = pool.imap_unordered(write_shard, todo)
+        try:
+            for result in results:
+                done[(result.split, result.number)] = result
+                advance(result.samples + len(result.skipped))
+        finally:
+            if workers > 1:
+                pool.terminate()
+    manifest = _write_manifest(dst, src, classes, splits, jobs, done, options)
+    manifest["seconds"] = round(time.perf_counter() - started, 1)
+    return manifest
+
+
+def _write_manifest(dst: Path, src: Path, classes, splits, jobs, done, options) -> dict:
+    manifest = {"format": FORMAT, "version": VERSION, "pack_id": uuid.uuid4().hex,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "source": str(src),
+                "options": asdict(options), "classes": classes, "splits": {}}
+    for split in splits:
+        results = [done[(j.split, j.number)] for j in jobs if j.split == split]
+        index = np.concatenate([np.load(_fragment(dst, split, r.number, "npy"))
+                                for r in results]) if results else np.zeros(0, INDEX_DTYPE)
+        _save_index(dst / index_name(split), index)
+        per_class = [0] * len(classes)
+        for result in results:
+            for label, count in result.per_class.items():
+                per_class[label] += count
+        manifest["splits"][split] = {
+            "samples": int(len(index)),
+            "index": {"file": index_name(split), "sha256": file_sha256(dst / index_name(split))},
+            "shards": [{"file": shard_name(split, r.number), "samples": r.samples,
+                        "bytes": r.bytes, "sha256": r.sha256} for r in results],
+            "per_class": per_class,
+            "skipped": [list(s) for r in results for s in r.skipped],
+        }
+    partial = dst / f".{MANIFEST}.partial"
+    partial.write_text(json.dumps(manifest, indent=1) + "\n")
+    os.replace(partial, dst / MANIFEST)
+    for leftover in [*dst.glob(".*-*.npy"), *dst.glob(".*-*.json"), dst / PLAN]:
+        leftover.unlink(missing_ok=True)
+    return manifest
+
+
+def describe(manifest: dict) -> str:
+    """The summary `hpctrain pack` prints: files, bytes, samples per class, skipped files."""
+    lines = [f"packed {manifest['source']} in {manifest.get('seconds', 0):.1f} s "
+             f"(pack {manifest['pack_id'][:8]}):"]
+    classes = manifest["classes"]
+    for split, entry in manifest["splits"].items():
+        size = sum(s["bytes"] for s in entry["shards"])
+        counts = entry["per_class"]
+        lines.append(f"  {split}: {entry['samples']} samples in {len(entry['shards'])} shards, "
+                     f"{size / 2**20:.1f} MiB; per class min {min(counts, default=0)}, "
+                     f"max {max(counts, default=0)}")
+        shown = ", ".join(f"{classes[i]} {c}" for i, c in enumerate(counts[:10]))
+        lines.append(f"    {shown}{', ...' if len(counts) > 10 else ''}")
+        for path, err in entry["skipped"][:10]:
+            lines.append(f"    skipped unreadable {path}: {err}")
+        if len(entry["skipped"]) > 10:
+            lines.append(f"    ... and {len(entry['skipped']) - 10} more skipped "
+                         f"(all listed in pack.json)")
+    return "\n".join(lines)

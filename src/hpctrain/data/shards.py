@@ -1,0 +1,157 @@
+"""Packed shards: a dataset as a few large tar files plus an index, read with random access.
+
+Why: a parallel file system serves a few large files at full bandwidth but millions of small
+JPEG opens slowly, and a sequential tar stream (WebDataset) can only shuffle within a buffer.
+Here the tar files are standard (readable by `tar` and by WebDataset: members `00000042.jpg`
+and `00000042.cls`), and a sidecar index gives every sample's shard, byte offset, size, CRC-32,
+label and image size, so a DataLoader worker memory-maps the shards and reads any sample
+directly: a true global shuffle every epoch, distributed sharding without duplicates, and no
+per-worker copy of the data.
+
+Layout of a pack folder:
+    pack.json                the manifest: classes, options, per split its shards (samples,
+                             bytes, SHA-256) and its index file's SHA-256
+    train-00000.tar ...      the shards of a split
+    train.index.npy          one INDEX_DTYPE record per sample, in the order of the shards
+    val-00000.tar, val.index.npy   when the source had a validation split
+
+Integrity: opening a pack checks the manifest, each index's SHA-256 (an index copied from
+another pack fails here) and each shard's size (a truncated shard fails here); every sample
+read is checked against its CRC-32, so a corrupted or shifted byte range is named in an error,
+never decoded into a wrong image. Full shard SHA-256 checks happen when shards are copied to a
+node-local cache (cache.py) or with `hpctrain pack --verify`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hpctrain.errors import DataError
+
+FORMAT = "hpctrain-shards"
+VERSION = 1
+MANIFEST = "pack.json"
+KIND_JPEG, KIND_RAW = 0, 1  # raw: binary PPM (P6), RGB pixels after a short header
+EXTENSIONS = {KIND_JPEG: "jpg", KIND_RAW: "ppm"}
+INDEX_DTYPE = np.dtype([("shard", "<u4"), ("offset", "<u8"), ("size", "<u4"), ("crc32", "<u4"),
+                        ("label", "<i4"), ("width", "<u2"), ("height", "<u2"), ("kind", "u1")])
+
+
+def shard_name(split: str, number: int) -> str:
+    return f"{split}-{number:05d}.tar"
+
+
+def index_name(split: str) -> str:
+    return f"{split}.index.npy"
+
+
+def file_sha256(path: Path, chunk: int = 8 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def ppm_header(width: int, height: int) -> bytes:
+    return f"P6\n{width} {height}\n255\n".encode()
+
+
+@dataclass
+class Split:
+    name: str
+    index: np.ndarray  # INDEX_DTYPE records, memory-mapped
+    shards: list[Path]
+
+
+class Pack:
+    """An opened, checked pack folder."""
+
+    def __init__(self, root: Path | str):
+        self.root = Path(root).expanduser()
+        manifest = self.root / MANIFEST
+        if not manifest.is_file():
+            hint = (" (an unfinished pack: run hpctrain pack again to finish it)"
+                    if any(self.root.glob(".*.partial")) or (self.root / ".plan.json").exists()
+                    else "; create one with: hpctrain pack SRC DST")
+            raise DataError(f"data.path: {self.root} is not a packed dataset, it has no "
+                            f"{MANIFEST}{hint}")
+        try:
+            self.manifest = json.loads(manifest.read_text())
+        except json.JSONDecodeError as err:
+            raise DataError(f"{manifest} is not valid JSON ({err}); re-run hpctrain pack "
+                            "with --overwrite") from None
+        if self.manifest.get("format") != FORMAT or self.manifest.get("version") != VERSION:
+            raise DataError(f"{manifest}: not a {FORMAT} version {VERSION} manifest (found "
+                            f"{self.manifest.get('format')} {self.manifest.get('version')}); "
+                            "re-pack with this version of hpctrain")
+        self.classes: list[str] = self.manifest["classes"]
+        self.pack_id: str = self.manifest["pack_id"]
+
+    @property
+    def splits(self) -> list[str]:
+        return list(self.manifest["splits"])
+
+    def split(self, name: str) -> Split:
+        """The split's index and shards, after the cheap checks (index checksum, shard sizes)."""
+        entry = self.manifest["splits"].get(name)
+        if entry is None:
+            raise DataError(f"pack {self.root} has no '{name}' split (it has "
+                            f"{', '.join(self.splits)})")
+        index_path = self.root / entry["index"]["file"]
+        if not index_path.is_file():
+            raise DataError(f"pack {self.root}: index {index_path.name} is missing; re-run "
+                            "hpctrain pack")
+        if file_sha256(index_path) != entry["index"]["sha256"]:
+            raise DataError(f"pack {self.root}: {index_path.name} does not belong to this pack "
+                            f"(its SHA-256 differs from {MANIFEST}'s): was it copied from "
+                            "another pack? Re-pack, or restore the matching index")
+        index = np.load(index_path, mmap_mode="r")
+        if index.dtype != INDEX_DTYPE or len(index) != entry["samples"]:
+            raise DataError(f"pack {self.root}: {index_path.name} has {len(index)} records of "
+                            f"type {index.dtype}, the manifest expects {entry['samples']}")
+        shards = []
+        for shard in entry["shards"]:
+            path = self.root / shard["file"]
+            if not path.is_file():
+                raise DataError(f"pack {self.root}: shard {shard['file']} is missing "
+                                f"({len(entry['shards'])} shards expected); restore it or "
+                                "re-run hpctrain pack")
+            size = path.stat().st_size
+            if size != shard["bytes"]:
+                raise DataError(f"pack {self.root}: shard {shard['file']} has {size} bytes, "
+                                f"the manifest says {shard['bytes']}: it is truncated or was "
+                                "changed; restore it or re-pack")
+            shards.append(path)
+        return Split(name, index, shards)
+
+
+class ShardReader:
+    """Byte ranges of samples, from memory maps opened lazily in the process that reads (so a
+    DataLoader worker maps the shards itself; nothing is copied when workers start)."""
+
+    def __init__(self, shards: list[Path]):
+        self.shards = [str(s) for s in shards]
+        self._maps: dict[int, np.memmap] = {}
+
+    def __getstate__(self):
+        return {"shards": self.shards, "_maps": {}}
+
+    def read(self, record) -> memoryview:
+        shard = int(record["shard"])
+        mapped = self._maps.get(shard)
+        if mapped is None:
+            mapped = self._maps[shard] = np.memmap(self.shards[shard], dtype=np.uint8, mode="r")
+        start = int(record["offset"])
+        data = memoryview(mapped[start:start + int(record["size"])])
+        if len(data) != int(record["size"]) or zlib.crc32(data) != int(record["crc32"]):
+            raise DataError(f"shard {self.shards[shard]} is corrupted: the sample at byte "
+                            f"{start} ({int(record['size'])} bytes) fails its CRC-32 check. "
+                            "Restore the shard or re-pack")
+        return data

@@ -1,0 +1,242 @@
+"""`hpctrain pack` and `dataset: shards`: the tar shards, the index, resuming, integrity
+checks, and reading samples back exactly."""
+
+import json
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import write_image_folder
+from hpctrain.config import AugmentConfig
+from hpctrain.data.datasets import ImageFolderDataset, scan_image_folder
+from hpctrain.data.pack import PackOptions, pack
+from hpctrain.data.sampling import SampleKey
+from hpctrain.data.shard_dataset import ShardDataset, dct_reduction
+from hpctrain.data.shards import Pack, ShardReader
+from hpctrain.errors import DataError
+
+SMALL_SHARDS = PackOptions(shard_bytes=4000)  # several shards from a few small images
+
+
+def quiet(*_):
+    pass
+
+
+@pytest.fixture
+def packed(image_folder, tmp_path) -> Path:
+    dst = tmp_path / "packed"
+    pack(image_folder, dst, SMALL_SHARDS, workers=2, log=quiet)
+    return dst
+
+
+def test_shards_are_standard_tars_whose_index_points_at_the_original_bytes(image_folder,
+                                                                          packed):
+    manifest = json.loads((packed / "pack.json").read_text())
+    assert manifest["classes"] == ["cat", "dog"]
+    assert manifest["splits"]["train"]["samples"] == 24
+    assert manifest["splits"]["val"]["per_class"] == [4, 4]
+    train = Pack(packed).split("train")
+    assert len(train.shards) > 2
+    listing = subprocess.run(["tar", "-tf", str(train.shards[0])], capture_output=True,
+                             text=True, check=True).stdout.split()
+    assert listing[0].endswith(".jpg") and listing[1] == listing[0].replace(".jpg", ".cls")
+    originals = {p.read_bytes(): label for p, label in
+                 ((Path(p), label) for p, label in scan_image_folder(image_folder / "train")[1])}
+    reader = ShardReader(train.shards)
+    seen = [(bytes(reader.read(r)), int(r["label"])) for r in train.index]
+    assert dict(seen) == originals  # every image once, unchanged, with its label
+    with tarfile.open(train.shards[0]) as tar:  # what a plain tar reader (or WebDataset) sees
+        first = tar.getmembers()[:2]
+        data, label = (tar.extractfile(m).read() for m in first)
+        assert originals[data] == int(label)
+
+
+def test_validation_samples_match_the_image_folder_pixel_for_pixel(image_folder, packed):
+    augment = AugmentConfig()
+    folder = ImageFolderDataset(scan_image_folder(image_folder / "val")[1], False, augment, 0)
+    by_bytes = {Path(p).read_bytes(): i for i, (p, _) in enumerate(folder.samples)}
+    split = Pack(packed).split("val")
+    shards = ShardDataset(split, None, False, augment, 0)
+    reader = ShardReader(split.shards)
+    for position in range(len(shards)):
+        twin = by_bytes[bytes(reader.read(split.index[position]))]
+        ours, label = shards[SampleKey(position, 0, 16)]
+        theirs, their_label = folder[SampleKey(twin, 0, 16)]
+        assert label == their_label and ours.equal(theirs)
+
+
+def test_training_crops_decode_large_jpegs_at_reduced_scale(tmp_path):
+    source = tmp_path / "big"
+    write_image_folder(source, classes=("a",), per_class=2, size=400)
+    pack(source, tmp_path / "p", PackOptions(), workers=1, log=quiet)
+    split = Pack(tmp_path / "p").split("train")
+    assert dct_reduction((0, 0, 400, 404), 32) == 8 and dct_reduction((0, 0, 100, 90), 32) == 2
+    dataset = ShardDataset(split, None, True, AugmentConfig(crop_scale=(0.9, 1.0)), 0)
+    image, _ = dataset[SampleKey(0, 3, 32)]
+    assert image.shape == (3, 32, 32) and image.dtype.is_floating_point is False
+
+
+def test_pre_resized_raw_samples_hold_the_resized_pixels(image_folder, tmp_path):
+    dst = tmp_path / "raw"
+    pack(image_folder, dst, PackOptions(max_side=12, store="raw"), workers=1, log=quiet)
+    split = Pack(dst).split("train")
+    record = split.index[0]
+    assert (int(record["width"]), int(record["height"])) == (12, 10)
+    assert int(record["kind"]) == 1
+    dataset = ShardDataset(split, None, False, AugmentConfig(), 0)
+    image, _ = dataset[SampleKey(0, 0, 10)]
+    assert image.shape == (3, 10, 10)
+
+
+def test_a_list_file_source_with_class_names(tmp_path):
+    folder = write_image_folder(tmp_path / "imgs", classes=("x", "y"), per_class=2)
+    listing = tmp_path / "list.csv"
+    listing.write_text("path,label\n" + "".join(
+        f"imgs/{c}/{i}.jpg,{c}\n" for c in ("y", "x") for i in range(2)))
+    manifest = pack(listing, tmp_path / "p", PackOptions(), workers=1, log=quiet)
+    assert manifest["classes"] == ["x", "y"] and manifest["splits"]["train"]["samples"] == 4
+    assert folder.exists()
+
+
+def test_unreadable_images_are_skipped_and_named_or_abort_with_strict(image_folder, tmp_path):
+    bad = image_folder / "train" / "cat" / "broken.jpg"
+    bad.write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    manifest = pack(image_folder, tmp_path / "p", PackOptions(), workers=1, log=quiet)
+    assert manifest["splits"]["train"]["samples"] == 24
+    assert [s[0] for s in manifest["splits"]["train"]["skipped"]] == [str(bad)]
+    with pytest.raises(DataError, match=f"unreadable source image {bad}"):
+        pack(image_folder, tmp_path / "q", PackOptions(), workers=1, strict=True, log=quiet)
+
+
+def test_an_interrupted_pack_resumes_without_rewriting_finished_shards(image_folder, tmp_path):
+    victim = sorted((image_folder / "train" / "dog").iterdir())[-1]
+    good = victim.read_bytes()
+    victim.write_bytes(b"garbage")
+    dst = tmp_path / "p"
+    with pytest.raises(DataError):
+        pack(image_folder, dst, SMALL_SHARDS, workers=1, strict=True, log=quiet)
+    assert not (dst / "pack.json").exists()
+    finished = {p.name: p.stat().st_mtime_ns for p in dst.glob("*.tar")}
+    assert finished, "some shards should have been written before the failure"
+    with pytest.raises(DataError, match="unfinished pack"):
+        Pack(dst)
+    victim.write_bytes(good)
+    said = []
+    pack(image_folder, dst, SMALL_SHARDS, workers=1, strict=True, log=said.append)
+    assert f"{len(finished)} of " in said[0]
+    assert all(dst.joinpath(n).stat().st_mtime_ns == t for n, t in finished.items())
+    assert Pack(dst).split("train").index.shape == (24,)
+    assert not list(dst.glob(".*"))  # no fragments or plan left behind
+
+
+def test_packing_into_a_non_empty_folder_needs_overwrite(image_folder, packed, tmp_path,
+                                                         run_cli):
+    code, _, err = run_cli("pack", str(image_folder), str(packed))
+    assert code == 2 and "holds a finished pack" in err and "--overwrite" in err
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("keep me")
+    code, _, err = run_cli("pack", str(image_folder), str(other))
+    assert code == 2 and "holds other files" in err and (other / "notes.txt").exists()
+    code, out, _ = run_cli("pack", str(image_folder), str(other), "--overwrite", "--workers",
+                           "1")
+    assert code == 0 and "train: 24 samples" in out and "cat 12, dog 12" in out
+    assert not (other / "notes.txt").exists()
+
+
+def test_a_truncated_shard_is_named_when_the_pack_is_opened(packed):
+    shard = Pack(packed).split("train").shards[1]
+    with open(shard, "r+b") as handle:
+        handle.truncate(shard.stat().st_size - 700)
+    with pytest.raises(DataError, match=f"shard {shard.name} has .* bytes.*truncated"):
+        Pack(packed).split("train")
+
+
+def test_a_corrupted_sample_fails_its_checksum_instead_of_decoding_wrong(packed):
+    split = Pack(packed).split("train")
+    record = split.index[0]
+    shard = split.shards[int(record["shard"])]
+    with open(shard, "r+b") as handle:
+        handle.seek(int(record["offset"]) + 100)
+        byte = handle.read(1)
+        handle.seek(int(record["offset"]) + 100)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+    dataset = ShardDataset(Pack(packed).split("train"), None, False, AugmentConfig(), 0)
+    with pytest.raises(DataError, match=f"shard .*{shard.name} is corrupted.*CRC-32"):
+        dataset[SampleKey(0, 0, 16)]
+
+
+def test_an_index_from_another_pack_or_a_missing_shard_is_refused(image_folder, packed,
+                                                                  tmp_path):
+    other = tmp_path / "other"
+    pack(image_folder, other, PackOptions(max_side=8), workers=1, log=quiet)
+    os.replace(other / "train.index.npy", packed / "train.index.npy")
+    with pytest.raises(DataError, match="does not belong to this pack"):
+        Pack(packed).split("train")
+    Pack(packed).split("val").shards[0].unlink()
+    with pytest.raises(DataError, match="shard val-00000.tar is missing"):
+        Pack(packed).split("val")
+
+
+def test_workers_map_the_shards_themselves(packed):
+    """What DataLoader workers receive carries paths, not maps or data."""
+    import pickle
+
+    dataset = ShardDataset(Pack(packed).split("train"), None, True, AugmentConfig(), 0)
+    dataset[SampleKey(0, 0, 16)]
+    assert dataset.reader._maps and dataset._index is not None
+    assert dataset.__getstate__()["_index"] is None
+    reader = pickle.loads(pickle.dumps(dataset.reader))
+    assert reader._maps == {} and len(pickle.dumps(dataset.reader)) < 2000
+    record = dataset.record(3)
+    assert bytes(reader.read(record)) == bytes(dataset.reader.read(record))
+
+
+def test_images_are_in_rgb_whatever_the_source_mode(tmp_path):
+    source = tmp_path / "modes" / "only"
+    source.mkdir(parents=True)
+    Image.fromarray(np.full((9, 9), 200, np.uint8)).save(source / "gray.jpg")
+    Image.fromarray(np.zeros((9, 9, 3), np.uint8)).save(source / "png.png")
+    pack(source.parent, tmp_path / "p", PackOptions(), workers=1, log=quiet)
+    split = Pack(tmp_path / "p").split("train")
+    dataset = ShardDataset(split, None, False, AugmentConfig(), 0)
+    assert {dataset[SampleKey(i, 0, 9)][0].shape for i in range(2)} == {(3, 9, 9)}
+
+
+def test_a_run_trains_from_a_pack(packed, run_cli, tiny, tmp_path):
+    code, _, err = run_cli("run", "default", *tiny("data.dataset=shards",
+                                                   f"data.path={packed}", "run_name=sh"))
+    assert code == 0, err
+    summary = json.loads((tmp_path / "runs" / "sh" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 24 // 16
+    assert summary["final_val_accuracy"] is not None
+
+
+def test_a_pack_without_val_split_holds_out_a_fraction(tmp_path, run_cli, tiny):
+    source = write_image_folder(tmp_path / "one", per_class=20)
+    pack(source, tmp_path / "p", PackOptions(), workers=1, log=quiet)
+    base = tiny("data.dataset=shards", f"data.path={tmp_path / 'p'}")
+    code, _, err = run_cli("run", "default", *base)
+    assert code == 2 and "has no val split; set data.val_fraction=0.1" in err
+    code, _, err = run_cli("run", "default", *base, "data.val_fraction=0.2")
+    assert code == 0, err
+
+
+def test_a_label_count_that_disagrees_with_the_recipe_is_refused(packed, run_cli, tiny):
+    code, _, err = run_cli("run", "default", *tiny("data.dataset=shards",
+                                                   f"data.path={packed}",
+                                                   "data.num_classes=1000"))
+    assert code == 2 and "data.num_classes=1000, but the shards data" in err
+    assert "has 2 classes" in err
+
+
+def test_pack_options_are_checked(image_folder, tmp_path, run_cli):
+    code, _, err = run_cli("pack", str(image_folder), str(tmp_path / "p"), "--shard-size", "x")
+    assert code == 2 and "--shard-size 'x'" in err
+    code, _, err = run_cli("pack", str(tmp_path / "nowhere"), str(tmp_path / "p"))
+    assert code == 2 and "does not exist" in err
