@@ -1,0 +1,163 @@
+"""Input pipeline throughput: hpctrain shards against torchvision ImageFolder + PIL, WebDataset
+over the same tar shards, and the decode-only limit of the same cores.
+
+The dataset is generated: photo-like JPEGs (1/f colour noise, the spectrum of natural images)
+of ImageNet's typical 500x375 size at quality 90, in ImageFolder layout, then packed. Every
+loader uses the same workers, batch and augmentation (random-resized-crop 224 + flip, uint8
+out). Run:  python benchmarks/data_pipeline.py --images 3000 --workers 2
+Needs `pip install webdataset` for (b).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import multiprocessing
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader
+
+from hpctrain.config import AugmentConfig
+from hpctrain.data.pack import PackOptions, pack
+from hpctrain.data.sampling import EpochSampler
+from hpctrain.data.shard_dataset import ShardDataset
+from hpctrain.data.shards import Pack, ShardReader
+
+SIZE = 224
+
+
+def photo(seed: int, width: int = 500, height: int = 375) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    fy, fx = np.fft.fftfreq(height)[:, None], np.fft.rfftfreq(width)[None, :]
+    falloff = np.sqrt(fx ** 2 + fy ** 2)
+    falloff[0, 0] = 1
+    base, channels = None, []
+    for _ in range(3):  # correlated channels, as in photographs
+        spectrum = rng.standard_normal(falloff.shape) + 1j * rng.standard_normal(falloff.shape)
+        plane = np.fft.irfft2(spectrum / falloff, s=(height, width))
+        base = plane if base is None else 0.7 * base + 0.3 * plane
+        channels.append(base)
+    pixels = np.stack(channels, -1)
+    pixels = (pixels - pixels.min()) / (pixels.max() - pixels.min()) * 255
+    return Image.fromarray(pixels.astype(np.uint8))
+
+
+def _write(args: tuple[Path, int]) -> None:
+    path, seed = args
+    photo(seed).save(path, "JPEG", quality=90)
+
+
+def make_dataset(root: Path, images: int, classes: int = 10) -> Path:
+    marker = root / f"complete-{images}"
+    if marker.exists():
+        return root / "images"
+    jobs = []
+    for i in range(images):
+        folder = root / "images" / f"class{i % classes:02d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        jobs.append((folder / f"{i:06d}.jpg", i))
+    with multiprocessing.Pool() as pool:
+        pool.map(_write, jobs, chunksize=16)
+    marker.touch()
+    return root / "images"
+
+
+def rate(loader, warmup: int = 2) -> float:
+    """Images per second over one pass after `warmup` batches."""
+    count, started = 0, None
+    for i, (images, _) in enumerate(loader):
+        if i == warmup:
+            started, count = time.perf_counter(), 0
+        count += len(images)
+    return count / (time.perf_counter() - started)
+
+
+def imagefolder_loader(folder: Path, workers: int, batch: int):
+    from torchvision import datasets, transforms
+
+    transform = transforms.Compose([transforms.RandomResizedCrop(SIZE),
+                                    transforms.RandomHorizontalFlip(),
+                                    transforms.PILToTensor()])
+    dataset = datasets.ImageFolder(str(folder), transform=transform)
+    return DataLoader(dataset, batch_size=batch, shuffle=True, num_workers=workers,
+                      drop_last=True, persistent_workers=False, prefetch_factor=4)
+
+
+def webdataset_loader(shards: list[Path], workers: int, batch: int, samples: int):
+    import webdataset as wds
+    from torchvision import transforms
+
+    transform = transforms.Compose([transforms.RandomResizedCrop(SIZE),
+                                    transforms.RandomHorizontalFlip(),
+                                    transforms.PILToTensor()])
+    dataset = (wds.WebDataset([str(s) for s in shards], shardshuffle=len(shards),
+                              nodesplitter=None, empty_check=False)
+               .shuffle(1000).decode("pil").to_tuple("jpg", "cls")
+               .map_tuple(transform, int).batched(batch, partial=False))
+    return wds.WebLoader(dataset, batch_size=None, num_workers=workers,
+                         prefetch_factor=4).with_epoch(samples // batch)
+
+
+def shard_loader(packed: Path, workers: int, batch: int):
+    split = Pack(packed).split("train")
+    dataset = ShardDataset(split, None, True, AugmentConfig(crop_scale=(0.08, 1.0)), 0)
+    sampler = EpochSampler(len(dataset), SIZE, shuffle=True)
+    return DataLoader(dataset, batch_size=batch, sampler=sampler, num_workers=workers,
+                      drop_last=True, prefetch_factor=4)
+
+
+def _decode_all(args: tuple[list[Path], int, int]) -> int:
+    shards, start, step = args
+    split_index = np.load(Path(shards[0]).parent / "train.index.npy", mmap_mode="r")
+    reader = ShardReader(shards)
+    for record in split_index[start::step]:
+        Image.open(io.BytesIO(reader.read(record))).convert("RGB").load()
+    return len(split_index[start::step])
+
+
+def decode_only(packed: Path, workers: int) -> float:
+    """The same cores doing nothing but full-size decoding of the packed JPEGs."""
+    shards = Pack(packed).split("train").shards
+    with multiprocessing.Pool(workers) as pool:
+        pool.map(_decode_all, [(shards, 0, 50)] * workers)  # warm the page cache and imports
+        started = time.perf_counter()
+        count = sum(pool.map(_decode_all, [(shards, i, workers) for i in range(workers)]))
+        return count / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--images", type=int, default=3000)
+    parser.add_argument("--workers", type=int, default=os.cpu_count())
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--cache-dir", default="/tmp/hpctrain-bench-data")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    root = Path(args.cache_dir)
+    folder = make_dataset(root, args.images)
+    packed = root / f"packed-{args.images}"
+    if not (packed / "pack.json").exists():
+        pack(folder, packed, PackOptions(shard_bytes=16 << 20), overwrite=True)
+    shards = Pack(packed).split("train").shards
+    results = {
+        "(a) ImageFolder + PIL": rate(imagefolder_loader(folder, args.workers, args.batch)),
+        "(b) WebDataset, same tars": rate(webdataset_loader(shards, args.workers, args.batch,
+                                                            args.images)),
+        "(c) hpctrain shards": rate(shard_loader(packed, args.workers, args.batch)),
+        "(d) decode-only limit": decode_only(packed, args.workers),
+    }
+    ours = results["(c) hpctrain shards"]
+    print(f"data_pipeline: {args.images} JPEGs 500x375 q90, {args.workers} workers, batch "
+          f"{args.batch}, random-resized-crop {SIZE} + flip")
+    print(f"{'loader':<28}{'img/s':>9}{'(c)/this':>10}")
+    for name, value in results.items():
+        print(f"{name:<28}{value:>9.0f}{ours / value:>10.2f}")
+
+
+if __name__ == "__main__":
+    main()
