@@ -5,7 +5,7 @@ The dataset is generated: photo-like JPEGs (1/f colour noise, the spectrum of na
 of ImageNet's typical 500x375 size at quality 90, in ImageFolder layout, then packed. Every
 loader uses the same workers, batch and augmentation (random-resized-crop 224 + flip, uint8
 out). Run:  python benchmarks/data_pipeline.py --images 3000 --workers 2
-Needs `pip install webdataset` for (b).
+Needs `pip install -e ".[bench]"` (webdataset) for (b).
 """
 
 from __future__ import annotations
