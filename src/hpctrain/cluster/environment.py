@@ -32,6 +32,7 @@ class ProcessEnv:
     hostname: str
     job_id: str | None  # the Slurm job, when there is one (also for torchrun inside a job)
     restart_count: int = 0  # how often the job was requeued or continued
+    script_continues: bool = False  # an `hpctrain submit` script submits the continuation
 
     @property
     def distributed(self) -> bool:
@@ -104,7 +105,8 @@ def detect(environ: Mapping[str, str] | None = None) -> ProcessEnv:
     # Slurm's own requeues, plus the continuations in new jobs that hpctrain's scripts submit
     restarts = _int(env, "SLURM_RESTART_COUNT", default=0) + _int(env, "HPCTRAIN_RESTARTS",
                                                                    default=0)
-    return dataclasses.replace(found, restart_count=restarts)
+    return dataclasses.replace(found, restart_count=restarts,
+                               script_continues=env.get("HPCTRAIN_CONTINUES") == "script")
 
 
 def _layout(env: Mapping[str, str]) -> ProcessEnv:

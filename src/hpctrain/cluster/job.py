@@ -29,12 +29,12 @@ def job_end_time(job_id: str, environ: Mapping[str, str]) -> float | None:
         return None  # no limit ("N/A"), job unknown, or slurmctld unreachable
 
 
-def requeue(job_id: str, environ: Mapping[str, str]) -> str:
+def requeue(job_id: str, script_continues: bool) -> str:
     """Have the job continued; returns what happens, for the log. A script written by
     `hpctrain submit` continues it in a new job itself (HPCTRAIN_CONTINUES=script). Any other
     job is requeued with scontrol: Slurm then holds it until its credential expires (AuthInfo
     cred_expire, 2 minutes by default) before it may start again."""
-    if environ.get("HPCTRAIN_CONTINUES") == "script":
+    if script_continues:
         return "The batch script continues it in a new job."
     if shutil.which("scontrol") is None:
         return ("scontrol is not available here: exiting with the requeue status for the "

@@ -57,11 +57,19 @@ def _recall(job_id: str) -> Path | None:
     return Path(found[-1]) if found else None
 
 
-def _continuation(job: str) -> str | None:
-    """The job that a stopped job (`ID`, or `ID_TASK` for an array element) continues in, as
-    the batch script recorded it."""
-    found = [row["job_id"] for row in _ledger() if row.get("continues") == job]
-    return found[-1] if found else None
+def _continuations() -> dict[str, str]:
+    """Stopped job -> the job it continues in, as the batch scripts recorded them (an array
+    element is keyed `ID_TASK`)."""
+    return {row["continues"]: row["job_id"] for row in _ledger() if "continues" in row}
+
+
+def _follow(job_id: str, continuations: dict[str, str], task: str | None = None) -> list[str]:
+    """The job and those it continued in, oldest first."""
+    ids = [job_id]
+    while (later := continuations.get(f"{ids[-1]}_{task}" if task else ids[-1])) is not None \
+            and later not in ids:
+        ids.append(later)
+    return ids
 
 
 def _overall(states: list[str]) -> str:
@@ -87,19 +95,18 @@ class Job:
         directory when Slurm has forgotten the job and keeps no accounting). A job that stopped
         early and continues in a new job reports the state of its continuation, with the ids
         in `chain`."""
-        status = self._own_status()
+        continuations = _continuations()
+        ids = _follow(self.id, continuations)
+        status = Job(ids[-1], self.run_dir)._own_status()
+        if len(ids) > 1:
+            status["chain"] = ids
         if "elements" in status:
-            for task, state in status["elements"].items():
-                later = _continuation(f"{self.id}_{task}") if state != "COMPLETED" else None
-                if later:
-                    status["elements"][task] = Job(later, self.run_dir).status()["state"]
+            for task in status["elements"]:
+                later = _follow(ids[-1], continuations, task)
+                if len(later) > 1:
+                    status["elements"][task] = Job(later[-1], self.run_dir)._own_status()["state"]
             status["state"] = _overall(list(status["elements"].values()))
-            return status
-        later = _continuation(self.id) if status["state"] != "COMPLETED" else None
-        if later is None:
-            return status
-        following = Job(later, self.run_dir).status()
-        return {**following, "chain": [self.id, *following.get("chain", [later])]}
+        return status
 
     def _own_status(self) -> dict:
         elements = slurm.job_details(self.id)
@@ -147,10 +154,7 @@ class Job:
 
     def chain(self) -> list[str]:
         """This job and the jobs it continued in, oldest first."""
-        ids = [self.id]
-        while (later := _continuation(ids[-1])) is not None and later not in ids:
-            ids.append(later)
-        return ids
+        return _follow(self.id, _continuations())
 
     def log_file(self, err: bool = False) -> Path | None:
         """The log of the latest job of the chain (the one to follow)."""

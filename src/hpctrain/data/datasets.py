@@ -48,6 +48,26 @@ def scan_image_folder(folder: Path) -> tuple[list[str], list[tuple[str, int]]]:
     return classes, samples
 
 
+def image_folder_splits(root: Path) -> tuple[list[str], dict[str, list[tuple[str, int]]]]:
+    """Classes and (path, label) samples per split: 'train' and 'val' from train/ and val/
+    (or validation/), or only 'train' for one tree of class folders."""
+    if not (root / "train").is_dir():
+        if not root.is_dir():
+            raise DataError(f"data.path: folder {root} does not exist")
+        classes, samples = scan_image_folder(root)
+        return classes, {"train": samples}
+    classes, train = scan_image_folder(root / "train")
+    val_root = next((root / n for n in ("val", "validation") if (root / n).is_dir()), None)
+    if val_root is None:
+        return classes, {"train": train}
+    val_classes, val = scan_image_folder(val_root)
+    if val_classes != classes:
+        differences = sorted(set(classes) ^ set(val_classes))[:5]
+        raise DataError(f"data.path: {root}/train and {val_root} have different class "
+                        f"folders (differences: {', '.join(differences)})")
+    return classes, {"train": train, "val": val}
+
+
 def crop_box(rng: random.Random, width: int, height: int,
              scale: tuple[float, float], ratio=(3 / 4, 4 / 3)) -> tuple[int, int, int, int]:
     """Random-resized-crop box (Inception style), drawn from `rng`."""
@@ -76,6 +96,26 @@ def to_chw_uint8(image: Image.Image) -> torch.Tensor:
     return torch.from_numpy(np.array(image, dtype=np.uint8)).permute(2, 0, 1)
 
 
+def draw_view(seed: int, key: SampleKey, width: int, height: int, train: bool,
+              augment: AugmentConfig, val_resize_ratio: float) -> tuple[tuple, bool]:
+    """(crop box, flip) of one sample, drawn from (seed, epoch, index) alone: the same view
+    whichever worker, loader or storage format renders it."""
+    rng = random.Random(f"{seed}-{key.epoch}-{key.index}")
+    if train and augment.random_resized_crop:
+        box = crop_box(rng, width, height, augment.crop_scale)
+    else:
+        box = center_box(width, height, val_resize_ratio)
+    return box, train and augment.hflip and rng.random() < 0.5
+
+
+def render_view(image: Image.Image, box: tuple, size: int, flip: bool) -> torch.Tensor:
+    """The `box` region of `image` resized to size x size (and flipped), as uint8 CHW."""
+    image = image.resize((size, size), Image.BILINEAR, box=box)
+    if flip:
+        image = image.transpose(Image.FLIP_LEFT_RIGHT)
+    return to_chw_uint8(image)
+
+
 class ImageFolderDataset(Dataset):
     """Decode, crop and flip one image; unreadable files are skipped or fatal by config."""
 
@@ -94,16 +134,9 @@ class ImageFolderDataset(Dataset):
         return len(self.samples)
 
     def _transform(self, image: Image.Image, key: SampleKey) -> torch.Tensor:
-        rng = random.Random(f"{self.seed}-{key.epoch}-{key.index}")
-        w, h = image.size
-        if self.train and self.augment.random_resized_crop:
-            box = crop_box(rng, w, h, self.augment.crop_scale)
-        else:
-            box = center_box(w, h, self.val_resize_ratio)
-        image = image.resize((key.size, key.size), Image.BILINEAR, box=box)
-        if self.train and self.augment.hflip and rng.random() < 0.5:
-            image = image.transpose(Image.FLIP_LEFT_RIGHT)
-        return to_chw_uint8(image)
+        box, flip = draw_view(self.seed, key, *image.size, self.train, self.augment,
+                              self.val_resize_ratio)
+        return render_view(image, box, key.size, flip)
 
     def _load(self, path: str) -> Image.Image:
         with Image.open(path) as image:

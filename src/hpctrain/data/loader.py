@@ -18,11 +18,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from hpctrain.config import DataConfig
-from hpctrain.data.datasets import (
-    ImageFolderDataset,
-    SyntheticDataset,
-    scan_image_folder,
-)
+from hpctrain.data.datasets import ImageFolderDataset, SyntheticDataset, image_folder_splits
 from hpctrain.data.sampling import EpochSampler
 from hpctrain.data.shard_dataset import ShardDataset
 from hpctrain.data.shards import Pack
@@ -81,27 +77,16 @@ def _split(samples: list, fraction: float, seed: int) -> tuple[list, list]:
 
 def _image_folder_samples(root: Path, val_fraction: float | None, seed: int):
     """(num_classes, train samples, val samples) from train/ + val/, or one tree split."""
-    if (root / "train").is_dir():
-        classes, train = scan_image_folder(root / "train")
-        val_root = next((root / n for n in ("val", "validation") if (root / n).is_dir()), None)
-        if val_root is not None:
-            val_classes, val = scan_image_folder(val_root)
-            if val_classes != classes:
-                missing = sorted(set(classes) ^ set(val_classes))[:5]
-                raise DataError(f"data.path: {root}/train and {val_root} have different class "
-                                f"folders (differences: {', '.join(missing)})")
-            return len(classes), train, val
-        if val_fraction is None:
+    classes, splits = image_folder_splits(root)
+    if "val" in splits:
+        return len(classes), splits["train"], splits["val"]
+    if val_fraction is None:
+        if (root / "train").is_dir():
             raise DataError(f"data.path: {root} has train/ but no val/ folder; add one or set "
                             "data.val_fraction=0.1 to hold out part of train/")
-        return (len(classes), *_split(train, val_fraction, seed))
-    if not root.is_dir():
-        raise DataError(f"data.path: folder {root} does not exist")
-    classes, samples = scan_image_folder(root)
-    if val_fraction is None:
         raise DataError(f"data.path: {root} has no train/ and val/ folders; set "
                         "data.val_fraction=0.1 to hold out part of it for validation")
-    return (len(classes), *_split(samples, val_fraction, seed))
+    return (len(classes), *_split(splits["train"], val_fraction, seed))
 
 
 def build_datasets(data: DataConfig, seed: int) -> tuple[Dataset, Dataset, int]:

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from hpctrain.data.datasets import scan_image_folder
+from hpctrain.data.datasets import image_folder_splits
 from hpctrain.data.shards import (EXTENSIONS, FORMAT, INDEX_DTYPE, KIND_JPEG, KIND_RAW,
                                   MANIFEST, VERSION, file_sha256, index_name, ppm_header,
                                   shard_name)
@@ -78,20 +78,7 @@ def read_source(src: Path) -> tuple[list[str], dict[str, list[tuple[str, int]]]]
     labels are class names or integers)."""
     if src.is_file():
         return _read_list(src)
-    if (src / "train").is_dir():
-        classes, train = scan_image_folder(src / "train")
-        splits = {"train": train}
-        val_root = next((src / n for n in ("val", "validation") if (src / n).is_dir()), None)
-        if val_root is not None:
-            val_classes, splits["val"] = scan_image_folder(val_root)
-            if val_classes != classes:
-                raise DataError(f"{src}: train/ and {val_root.name}/ have different class "
-                                "folders")
-        return classes, splits
-    if not src.exists():
-        raise DataError(f"pack: source {src} does not exist")
-    classes, samples = scan_image_folder(src)
-    return classes, {"train": samples}
+    return image_folder_splits(src)
 
 
 def _read_list(path: Path) -> tuple[list[str], dict[str, list[tuple[str, int]]]]:
@@ -192,6 +179,33 @@ def _fragment(dst: Path, split: str, number: int, suffix: str) -> Path:
     return dst / f".{split}-{number:05d}.{suffix}"
 
 
+class _HashingFile:
+    """A file opened for writing that hashes what goes into it, so that a shard's SHA-256 needs
+    no second read of the shard (tarfile needs only write and tell)."""
+
+    def __init__(self, path: Path):
+        self.file = open(path, "wb")
+        self.digest = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data) -> int:
+        self.digest.update(data)
+        self.size += len(data)
+        return self.file.write(data)
+
+    def tell(self) -> int:
+        return self.file.tell()
+
+
+def _add_member(tar: tarfile.TarFile, name: str, data: bytes) -> int:
+    """Append one member; the offset of its data (after its single ustar header block)."""
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = len(data), 0, 0o644
+    data_at = tar.offset + tarfile.BLOCKSIZE
+    tar.addfile(info, io.BytesIO(data))
+    return data_at
+
+
 def write_shard(job: ShardJob) -> ShardResult:
     """Write one shard under a temporary name, then its index fragment and statistics; the
     statistics file, renamed last, marks the shard finished."""
@@ -200,7 +214,8 @@ def write_shard(job: ShardJob) -> ShardResult:
     partial = dst / f".{name}.partial"
     records = []
     result = ShardResult(job.split, job.number)
-    with tarfile.open(partial, "w", format=tarfile.USTAR_FORMAT) as tar:
+    out = _HashingFile(partial)
+    with out.file, tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
         for position, (path, label) in enumerate(job.samples, job.first):
             try:
                 data, kind, width, height = encode_sample(path, job.options)
@@ -210,20 +225,13 @@ def write_shard(job: ShardJob) -> ShardResult:
                         from None
                 result.skipped.append((path, str(err)))
                 continue
-            member = f"{position:08d}"
-            info = tarfile.TarInfo(f"{member}.{EXTENSIONS[kind]}")
-            info.size, info.mtime, info.mode = len(data), 0, 0o644
-            data_at = tar.offset + tarfile.BLOCKSIZE  # after the one ustar header block
-            tar.addfile(info, io.BytesIO(data))
+            data_at = _add_member(tar, f"{position:08d}.{EXTENSIONS[kind]}", data)
+            _add_member(tar, f"{position:08d}.cls", f"{label}\n".encode())
             records.append((job.number, data_at, len(data), zlib.crc32(data), label,
                             width, height, kind))
-            text = f"{label}\n".encode()
-            info = tarfile.TarInfo(f"{member}.cls")
-            info.size, info.mtime, info.mode = len(text), 0, 0o644
-            tar.addfile(info, io.BytesIO(text))
             result.per_class[label] = result.per_class.get(label, 0) + 1
-    result.samples, result.bytes = len(records), partial.stat().st_size
-    result.sha256 = file_sha256(partial)
+    result.samples, result.bytes = len(records), out.size
+    result.sha256 = out.digest.hexdigest()
     _save_index(_fragment(dst, job.split, job.number, "npy"),
                 np.array(records, dtype=INDEX_DTYPE))
     os.replace(partial, dst / name)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import multiprocessing
-import random
 
 import numpy as np
 import torch
@@ -18,7 +17,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from hpctrain.config import AugmentConfig
-from hpctrain.data.datasets import center_box, crop_box, to_chw_uint8
+from hpctrain.data.datasets import draw_view, render_view
 from hpctrain.data.sampling import SampleKey
 from hpctrain.data.shards import KIND_RAW, ShardReader, Split, ppm_header
 
@@ -39,23 +38,19 @@ def decode_crop(data: memoryview, record, box: tuple[int, int, int, int], size: 
     width, height = int(record["width"]), int(record["height"])
     if int(record["kind"]) == KIND_RAW:
         pixels = np.frombuffer(data, np.uint8, offset=len(ppm_header(width, height)))
-        image = Image.fromarray(pixels.reshape(height, width, 3))
-    else:
-        image = Image.open(io.BytesIO(data))
-        factor = dct_reduction(box, size)
-        if factor > 1:
-            image.draft("RGB", (-(-width // factor), -(-height // factor)))
-        scale_x, scale_y = image.size[0] / width, image.size[1] / height
-        box = (box[0] * scale_x, box[1] * scale_y, box[2] * scale_x, box[3] * scale_y)
-    image = image.resize((size, size), Image.BILINEAR, box=box)
-    if flip:
-        image = image.transpose(Image.FLIP_LEFT_RIGHT)
-    return to_chw_uint8(image)
+        return render_view(Image.fromarray(pixels.reshape(height, width, 3)), box, size, flip)
+    image = Image.open(io.BytesIO(data))
+    factor = dct_reduction(box, size)
+    if factor > 1:
+        image.draft("RGB", (-(-width // factor), -(-height // factor)))
+    scale_x, scale_y = image.size[0] / width, image.size[1] / height
+    box = (box[0] * scale_x, box[1] * scale_y, box[2] * scale_x, box[3] * scale_y)
+    return render_view(image, box, size, flip)
 
 
 class ShardDataset(Dataset):
-    """The samples `rows` of a split (all when None), augmented as ImageFolderDataset does:
-    the same seeded crop and flip for the same (seed, epoch, index)."""
+    """The samples `rows` of a split (all when None), with the views `draw_view` draws, as
+    ImageFolderDataset does."""
 
     def __init__(self, split: Split, rows: np.ndarray | None, train: bool,
                  augment: AugmentConfig, seed: int, val_resize_ratio: float = 1.0):
@@ -79,18 +74,9 @@ class ShardDataset(Dataset):
             self._index = np.load(self.index_path, mmap_mode="r")
         return self._index[self.rows[position] if self.rows is not None else position]
 
-    def labels(self) -> np.ndarray:
-        labels = np.load(self.index_path, mmap_mode="r")["label"]
-        return np.asarray(labels[self.rows] if self.rows is not None else labels)
-
     def __getitem__(self, key: SampleKey) -> tuple[torch.Tensor, int]:
         record = self.record(key.index)
-        rng = random.Random(f"{self.seed}-{key.epoch}-{key.index}")
-        width, height = int(record["width"]), int(record["height"])
-        if self.train and self.augment.random_resized_crop:
-            box = crop_box(rng, width, height, self.augment.crop_scale)
-        else:
-            box = center_box(width, height, self.val_resize_ratio)
-        flip = self.train and self.augment.hflip and rng.random() < 0.5
-        image = decode_crop(self.reader.read(record), record, box, key.size, flip)
-        return image, int(record["label"])
+        box, flip = draw_view(self.seed, key, int(record["width"]), int(record["height"]),
+                              self.train, self.augment, self.val_resize_ratio)
+        return decode_crop(self.reader.read(record), record, box, key.size, flip), \
+            int(record["label"])

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -169,7 +168,7 @@ def _train(parts: Parts, stopper: Stopper) -> dict | None:
         env = parts.distributed.env
         if is_main and env.job_id and stopped.requeue and config.preemption.requeue == "auto":
             if env.restart_count < config.preemption.max_requeues:
-                stopped.args = (f"{stopped} {requeue(env.job_id, os.environ)}",)
+                stopped.args = (f"{stopped} {requeue(env.job_id, env.script_continues)}",)
             else:
                 stopped.args = (f"{stopped} Not requeued: the job has been restarted "
                                 f"{env.restart_count} times (preemption.max_requeues).",)
