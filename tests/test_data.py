@@ -34,7 +34,7 @@ def test_augmentation_is_seeded_per_sample_not_per_worker(image_folder):
         bundle.train_sampler.set_epoch(3, 12)
         batches[workers] = [images for images, _ in bundle.train_loader]
     assert all(torch.equal(a, b) for a, b in zip(batches[0], batches[2]))
-    assert batches[0][0].dtype == torch.uint8 and batches[0][0].shape == (4, 3, 12, 12)
+    assert batches[0][0].dtype == torch.uint8 and batches[0][0].shape == (4, 12, 12, 3)
 
 
 def test_random_crops_differ_between_epochs(image_folder):
@@ -89,7 +89,7 @@ def test_bad_folders_are_explained(tmp_path, layout, message):
 
 def test_device_batcher_normalises_and_lays_out():
     batcher = DeviceBatcher(torch.device("cpu"), (0.5, 0.5, 0.5), (0.25, 0.25, 0.25), True)
-    images = torch.full((2, 3, 4, 4), 255, dtype=torch.uint8)
+    images = torch.full((2, 4, 4, 3), 255, dtype=torch.uint8)  # NHWC, as loaders give
     out, labels = batcher(images, torch.tensor([0, 1]))
     assert out.dtype == torch.float32
     assert torch.allclose(out, torch.full_like(out, 2.0))  # (1 - 0.5) / 0.25

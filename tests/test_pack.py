@@ -16,8 +16,8 @@ from hpctrain.config import AugmentConfig
 from hpctrain.data.datasets import ImageFolderDataset, scan_image_folder
 from hpctrain.data.pack import PackOptions, pack
 from hpctrain.data.sampling import SampleKey
-from hpctrain.data.shard_dataset import ShardDataset, dct_reduction
-from hpctrain.data.shards import Pack, ShardReader
+from hpctrain.data.shard_dataset import ShardDataset, dct_reduction, decode_jpeg
+from hpctrain.data.shards import KIND_RAW, Pack, ShardReader
 from hpctrain.errors import DataError
 
 SMALL_SHARDS = PackOptions(shard_bytes=4000)  # several shards from a few small images
@@ -70,6 +70,30 @@ def test_validation_samples_match_the_image_folder_pixel_for_pixel(image_folder,
         assert label == their_label and ours.equal(theirs)
 
 
+def test_a_raw_jpeg_mix_renders_the_same_views_as_an_all_jpeg_pack(image_folder, packed,
+                                                                  tmp_path):
+    """Raw samples hold exactly the decoded pixels, so a mix changes speed, not data; and the
+    two JPEG decoders (simplejpeg, PIL) agree to the pixel."""
+    mixed = tmp_path / "mixed"
+    pack(image_folder, mixed, PackOptions(store="auto", raw_max_side=0, raw_fraction=0.5),
+         workers=1, log=quiet)
+    split, jpeg_split = Pack(mixed).split("train"), Pack(packed).split("train")
+    assert 0 < int((split.index["kind"] == KIND_RAW).sum()) < len(split.index)
+    reader = ShardReader(jpeg_split.shards)
+    for record in jpeg_split.index[:4]:
+        size = int(record["width"]), int(record["height"])
+        decoded = [decode_jpeg(reader.read(record), *size, decoder=name)
+                   for name in ("simplejpeg", "pil")]
+        assert all(np.array_equal(decoded[0], other) for other in decoded[1:])
+    augment = AugmentConfig()
+    ours = ShardDataset(split, None, True, augment, 0)
+    theirs = ShardDataset(jpeg_split, None, True, augment, 0)
+    for position in range(len(ours)):  # the same seeded order in both packs
+        (image, label), (twin, twin_label) = ours[SampleKey(position, 1, 12)], \
+            theirs[SampleKey(position, 1, 12)]
+        assert label == twin_label and image.equal(twin)
+
+
 def test_training_crops_decode_large_jpegs_at_reduced_scale(tmp_path):
     source = tmp_path / "big"
     write_image_folder(source, classes=("a",), per_class=2, size=400)
@@ -78,7 +102,7 @@ def test_training_crops_decode_large_jpegs_at_reduced_scale(tmp_path):
     assert dct_reduction((0, 0, 400, 404), 32) == 8 and dct_reduction((0, 0, 100, 90), 32) == 2
     dataset = ShardDataset(split, None, True, AugmentConfig(crop_scale=(0.9, 1.0)), 0)
     image, _ = dataset[SampleKey(0, 3, 32)]
-    assert image.shape == (3, 32, 32) and image.dtype.is_floating_point is False
+    assert image.shape == (32, 32, 3) and image.dtype.is_floating_point is False
 
 
 def test_pre_resized_raw_samples_hold_the_resized_pixels(image_folder, tmp_path):
@@ -90,7 +114,7 @@ def test_pre_resized_raw_samples_hold_the_resized_pixels(image_folder, tmp_path)
     assert int(record["kind"]) == 1
     dataset = ShardDataset(split, None, False, AugmentConfig(), 0)
     image, _ = dataset[SampleKey(0, 0, 10)]
-    assert image.shape == (3, 10, 10)
+    assert image.shape == (10, 10, 3)
 
 
 def test_a_list_file_source_with_class_names(tmp_path):
@@ -205,7 +229,7 @@ def test_images_are_in_rgb_whatever_the_source_mode(tmp_path):
     pack(source.parent, tmp_path / "p", PackOptions(), workers=1, log=quiet)
     split = Pack(tmp_path / "p").split("train")
     dataset = ShardDataset(split, None, False, AugmentConfig(), 0)
-    assert {dataset[SampleKey(i, 0, 9)][0].shape for i in range(2)} == {(3, 9, 9)}
+    assert {dataset[SampleKey(i, 0, 9)][0].shape for i in range(2)} == {(9, 9, 3)}
 
 
 def test_a_run_trains_from_a_pack(packed, run_cli, tiny, tmp_path):

@@ -194,8 +194,13 @@ def cmd_pack(args) -> int:
 
     if args.quality is not None and not 1 <= args.quality <= 100:
         raise ConfigError(f"--quality {args.quality}: use 1 to 100")
+    if not 0 <= args.raw_fraction <= 1:
+        raise ConfigError(f"--raw-fraction {args.raw_fraction}: use a share from 0 to 1")
+    if args.raw_fraction and args.store != "auto":
+        raise ConfigError("--raw-fraction applies to --store auto; add --store auto")
     options = PackOptions(max_side=args.max_side, store=args.store,
-                          raw_max_side=args.raw_max_side, quality=args.quality,
+                          raw_max_side=args.raw_max_side, raw_fraction=args.raw_fraction,
+                          quality=args.quality,
                           shard_bytes=_bytes(args.shard_size, "--shard-size"))
     log = (lambda text: print(text, file=sys.stderr)) if args.json else print
     manifest = pack(Path(args.src), Path(args.dst), options, workers=args.workers,
@@ -301,6 +306,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="JPEG bytes, raw pixels (no decoding), or raw for images whose "
                         "longer side is at most --raw-max-side (default: jpeg)")
     packer.add_argument("--raw-max-side", type=int, default=64)
+    packer.add_argument("--raw-fraction", type=float, default=0.0, metavar="F",
+                        help="with --store auto, also store this share of the larger images "
+                        "raw: no decoding, ~6x the bytes (FFCV's proportion mode; default 0)")
     packer.add_argument("--quality", type=int, help="re-encode every JPEG at this quality "
                         "(default: keep original JPEG bytes; re-encoded images use 90)")
     packer.add_argument("--shard-size", default="256MB", help="about this much per shard")

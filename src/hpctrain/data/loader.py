@@ -2,8 +2,8 @@
 
 Loader policy: workers sized to the cores (auto), pinned memory on GPU so host-to-device copies
 are asynchronous, persistent workers (no re-fork each epoch), a deep prefetch, drop_last for
-training. Batches stay uint8 until `DeviceBatcher` moves them to the device and normalises them
-there in one batched operation.
+training. Batches stay uint8 NHWC until `DeviceBatcher` moves them to the device and normalises
+them there in one batched operation.
 """
 
 from __future__ import annotations
@@ -173,7 +173,8 @@ class DeviceBatcher:
         self.shift = (torch.tensor(mean) / torch.tensor(std)).view(1, 3, 1, 1).to(device)
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor):
-        images = images.to(self.device, non_blocking=True)
+        """NHWC uint8 in; NCHW float out (NHWC in memory, which is channels_last)."""
+        images = images.to(self.device, non_blocking=True).permute(0, 3, 1, 2)
         labels = labels.to(self.device, non_blocking=True)
         images = images.float().mul_(self.scale).sub_(self.shift)
         return images.contiguous(memory_format=self.memory_format), labels
