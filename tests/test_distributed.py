@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import torch.distributed.checkpoint as dcp
 
+from conftest import write_image_folder
+from hpctrain.data.pack import PackOptions, pack
 from hpctrain.data.sampling import EpochSampler
 from hpctrain.models.small import tiny_cnn
 from hpctrain.train.checkpoint import list_checkpoints
@@ -161,6 +163,25 @@ def test_resuming_with_another_global_batch_says_how_to_keep_it(common, two_proc
     done = launch(1, [*overrides, f"resume={full}", "train.global_batch_size=16"])
     assert done.returncode == 2
     assert "global batch of 32" in done.stderr and "train.global_batch_size=32" in done.stderr
+
+
+def test_two_ranks_on_a_node_share_one_cached_pack(common, tmp_path):
+    """data.cache: local rank 0 copies, rank 1 waits at the barrier and reuses the copy."""
+    out, overrides = common
+    source = write_image_folder(tmp_path / "images" / "train", per_class=32, size=16)
+    write_image_folder(tmp_path / "images" / "val", per_class=8, size=16)
+    pack(source.parent, tmp_path / "packed", PackOptions(shard_bytes=8000), workers=1,
+         log=lambda *_: None)
+    done = launch(2, [*overrides, "run_name=cached", "data.dataset=shards",
+                      f"data.path={tmp_path / 'packed'}", f"data.cache={tmp_path / 'local'}",
+                      "train.max_steps=4"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stderr.count("data.cache: copying") == 1
+    assert done.stderr.count("data.cache: reusing") == 1
+    cached = tmp_path / "local" / "hpctrain-cache"
+    assert len(list(cached.iterdir())) == 1 and not list(cached.glob(".*partial*"))
+    summary = json.loads((out / "runs" / "cached" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["world_size"] == 2
 
 
 def test_a_global_batch_that_does_not_divide_fails_before_starting(common):

@@ -77,6 +77,8 @@ class DataConfig(Section):
     path: str | None = Field(None, description="imagefolder: its root (with train/ and val/, "
                                                "or class folders and a val_fraction); shards: "
                                                "the folder written by hpctrain pack")
+    cache: str = Field("off", description="shards: copy the pack once per node to local "
+                       "storage: auto ($SLURM_TMPDIR or $TMPDIR), a path, or off")
     num_classes: int | None = Field(None, ge=1, description="expected number of classes, "
                                     "checked against the data (None: take the data's)")
     val_fraction: float | None = Field(None, gt=0, lt=1)
@@ -102,6 +104,10 @@ class DataConfig(Section):
         if self.dataset in ("imagefolder", "shards") and not self.path:
             raise ValueError(f"dataset '{self.dataset}' needs data.path (for example "
                              "data.path=/scratch/imagenet)")
+        if self.cache != "off" and self.dataset != "shards":
+            raise ValueError(f"data.cache={self.cache} applies to dataset 'shards' only (this "
+                             f"recipe reads '{self.dataset}'); pack it with hpctrain pack, or "
+                             "set data.cache=off")
         if isinstance(self.num_workers, int) and self.num_workers < 0:
             raise ValueError(f"num_workers must be >= 0 or 'auto', got {self.num_workers}")
         return self

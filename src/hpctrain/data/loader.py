@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from hpctrain.config import DataConfig
 from hpctrain.data.datasets import ImageFolderDataset, SyntheticDataset, image_folder_splits
+from hpctrain.data.node_cache import node_local_pack
 from hpctrain.data.sampling import EpochSampler
 from hpctrain.data.shard_dataset import ShardDataset
 from hpctrain.data.shards import Pack
@@ -112,7 +113,7 @@ def build_datasets(data: DataConfig, seed: int) -> tuple[Dataset, Dataset, int]:
 
 def _shard_datasets(data: DataConfig, seed: int) -> tuple[Dataset, Dataset, int]:
     """A pack's train and val splits; without a val split, data.val_fraction of train."""
-    packed = Pack(data.path)
+    packed = node_local_pack(Pack(data.path), data.cache)
     train = packed.split("train")
     make = lambda split, rows, is_train: ShardDataset(split, rows, is_train, data.augment, seed,
                                                       data.val_resize_ratio)
