@@ -209,6 +209,55 @@ def cmd_pack(args) -> int:
     return 0
 
 
+BENCH_DATA_EXAMPLE = """examples:
+  hpctrain bench data imagenet-resnet50 data.path=/scratch/imagenet-packed
+  hpctrain bench data imagenet-resnet50 data.path=/scratch/imagenet-packed --model \\
+      --processes-per-node 8             # per GPU of an 8-GPU node: its share of the cores
+  hpctrain bench data default --workers 1,2 --prefetch 2 --seconds 3 --json
+"""
+
+
+def cmd_bench_data(args) -> int:
+    from hpctrain.data.bench import bench_data
+
+    report = bench_data(args.recipe, args.overrides, _counts(args.workers, "--workers"),
+                        _counts(args.prefetch, "--prefetch"), args.seconds, args.model,
+                        args.model_steps, args.processes_per_node)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+        return 0
+    print(f"input pipeline of {report.recipe}: {report.dataset}, batch {report.batch_size}, "
+          f"{report.image_size} px, {report.cores} cores for this process")
+    if report.decode_one_core is not None:
+        print(f"decode only, one core ({report.decoder or 'PIL'}): "
+              f"{report.decode_one_core:,.0f} img/s")
+    print(f"{'workers':>8}{'prefetch':>10}{'img/s':>10}")
+    for s in report.settings:
+        mark = "  <- best" if s is report.best else ""
+        print(f"{s.num_workers:>8}{s.prefetch_factor:>10}{s.images_per_second:>10,.0f}{mark}")
+    if report.ratio is not None:
+        print(f"best: {report.ratio:.0%} of the decode limit ({report.ceiling:,.0f} img/s = "
+              f"one core x {min(report.best.num_workers, report.cores)})")
+    if report.model_images_per_second is not None:
+        print(f"model training step alone: {report.model_images_per_second:,.0f} img/s")
+    for line in report.advice:
+        print(f"- {line}")
+    return 0
+
+
+def _counts(text: str | None, option: str) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise ConfigError(f"{option} {text!r}: use positive whole numbers separated by "
+                          "commas, such as 1,2,4")
+    return values
+
+
 def _bytes(text: str, option: str) -> int:
     """'256MB', '1GB', '500k' or a plain number of bytes."""
     units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -318,6 +367,25 @@ def build_parser() -> argparse.ArgumentParser:
     packer.add_argument("--overwrite", action="store_true",
                         help="replace what DST holds")
     packer.add_argument("--json", action="store_true", help="print the manifest as JSON")
+
+    bench = verbs.add_parser("bench", help="measure one part of the training pipeline")
+    bench_verbs = bench.add_subparsers(dest="bench_verb", metavar="PART")
+    bench_verbs.required = True
+    bench_data = _verb(bench_verbs, "data", "how fast the input pipeline runs, and whether "
+                       "it keeps the model fed", BENCH_DATA_EXAMPLE, cmd_bench_data)
+    bench_data.add_argument("recipe", nargs="?", default=None)
+    bench_data.add_argument("overrides", nargs="*")
+    bench_data.add_argument("--workers", help="DataLoader worker counts to try, e.g. 2,4,8 "
+                            "(default: 1, 2, 4, ... up to the cores)")
+    bench_data.add_argument("--prefetch", default="2,4", help="prefetch depths to try")
+    bench_data.add_argument("--seconds", type=float, default=5.0,
+                            help="timing per setting (default 5)")
+    bench_data.add_argument("--model", action="store_true",
+                            help="also time the recipe's training step on synthetic data")
+    bench_data.add_argument("--model-steps", type=int, default=30)
+    bench_data.add_argument("--processes-per-node", type=int, default=1,
+                            help="training processes (GPUs) sharing this node's cores")
+    bench_data.add_argument("--json", action="store_true")
 
     recipes = _verb(verbs, "recipes", "list the shipped recipes",
                     "example:\n  hpctrain recipes --json", cmd_recipes)

@@ -147,6 +147,10 @@ class ImageFolderDataset(Dataset):
         with Image.open(path) as image:
             return np.asarray(image.convert("RGB"))
 
+    def decode_full(self, position: int) -> np.ndarray:
+        """The image file decoded at full size, nothing else (`bench data`'s decode limit)."""
+        return self._load(self.samples[position][0])
+
     def __getitem__(self, key: SampleKey) -> tuple[torch.Tensor, int]:
         for attempt in range(MAX_CONSECUTIVE_BAD):
             index = (key.index + attempt) % len(self.samples)

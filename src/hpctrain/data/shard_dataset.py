@@ -103,6 +103,16 @@ class ShardDataset(Dataset):
             self._index = np.load(self.index_path, mmap_mode="r")
         return self._index[self.rows[position] if self.rows is not None else position]
 
+    def decode_full(self, position: int) -> np.ndarray:
+        """The stored image at full size, nothing else: what `bench data` calls the decode
+        limit."""
+        record = self.record(position)
+        width, height = int(record["width"]), int(record["height"])
+        data = self.reader.read(record)
+        if int(record["kind"]) == KIND_RAW:
+            return np.frombuffer(data, np.uint8, offset=len(ppm_header(width, height))).copy()
+        return decode_jpeg(data, width, height)
+
     def __getitem__(self, key: SampleKey) -> tuple[torch.Tensor, int]:
         record = self.record(key.index)
         box, flip = draw_view(self.seed, key, int(record["width"]), int(record["height"]),

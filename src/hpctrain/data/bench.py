@@ -1,0 +1,197 @@
+"""`hpctrain bench data RECIPE`: can this input pipeline keep the model fed, and how to make it.
+
+It measures the recipe's training loader alone (no model) over a grid of DataLoader workers and
+prefetch depths, and the rate at which one core of this machine does nothing but decode the
+stored images: that rate times the cores the workers use is the practical ceiling, and the
+ratio reached says how much goes to everything else (file opens, resizing, transport). With
+`--model` it also runs the recipe's training step on synthetic data of the same shape (the
+real `hpctrain run` machinery: precision, channels_last, compile) and compares the two rates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+
+from torch.utils.data import DataLoader
+
+from hpctrain.config import Config, load_config
+from hpctrain.data.datasets import ImageFolderDataset
+from hpctrain.data.loader import build_datasets, usable_cpus
+from hpctrain.data.sampling import EpochSampler
+from hpctrain.data.shard_dataset import ShardDataset, jpeg_decoder
+
+GOOD_ENOUGH = 0.95  # the smallest setting within 5 % of the best is the one to use
+HEADROOM = 1.2  # a loader less than 20 % faster than the model stalls it on a slow batch
+
+
+@dataclass
+class Setting:
+    num_workers: int
+    prefetch_factor: int
+    images_per_second: float
+
+
+@dataclass
+class DataBench:
+    recipe: str
+    dataset: str
+    batch_size: int
+    image_size: int
+    cores: int
+    processes_per_node: int
+    decoder: str | None
+    decode_one_core: float | None  # images/s, full-size decoding only, one core
+    settings: list[Setting] = field(default_factory=list)
+    best: Setting | None = None
+    recommended: Setting | None = None
+    ceiling: float | None = None  # decode_one_core x the cores the best setting uses
+    ratio: float | None = None  # best / ceiling
+    model_images_per_second: float | None = None  # the training step alone
+    starved_fraction: float | None = None  # share of the step time the device would wait
+    advice: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def worker_grid(cores: int) -> list[int]:
+    """1, 2, 4, ... up to the cores, and the core count itself."""
+    grid = [2 ** i for i in range(int(math.log2(max(1, cores))) + 1)]
+    return sorted(set(grid + [max(1, cores)]))
+
+
+def loader_rate(dataset, batch_size: int, image_size: int, workers: int, prefetch: int,
+                seconds: float, seed: int = 0) -> float:
+    """Images per second of a training DataLoader, timed from its first batch (worker start-up
+    excluded) for `seconds`, over as many shuffled epochs as that takes."""
+    sampler = EpochSampler(len(dataset), image_size, shuffle=True, seed=seed)
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
+                        prefetch_factor=prefetch if workers else None, drop_last=True,
+                        persistent_workers=workers > 0)
+    started, images, epoch = None, 0, 0
+    while True:
+        sampler.set_epoch(epoch, image_size)
+        for batch, _ in loader:
+            if started is None:
+                started = time.perf_counter()
+                continue
+            images += len(batch)
+            elapsed = time.perf_counter() - started
+            if elapsed >= seconds:
+                return images / elapsed
+        epoch += 1
+
+
+def decode_rate(dataset, seconds: float) -> float | None:
+    """Images per second of this process (one core) decoding stored images at full size, no
+    crop, resize or batching; None for data that is not decoded (synthetic)."""
+    decode = getattr(dataset, "decode_full", None)
+    if decode is None:
+        return None
+    decode(0)  # imports, first mapping
+    count, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        decode(count * 7919 % len(dataset))  # spread over the dataset, reproducibly
+        count += 1
+    return count / (time.perf_counter() - started)
+
+
+def model_rate(config: Config, num_classes: int, steps: int) -> float:
+    """Steady images/s of the recipe's training step on synthetic data of the same shape,
+    with the loader's waiting taken out."""
+    from hpctrain.train.loop import train
+
+    batch = config.train.global_batch_size or (config.train.batch_size
+                                               * config.train.grad_accum_steps)
+    data = config.data.model_copy(update=dict(
+        dataset="synthetic", path=None, cache="off", num_classes=None,
+        synthetic=config.data.synthetic.model_copy(update=dict(
+            num_train=batch * (steps + 1), num_val=batch, num_classes=num_classes))))
+    with tempfile.TemporaryDirectory(prefix="hpctrain-bench-") as out:
+        trial = config.model_copy(update=dict(
+            data=data, output_dir=out, run_name="bench-model", resume=None,
+            tensorboard=False,
+            train=config.train.model_copy(update=dict(
+                max_steps=steps, epochs=1, log_every=max(1, steps // 5),
+                eval_every_epochs=1e6))))
+        with contextlib.redirect_stdout(sys.stderr):  # keep stdout for the report
+            summary = train(trial)
+    return summary["images_per_second"] / max(1e-9, 1 - summary["data_wait_fraction"])
+
+
+def bench_data(recipe: str | None, overrides: list[str], workers: list[int] | None = None,
+               prefetch: list[int] = (2, 4), seconds: float = 5.0, with_model: bool = False,
+               model_steps: int = 30, processes_per_node: int = 1) -> DataBench:
+    config = load_config(recipe, overrides)
+    train_set, _, num_classes = build_datasets(config.data, config.seed)
+    cores = max(1, usable_cpus() // processes_per_node)
+    batch = config.train.batch_size
+    report = DataBench(
+        recipe=config.name, dataset=config.data.dataset, batch_size=batch,
+        image_size=config.data.image_size, cores=cores, processes_per_node=processes_per_node,
+        decoder=(jpeg_decoder() if isinstance(train_set, ShardDataset) else
+                 "pil" if isinstance(train_set, ImageFolderDataset) else None),
+        decode_one_core=decode_rate(train_set, min(seconds, 3.0)))
+    for count in workers or worker_grid(cores):
+        for depth in prefetch:
+            rate = loader_rate(train_set, batch, config.data.image_size, count, depth,
+                               seconds, config.seed)
+            report.settings.append(Setting(count, depth, rate))
+    report.best = max(report.settings, key=lambda s: s.images_per_second)
+    report.recommended = min(
+        (s for s in report.settings
+         if s.images_per_second >= GOOD_ENOUGH * report.best.images_per_second),
+        key=lambda s: (s.num_workers, s.prefetch_factor))
+    if report.decode_one_core:
+        report.ceiling = report.decode_one_core * min(max(1, report.best.num_workers), cores)
+        report.ratio = report.best.images_per_second / report.ceiling
+    if with_model:
+        report.model_images_per_second = model_rate(config, num_classes, model_steps)
+        report.starved_fraction = max(
+            0.0, 1 - report.best.images_per_second / report.model_images_per_second)
+    report.advice = advise(report, config)
+    return report
+
+
+def advise(report: DataBench, config: Config) -> list[str]:
+    """What to change, most useful first."""
+    advice = [f"use data.num_workers={report.recommended.num_workers} "
+              f"data.prefetch_factor={report.recommended.prefetch_factor} (the smallest "
+              f"setting within {1 - GOOD_ENOUGH:.0%} of the best)"]
+    loader, model = report.best.images_per_second, report.model_images_per_second
+    if model is not None:
+        if loader < model:
+            advice.append(f"the loader would starve the model: {loader:,.0f} img/s against "
+                          f"{model:,.0f} img/s the step could take; the device would wait "
+                          f"{report.starved_fraction:.0%} of the time")
+        elif loader < HEADROOM * model:
+            advice.append(f"the loader keeps up with little margin ({loader / model:.2f}x the "
+                          "model's rate): a slow batch or a shared node will stall the device")
+        else:
+            advice.append(f"the loader keeps up: {loader / model:.1f}x the model's "
+                          f"{model:,.0f} img/s")
+    short = model is not None and loader < HEADROOM * model
+    if config.data.dataset == "imagefolder" and (short or model is None):
+        advice.append(f"pack the images into shards (hpctrain pack {config.data.path} DST, "
+                      "then data.dataset=shards data.path=DST): no file opens, cheaper decoding")
+    if report.decoder == "pil" and config.data.dataset == "shards":
+        advice.append('install simplejpeg (pip install "hpctrain[jpeg]"): 25 % faster JPEG '
+                      "decoding")
+    if report.ratio is not None and report.ratio < 0.5:
+        advice.append(f"the loader reaches {report.ratio:.0%} of what its cores decode: the "
+                      "rest goes to file access, resizing and batching. A pack removes the "
+                      "file opens; for images this small, raw pixels remove the decoding "
+                      "(hpctrain pack --store auto)" if report.image_size <= 64 else
+                      f"the loader reaches {report.ratio:.0%} of what its cores decode: the "
+                      "rest goes to file access, resizing and batching; a pack removes the "
+                      "file opens (hpctrain pack)")
+    if short and config.data.dataset == "shards":
+        advice.append("more CPU per device (--cpus-per-gpu), a pack with raw pixels "
+                      "(hpctrain pack --store auto --raw-fraction 0.5) or pre-resized images "
+                      "(--max-side) make each sample cheaper")
+    return advice

@@ -1,0 +1,68 @@
+"""hpctrain bench data: the loader grid, the decode limit, the model comparison, the advice."""
+
+import json
+
+from hpctrain.config import load_config
+from hpctrain.data.bench import DataBench, Setting, advise, worker_grid
+from hpctrain.data.pack import PackOptions, pack
+
+
+def test_the_report_measures_loader_decoding_and_model(run_cli, tiny):
+    code, out, err = run_cli("bench", "data", "default", *tiny(), "--workers", "1,2",
+                             "--prefetch", "2", "--seconds", "0.5", "--model",
+                             "--model-steps", "4", "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert [(s["num_workers"], s["prefetch_factor"]) for s in report["settings"]] == \
+        [(1, 2), (2, 2)]
+    assert all(s["images_per_second"] > 0 for s in report["settings"])
+    assert report["best"]["images_per_second"] == max(
+        s["images_per_second"] for s in report["settings"])
+    assert report["decoder"] == "pil" and report["decode_one_core"] > 0
+    assert report["ratio"] == report["best"]["images_per_second"] / report["ceiling"]
+    assert report["model_images_per_second"] > 0
+    recommended = report["recommended"]
+    assert report["advice"][0].startswith(
+        f"use data.num_workers={recommended['num_workers']} data.prefetch_factor=2")
+    assert report["advice"][1].startswith(("the loader keeps up", "the loader would starve"))
+
+
+def test_a_packed_recipe_reports_its_decoder(image_folder, tmp_path, run_cli, tiny):
+    pack(image_folder, tmp_path / "p", PackOptions(), workers=1, log=lambda *_: None)
+    code, out, err = run_cli("bench", "data", "default", *tiny(
+        "data.dataset=shards", f"data.path={tmp_path / 'p'}", "train.batch_size=8"),
+        "--workers", "1", "--prefetch", "2", "--seconds", "0.3")
+    assert code == 0, err
+    assert "decode only, one core (simplejpeg)" in out and "<- best" in out
+    assert "of the decode limit" in out
+
+
+def bench(loader: float, model: float | None, dataset="imagefolder", ratio=0.9) -> DataBench:
+    best = Setting(4, 2, loader)
+    return DataBench("r", dataset, 64, 224, 8, 1, "pil", 500.0, [best], best, best,
+                     loader / ratio, ratio, model, None if model is None else
+                     max(0.0, 1 - loader / model))
+
+
+def test_the_advice_says_whether_and_by_how_much_the_model_starves():
+    config = load_config("default", ["data.dataset=imagefolder", "data.path=/data/x"])
+    starved = advise(bench(600, 1000), config)
+    assert starved[0] == ("use data.num_workers=4 data.prefetch_factor=2 (the smallest "
+                          "setting within 5% of the best)")
+    assert "would starve the model: 600 img/s against 1,000" in starved[1]
+    assert "wait 40% of the time" in starved[1]
+    assert any(line.startswith("pack the images into shards (hpctrain pack /data/x") for
+               line in starved)
+    assert "little margin (1.10x" in advise(bench(1100, 1000), config)[1]
+    fed = advise(bench(3000, 1000), config)
+    assert fed[1] == "the loader keeps up: 3.0x the model's 1,000 img/s"
+    assert not any("pack the images" in line for line in fed)
+    assert any("reaches 20% of what its cores decode" in line
+               for line in advise(bench(3000, None, ratio=0.2), config))
+
+
+def test_worker_grid_and_bad_lists(run_cli):
+    assert worker_grid(1) == [1] and worker_grid(6) == [1, 2, 4, 6]
+    assert worker_grid(16) == [1, 2, 4, 8, 16]
+    code, _, err = run_cli("bench", "data", "default", "--workers", "0,x")
+    assert code == 2 and "--workers '0,x': use positive whole numbers" in err
