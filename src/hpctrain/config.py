@@ -52,6 +52,13 @@ class AugmentConfig(Section):
     random_resized_crop: bool = True
     crop_scale: tuple[float, float] = (0.08, 1.0)
     hflip: bool = True
+    mixup_alpha: float = Field(0.0, ge=0, description="mixup's Beta(alpha, alpha); 0: off "
+                               "(0.2 is usual)")
+    cutmix_alpha: float = Field(0.0, ge=0, description="CutMix's Beta(alpha, alpha); 0: off "
+                                "(1.0 is usual)")
+    mix_prob: float = Field(1.0, ge=0, le=1, description="share of batches mixed")
+    mix_switch_prob: float = Field(0.5, ge=0, le=1, description="with both on: share of "
+                                   "mixed batches that use CutMix")
 
     @model_validator(mode="after")
     def _scale_range(self):

@@ -11,12 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from timm.loss import SoftTargetCrossEntropy
 from torch import nn
 
 from hpctrain.cluster.environment import ProcessEnv, detect
 from hpctrain.cluster.job import job_end_time
 from hpctrain.config import Config
 from hpctrain.data.loader import DataBundle, DeviceBatcher, build_data
+from hpctrain.data.mixing import build_mixing
 from hpctrain.errors import DataError
 from hpctrain.models.checkpointing import enable_activation_checkpointing
 from hpctrain.models.registry import build_model
@@ -49,6 +51,7 @@ class Parts:
     precision: Precision
     ema: WeightEma | None
     batcher: DeviceBatcher
+    mixing: Callable | None  # mixing(images, labels) -> (mixed images, soft targets)
     criterion: nn.Module
     checkpointer: Checkpointer
     deadline: float | None  # Unix time at which to save and stop, or None
@@ -115,6 +118,8 @@ def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
                         f"has {len(data.train_loader.dataset)}; lower train.batch_size, "
                         "train.global_batch_size or train.grad_accum_steps")
     total_steps = train_cfg.max_steps or math.ceil(train_cfg.epochs * steps_per_epoch)
+    mixing = build_mixing(config.data.augment, data.num_classes, train_cfg.label_smoothing,
+                          batch_size)
     optimizer = build_optimizer(model, config.optim, lr, device)
     scheduler = build_scheduler(optimizer, config.schedule, total_steps, steps_per_epoch)
     return Parts(
@@ -124,7 +129,8 @@ def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
         scheduler=scheduler, precision=Precision(plan.precision, device),
         ema=WeightEma(model, config.optim.ema.decay) if config.optim.ema.enabled else None,
         batcher=DeviceBatcher(device, config.data.mean, config.data.std, plan.channels_last),
-        criterion=nn.CrossEntropyLoss(label_smoothing=train_cfg.label_smoothing),
+        mixing=mixing, criterion=SoftTargetCrossEntropy() if mixing else
+        nn.CrossEntropyLoss(label_smoothing=train_cfg.label_smoothing),
         checkpointer=Checkpointer(run_dir / "checkpoints", config.checkpoint.keep_last,
                                   distributed, config.checkpoint.async_save),
         deadline=deadline_at(config.preemption, job_end),

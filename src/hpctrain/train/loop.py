@@ -198,10 +198,13 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
                 images, labels = _next_batch(batches)
                 clock.data_wait_seconds += time.perf_counter() - waited
                 images, labels = parts.batcher(images, labels)
+                targets = labels
+                if parts.mixing is not None:
+                    images, targets = parts.mixing(images, labels)
                 with parts.gradient_sync(micro == cfg.grad_accum_steps - 1):
                     with parts.precision.autocast():
                         logits = parts.forward(images)
-                        loss = parts.criterion(logits, labels)
+                        loss = parts.criterion(logits, targets)
                     parts.precision.backward(loss / cfg.grad_accum_steps)
                 metrics.add(loss.detach(), logits.detach(), labels)
             parts.precision.step(parts.optimizer, params, parts.config.optim.grad_clip_norm)
