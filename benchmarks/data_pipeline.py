@@ -4,8 +4,10 @@ over the same tar shards, and the decode-only limit of the same cores.
 The dataset is generated: photo-like JPEGs (1/f colour noise, the spectrum of natural images)
 of ImageNet's typical 500x375 size at quality 90, in ImageFolder layout, then packed. Every
 loader uses the same workers, batch and augmentation (random-resized-crop 224 + flip, uint8
-out). Run:  python benchmarks/data_pipeline.py --images 3000 --workers 2
-Needs `pip install -e ".[bench]"` (webdataset) for (b).
+out). (c') is a pack with half the images stored raw (FFCV's mix); on a machine with CUDA, (e)
+adds batched nvJPEG decoding on the GPU. Run:
+    python benchmarks/data_pipeline.py --images 3000 --workers 2
+Needs `pip install -e ".[bench]"` (webdataset, simplejpeg).
 """
 
 from __future__ import annotations
@@ -131,6 +133,24 @@ def decode_only(packed: Path, workers: int) -> float:
         return count / (time.perf_counter() - started)
 
 
+def nvjpeg_rate(packed: Path, batch: int = 256, rounds: int = 5) -> float:
+    """Batched nvJPEG decoding (torchvision.io.decode_jpeg on a list, device='cuda') of the
+    packed JPEGs at full size: the GPU's own decode limit, for data.decode=gpu."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    split = Pack(packed).split("train")
+    reader = ShardReader(split.shards)
+    payloads = [torch.frombuffer(bytearray(reader.read(r)), dtype=torch.uint8)
+                for r in split.index[:batch]]
+    decode_jpeg(payloads, mode=ImageReadMode.RGB, device="cuda")  # warm-up: nvJPEG handles
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(rounds):
+        decode_jpeg(payloads, mode=ImageReadMode.RGB, device="cuda")
+    torch.cuda.synchronize()
+    return batch * rounds / (time.perf_counter() - started)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--images", type=int, default=3000)
@@ -157,6 +177,8 @@ def main() -> None:
         "(c') shards, half raw": rate(shard_loader(mixed, args.workers, args.batch)),
         "(d) decode-only limit": decode_only(packed, args.workers),
     }
+    if torch.cuda.is_available():
+        results["(e) nvJPEG batched decode, 1 GPU"] = nvjpeg_rate(packed)
     print(f"data_pipeline: {args.images} JPEGs 500x375 q90, {args.workers} workers, batch "
           f"{args.batch}, random-resized-crop {SIZE} + flip; decoder {jpeg_decoder()}; "
           "(c') = pack --store auto --raw-fraction 0.5")

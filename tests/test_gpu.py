@@ -59,3 +59,15 @@ def test_no_host_device_synchronisation_inside_the_step(tiny_config, monkeypatch
 def test_compiled_run(tmp_path, run_cli, tiny):
     code, _, err = run_cli("run", "default", *tiny("compile=true"))
     assert code == 0, err
+
+
+def test_a_run_decodes_jpegs_on_the_gpu(tmp_path, run_cli, tiny, image_folder):
+    from hpctrain.data.pack import PackOptions, pack
+
+    pack(image_folder, tmp_path / "p", PackOptions(), workers=1, log=lambda *_: None)
+    code, _, err = run_cli("run", "default", *tiny(
+        "data.dataset=shards", f"data.path={tmp_path / 'p'}", "data.decode=gpu",
+        "data.num_workers=1", "compile=false", "run_name=nvjpeg"))
+    assert code == 0, err
+    summary = json.loads((tmp_path / "runs" / "nvjpeg" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["final_val_accuracy"] is not None

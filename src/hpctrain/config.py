@@ -84,6 +84,8 @@ class DataConfig(Section):
     path: str | None = Field(None, description="imagefolder: its root (with train/ and val/, "
                                                "or class folders and a val_fraction); shards: "
                                                "the folder written by hpctrain pack")
+    decode: Literal["cpu", "gpu"] = Field("cpu", description="shards: where JPEGs are "
+                                          "decoded; gpu: batched nvJPEG on the device")
     cache: str = Field("off", description="shards: copy the pack once per node to local "
                        "storage: auto ($SLURM_TMPDIR or $TMPDIR), a path, or off")
     num_classes: int | None = Field(None, ge=1, description="expected number of classes, "
@@ -111,6 +113,9 @@ class DataConfig(Section):
         if self.dataset in ("imagefolder", "shards") and not self.path:
             raise ValueError(f"dataset '{self.dataset}' needs data.path (for example "
                              "data.path=/scratch/imagenet)")
+        if self.decode == "gpu" and self.dataset != "shards":
+            raise ValueError(f"data.decode=gpu applies to dataset 'shards' only (this recipe "
+                             f"reads '{self.dataset}'); pack it with hpctrain pack")
         if self.cache != "off" and self.dataset != "shards":
             raise ValueError(f"data.cache={self.cache} applies to dataset 'shards' only (this "
                              f"recipe reads '{self.dataset}'); pack it with hpctrain pack, or "

@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader
 
 from hpctrain.config import Config, load_config
 from hpctrain.data.datasets import ImageFolderDataset
+from hpctrain.data.device_decode import collate_encoded
 from hpctrain.data.loader import build_datasets, usable_cpus
 from hpctrain.data.sampling import EpochSampler
 from hpctrain.data.shard_dataset import ShardDataset, jpeg_decoder
@@ -66,13 +67,13 @@ def worker_grid(cores: int) -> list[int]:
 
 
 def loader_rate(dataset, batch_size: int, image_size: int, workers: int, prefetch: int,
-                seconds: float, seed: int = 0) -> float:
+                seconds: float, seed: int = 0, collate_fn=None) -> float:
     """Images per second of a training DataLoader, timed from its first batch (worker start-up
     excluded) for `seconds`, over as many shuffled epochs as that takes."""
     sampler = EpochSampler(len(dataset), image_size, shuffle=True, seed=seed)
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
                         prefetch_factor=prefetch if workers else None, drop_last=True,
-                        persistent_workers=workers > 0)
+                        persistent_workers=workers > 0, collate_fn=collate_fn)
     started, images, epoch = None, 0, 0
     while True:
         sampler.set_epoch(epoch, image_size)
@@ -137,10 +138,11 @@ def bench_data(recipe: str | None, overrides: list[str], workers: list[int] | No
         decoder=(jpeg_decoder() if isinstance(train_set, ShardDataset) else
                  "pil" if isinstance(train_set, ImageFolderDataset) else None),
         decode_one_core=decode_rate(train_set, min(seconds, 3.0)))
+    collate = collate_encoded if config.data.decode == "gpu" else None
     for count in workers or worker_grid(cores):
         for depth in prefetch:
             rate = loader_rate(train_set, batch, config.data.image_size, count, depth,
-                               seconds, config.seed)
+                               seconds, config.seed, collate)
             report.settings.append(Setting(count, depth, rate))
     report.best = max(report.settings, key=lambda s: s.images_per_second)
     report.recommended = min(
@@ -179,7 +181,10 @@ def advise(report: DataBench, config: Config) -> list[str]:
     if config.data.dataset == "imagefolder" and (short or model is None):
         advice.append(f"pack the images into shards (hpctrain pack {config.data.path} DST, "
                       "then data.dataset=shards data.path=DST): no file opens, cheaper decoding")
-    if report.decoder == "pil" and config.data.dataset == "shards":
+    if config.data.decode == "gpu":
+        advice.append("data.decode=gpu: the workers only read bytes, the JPEGs are decoded on "
+                      "the device, so the rates above leave the decoding out")
+    elif report.decoder == "pil" and config.data.dataset == "shards":
         advice.append('install simplejpeg (pip install "hpctrain[jpeg]"): 25 % faster JPEG '
                       "decoding")
     if report.ratio is not None and report.ratio < 0.5:

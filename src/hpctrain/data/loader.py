@@ -19,13 +19,14 @@ from torch.utils.data import DataLoader, Dataset
 
 from hpctrain.config import DataConfig
 from hpctrain.data.datasets import ImageFolderDataset, SyntheticDataset, image_folder_splits
+from hpctrain.data.device_decode import EncodedBatch, collate_encoded, decode_batch
 from hpctrain.data.node_cache import node_local_pack
 from hpctrain.data.sampling import EpochSampler
 from hpctrain.data.shard_dataset import ShardDataset
 from hpctrain.data.shards import Pack
 from hpctrain.data.shapes import CLASSES as SHAPE_CLASSES
 from hpctrain.data.shapes import ensure_shapes
-from hpctrain.errors import DataError
+from hpctrain.errors import DataError, DeviceError
 
 
 @dataclass
@@ -116,7 +117,8 @@ def _shard_datasets(data: DataConfig, seed: int) -> tuple[Dataset, Dataset, int]
     packed = node_local_pack(Pack(data.path), data.cache)
     train = packed.split("train")
     make = lambda split, rows, is_train: ShardDataset(split, rows, is_train, data.augment, seed,
-                                                      data.val_resize_ratio)
+                                                      data.val_resize_ratio,
+                                                      encoded=data.decode == "gpu")
     if "val" in packed.splits:
         return (make(train, None, True), make(packed.split("val"), None, False),
                 len(packed.classes))
@@ -140,6 +142,9 @@ def _check_classes(data: DataConfig, train: Dataset, val: Dataset, num_classes: 
 def build_data(data: DataConfig, batch_size: int, seed: int, device: torch.device,
                rank: int = 0, world_size: int = 1, processes_per_node: int = 1) -> DataBundle:
     """Loaders for this rank's share of the data (see `EpochSampler`)."""
+    if data.decode == "gpu" and device.type != "cuda":
+        raise DeviceError(f"data.decode=gpu decodes with nvJPEG on a CUDA device, but this "
+                          f"run is on {device}: set data.decode=cpu")
     train_set, val_set, num_classes = build_datasets(data, seed)
     if len(train_set) < batch_size * world_size:
         raise DataError(f"the training set has {len(train_set)} samples, fewer than one batch "
@@ -147,7 +152,8 @@ def build_data(data: DataConfig, batch_size: int, seed: int, device: torch.devic
                         "batch size")
     workers = resolve_num_workers(data.num_workers, processes_per_node)
     pin = device.type == "cuda" if data.pin_memory == "auto" else data.pin_memory
-    common = dict(num_workers=workers, pin_memory=pin)
+    common = dict(num_workers=workers, pin_memory=pin,
+                  collate_fn=collate_encoded if data.decode == "gpu" else None)
     if workers > 0:
         common.update(persistent_workers=data.persistent_workers,
                       prefetch_factor=data.prefetch_factor)
@@ -173,8 +179,11 @@ class DeviceBatcher:
         self.scale = (1.0 / (255.0 * torch.tensor(std))).view(1, 3, 1, 1).to(device)
         self.shift = (torch.tensor(mean) / torch.tensor(std)).view(1, 3, 1, 1).to(device)
 
-    def __call__(self, images: torch.Tensor, labels: torch.Tensor):
-        """NHWC uint8 in; NCHW float out (NHWC in memory, which is channels_last)."""
+    def __call__(self, images: torch.Tensor | EncodedBatch, labels: torch.Tensor):
+        """NHWC uint8 (or an EncodedBatch, decoded here) in; NCHW float out (NHWC in memory,
+        which is channels_last)."""
+        if isinstance(images, EncodedBatch):
+            images = decode_batch(images, self.device)
         images = images.to(self.device, non_blocking=True).permute(0, 3, 1, 2)
         labels = labels.to(self.device, non_blocking=True)
         images = images.float().mul_(self.scale).sub_(self.shift)

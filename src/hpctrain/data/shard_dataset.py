@@ -82,7 +82,9 @@ class ShardDataset(Dataset):
     ImageFolderDataset does."""
 
     def __init__(self, split: Split, rows: np.ndarray | None, train: bool,
-                 augment: AugmentConfig, seed: int, val_resize_ratio: float = 1.0):
+                 augment: AugmentConfig, seed: int, val_resize_ratio: float = 1.0,
+                 encoded: bool = False):
+        self.encoded = encoded  # data.decode=gpu: leave the bytes to device_decode.py
         self.index_path = str(split.index.filename)
         self.rows = rows
         self.length = len(rows) if rows is not None else len(split.index)
@@ -115,7 +117,13 @@ class ShardDataset(Dataset):
 
     def __getitem__(self, key: SampleKey) -> tuple[torch.Tensor, int]:
         record = self.record(key.index)
-        box, flip = draw_view(self.seed, key, int(record["width"]), int(record["height"]),
-                              self.train, self.augment, self.val_resize_ratio)
-        return decode_crop(self.reader.read(record), record, box, key.size, flip), \
-            int(record["label"])
+        width, height, kind = int(record["width"]), int(record["height"]), int(record["kind"])
+        box, flip = draw_view(self.seed, key, width, height, self.train, self.augment,
+                              self.val_resize_ratio)
+        data = self.reader.read(record)
+        if not self.encoded:
+            return decode_crop(data, record, box, key.size, flip), int(record["label"])
+        if kind == KIND_RAW:
+            data = data[len(ppm_header(width, height)):]
+        payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        return (payload, kind, (width, height), box, flip, key.size), int(record["label"])
