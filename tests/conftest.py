@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +30,24 @@ def default_shapes_cache(tmp_path_factory) -> Path:
     (or kept in HPCTRAIN_TEST_CACHE between sessions)."""
     kept = os.environ.get("HPCTRAIN_TEST_CACHE")
     return Path(kept) if kept else tmp_path_factory.mktemp("default-shapes")
+
+
+def run_installed(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    """`hpctrain ARGS` through the installed console script, as a user runs it."""
+    script = Path(sys.executable).with_name("hpctrain")
+    return subprocess.run([str(script) if script.exists() else "hpctrain", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def default_recipe_run(tmp_path_factory, default_shapes_cache):
+    """`hpctrain run` on the built-in default, once per session: (process, summary)."""
+    out = tmp_path_factory.mktemp("default-run")
+    result = run_installed("run", f"output_dir={out / 'runs'}",
+                           f"data.shapes.cache_dir={default_shapes_cache}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary_file, = (out / "runs").glob("default-*/summary.json")
+    return result, json.loads(summary_file.read_text())
 
 
 @pytest.fixture

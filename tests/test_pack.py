@@ -17,6 +17,7 @@ from hpctrain.data.datasets import ImageFolderDataset, scan_image_folder
 from hpctrain.data.pack import PackOptions, pack
 from hpctrain.data.sampling import SampleKey
 from hpctrain.data.shard_dataset import ShardDataset, dct_reduction, decode_jpeg
+from hpctrain.data.shapes import ensure_shapes
 from hpctrain.data.shards import KIND_RAW, Pack, ShardReader
 from hpctrain.errors import DataError
 
@@ -239,6 +240,24 @@ def test_a_run_trains_from_a_pack(packed, run_cli, tiny, tmp_path):
     summary = json.loads((tmp_path / "runs" / "sh" / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == 24 // 16
     assert summary["final_val_accuracy"] is not None
+
+
+def test_training_from_an_ordered_pack_repeats_the_image_folder_run(tmp_path, run_cli, tiny,
+                                                                    shapes_cache):
+    """Same images in the same order and the same views: the same training, step by step."""
+    folder = ensure_shapes(shapes_cache, 0, 160, 40, 16)
+    pack(folder, tmp_path / "p", PackOptions(store="auto", shuffle=False), workers=1,
+         log=quiet)
+    losses = {}
+    for name, source in (("folder", ["data.dataset=imagefolder", f"data.path={folder}"]),
+                         ("pack", ["data.dataset=shards", f"data.path={tmp_path / 'p'}"])):
+        code, _, err = run_cli("run", "default", *tiny(*source, f"run_name={name}",
+                                                       "train.epochs=2", "data.num_workers=2"))
+        assert code == 0, err
+        rows = (tmp_path / "runs" / name / "metrics.jsonl").read_text().splitlines()
+        losses[name] = [(r["step"], r.get("loss"), r.get("val_accuracy"))
+                        for r in map(json.loads, rows)]
+    assert len(losses["folder"]) > 4 and losses["pack"] == losses["folder"]
 
 
 def test_a_pack_without_val_split_holds_out_a_fraction(tmp_path, run_cli, tiny):

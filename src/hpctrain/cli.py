@@ -200,7 +200,7 @@ def cmd_pack(args) -> int:
         raise ConfigError("--raw-fraction applies to --store auto; add --store auto")
     options = PackOptions(max_side=args.max_side, store=args.store,
                           raw_max_side=args.raw_max_side, raw_fraction=args.raw_fraction,
-                          quality=args.quality,
+                          quality=args.quality, shuffle=not args.keep_order,
                           shard_bytes=_bytes(args.shard_size, "--shard-size"))
     log = (lambda text: print(text, file=sys.stderr)) if args.json else print
     manifest = pack(Path(args.src), Path(args.dst), options, workers=args.workers,
@@ -362,6 +362,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: keep original JPEG bytes; re-encoded images use 90)")
     packer.add_argument("--shard-size", default="256MB", help="about this much per shard")
     packer.add_argument("--workers", type=int, help="processes (default: all cores)")
+    packer.add_argument("--keep-order", action="store_true",
+                        help="keep the source order (sample i of the pack is line or file i); "
+                        "default: shuffled, so that sequential tar readers see mixed classes")
     packer.add_argument("--strict", action="store_true",
                         help="abort on an unreadable image instead of skipping it")
     packer.add_argument("--overwrite", action="store_true",

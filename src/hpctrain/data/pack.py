@@ -47,6 +47,7 @@ class PackOptions:
     quality: int | None = None  # re-encode every JPEG at this quality; None: keep the bytes
     shard_bytes: int = 256 << 20
     seed: int = 0
+    shuffle: bool = True  # False: sample i of the pack is sample i of the source
 
 
 @dataclass
@@ -112,12 +113,14 @@ def _read_list(path: Path) -> tuple[list[str], dict[str, list[tuple[str, int]]]]
 
 def plan_shards(splits: dict[str, list[tuple[str, int]]], dst: Path, options: PackOptions,
                 strict: bool) -> list[ShardJob]:
-    """Shuffle each split once (seeded) and cut it into shards of about options.shard_bytes,
-    estimated from the source files' sizes."""
+    """Shuffle each split once (seeded; a sequential reader of the tars then sees mixed
+    classes) and cut it into shards of about options.shard_bytes, estimated from the source
+    files' sizes."""
     jobs = []
     for split, samples in splits.items():
         order = list(samples)
-        random.Random(f"{options.seed}-{split}").shuffle(order)
+        if options.shuffle:
+            random.Random(f"{options.seed}-{split}").shuffle(order)
         groups, current, size = [], [], 0
         for sample in order:
             current.append(sample)
