@@ -46,15 +46,16 @@ def test_default_from_a_pack_matches_the_image_folder(default_recipe_run, defaul
 
 def test_small_images_from_a_pack_matches_the_image_folder(default_shapes_cache, tmp_path):
     """The small-images recipe's data path, optimiser and schedule on the shapes images, with
-    a narrower network and 5 epochs to fit two CPU cores. A pack in the source's order gives
+    a narrower network and 3 epochs to keep the suite short on two CPU cores (the point is
+    equality; the accuracy level of so short a run is low). A pack in the source's order gives
     the same samples in the same order as the folder, so the two trainings must agree
     exactly; a shuffled pack (the default) differs only by the seed-to-seed spread, which
     at this short length is too wide to test (0.55-0.91 over four runs, docs/benchmarks.md)."""
     folder, packed = packed_shapes(default_shapes_cache, tmp_path, shuffle=False)
-    fit = ["model.kwargs.widths=[16,32,64,128]", "train.epochs=5", "train.batch_size=128"]
+    fit = ["model.kwargs.widths=[16,32,64,128]", "train.epochs=3", "train.batch_size=128"]
     from_folder = best_accuracy(tmp_path / "folder", "small-images", f"data.path={folder}",
                                 *fit)
     from_pack = best_accuracy(tmp_path / "pack", "small-images", "data.dataset=shards",
                               f"data.path={packed}", *fit)
-    assert from_folder >= 0.4  # it learned (10 classes; 0.678 when measured)
+    assert from_folder >= 0.13  # it learned: chance is 0.10 +- 0.007 (0.1605 when measured)
     assert from_pack == from_folder
