@@ -4,7 +4,8 @@ over the same tar shards, and the decode-only limit of the same cores.
 The dataset is generated: photo-like JPEGs (1/f colour noise, the spectrum of natural images)
 of ImageNet's typical 500x375 size at quality 90, in ImageFolder layout, then packed. Every
 loader uses the same workers, batch and augmentation (random-resized-crop 224 + flip, uint8
-out). (c') is a pack with half the images stored raw (FFCV's mix); on a machine with CUDA, (e)
+out). (c') is a pack with half the images stored raw (FFCV's mix), (c'') one with all of them
+raw (no decoding at all, 6.8x the bytes); on a machine with CUDA, (e)
 adds batched nvJPEG decoding on the GPU. Run:
     python benchmarks/data_pipeline.py --images 3000 --workers 2
 Needs `pip install -e ".[bench]"` (webdataset, simplejpeg).
@@ -168,6 +169,9 @@ def main() -> None:
     if not (mixed / "pack.json").exists():
         pack(folder, mixed, PackOptions(store="auto", raw_fraction=0.5, shard_bytes=64 << 20),
              overwrite=True)
+    raw = root / f"packed-{args.images}-raw"
+    if not (raw / "pack.json").exists():
+        pack(folder, raw, PackOptions(store="raw", shard_bytes=256 << 20), overwrite=True)
     shards = Pack(packed).split("train").shards
     results = {
         "(a) ImageFolder + PIL": rate(imagefolder_loader(folder, args.workers, args.batch)),
@@ -175,13 +179,14 @@ def main() -> None:
                                                             args.images)),
         "(c) hpctrain shards": rate(shard_loader(packed, args.workers, args.batch)),
         "(c') shards, half raw": rate(shard_loader(mixed, args.workers, args.batch)),
+        "(c'') shards, all raw": rate(shard_loader(raw, args.workers, args.batch)),
         "(d) decode-only limit": decode_only(packed, args.workers),
     }
     if torch.cuda.is_available():
         results["(e) nvJPEG batched decode, 1 GPU"] = nvjpeg_rate(packed)
     print(f"data_pipeline: {args.images} JPEGs 500x375 q90, {args.workers} workers, batch "
           f"{args.batch}, random-resized-crop {SIZE} + flip; decoder {jpeg_decoder()}; "
-          "(c') = pack --store auto --raw-fraction 0.5")
+          "(c') = pack --store auto --raw-fraction 0.5, (c'') = pack --store raw")
     ours, mix = results["(c) hpctrain shards"], results["(c') shards, half raw"]
     print(f"{'loader':<26}{'img/s':>8}{'(c)/this':>10}{'(c' + chr(39) + ')/this':>11}")
     for name, value in results.items():
