@@ -25,6 +25,7 @@ from hpctrain.cluster.job import requeue
 from hpctrain.config import Config, config_changes, to_yaml
 from hpctrain.data.loader import image_size_for_epoch
 from hpctrain.errors import ConfigError, DataError, Preempted, RunFailed
+from hpctrain.profiling.regions import region
 from hpctrain.train import checkpoint as ckpt
 from hpctrain.train import report
 from hpctrain.train.build import Parts, build_parts
@@ -195,23 +196,27 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
             # ---- the training step: accumulate gradients over micro-batches, then step ----
             for micro in range(cfg.grad_accum_steps):
                 waited = time.perf_counter()
-                images, labels = _next_batch(batches)
+                with region("data_wait"):
+                    images, labels = _next_batch(batches)
                 clock.data_wait_seconds += time.perf_counter() - waited
-                images, labels = parts.batcher(images, labels)
-                targets = labels
-                if parts.mixing is not None:
-                    images, targets = parts.mixing(images, labels)
+                with region("h2d_copy"):
+                    images, labels = parts.batcher(images, labels)
+                    targets = labels
+                    if parts.mixing is not None:
+                        images, targets = parts.mixing(images, labels)
                 with parts.gradient_sync(micro == cfg.grad_accum_steps - 1):
-                    with parts.precision.autocast():
+                    with region("forward"), parts.precision.autocast():
                         logits = parts.forward(images)
                         loss = parts.criterion(logits, targets)
-                    parts.precision.backward(loss / cfg.grad_accum_steps)
+                    with region("backward"):
+                        parts.precision.backward(loss / cfg.grad_accum_steps)
                 metrics.add(loss.detach(), logits.detach(), labels)
-            parts.precision.step(parts.optimizer, params, parts.config.optim.grad_clip_norm)
-            parts.scheduler.step()
-            parts.optimizer.zero_grad(set_to_none=True)
-            if parts.ema is not None:
-                parts.ema.update()
+            with region("optimizer"):
+                parts.precision.step(parts.optimizer, params, parts.config.optim.grad_clip_norm)
+                parts.scheduler.step()
+                parts.optimizer.zero_grad(set_to_none=True)
+                if parts.ema is not None:
+                    parts.ema.update()
             progress.step += 1
             interval.images += parts.global_batch_size
             # ---- read back, evaluate, checkpoint: only at intervals ----
