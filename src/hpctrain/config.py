@@ -113,13 +113,11 @@ class DataConfig(Section):
         if self.dataset in ("imagefolder", "shards") and not self.path:
             raise ValueError(f"dataset '{self.dataset}' needs data.path (for example "
                              "data.path=/scratch/imagenet)")
-        if self.decode == "gpu" and self.dataset != "shards":
-            raise ValueError(f"data.decode=gpu applies to dataset 'shards' only (this recipe "
-                             f"reads '{self.dataset}'); pack it with hpctrain pack")
-        if self.cache != "off" and self.dataset != "shards":
-            raise ValueError(f"data.cache={self.cache} applies to dataset 'shards' only (this "
-                             f"recipe reads '{self.dataset}'); pack it with hpctrain pack, or "
-                             "set data.cache=off")
+        for name, value, off in (("decode", self.decode, "cpu"), ("cache", self.cache, "off")):
+            if value != off and self.dataset != "shards":
+                raise ValueError(f"data.{name}={value} applies to dataset 'shards' only (this "
+                                 f"recipe reads '{self.dataset}'); pack it with hpctrain pack, "
+                                 f"or set data.{name}={off}")
         if isinstance(self.num_workers, int) and self.num_workers < 0:
             raise ValueError(f"num_workers must be >= 0 or 'auto', got {self.num_workers}")
         return self

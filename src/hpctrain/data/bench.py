@@ -21,8 +21,7 @@ from torch.utils.data import DataLoader
 
 from hpctrain.config import Config, load_config
 from hpctrain.data.datasets import ImageFolderDataset
-from hpctrain.data.device_decode import collate_encoded
-from hpctrain.data.loader import build_datasets, usable_cpus
+from hpctrain.data.loader import build_datasets, collate_for, usable_cpus
 from hpctrain.data.sampling import EpochSampler
 from hpctrain.data.shard_dataset import ShardDataset, jpeg_decoder
 
@@ -138,7 +137,7 @@ def bench_data(recipe: str | None, overrides: list[str], workers: list[int] | No
         decoder=(jpeg_decoder() if isinstance(train_set, ShardDataset) else
                  "pil" if isinstance(train_set, ImageFolderDataset) else None),
         decode_one_core=decode_rate(train_set, min(seconds, 3.0)))
-    collate = collate_encoded if config.data.decode == "gpu" else None
+    collate = collate_for(config.data)
     for count in workers or worker_grid(cores):
         for depth in prefetch:
             rate = loader_rate(train_set, batch, config.data.image_size, count, depth,

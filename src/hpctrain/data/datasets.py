@@ -107,11 +107,16 @@ def draw_view(seed: int, key: SampleKey, width: int, height: int, train: bool,
     return box, train and augment.hflip and rng.random() < 0.5
 
 
+def crop_rows_columns(box: tuple) -> tuple[slice, slice]:
+    """The rows and columns of a (left, top, right, bottom) box, at least one of each."""
+    left, top, right, bottom = (round(v) for v in box)
+    return slice(top, max(bottom, top + 1)), slice(left, max(right, left + 1))
+
+
 def render_view(pixels: np.ndarray, box: tuple, size: int, flip: bool) -> torch.Tensor:
     """The `box` region of HWC uint8 `pixels` resized to size x size (and flipped), as uint8
     HWC. The crop is copied once, to a contiguous array that is already channels_last."""
-    left, top, right, bottom = (round(v) for v in box)
-    crop = np.array(pixels[top:max(bottom, top + 1), left:max(right, left + 1)], copy=True)
+    crop = np.array(pixels[crop_rows_columns(box)], copy=True)
     image = torch.from_numpy(crop)[None].permute(0, 3, 1, 2)  # NCHW view, channels_last
     if image.shape[-2:] != (size, size):  # keeps channels_last: the fast uint8 kernel
         image = F.interpolate(image, size=(size, size), mode="bilinear", antialias=True,

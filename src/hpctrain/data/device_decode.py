@@ -16,6 +16,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from hpctrain.data.datasets import crop_rows_columns
 from hpctrain.data.shards import KIND_RAW
 
 
@@ -65,8 +66,8 @@ def decode_batch(batch: EncodedBatch, device: torch.device) -> torch.Tensor:
 
 def _render(image: torch.Tensor, box: list[float], size: int, flip: bool) -> torch.Tensor:
     """One CHW uint8 image -> its box resized to size x size (and flipped), HWC uint8."""
-    left, top, right, bottom = (round(v) for v in box)
-    crop = image[:, top:max(bottom, top + 1), left:max(right, left + 1)][None].float()
+    rows, columns = crop_rows_columns(box)
+    crop = image[:, rows, columns][None].float()
     if crop.shape[-2:] != (size, size):
         crop = F.interpolate(crop, size=(size, size), mode="bilinear", antialias=True,
                              align_corners=False)

@@ -139,6 +139,12 @@ def _check_classes(data: DataConfig, train: Dataset, val: Dataset, num_classes: 
     return train, val, num_classes
 
 
+def collate_for(data: DataConfig):
+    """The batch collation these settings need: bytes and views under data.decode=gpu, else
+    the default stacking."""
+    return collate_encoded if data.decode == "gpu" else None
+
+
 def build_data(data: DataConfig, batch_size: int, seed: int, device: torch.device,
                rank: int = 0, world_size: int = 1, processes_per_node: int = 1) -> DataBundle:
     """Loaders for this rank's share of the data (see `EpochSampler`)."""
@@ -152,8 +158,7 @@ def build_data(data: DataConfig, batch_size: int, seed: int, device: torch.devic
                         "batch size")
     workers = resolve_num_workers(data.num_workers, processes_per_node)
     pin = device.type == "cuda" if data.pin_memory == "auto" else data.pin_memory
-    common = dict(num_workers=workers, pin_memory=pin,
-                  collate_fn=collate_encoded if data.decode == "gpu" else None)
+    common = dict(num_workers=workers, pin_memory=pin, collate_fn=collate_for(data))
     if workers > 0:
         common.update(persistent_workers=data.persistent_workers,
                       prefetch_factor=data.prefetch_factor)

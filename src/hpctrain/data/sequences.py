@@ -15,7 +15,6 @@ temporary names and renamed.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -45,7 +44,6 @@ def write_tokens(dst: Path, sequences: Iterable[np.ndarray], labels: Iterable[in
         with open(partial, "wb") as handle:
             np.save(handle, array, allow_pickle=False)
         os.replace(partial, dst / name)
-    (dst / "tokens.json").write_text(json.dumps({"sequences": len(records), "tokens": start}))
     return len(records)
 
 

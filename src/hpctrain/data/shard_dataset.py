@@ -23,7 +23,7 @@ from torch.utils.data import Dataset
 from hpctrain.config import AugmentConfig
 from hpctrain.data.datasets import draw_view, render_view
 from hpctrain.data.sampling import SampleKey
-from hpctrain.data.shards import KIND_RAW, ShardReader, Split, ppm_header
+from hpctrain.data.shards import KIND_RAW, ShardReader, Split, raw_pixels
 
 
 def dct_reduction(box: tuple[int, int, int, int], size: int) -> int:
@@ -52,10 +52,10 @@ def decode_jpeg(data, width: int, height: int, reduction: int = 1,
     decoder = decoder or jpeg_decoder()
     if decoder == "simplejpeg":
         import simplejpeg
-        scaled = dict(min_height=-(-height // reduction), min_width=-(-width // reduction))
+        scaled = {} if reduction == 1 else dict(min_height=-(-height // reduction),
+                                                 min_width=-(-width // reduction))
         try:
-            return simplejpeg.decode_jpeg(data, colorspace="RGB",
-                                          **(scaled if reduction > 1 else {}))
+            return simplejpeg.decode_jpeg(data, colorspace="RGB", **scaled)
         except ValueError:  # a JPEG flavour simplejpeg refuses (CMYK, ...): PIL decodes it
             pass
     with Image.open(io.BytesIO(data)) as image:
@@ -64,14 +64,20 @@ def decode_jpeg(data, width: int, height: int, reduction: int = 1,
         return np.asarray(image.convert("RGB"))
 
 
+def stored_pixels(data, record, reduction: int = 1) -> np.ndarray:
+    """One stored sample's pixels, HWC uint8: raw ones as they are, JPEGs decoded (at
+    1/`reduction` scale where the decoder can)."""
+    width, height = int(record["width"]), int(record["height"])
+    if int(record["kind"]) == KIND_RAW:
+        return raw_pixels(data, width, height)
+    return decode_jpeg(data, width, height, reduction)
+
+
 def decode_crop(data: memoryview, record, box: tuple[int, int, int, int], size: int,
                 flip: bool) -> torch.Tensor:
     """One stored sample -> the `box` region resized to size x size, as uint8 HWC."""
     width, height = int(record["width"]), int(record["height"])
-    if int(record["kind"]) == KIND_RAW:
-        pixels = np.frombuffer(data, np.uint8, offset=len(ppm_header(width, height)))
-        return render_view(pixels.reshape(height, width, 3), box, size, flip)
-    pixels = decode_jpeg(data, width, height, dct_reduction(box, size))
+    pixels = stored_pixels(data, record, dct_reduction(box, size))
     scale_x, scale_y = pixels.shape[1] / width, pixels.shape[0] / height
     box = (box[0] * scale_x, box[1] * scale_y, box[2] * scale_x, box[3] * scale_y)
     return render_view(pixels, box, size, flip)
@@ -109,11 +115,7 @@ class ShardDataset(Dataset):
         """The stored image at full size, nothing else: what `bench data` calls the decode
         limit."""
         record = self.record(position)
-        width, height = int(record["width"]), int(record["height"])
-        data = self.reader.read(record)
-        if int(record["kind"]) == KIND_RAW:
-            return np.frombuffer(data, np.uint8, offset=len(ppm_header(width, height))).copy()
-        return decode_jpeg(data, width, height)
+        return stored_pixels(self.reader.read(record), record)
 
     def __getitem__(self, key: SampleKey) -> tuple[torch.Tensor, int]:
         record = self.record(key.index)
@@ -124,6 +126,6 @@ class ShardDataset(Dataset):
         if not self.encoded:
             return decode_crop(data, record, box, key.size, flip), int(record["label"])
         if kind == KIND_RAW:
-            data = data[len(ppm_header(width, height)):]
+            data = raw_pixels(data, width, height).reshape(-1)
         payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         return (payload, kind, (width, height), box, flip, key.size), int(record["label"])

@@ -63,6 +63,12 @@ def ppm_header(width: int, height: int) -> bytes:
     return f"P6\n{width} {height}\n255\n".encode()
 
 
+def raw_pixels(data, width: int, height: int) -> np.ndarray:
+    """The HWC uint8 view of a raw (PPM) sample's pixels, without copying."""
+    return np.frombuffer(data, np.uint8, offset=len(ppm_header(width, height))).reshape(
+        height, width, 3)
+
+
 @dataclass
 class Split:
     name: str
