@@ -245,6 +245,61 @@ def cmd_bench_data(args) -> int:
     return 0
 
 
+PROFILE_EXAMPLE = """examples:
+  hpctrain profile                               # the built-in default, on this machine
+  hpctrain profile imagenet-resnet50 data.path=/scratch/imagenet --steps 10
+  torchrun --nproc-per-node 8 -m hpctrain profile imagenet-resnet50 data.path=/scratch/imagenet
+  hpctrain profile --trace runs/default-profile-20261122-134528   # analyse, run nothing
+  hpctrain profile --trace traces/ --json        # one trace file per rank in a folder
+
+The trace (gzip JSON) opens in https://ui.perfetto.dev; profile.json, profile.html and
+profile.png are written beside it.
+"""
+
+
+def cmd_profile(args) -> int:
+    from hpctrain.profiling.report import (analyse_traces, find_traces, settings_from_run,
+                                           text_report, write_reports)
+    from hpctrain.profiling.verdict import decide
+
+    if args.trace:
+        if args.recipe or args.overrides:
+            raise ConfigError("--trace analyses an existing trace: give it without a recipe "
+                              "or overrides")
+        traces = find_traces(args.trace)
+        folder = traces[0].parent
+        run_dir = folder.parent if (folder.parent / "config.yaml").is_file() else None
+        settings = settings_from_run(run_dir)
+        title = f"profile of {args.trace}"
+    else:
+        from hpctrain.config import load_config
+        from hpctrain.train.profile_run import Schedule, profile_run
+
+        if args.steps < 1:
+            raise ConfigError(f"--steps {args.steps}: profile at least 1 step")
+        config = load_config(args.recipe, args.overrides)
+        run = profile_run(config, Schedule(active=args.steps))
+        if run.rank != 0:  # rank 0 analyses every rank's trace
+            return 0
+        traces, folder = find_traces(run.trace_dir), run.trace_dir
+        settings = settings_from_run(run.run_dir, args.recipe or "default")
+        title = f"profile of {args.recipe or 'default'} ({run.run_dir.name})"
+    ranks = analyse_traces(traces)
+    verdict = decide(ranks, settings)
+    text = text_report(ranks, verdict)
+    outputs = write_reports(Path(args.out) if args.out else folder, ranks, verdict, title, text)
+    if args.json:
+        print(json.dumps({"verdict": verdict.to_json(), "ranks": [e.to_json() for e in ranks],
+                          "traces": [str(t) for t in traces],
+                          "outputs": {k: str(v) for k, v in outputs.items()}}, indent=2))
+        return 0
+    print(title)
+    print(text)
+    print(f"\ntrace: {', '.join(str(t) for t in traces)} (opens in https://ui.perfetto.dev)")
+    print(f"report: {', '.join(str(v) for v in outputs.values())}")
+    return 0
+
+
 def _counts(text: str | None, option: str) -> list[int] | None:
     if text is None:
         return None
@@ -389,6 +444,19 @@ def build_parser() -> argparse.ArgumentParser:
     bench_data.add_argument("--processes-per-node", type=int, default=1,
                             help="training processes (GPUs) sharing this node's cores")
     bench_data.add_argument("--json", action="store_true")
+
+    profile = _verb(verbs, "profile", "where a training step's time goes, and what to "
+                    "change", PROFILE_EXAMPLE, cmd_profile)
+    profile.add_argument("recipe", nargs="?", default=None)
+    profile.add_argument("overrides", nargs="*")
+    profile.add_argument("--steps", type=int, default=5,
+                         help="active (recorded) steps, after 2 wait and 2 warm-up steps")
+    profile.add_argument("--trace", metavar="FILE_OR_DIR",
+                         help="analyse this trace (or folder of per-rank traces, or run "
+                              "directory) instead of running")
+    profile.add_argument("--out", metavar="DIR",
+                         help="where profile.json/html/png go (default: beside the trace)")
+    profile.add_argument("--json", action="store_true")
 
     recipes = _verb(verbs, "recipes", "list the shipped recipes",
                     "example:\n  hpctrain recipes --json", cmd_recipes)

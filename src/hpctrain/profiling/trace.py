@@ -31,6 +31,24 @@ def _open(path: Path):
         open(path, encoding="utf-8")
 
 
+def read_header(path: Path | str) -> dict:
+    """The trace's top-level keys written before `traceEvents` (schemaVersion,
+    deviceProperties, distributedInfo with the rank and world size, ...); {} if none parse."""
+    path = Path(path)
+    try:
+        with _open(path) as stream:
+            text = stream.read(CHUNK)
+    except (OSError, EOFError, UnicodeDecodeError) as err:
+        raise TraceError(f"cannot read trace {path}: {err}") from None
+    found = text.find(ARRAY_KEY)
+    if found < 0:
+        return {}
+    try:
+        return json.loads(text[:found] + ARRAY_KEY + ": []}")
+    except json.JSONDecodeError:
+        return {}
+
+
 def iter_events(path: Path | str, chunk: int = CHUNK) -> Iterator[dict]:
     """Every event of the trace's `traceEvents` array, in file order."""
     path = Path(path)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -104,9 +105,11 @@ class RunningMetrics:
         return values
 
 
-def train(config: Config, env: ProcessEnv | None = None) -> dict | None:
+def train(config: Config, env: ProcessEnv | None = None,
+          on_step: Callable[[Parts, int], None] | None = None) -> dict | None:
     """Train `config` to the end (or resume it); the summary on rank 0, None elsewhere.
-    Raises Preempted after a stop-and-save (signal or time limit)."""
+    Raises Preempted after a stop-and-save (signal or time limit). `on_step(parts, step)` is
+    called at the end of every optimiser step (the profiler steps its schedule there)."""
     env = env or detect()
     # From the very start: a notice during start-up is not lost, and the DataLoader workers,
     # forked later, inherit the harmless handler (Slurm signals every process of a step; a
@@ -119,7 +122,7 @@ def train(config: Config, env: ProcessEnv | None = None) -> dict | None:
         except RuntimeError as err:
             _raise_readable(err, env, "while starting", config)
         stopper.attach(parts.distributed, parts.deadline)
-        return _train(parts, stopper)
+        return _train(parts, stopper, on_step)
     finally:
         stopper.close()
         if torch.distributed.is_initialized():
@@ -134,7 +137,8 @@ def _raise_readable(err: RuntimeError, env: ProcessEnv, where: str, config: Conf
     raise failure from err
 
 
-def _train(parts: Parts, stopper: Stopper) -> dict | None:
+def _train(parts: Parts, stopper: Stopper,
+           on_step: Callable[[Parts, int], None] | None) -> dict | None:
     config, is_main = parts.config, parts.distributed.is_main
     progress = _restore(parts, parts.resume_from) if parts.resume_from else Progress()
     telemetry = Telemetry(parts.run_dir, parts.total_steps, progress.step, config.tensorboard,
@@ -149,7 +153,7 @@ def _train(parts: Parts, stopper: Stopper) -> dict | None:
     clock = Clock()
     status, stopped = "failed", None
     try:
-        _run_steps(parts, progress, clock, telemetry, stopper)
+        _run_steps(parts, progress, clock, telemetry, stopper, on_step)
         status = "completed"
     except Preempted as stop:
         status, stopped = "preempted", stop
@@ -179,7 +183,7 @@ def _train(parts: Parts, stopper: Stopper) -> dict | None:
 
 
 def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Telemetry,
-               stopper: Stopper) -> None:
+               stopper: Stopper, on_step: Callable[[Parts, int], None] | None = None) -> None:
     cfg = parts.config.train
     eval_every = max(1, round(cfg.eval_every_epochs * parts.steps_per_epoch))
     ckpt_cfg = parts.config.checkpoint
@@ -239,6 +243,8 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
                 raise Preempted(f"stopped at step {progress.step} ({stop[0]}); checkpoint "
                                 f"{progress.last_good_checkpoint} saved.", requeue=stop[1])
             interval.start += time.perf_counter() - paused
+            if on_step is not None:
+                on_step(parts, progress.step)
             if last:
                 break
     _finish_saving(parts)

@@ -1,0 +1,159 @@
+"""One pass over a trace file into compact columns: what the analysis needs, nothing more.
+
+A Kineto trace holds every event as a JSON object; the analysis needs a few numbers of each.
+`collect` streams the file once (trace.iter_events) and appends those numbers to typed
+arrays, interning names, so a gigabyte trace becomes tens of megabytes of columns. Events
+are kept by role: profiler steps and hpctrain regions, CPU operators (for self time, matrix
+shapes and synchronising calls), Python frames (for call sites), CUDA runtime calls, GPU
+kernels and copies, and the peak of the memory counters.
+"""
+
+from __future__ import annotations
+
+import re
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from hpctrain.profiling import kernels
+from hpctrain.profiling.regions import PREFIX
+from hpctrain.profiling.trace import TraceError, iter_events, read_header
+
+_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+
+
+class Columns:
+    """Named typed arrays filled row by row, read back as NumPy arrays."""
+
+    def __init__(self, **types: str):
+        self._arrays = {name: array(code) for name, code in types.items()}
+
+    def add(self, *values) -> None:
+        for column, value in zip(self._arrays.values(), values):
+            column.append(value)
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        try:
+            return np.frombuffer(self._arrays[name], dtype=self._arrays[name].typecode) \
+                if len(self._arrays[name]) else np.zeros(0)
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __len__(self) -> int:
+        return len(next(iter(self._arrays.values())))
+
+
+def _spans() -> Columns:
+    return Columns(tid="q", start="d", end="d", name="l")
+
+
+@dataclass
+class RankTrace:
+    """The columns of one rank's trace. Times in microseconds, names as ids into `names`."""
+
+    path: Path
+    rank: int
+    world_size: int
+    names: list[str] = field(default_factory=list)
+    steps: Columns = field(default_factory=lambda: Columns(number="q", start="d", end="d"))
+    regions: Columns = field(default_factory=_spans)
+    ops: Columns = field(default_factory=_spans)
+    python: Columns = field(default_factory=_spans)
+    runtime: Columns = field(default_factory=lambda: Columns(
+        tid="q", start="d", end="d", name="l", correlation="q"))
+    gpu: Columns = field(default_factory=lambda: Columns(
+        start="d", end="d", stream="q", name="l", kind="b", correlation="q"))
+    matrix_ops: dict = field(default_factory=dict)  # (op, dims, dtype) -> [calls, microseconds]
+    blocking_copies: set = field(default_factory=set)  # correlation ids of DtoH pageable copies
+    peak_memory: dict = field(default_factory=dict)  # device id (-1: host) -> bytes allocated
+    main_tid: int | None = None  # the thread that runs the training steps
+
+    @property
+    def is_gpu(self) -> bool:
+        return len(self.gpu) > 0
+
+    def name_of(self, ids: np.ndarray) -> list[str]:
+        return [self.names[i] for i in ids]
+
+
+def collect(path: Path | str, rank: int | None = None) -> RankTrace:
+    """Read one trace file into columns. The rank is taken from the trace's distributedInfo,
+    else from a `rank<N>` in the file name, else `rank` (default 0)."""
+    path = Path(path)
+    info = read_header(path).get("distributedInfo") or {}
+    if "rank" in info:
+        rank = int(info["rank"])
+    elif rank is None:
+        found = re.search(r"rank[-_.]?(\d+)", path.name)
+        rank = int(found.group(1)) if found else 0
+    trace = RankTrace(path, rank, int(info.get("world_size", 1)))
+    ids: dict[str, int] = {}
+
+    def intern(name: str) -> int:
+        number = ids.get(name)
+        if number is None:
+            number = ids[name] = len(trace.names)
+            trace.names.append(name)
+        return number
+
+    events = 0
+    for event in iter_events(path):
+        events += 1
+        category, name = event.get("cat"), event.get("name", "")
+        if event.get("ph") == "i":
+            if name == "[memory]":
+                args = event.get("args", {})
+                device = int(args.get("Device Id", -1))
+                trace.peak_memory[device] = max(trace.peak_memory.get(device, 0),
+                                                int(args.get("Total Allocated", 0)))
+            continue
+        if event.get("ph") != "X" or "dur" not in event:
+            continue
+        start = float(event["ts"])
+        end = start + float(event["dur"])
+        if category == "python_function":
+            trace.python.add(_tid(event), start, end, intern(name))
+        elif category == "cpu_op":
+            trace.ops.add(_tid(event), start, end, intern(name))
+            if name in kernels.MATRIX_OPS:
+                args = event.get("args", {})
+                key = (name, _frozen(args.get("Input Dims")),
+                       (args.get("Input type") or ["?"])[0])
+                calls = trace.matrix_ops.setdefault(key, [0, 0.0])
+                calls[0] += 1
+                calls[1] += end - start
+        elif category == "user_annotation":
+            step = _STEP.match(name)
+            if step:
+                trace.steps.add(int(step.group(1)), start, end)
+                trace.main_tid = _tid(event)
+            elif name.startswith(PREFIX):
+                trace.regions.add(_tid(event), start, end, intern(name[len(PREFIX):]))
+        elif category in ("cuda_runtime", "cuda_driver"):
+            trace.runtime.add(_tid(event), start, end, intern(name),
+                              int(event.get("args", {}).get("correlation", -1)))
+        elif category in ("kernel", "gpu_memcpy", "gpu_memset"):
+            args = event.get("args", {})
+            correlation = int(args.get("correlation", -1))
+            trace.gpu.add(start, end, int(args.get("stream", 0)), intern(name),
+                          kernels.kernel_kind(category, name), correlation)
+            if category == "gpu_memcpy" and kernels.blocking_copy(name):
+                trace.blocking_copies.add(correlation)
+    if events == 0:
+        raise TraceError(f"{path} holds no events")
+    if len(trace.steps) == 0:
+        raise TraceError(f"{path} has no ProfilerStep#N ranges: it was not recorded with a "
+                         "torch.profiler schedule stepped once per training step (prof.step()); "
+                         "record it with hpctrain profile RECIPE")
+    return trace
+
+
+def _tid(event: dict) -> int:
+    tid = event.get("tid", 0)
+    return tid if isinstance(tid, int) else hash(tid) & 0x7FFFFFFF
+
+
+def _frozen(dims) -> tuple:
+    return tuple(tuple(d) if isinstance(d, list) else d for d in (dims or ()))

@@ -1,0 +1,151 @@
+"""`hpctrain profile` outputs: which traces to read, the terminal report, profile.json and the
+pictures, written next to the traces (atomically: a half-written report never replaces one).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from hpctrain.data.loader import resolve_num_workers, usable_cpus
+from hpctrain.profiling.analysis import Evidence, analyse
+from hpctrain.profiling.collect import collect
+from hpctrain.profiling.picture import write_html, write_png
+from hpctrain.profiling.trace import TraceError
+from hpctrain.profiling.verdict import Settings, Verdict
+
+TRACE_PATTERNS = ("*.json.gz", "*.json")
+OUTPUTS = ("profile.json", "profile.html", "profile.png")
+
+
+def find_traces(path: Path | str) -> list[Path]:
+    """A trace file, a folder of traces (one per rank), or a run directory with profile/."""
+    path = Path(path).expanduser()
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise TraceError(f"--trace {path}: no such file or folder")
+    folder = path / "profile" if (path / "profile").is_dir() else path
+    found = sorted({p for pattern in TRACE_PATTERNS for p in folder.glob(pattern)
+                    if p.name not in OUTPUTS and not p.name.startswith(".")})
+    if not found:
+        raise TraceError(f"--trace {path}: no trace files (*.json or *.json.gz) in {folder}; "
+                         "record one with hpctrain profile RECIPE")
+    return found
+
+
+def analyse_traces(paths: list[Path]) -> list[Evidence]:
+    """Each file's evidence, sorted by rank; two files of one rank are refused."""
+    ranks = sorted((analyse(collect(path)) for path in paths), key=lambda e: e.rank)
+    seen: dict[int, str] = {}
+    for e in ranks:
+        if e.rank in seen:
+            raise TraceError(f"{seen[e.rank]} and {e.trace} are both rank {e.rank}: give one "
+                             "profile's traces (one file per rank)")
+        seen[e.rank] = e.trace
+    return ranks
+
+
+def settings_from_run(run_dir: Path | None, recipe: str | None = None) -> Settings:
+    """The settings a recommendation should start from: the run's config.yaml, resolved by
+    its summary.json where it says how ('auto' precision, compile, channels_last)."""
+    settings = Settings(recipe=recipe or "RECIPE", cores=usable_cpus())
+    if run_dir is None or not (run_dir / "config.yaml").is_file():
+        return settings
+    config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    summary_file = run_dir / "summary.json"
+    summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
+    system = summary.get("system", {})
+    data = config.get("data", {})
+    settings.recipe = recipe or config.get("name", "RECIPE").removesuffix("-profile")
+    settings.dataset, settings.decode = data.get("dataset"), data.get("decode")
+    settings.num_workers = resolve_num_workers(data.get("num_workers", "auto"))
+    settings.prefetch_factor = data.get("prefetch_factor")
+    settings.precision = system.get("precision") or config.get("precision")
+    settings.channels_last = system.get("channels_last")
+    settings.compile = system.get("compile")
+    settings.batch_size = summary.get("batch_size_per_device")
+    settings.strategy = summary.get("strategy")
+    settings.log_every = config.get("train", {}).get("log_every")
+    return settings
+
+
+def text_report(ranks: list[Evidence], verdict: Verdict) -> str:
+    e = ranks[0]
+    kind = "GPU trace" if e.gpu else "CPU-only trace"
+    lines = [f"{len(ranks)} rank(s), {e.steps} active steps, {kind}",
+             f"step {e.step_ms['mean']:.1f} ms (spread {e.step_ms['std']:.1f}, "
+             f"{e.step_ms['min']:.1f}-{e.step_ms['max']:.1f})"]
+    for name, r in e.regions.items():
+        bar = "#" * round(r["share"] * 40)
+        lines.append(f"  {name:<10} {r['mean_ms']:>9.2f} ms  {r['share']:>4.0%}  "
+                     f"(spread {r['std_ms']:.2f})  {bar}")
+    if len(ranks) > 1:
+        lines.append("per rank: step ms / data wait / GPU busy / exposed communication")
+        for r in ranks:
+            busy = f"{1 - r.temporal['idle']:.0%}" if r.temporal else "-"
+            comm = f"{r.communication['exposed_share']:.0%}" if r.communication else "-"
+            lines.append(f"  rank {r.rank:<3} {r.step_ms['mean']:>9.2f}  "
+                         f"{r.data_wait_share:>6.0%}  {busy:>6}  {comm:>6}")
+    if e.gpu:
+        t, idle, launch = e.temporal, e.idle, e.launch
+        lines += [f"GPU: compute {t['compute']:.0%}, non-compute {t['non_compute']:.0%} "
+                  f"(communication {t['communication']:.0%}, memory {t['memory']:.0%}), "
+                  f"idle {t['idle']:.0%}: host-wait {idle['host_wait']:.0%}, kernel-wait "
+                  f"{idle['kernel_wait']:.0%}, other {idle['other']:.0%} of idle",
+                  f"launches: {launch['kernels_per_step']:.0f} kernels/step, median "
+                  f"{launch['median_kernel_us']:.0f} us, {launch['short_kernel_share']:.0%} "
+                  "shorter than their launch; CPU launching "
+                  f"{launch['cpu_launch_ms_per_step']:.2f} ms/step vs GPU busy "
+                  f"{launch['gpu_busy_ms_per_step']:.2f} ms/step"]
+        if e.communication:
+            c = e.communication
+            lines.append(f"communication: {c['share']:.0%} of the time, {c['overlap']:.0%} "
+                         f"overlapped, {c['exposed_share']:.0%} exposed")
+        tc = e.tensor_cores
+        precisions = ", ".join(f"{k} {v:.0%}" for k, v in tc["precision"].items()) \
+            or "no matrix kernels"
+        lines.append(f"Tensor Cores: {tc['share_of_matrix_time']:.0%} of matrix kernel time "
+                     f"({tc['matrix_ms_per_step']:.1f} ms/step; {precisions})")
+    sync = e.sync
+    if sync["sites"]:
+        lines.append(f"host synchronisation: {sync['calls_per_step']:.1f} per step, "
+                     f"{sync['ms_per_step']:.2f} ms/step")
+        for site in sync["sites"][:3]:
+            lines.append(f"  {site['call_site'] or '(no Python stack)'}  {site['op']}  "
+                         f"x{site['calls']}  {site['ms']:.2f} ms")
+    dims = e.matrix_dims
+    if dims["offenders"]:
+        lines.append(f"matrix operands not multiples of 8: {dims['share_of_matrix_time']:.0%} "
+                     "of matrix operator time")
+        for o in dims["offenders"][:3]:
+            lines.append(f"  {o['op']} {o['shapes']} -> {o['dims_not_multiple_of_8']}")
+    lines.append("top operators (self time): " + ", ".join(
+        f"{o['name']} {o['self_ms']:.1f} ms" for o in e.top_ops[:5]))
+    if e.top_kernels:
+        lines.append("top kernels: " + ", ".join(
+            f"{k['name'][:50]} {k['ms']:.1f} ms" for k in e.top_kernels[:3]))
+    lines += ["", f"verdict: {verdict.bound.upper()}", f"  {verdict.reason}"]
+    if verdict.recommendations:
+        lines.append("recommendations, largest expected gain first:")
+        lines += [f"  {i}. {r.line()}" for i, r in enumerate(verdict.recommendations, 1)]
+    elif verdict.bound == "compute-bound" and e.gpu:
+        lines.append("nothing to change in the settings: the GPU is busy doing matrix work "
+                     "on Tensor Cores")
+    return "\n".join(lines)
+
+
+def write_reports(folder: Path, ranks: list[Evidence], verdict: Verdict, title: str,
+                  text: str) -> dict[str, Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {name: folder / name for name in OUTPUTS}
+    document = {"title": title, "verdict": verdict.to_json(),
+                "ranks": [e.to_json() for e in ranks]}
+    partial = folder / ".profile.json.partial"
+    partial.write_text(json.dumps(document, indent=2))
+    partial.replace(paths["profile.json"])
+    write_html(paths["profile.html"], ranks[0], verdict, title, text)
+    write_png(paths["profile.png"], ranks[0], verdict, title)
+    return paths
