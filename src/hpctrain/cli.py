@@ -8,6 +8,7 @@ naming what, where and how to fix, never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -278,7 +279,9 @@ def cmd_profile(args) -> int:
         if args.steps < 1:
             raise ConfigError(f"--steps {args.steps}: profile at least 1 step")
         config = load_config(args.recipe, args.overrides)
-        run = profile_run(config, Schedule(active=args.steps))
+        # with --json, stdout carries the report alone: the run's own lines go to stderr
+        with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
+            run = profile_run(config, Schedule(active=args.steps))
         if run.rank != 0:  # rank 0 analyses every rank's trace
             return 0
         traces, folder = find_traces(run.trace_dir), run.trace_dir

@@ -87,6 +87,10 @@ def iter_events(path: Path | str, chunk: int = CHUNK) -> Iterator[dict]:
                 try:
                     event, end = decoder.raw_decode(buffer, position)
                 except json.JSONDecodeError as err:
+                    if at_end and err.pos >= len(buffer.rstrip()):
+                        raise TraceError(f"{path} ends inside an event: the trace is "
+                                         "truncated (was the profiled run killed while "
+                                         "writing it?)") from None
                     if at_end:
                         raise TraceError(f"{path}: damaged event near character "
                                          f"{err.pos} of the current window: {err.msg}") from None
