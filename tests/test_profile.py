@@ -14,7 +14,7 @@ from PIL import Image
 from conftest import write_image_folder
 from hpctrain.profiling.analysis import analyse
 from hpctrain.profiling.collect import collect
-from hpctrain.profiling.regions import REGIONS
+from hpctrain.profiling.names import REGIONS
 from kineto_synth import SCENARIOS, build_fixtures
 
 FIXTURES = Path(__file__).parent / "fixtures" / "gpu_traces"

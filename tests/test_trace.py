@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 import torch.profiler as profiler
 
-from hpctrain.profiling.regions import PREFIX, REGIONS
+from hpctrain.profiling.names import PREFIX, REGIONS
 from hpctrain.profiling.trace import TraceError, iter_events
 from hpctrain.train import loop
 from hpctrain.train.build import build_parts

@@ -25,7 +25,7 @@ import numpy as np
 from hpctrain.profiling import intervals as iv
 from hpctrain.profiling import kernels
 from hpctrain.profiling.collect import RankTrace
-from hpctrain.profiling.regions import REGIONS
+from hpctrain.profiling.names import REGIONS
 
 KERNEL_WAIT_US = 30.0
 TOP = 10
@@ -110,7 +110,8 @@ def _timeline(trace: RankTrace, start: float, end: float, detail: int = 1500) ->
     lanes["host waits"] = [[_ms(a - start), _ms(b - a), "sync"] for a, b in zip(*waits)]
     if trace.is_gpu:
         gpu = trace.gpu
-        matrix = np.array([kernels.is_matrix(trace.names[n]) for n in gpu.name], dtype=bool)
+        by_name = np.array([kernels.is_matrix(name) for name in trace.names], dtype=bool)
+        matrix = by_name[gpu.name]
         classes = {"GPU matrix": (gpu.kind == kernels.COMPUTE) & matrix,
                    "GPU other compute": (gpu.kind == kernels.COMPUTE) & ~matrix,
                    "communication": gpu.kind == kernels.COMMUNICATION,

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from hpctrain.profiling import kernels
-from hpctrain.profiling.regions import PREFIX
+from hpctrain.profiling.names import PREFIX
 from hpctrain.profiling.trace import TraceError, iter_events, read_header
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")

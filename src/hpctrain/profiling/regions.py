@@ -13,8 +13,7 @@ import functools
 
 import torch
 
-PREFIX = "hpctrain/"
-REGIONS = ("data_wait", "h2d_copy", "forward", "backward", "optimizer")
+from hpctrain.profiling.names import PREFIX
 
 
 @functools.cache

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import yaml
 
-from hpctrain.data.loader import resolve_num_workers, usable_cpus
 from hpctrain.profiling.analysis import Evidence, analyse
 from hpctrain.profiling.collect import collect
 from hpctrain.profiling.picture import write_html, write_png
@@ -51,6 +50,8 @@ def analyse_traces(paths: list[Path]) -> list[Evidence]:
 def settings_from_run(run_dir: Path | None, recipe: str | None = None) -> Settings:
     """The settings a recommendation should start from: the run's config.yaml, resolved by
     its summary.json where it says how ('auto' precision, compile, channels_last)."""
+    from hpctrain.data.loader import resolve_num_workers, usable_cpus  # imports torch: late
+
     settings = Settings(recipe=recipe or "RECIPE", cores=usable_cpus())
     if run_dir is None or not (run_dir / "config.yaml").is_file():
         return settings
