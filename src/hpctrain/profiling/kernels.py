@@ -35,7 +35,8 @@ LAUNCH_CALLS = frozenset({"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKe
 # Forward matrix operators whose recorded shapes decide Tensor Core friendliness.
 MATRIX_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm",
                         "aten::convolution"})
-ITEM_OPS = frozenset({"aten::_local_scalar_dense", "aten::item"})
+# The read behind .item(), .tolist(), float(t): on a GPU it waits for the device.
+ITEM_OPS = frozenset({"aten::_local_scalar_dense"})
 _COMM_OP = re.compile(r"^(nccl:|gloo:|c10d::|record_param_comms)")
 
 

@@ -112,8 +112,12 @@ def text_report(ranks: list[Evidence], verdict: Verdict) -> str:
                      f"({tc['matrix_ms_per_step']:.1f} ms/step; {precisions})")
     sync = e.sync
     if sync["sites"]:
-        lines.append(f"host synchronisation: {sync['calls_per_step']:.1f} per step, "
-                     f"{sync['ms_per_step']:.2f} ms/step")
+        if e.gpu:
+            lines.append(f"host synchronisation: {sync['calls_per_step']:.1f} per step, "
+                         f"{sync['ms_per_step']:.2f} ms/step")
+        else:
+            lines.append(f"host reads of tensors (.item() and the like; each waits for the "
+                         f"device on a GPU): {sync['calls_per_step']:.1f} per step")
         for site in sync["sites"][:3]:
             lines.append(f"  {site['call_site'] or '(no Python stack)'}  {site['op']}  "
                          f"x{site['calls']}  {site['ms']:.2f} ms")
