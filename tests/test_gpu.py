@@ -87,3 +87,15 @@ def test_a_gpu_profile_sees_kernels_and_gives_a_gpu_verdict(run_cli, tiny):
     assert rank["tensor_cores"]["precision"]  # bf16 matrix kernels were recognised
     # a tiny net at batch 16 does far less work than it launches
     assert report["verdict"]["bound"] == "launch-bound"
+
+
+def test_the_memory_prediction_is_within_10_percent_of_the_gpu_peak(run_cli, tiny, tmp_path):
+    """hpctrain memory --measure on the GPU: torch.cuda.max_memory_allocated against the
+    prediction made on fake tensors."""
+    code, out, err = run_cli("memory", "default", *tiny("train.batch_size=256",
+                                                        "data.image_size=64"),
+                             "--measure", "--out", str(tmp_path), "--json")
+    assert code == 0, err
+    measured = json.loads(out)["measured"]
+    assert "max_memory_allocated" in measured["what"]
+    assert abs(measured["relative_error"]) < 0.10

@@ -258,6 +258,72 @@ profile.png are written beside it.
 """
 
 
+MEMORY_EXAMPLE = """examples:
+  hpctrain memory                                  # the default recipe on the assumed GPU
+  hpctrain memory imagenet-resnet50 --gpu-memory a100-40gb
+  hpctrain memory imagenet-resnet50 train.batch_size=512 --world-size 8 --json
+  hpctrain memory imagenet-resnet50 --measure      # real steps on this machine beside it
+  torchrun --nproc-per-node 4 -m hpctrain memory imagenet-resnet50 --find-batch-size
+
+--gpu-memory takes a size (80GB, 40GiB, 81559MiB) or a GPU name (h100, a100-40gb, v100-32gb).
+Exit codes: 0 it fits (or the search found a batch), 3 it does not fit, 2 bad input.
+"""
+
+
+def cmd_memory(args) -> int:
+    from hpctrain.cluster.environment import detect
+    from hpctrain.config import load_config
+    from hpctrain.memory.advice import advise, largest_batch, round_batch
+    from hpctrain.memory.estimate import estimate, resolve_target
+    from hpctrain.memory.report import document, text_report, write_picture
+    from hpctrain.memory.sizes import fmt_bytes
+
+    config = load_config(args.recipe, args.overrides)
+    env = detect()
+    world = env.world_size if args.world_size is None else args.world_size
+    if world < 1:
+        raise ConfigError(f"--world-size {world}: give 1 or more devices")
+    target = resolve_target(config, args.gpu_memory, world)
+    est = estimate(config, target)
+    advice = advise(est, config)
+    measured = search = None
+    if args.measure:
+        from hpctrain.memory.measure import measure
+
+        measured = measure(est, config, steps=args.steps)
+    if args.find_batch_size:
+        from hpctrain.memory.batch_search import find_batch_size
+
+        start = round_batch(advice.largest_batch or largest_batch(est, config)) or 1
+        search = find_batch_size(config, target, start, steps=args.steps, env=env)
+    if env.rank != 0:
+        return 0
+    picture = write_picture(est, advice, Path(args.out or config.output_dir)
+                            / f"{config.name}-memory.png")
+    fits = search.largest is not None if search else est.fits
+    if args.json:
+        out = document(est, advice, measured)
+        out["search"] = search.to_json() if search else None
+        out["picture"] = str(picture)
+        print(json.dumps(out, indent=2))
+        return 0 if fits else 3
+    print(text_report(est, advice, measured))
+    if search:
+        print(f"\nbatch search on {search.world_size} x {search.device} ({search.strategy}):")
+        for t in search.trials:
+            rate = f"{t.images_per_second:,.0f} img/s" if t.images_per_second else ""
+            peak = fmt_bytes(t.peak_bytes) if t.peak_bytes else ""
+            print(f"  batch {t.batch_size:>6}: {'fits' if t.fits else 'out of memory':<14}"
+                  f"{peak:>11}  {rate}")
+        if search.largest is None:
+            print("  not even batch 1 fits: see the advice above")
+        else:
+            print(f"  largest: {search.largest}; recommended: {' '.join(search.settings)} "
+                  f"(global batch {search.global_batch_size})")
+    print(f"\npicture: {picture}")
+    return 0 if fits else 3
+
+
 def cmd_profile(args) -> int:
     from hpctrain.profiling.report import (analyse_traces, find_traces, settings_from_run,
                                            text_report, write_reports)
@@ -460,6 +526,26 @@ def build_parser() -> argparse.ArgumentParser:
     profile.add_argument("--out", metavar="DIR",
                          help="where profile.json/html/png go (default: beside the trace)")
     profile.add_argument("--json", action="store_true")
+
+    memory = _verb(verbs, "memory", "what a training step holds per device, the batch "
+                   "that fits, and which parallelism to use", MEMORY_EXAMPLE, cmd_memory)
+    memory.add_argument("recipe", nargs="?", default=None)
+    memory.add_argument("overrides", nargs="*")
+    memory.add_argument("--gpu-memory", metavar="SIZE",
+                        help="device memory: 80GB, 40GiB or a GPU name (default: this "
+                             "machine's GPU, else an H100)")
+    memory.add_argument("--world-size", type=int, metavar="N",
+                        help="devices the run will use (default: this launch's processes)")
+    memory.add_argument("--measure", action="store_true",
+                        help="run real steps here and compare with the prediction")
+    memory.add_argument("--find-batch-size", action="store_true",
+                        help="search the largest batch that fits with real steps (under "
+                             "torchrun: on every rank, all agreeing)")
+    memory.add_argument("--steps", type=int, default=3,
+                        help="real steps per measurement or try (default 3)")
+    memory.add_argument("--out", metavar="DIR",
+                        help="where the PNG goes (default: the recipe's output_dir)")
+    memory.add_argument("--json", action="store_true")
 
     recipes = _verb(verbs, "recipes", "list the shipped recipes",
                     "example:\n  hpctrain recipes --json", cmd_recipes)

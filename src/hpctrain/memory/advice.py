@@ -1,0 +1,198 @@
+"""From the estimate to a decision, following the matrix researchers use:
+
+- everything fits: plain data parallelism (DDP), and how much larger a batch would fit;
+- the model states (parameters, gradients, optimiser states) do not fit: FSDP with the
+  smallest sharding degree that fits;
+- the activations do not fit: activation checkpointing, gradient accumulation, bf16, a lower
+  resolution, each with its predicted peak;
+- nothing fits even sharded and checkpointed at batch 1: tensor or pipeline parallelism, with
+  the number of devices needed.
+
+Every option is an hpctrain setting (or a `--gpus` for hpctrain submit) with its prediction.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from hpctrain.config import Config
+from hpctrain.errors import ConfigError
+from hpctrain.memory.estimate import Estimate, estimate, with_layout
+from hpctrain.memory.sizes import fmt_bytes
+
+DEGREES = [2**k for k in range(1, 11)]  # FSDP over 2 .. 1024 devices
+
+
+@dataclass
+class Option:
+    settings: list[str]
+    in_use: int  # predicted device memory in use
+    fits: bool
+    effect: str
+
+    def to_json(self) -> dict:
+        return {"settings": self.settings, "in_use_bytes": self.in_use, "fits": self.fits,
+                "effect": self.effect}
+
+
+@dataclass
+class Advice:
+    decision: str  # fits | shard | activations | model-parallel
+    summary: str
+    options: list[Option] = field(default_factory=list)
+    largest_batch: int | None = None  # per device, at the recipe's settings
+
+    def to_json(self) -> dict:
+        return {"decision": self.decision, "summary": self.summary,
+                "largest_batch": self.largest_batch,
+                "options": [o.to_json() for o in self.options]}
+
+
+def _variant(config: Config, *overrides: tuple[str, object]) -> Config:
+    tree = config.model_dump()
+    for key, value in overrides:
+        node = tree
+        *parents, last = key.split(".")
+        for part in parents:
+            node = node[part]
+        node[last] = value
+    return Config.model_validate(tree)
+
+
+def largest_batch(base: Estimate, config: Config) -> int:
+    """The largest per-device batch that fits, from the peak's line through two batch sizes."""
+    other = max(1, base.batch_size // 2) if base.batch_size > 1 else 2
+    second = estimate(config, base.target, other)
+    slope = (base.peak - second.peak) / (base.batch_size - other)
+    if slope <= 0:
+        return base.batch_size
+    fixed = base.peak - slope * base.batch_size
+    return max(0, math.floor((base.target.usable() - fixed) / slope))
+
+
+def round_batch(batch: int) -> int:
+    """Down to a multiple of 8 (Tensor Core tiles), when there is one."""
+    return batch // 8 * 8 if batch >= 8 else batch
+
+
+def _option(settings: list[str], est: Estimate, effect: str) -> Option:
+    return Option(settings, est.in_use, est.fits, effect)
+
+
+def smallest_fsdp(base: Estimate, config: Config) -> Estimate | None:
+    for degree in DEGREES:
+        sharded = with_layout(base, config, degree, "fsdp")
+        if sharded.fits:
+            return sharded
+    return None
+
+
+def _states_fit(base: Estimate) -> bool:
+    """Do parameters, gradients and optimiser states fit on one device without sharding?"""
+    states = sum(base.footprint.at_peak[k] for k in ("parameters", "optimizer states"))
+    states += base.info.gradient_bytes()
+    return states <= base.target.usable()
+
+
+def advise(base: Estimate, config: Config) -> Advice:
+    cap = fmt_bytes(base.target.capacity)
+    if base.fits:
+        top = largest_batch(base, config)
+        advice = Advice("fits", f"fits: {fmt_bytes(base.in_use)} of {cap} per device; "
+                        "data parallelism needs no sharding (parallel.strategy=ddp)",
+                        largest_batch=top)
+        if round_batch(top) > base.batch_size:
+            bigger = estimate(config, base.target, round_batch(top))
+            advice.options.append(_option(
+                [f"train.batch_size={round_batch(top)}"], bigger,
+                f"the largest per-device batch that fits ({top}, rounded to a multiple of 8)"))
+        return advice
+    if not _states_fit(base):
+        extra: list[str] = []
+        sharded = smallest_fsdp(base, config)
+        if sharded is None:  # sharding alone is not enough: checkpoint and shrink the batch
+            small = _smallest_step(base, config)
+            sharded, extra = smallest_fsdp(small, config), _settings_of(small, config)
+        if sharded is None:
+            return _model_parallel(base, config)
+        n = sharded.target.world_size
+        return Advice("shard", f"the model states alone do not fit on one {cap} device: "
+                      f"shard them with FSDP over {n} devices", [_option(
+                          ["parallel.strategy=fsdp", f"--gpus {n}", *extra], sharded,
+                          f"parameters, gradients and optimiser states split {n} ways")])
+    return _activation_options(base, config)
+
+
+def _activation_options(base: Estimate, config: Config) -> Advice:
+    cap = fmt_bytes(base.target.capacity)
+    advice = Advice("activations", f"the activations of batch {base.batch_size} do not fit "
+                    f"in {cap}: {fmt_bytes(base.in_use)} predicted")
+    options = advice.options
+    if not config.model.activation_checkpointing:
+        try:
+            ckpt = estimate(_variant(config, ("model.activation_checkpointing", True)),
+                            base.target, base.batch_size)
+            options.append(_option(["model.activation_checkpointing=true"], ckpt,
+                                   "recompute each block in backward: about a third more "
+                                   "compute"))
+        except ConfigError:
+            pass  # no block to checkpoint in this model
+    top = largest_batch(base, config)
+    if top >= 1:
+        steps = 2 ** math.ceil(math.log2(base.batch_size / top))
+        micro = max(1, base.batch_size // steps)
+        accum = estimate(config, base.target, micro)
+        options.append(_option(
+            [f"train.batch_size={micro}", f"train.grad_accum_steps="
+             f"{config.train.grad_accum_steps * steps}"], accum,
+            f"the same samples per optimiser step in {steps} micro-batches"))
+    if base.target.precision in ("fp32", "tf32"):
+        half = estimate(_variant(config, ("precision", "bf16")),
+                        replace(base.target, precision="bf16"), base.batch_size)
+        options.append(_option(["precision=bf16"], half, "activations in 16 bits"))
+    size = base.input_shape[-1]
+    lower = max(32, size * 3 // 4 // 32 * 32)
+    if lower < size:
+        small = estimate(_variant(config, ("data.image_size", lower)), base.target,
+                         base.batch_size)
+        options.append(_option([f"data.image_size={lower}"], small,
+                               f"{(lower / size) ** 2:.0%} of the pixels per image"))
+    sharded = smallest_fsdp(base, config)
+    if sharded is not None:
+        n = sharded.target.world_size
+        options.append(_option(["parallel.strategy=fsdp", f"--gpus {n}"], sharded,
+                               f"model states split {n} ways leave room for activations"))
+    options.sort(key=lambda o: (not o.fits, o.in_use))
+    return advice
+
+
+def _smallest_step(base: Estimate, config: Config) -> Estimate:
+    """Batch 1, with activation checkpointing where the model allows it."""
+    if not config.model.activation_checkpointing:
+        try:
+            return estimate(_variant(config, ("model.activation_checkpointing", True)),
+                            base.target, 1)
+        except ConfigError:
+            pass
+    return estimate(config, base.target, 1)
+
+
+def _settings_of(small: Estimate, config: Config) -> list[str]:
+    settings = ["train.batch_size=1"]
+    if small.activation_checkpointing and not config.model.activation_checkpointing:
+        settings.insert(0, "model.activation_checkpointing=true")
+    return settings
+
+
+def _model_parallel(base: Estimate, config: Config) -> Advice:
+    """Even FSDP over 1024 devices does not fit: how many devices a split of the layers needs."""
+    one = _smallest_step(with_layout(base, config, 1, "none"), config)
+    need = math.ceil(one.peak / base.target.usable())
+    return Advice("model-parallel", f"nothing fits on {fmt_bytes(base.target.capacity)} "
+                  "devices even sharded over 1024 of them: split the layers (tensor or "
+                  f"pipeline parallelism) over at least {need} devices; hpctrain does not do "
+                  "that (torchtitan does)", [_option(
+                      ["parallel.strategy=fsdp", "--gpus 1024", *_settings_of(one, config)],
+                      with_layout(one, config, 1024, "fsdp"),
+                      "the least hpctrain can hold per device")])

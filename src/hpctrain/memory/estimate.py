@@ -1,0 +1,253 @@
+"""A recipe's predicted memory per device: the simulated step, then what the parallel layout
+changes (DDP's persistent gradient buckets, FSDP's shards and gathered parameters), then what
+the CUDA allocator and context add, against the device's capacity.
+
+The layout effects are computed, not simulated: one device's step is simulated once and the
+sharding arithmetic applied for any world size, so the advice can try many layouts for free.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import torch
+from torch import nn
+
+from hpctrain.config import Config
+from hpctrain.errors import ConfigError, UserError
+from hpctrain.memory.simulate import Footprint, StepSpec, predict
+from hpctrain.memory.sizes import fmt_bytes, parse_memory
+from hpctrain.models.checkpointing import enable_activation_checkpointing, is_block
+from hpctrain.models.registry import build_model
+from hpctrain.train.optim import build_optimizer, scaled_lr
+from hpctrain.train.parallel import bf16_parameters, per_device_batch
+from hpctrain.train.system import resolve_precision
+
+CONTEXT_BYTES = 512 * 2**20  # CUDA context, cuBLAS/cuDNN handles, NCCL: outside torch's count
+ALLOCATOR_OVERHEAD = 0.10  # caching-allocator blocks reserved but not allocated, at the peak
+DEFAULT_GPU = "h100"  # assumed where no GPU is visible and none is named
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the recipe will run: device kind, precision, capacity, layout."""
+
+    device: str  # cuda | cpu
+    precision: str
+    capacity: int
+    capacity_source: str
+    world_size: int = 1
+    strategy: str = "none"  # none | ddp | fsdp
+
+    @property
+    def context(self) -> int:
+        return CONTEXT_BYTES if self.device == "cuda" else 0
+
+    @property
+    def overhead(self) -> float:
+        return ALLOCATOR_OVERHEAD if self.device == "cuda" else 0.0
+
+    def usable(self) -> int:
+        """The most the step itself may allocate."""
+        return int((self.capacity - self.context) / (1 + self.overhead))
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """The parameter counts the layout arithmetic needs, from the model built on meta."""
+
+    parameters: int  # all of them
+    trainable: int
+    largest_unit: int  # parameters of the largest FSDP unit (a block, or the rest)
+    bf16_gather: bool  # FSDP would gather bf16 copies
+
+    def gradient_bytes(self) -> int:
+        return self.trainable * 4
+
+
+@dataclass
+class Estimate:
+    recipe: str
+    model: str
+    batch_size: int  # per device and micro-step
+    input_shape: tuple[int, ...]
+    target: Target
+    info: ModelInfo
+    footprint: Footprint  # one device, no parallelism
+    rows: dict[str, int]  # per device, with the layout applied
+    activation_checkpointing: bool
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def peak(self) -> int:
+        """What torch.cuda.max_memory_allocated would report."""
+        return sum(self.rows.values())
+
+    @property
+    def in_use(self) -> int:
+        """What the device would have in use at the peak (nvidia-smi)."""
+        return int(self.peak * (1 + self.target.overhead)) + self.target.context
+
+    @property
+    def fits(self) -> bool:
+        return self.in_use <= self.target.capacity
+
+    @property
+    def model_states(self) -> int:
+        return sum(self.rows.get(k, 0) for k in ("parameters", "gradients", "optimizer states",
+                                                  "gradient buckets"))
+
+    @property
+    def method(self) -> str:
+        return {"fake": "simulated on fake tensors (no memory used)",
+                "extrapolated": "measured on the CPU at two small batches, extrapolated"}[
+            self.footprint.method]
+
+    def to_json(self) -> dict:
+        t = self.target
+        return {"recipe": self.recipe, "model": self.model, "batch_size": self.batch_size,
+                "input_shape": list(self.input_shape), "method": self.footprint.method,
+                "device": t.device, "precision": t.precision, "world_size": t.world_size,
+                "strategy": t.strategy, "capacity_bytes": t.capacity,
+                "capacity_source": t.capacity_source,
+                "activation_checkpointing": self.activation_checkpointing,
+                "parameters": self.info.parameters, "breakdown_bytes": self.rows,
+                "peak_allocated_bytes": self.peak,
+                "allocator_overhead_bytes": int(self.peak * t.overhead),
+                "context_bytes": t.context, "in_use_bytes": self.in_use, "fits": self.fits,
+                "notes": self.notes + self.footprint.notes}
+
+
+def resolve_target(config: Config, gpu_memory: str | None, world_size: int = 1,
+                   strategy: str | None = None) -> Target:
+    """The device the recipe is meant for: a GPU unless config.device says cpu; its capacity
+    from --gpu-memory, else this machine's GPU, else an H100 (said so)."""
+    device = "cpu" if config.device == "cpu" else "cuda"
+    if device == "cuda":
+        precision = config.precision
+        if precision == "auto":
+            precision = "bf16" if not torch.cuda.is_available() or \
+                torch.cuda.is_bf16_supported() else "fp16"
+    else:
+        precision = resolve_precision(config.precision, torch.device("cpu"))
+    if gpu_memory is not None:
+        capacity, source = parse_memory(gpu_memory), f"--gpu-memory {gpu_memory}"
+    elif device == "cuda" and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        capacity, source = props.total_memory, f"this machine's {props.name}"
+    elif device == "cuda":
+        capacity = parse_memory(DEFAULT_GPU)
+        source = f"assumed {DEFAULT_GPU.upper()} ({fmt_bytes(capacity)}); no GPU here, give " \
+                 "--gpu-memory"
+    else:
+        raise ConfigError("device=cpu: give the memory a process may use with --gpu-memory "
+                          "(for example --gpu-memory 8GiB)")
+    if strategy is None:
+        strategy = config.parallel.strategy
+        strategy = ("ddp" if world_size > 1 else "none") if strategy == "auto" else strategy
+    if world_size == 1:
+        strategy = "none"
+    return Target(device, precision, capacity, source, world_size, strategy)
+
+
+def num_classes_of(config: Config) -> tuple[int, str | None]:
+    """The classifier's width, without reading a large dataset when it can be avoided."""
+    data = config.data
+    if data.num_classes:
+        return data.num_classes, None
+    if data.dataset == "synthetic":
+        return data.synthetic.num_classes, None
+    from hpctrain.data.loader import SHAPE_CLASSES, build_datasets
+
+    if data.dataset == "shapes":
+        return len(SHAPE_CLASSES), None
+    try:
+        return build_datasets(data, config.seed)[2], None
+    except UserError as err:
+        return 1000, f"number of classes assumed 1000 ({err}); set data.num_classes"
+
+
+def input_size(config: Config) -> int:
+    data = config.data
+    size = data.image_size
+    if data.progressive.enabled:  # the peak comes at the largest size
+        size = max(size, data.progressive.start_size, data.progressive.end_size)
+    return size
+
+
+def step_spec(config: Config, target: Target, num_classes: int) -> StepSpec:
+    size = input_size(config)
+    optim_device = torch.device(target.device)
+    lr = scaled_lr(config.optim, per_device_batch(config, target.world_size)[1])
+
+    def build() -> nn.Module:
+        model = build_model(config.model.name, num_classes, config.model.kwargs)
+        if config.model.activation_checkpointing:
+            model = enable_activation_checkpointing(model, config.model.name)
+        return model
+
+    def make_batch(batch: int, device: torch.device):
+        return (torch.randn(batch, 3, size, size, device=device),
+                torch.randint(0, num_classes, (batch,), device=device))
+
+    return StepSpec(build, make_batch,
+                    lambda model: build_optimizer(model, config.optim, lr, optim_device),
+                    nn.CrossEntropyLoss(label_smoothing=config.train.label_smoothing),
+                    target.precision, target.device, config.optim.grad_clip_norm)
+
+
+def model_info(spec: StepSpec, precision: str) -> ModelInfo:
+    with torch.device("meta"):
+        model = spec.build_model()
+    units = [sum(p.numel() for p in m.parameters()) for m in model.modules() if is_block(m)]
+    total = sum(p.numel() for p in model.parameters())
+    rest = total - sum(units)  # blocks nest rarely; the root unit holds the rest
+    return ModelInfo(total, sum(p.numel() for p in model.parameters() if p.requires_grad),
+                     max([rest, *units]), bf16_parameters(model, precision))
+
+
+def layout_rows(footprint: Footprint, info: ModelInfo, target: Target,
+                config: Config) -> dict[str, int]:
+    """One device's share of the step under the target's layout."""
+    rows = dict(footprint.at_peak)
+    n = target.world_size
+    if target.strategy == "ddp":
+        # DDP keeps every gradient in its buckets for the whole step, from the first on
+        rows["gradients"] = info.gradient_bytes()
+        if not config.parallel.gradient_as_bucket_view:
+            rows["gradient buckets"] = info.gradient_bytes()
+    elif target.strategy == "fsdp":
+        gather_bytes = 2 if info.bf16_gather else 4
+        for key in ("parameters", "gradients", "optimizer states"):
+            rows[key] = math.ceil(rows[key] / n)
+        if config.parallel.cpu_offload:  # shards and their optimiser live in host memory
+            rows["parameters"] = rows["optimizer states"] = rows["gradients"] = 0
+        if info.bf16_gather:
+            rows["weight copies"] = 0  # the gathered bf16 copies replace autocast's
+        rows["gathered parameters"] = (2 * info.largest_unit if config.parallel.
+                                       reshard_after_forward else info.parameters) * gather_bytes
+        rows["gradient reduce buffers"] = info.largest_unit * 4
+    return rows
+
+
+def estimate(config: Config, target: Target, batch_size: int | None = None,
+             footprint: Footprint | None = None) -> Estimate:
+    """The estimate for `config` on `target`, at the recipe's per-device batch unless given."""
+    num_classes, note = num_classes_of(config)
+    spec = step_spec(config, target, num_classes)
+    batch = batch_size or per_device_batch(config, target.world_size)[0]
+    footprint = footprint or predict(spec, batch)
+    info = model_info(spec, target.precision)
+    size = input_size(config)
+    return Estimate(config.name, config.model.name, batch, (3, size, size), target, info,
+                    footprint, layout_rows(footprint, info, target, config),
+                    config.model.activation_checkpointing, [note] if note else [])
+
+
+def with_layout(base: Estimate, config: Config, world_size: int, strategy: str) -> Estimate:
+    """The same step on another layout: no new simulation."""
+    target = replace(base.target, world_size=world_size,
+                     strategy=strategy if world_size > 1 else "none")
+    return replace(base, target=target,
+                   rows=layout_rows(base.footprint, base.info, target, config))

@@ -1,0 +1,238 @@
+"""One training step's memory, predicted without memory (FakeTensorMode) or measured on CPU.
+
+The same step function runs in both cases: forward under autocast, loss, backward, optimiser
+step, gradients set to None, twice, and the second step is the one reported (the optimiser's
+states exist from then on, as in every later step).
+
+FakeTensorMode executes every operator's shape and dtype logic but allocates nothing, so a
+step at batch 1024 costs what batch 1 costs. Autograd's engine refuses fake CUDA tensors on a
+machine without a GPU, so the whole step runs on fake CPU tensors; for a GPU target the
+forward pass runs a second time on fake CUDA tensors, and the activations of the full step
+are scaled to what CUDA holds: its autocast rules keep layer norms, softmax and losses in
+fp32 where CPU's do not, and its dropout keeps a 1-byte mask where CPU's keeps the input's
+dtype.
+
+When a model cannot run on fake tensors (an operator whose output size depends on data, a
+`.item()` in forward), the step is measured for real on the CPU at batch 4 and 8 and each
+category extrapolated linearly to the batch asked for; the result says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from hpctrain.memory.tracker import CATEGORIES, LiveMemory
+
+AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+CUDA_GRANULARITY = 512  # the CUDA caching allocator rounds every block up to 512 bytes
+FIXED = ("parameters", "optimizer states")  # what does not grow with the batch
+SAMPLE_BATCH = 8  # the larger of the two real batches a fallback measures
+
+
+@dataclass
+class StepSpec:
+    """What one training step is made of, independent of where it runs."""
+
+    build_model: Callable[[], nn.Module]  # builds on the current default device
+    make_batch: Callable[[int, torch.device], tuple[torch.Tensor, torch.Tensor]]
+    build_optimizer: Callable[[nn.Module], torch.optim.Optimizer]
+    criterion: nn.Module
+    precision: str  # fp32 | tf32 | fp16 | bf16
+    target: str  # cuda | cpu: whose autocast rules and allocator to predict for
+    clip_norm: float | None = None
+
+
+@dataclass
+class Footprint:
+    """One step's memory on one device, at one batch size."""
+
+    batch_size: int
+    peak: int
+    at_peak: dict[str, int]  # the split of the peak by category
+    end_of_forward: dict[str, int]  # what the forward pass leaves for backward
+    method: str  # fake | measured | extrapolated
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def activations(self) -> int:
+        return self.end_of_forward["activations"]
+
+
+@contextlib.contextmanager
+def autocast_rules(device_type: str, precision: str):
+    """Autocast for `device_type` even where that device is absent (fake CUDA tensors):
+    torch.autocast switches itself off then, the lower-level switches do not."""
+    dtype = AUTOCAST_DTYPES.get(precision)
+    if dtype is None:
+        yield
+        return
+    enabled, old = torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
+    torch.set_autocast_enabled(device_type, True)
+    torch.set_autocast_dtype(device_type, dtype)
+    torch.autocast_increment_nesting()
+    try:
+        yield
+    finally:
+        if torch.autocast_decrement_nesting() == 0:
+            torch.clear_autocast_cache()
+        torch.set_autocast_enabled(device_type, enabled)
+        torch.set_autocast_dtype(device_type, old)
+
+
+class _NoTracker:
+    """Stands in for LiveMemory where the device counts for itself (CUDA)."""
+
+    phase = "forward"
+    totals: dict = {}
+
+    def reset_peak(self) -> None:
+        pass
+
+    def track_optimizer(self, optimizer) -> None:
+        pass
+
+
+def run_steps(spec: StepSpec, model: nn.Module, optimizer: torch.optim.Optimizer | None,
+              batch_size: int, device: torch.device, tracker: LiveMemory | None = None,
+              steps: int = 2, forward_only: bool = False,
+              on_step: Callable[[int], None] | None = None) -> dict[str, int]:
+    """`steps` training steps under `tracker`; the peak is reset before the last.
+    Returns the split at the end of the last forward pass."""
+    tracker = tracker or _NoTracker()
+    params = [p for p in model.parameters() if p.requires_grad]
+    end_of_forward = {}
+    for step in range(steps):
+        if step == steps - 1:
+            tracker.reset_peak()
+        tracker.phase = "inputs"
+        images, labels = spec.make_batch(batch_size, device)
+        tracker.phase = "forward"
+        with autocast_rules(device.type, spec.precision):
+            logits = model(images)
+            loss = spec.criterion(logits, labels)
+        end_of_forward = dict(tracker.totals)
+        if forward_only:
+            return end_of_forward
+        tracker.phase = "backward"
+        loss.backward()
+        del images, labels, logits, loss
+        tracker.phase = "optimizer"
+        if spec.clip_norm:
+            torch.nn.utils.clip_grad_norm_(params, spec.clip_norm)
+        optimizer.step()
+        tracker.track_optimizer(optimizer)
+        optimizer.zero_grad(set_to_none=True)
+        if on_step is not None:
+            on_step(step)
+    return end_of_forward
+
+
+def _fake_model(spec: StepSpec, mode: FakeTensorMode, device: str) -> nn.Module:
+    """The model built on the meta device, its tensors replaced by fake ones on `device`
+    (tied weights stay tied)."""
+    try:
+        with torch.device("meta"):
+            model = spec.build_model()
+    except Exception:  # an initialiser that needs real values: build for real, keep shapes
+        model = spec.build_model()
+    fakes: dict[int, torch.Tensor] = {}
+
+    def fake(t: torch.Tensor, parameter: bool) -> torch.Tensor:
+        if id(t) not in fakes:
+            with mode:
+                new = torch.zeros(t.shape, dtype=t.dtype, device=device)
+            fakes[id(t)] = nn.Parameter(new, t.requires_grad) if parameter else new
+        return fakes[id(t)]
+
+    for module in model.modules():
+        for name, p in module._parameters.items():
+            if p is not None:
+                module._parameters[name] = fake(p, True)
+        for name, b in module._buffers.items():
+            if b is not None:
+                module._buffers[name] = fake(b, False)
+    return model
+
+
+def _forward_split(spec: StepSpec, batch_size: int, device: str) -> dict[str, int]:
+    mode = FakeTensorMode()
+    model = _fake_model(spec, mode, device)
+    tracker = LiveMemory(CUDA_GRANULARITY if device == "cuda" else 1)
+    with mode, tracker:
+        tracker.track_model(model)
+        return run_steps(spec, model, None, batch_size, torch.device(device), tracker,
+                         steps=1, forward_only=True)
+
+
+def simulate(spec: StepSpec, batch_size: int) -> Footprint:
+    """The predicted steady-state step at `batch_size`, on fake tensors."""
+    granularity = CUDA_GRANULARITY if spec.target == "cuda" else 1
+    mode = FakeTensorMode()
+    model = _fake_model(spec, mode, "cpu")
+    tracker = LiveMemory(granularity)
+    with mode, tracker:
+        tracker.track_model(model)
+        optimizer = spec.build_optimizer(model)
+        end = run_steps(spec, model, optimizer, batch_size, torch.device("cpu"), tracker)
+    at_peak, notes = dict(tracker.at_peak), []
+    if spec.target == "cuda":
+        cuda = _forward_split(spec, batch_size, "cuda")
+        for category in ("activations", "weight copies"):
+            if end[category]:
+                ratio = cuda[category] / end[category]
+                at_peak[category] = round(at_peak[category] * ratio)
+                end[category] = cuda[category]
+        notes.append("activations sized by CUDA's kernels and autocast rules")
+    return Footprint(batch_size, sum(at_peak.values()), at_peak, end, "fake", notes)
+
+
+def measure_cpu(spec: StepSpec, batch_size: int, limit: int | None = None,
+                steps: int = 2) -> Footprint:
+    """The same step on real CPU tensors: what autograd holds after forward, and the peak."""
+    model = spec.build_model()
+    tracker = LiveMemory(limit=limit)
+    with tracker:
+        tracker.track_model(model)
+        optimizer = spec.build_optimizer(model)
+        end = run_steps(spec, model, optimizer, batch_size, torch.device("cpu"), tracker,
+                        steps=steps)
+    return Footprint(batch_size, tracker.peak, dict(tracker.at_peak), end, "measured")
+
+
+def extrapolate(small: Footprint, larger: Footprint, batch_size: int) -> Footprint:
+    """Each category as a + b x batch through two footprints, the fixed ones as measured.
+    Small batches peak in the optimiser step, large ones when backward starts: the larger of
+    the two lines (the peak's split, and what the forward pass holds) is the peak."""
+    def line(a: dict, b: dict) -> dict:
+        span = larger.batch_size - small.batch_size
+        return {c: a[c] if c in FIXED else max(0, round(
+            a[c] + (b[c] - a[c]) * (batch_size - small.batch_size) / span)) for c in CATEGORIES}
+
+    held = line(small.end_of_forward, larger.end_of_forward)
+    at_peak = max(line(small.at_peak, larger.at_peak), held, key=lambda d: sum(d.values()))
+    return Footprint(batch_size, sum(at_peak.values()), at_peak, held, "extrapolated",
+                     small.notes)
+
+
+def predict(spec: StepSpec, batch_size: int) -> Footprint:
+    """simulate(), or when the model does not run on fake tensors, CPU measurements at batch 1
+    and 2 extrapolated (the report says which)."""
+    try:
+        return simulate(spec, batch_size)
+    except Exception as err:  # any operator fake tensors cannot run
+        reason = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:160]}" \
+            if str(err).strip() else type(err).__name__
+    larger = min(batch_size, SAMPLE_BATCH)
+    smaller = max(1, larger // 2)
+    if smaller == larger:
+        larger += 1
+    result = extrapolate(measure_cpu(spec, smaller), measure_cpu(spec, larger), batch_size)
+    result.notes = [f"the model does not run on fake tensors ({reason}); measured on the CPU "
+                    f"at batch {smaller} and {larger} and extrapolated (CPU autocast rules)"]
+    return result

@@ -1,0 +1,43 @@
+"""Device memory sizes: parsing what users type (`80GB`, `40GiB`, `h100`) and printing bytes.
+
+Units are taken literally: GB = 10^9 bytes, GiB = 2^30. A GPU's name gives the memory its
+driver reports (nvidia-smi's total), which is what a run can address.
+"""
+
+from __future__ import annotations
+
+import re
+
+from hpctrain.errors import ConfigError
+
+UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+         "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
+         "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+MIB = 2**20
+# total memory as nvidia-smi reports it, in MiB
+GPUS = {"v100-16gb": 16160, "v100-32gb": 32510, "a100-40gb": 40960, "a100-80gb": 81920,
+        "h100": 81559, "h100-80gb": 81559, "h100-94gb": 95830, "h200": 143771,
+        "gh200": 97871, "l40s": 46068, "a40": 46068, "mi250x": 65520, "mi300x": 196592}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_memory(text: str, what: str = "--gpu-memory") -> int:
+    """Bytes from '80GB', '79.6GiB', '81559MiB', '40g' or a GPU name such as 'a100-40gb'."""
+    key = text.strip().lower()
+    if key in GPUS:
+        return GPUS[key] * MIB
+    match = _SIZE.match(text)
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in UNITS or float(match.group(1)) <= 0:
+        raise ConfigError(
+            f"{what} {text!r} is not a memory size: give a number with a unit (80GB, 40GiB, "
+            f"81559MiB) or a GPU name ({', '.join(sorted(GPUS))})")
+    return int(float(match.group(1)) * UNITS[unit])
+
+
+def fmt_bytes(n: float) -> str:
+    """1.5 GiB, 320 MiB, 12 KiB: binary units, as the CUDA allocator and nvidia-smi count."""
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.{1 if abs(n) / size < 100 else 0}f} {unit}"
+    return f"{n:.0f} B"

@@ -1,0 +1,304 @@
+"""hpctrain memory: the storage tracker against real tensors, the published formulas, the
+advice's decisions, the batch-size search on real ranks, and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from PIL import Image
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from hpctrain.errors import ConfigError
+from hpctrain.memory.advice import advise
+from hpctrain.memory.estimate import estimate, resolve_target, with_layout
+from hpctrain.memory.simulate import StepSpec, measure_cpu, predict, simulate
+from hpctrain.memory.sizes import parse_memory
+
+MIB = 2**20
+
+
+# ---- the published formulas, as oracles ------------------------------------------------------
+
+def zero_model_states(psi: int, stage: int, n: int, k: int = 12) -> float:
+    """Bytes per rank for mixed-precision Adam under ZeRO (Rajbhandari et al., 2020):
+    2 (16-bit weights) + 2 (16-bit gradients) + K (fp32 master weights and two moments)."""
+    return {0: (4 + k) * psi, 1: 4 * psi + k * psi / n, 2: 2 * psi + (2 + k) * psi / n,
+            3: (4 + k) * psi / n}[stage]
+
+
+def transformer_layer_activations(s: int, b: int, h: int, a: int) -> int:
+    """Korthikanti et al. (2022): 16-bit activations of one layer, s*b*h*(34 + 5as/h)."""
+    return s * b * h * 34 + 5 * a * s * s * b
+
+
+# ---- small step specs --------------------------------------------------------------------------
+
+def _spec(build, make_batch, optimizer="adamw", precision="fp32", target="cpu",
+          criterion=None):
+    def build_optimizer(model):
+        if optimizer == "adamw":
+            return torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+        return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=True)
+    return StepSpec(build, make_batch, build_optimizer, criterion or nn.CrossEntropyLoss(),
+                    precision, target)
+
+
+def _mlp_spec(precision="fp32", optimizer="adamw"):
+    build = lambda: nn.Sequential(nn.Linear(64, 256, bias=False), nn.ReLU(),
+                                  nn.Linear(256, 10, bias=False))
+    make = lambda b, d: (torch.randn(b, 64, device=d), torch.randint(0, 10, (b,), device=d))
+    return _spec(build, make, optimizer, precision)
+
+
+class NaiveGptLayer(nn.Module):
+    """A GPT layer written out as in Korthikanti et al.: every tensor their count names."""
+
+    def __init__(self, h: int, a: int, p: float = 0.1):
+        super().__init__()
+        self.a = a
+        self.ln1, self.ln2 = nn.LayerNorm(h), nn.LayerNorm(h)
+        self.qkv, self.proj = nn.Linear(h, 3 * h), nn.Linear(h, h)
+        self.fc1, self.fc2 = nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
+        self.drop = nn.Dropout(p)
+
+    def forward(self, x):
+        b, s, h = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(h, dim=-1)
+        heads = lambda t: t.view(b, s, self.a, h // self.a).transpose(1, 2)
+        scores = heads(q) @ heads(k).transpose(-2, -1) / (h // self.a) ** 0.5
+        attention = self.drop(scores.softmax(-1)) @ heads(v)
+        x = x + self.drop(self.proj(attention.transpose(1, 2).reshape(b, s, h)))
+        return x + self.drop(self.fc2(nn.functional.gelu(self.fc1(self.ln2(x)))))
+
+
+class NaiveGpt(nn.Module):
+    def __init__(self, layers: int, h: int, a: int, recompute: bool = False):
+        super().__init__()
+        self.layers = nn.ModuleList(NaiveGptLayer(h, a) for _ in range(layers))
+        self.recompute = recompute
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = checkpoint(layer, x, use_reentrant=False) if self.recompute else layer(x)
+        return x
+
+
+def _gpt_activations(layers: int, s: int, b: int, h: int, a: int, recompute=False) -> int:
+    build = lambda: NaiveGpt(layers, h, a, recompute).to(torch.bfloat16)
+    make = lambda n, d: (torch.randn(n, s, h, device=d, dtype=torch.bfloat16),
+                         torch.zeros(n, device=d))
+    loss = lambda out, _: out.sum()
+    # CUDA's kernels, as the formula: dropout keeps 1-byte masks (CPU's keep 2 in bf16)
+    return simulate(_spec(build, make, "sgd", target="cuda", criterion=loss), b).activations
+
+
+def test_adam_holds_16_bytes_per_parameter_in_fp32_and_in_bf16():
+    parameters = 64 * 256 + 256 * 10
+    for precision in ("fp32", "bf16"):
+        at_peak = simulate(_mlp_spec(precision), 32).at_peak  # the peak is in Adam's step
+        states = at_peak["parameters"] + at_peak["gradients"] + at_peak["optimizer states"]
+        assert states / parameters == 16  # 4 weights + 4 gradients + 8 for the two moments
+        assert zero_model_states(parameters, 0, 1) == 16 * parameters
+
+
+def test_sharding_follows_the_zero_stage_formulas(tiny_config):
+    config = tiny_config("device=cpu", "optim.name=adamw", "model.kwargs={width: 64}")
+    base = estimate(config, resolve_target(config, "1GiB"))
+    psi = base.info.trainable
+    buffers = base.rows["parameters"] - 4 * psi  # BatchNorm statistics are not parameters
+    for n in (2, 4, 8):
+        ddp = with_layout(base, config, n, "ddp")
+        unsharded = ddp.rows["parameters"] - buffers + ddp.rows["gradients"] \
+            + ddp.rows["optimizer states"]
+        assert unsharded == pytest.approx(zero_model_states(psi, 0, n), rel=0.01)
+        fsdp = with_layout(base, config, n, "fsdp")
+        sharded = fsdp.rows["parameters"] - buffers / n + base.info.gradient_bytes() / n \
+            + fsdp.rows["optimizer states"]
+        assert sharded == pytest.approx(zero_model_states(psi, 3, n), rel=0.01)
+        assert fsdp.rows["gathered parameters"] == 2 * base.info.largest_unit * 4
+
+
+def test_transformer_activations_follow_the_published_formula():
+    s, b, h, a = 128, 2, 64, 4
+    per_layer = _gpt_activations(3, s, b, h, a) - _gpt_activations(2, s, b, h, a)
+    assert per_layer == pytest.approx(transformer_layer_activations(s, b, h, a), rel=0.02)
+    # full recomputation keeps only each layer's input: 2sbh bytes
+    kept = _gpt_activations(3, s, b, h, a, True) - _gpt_activations(2, s, b, h, a, True)
+    assert kept == pytest.approx(2 * s * b * h, rel=0.02)
+
+
+# ---- prediction against real tensors -------------------------------------------------------------
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_prediction_matches_a_real_cpu_step(tiny_config, precision):
+    config = tiny_config("device=cpu", f"precision={precision}")
+    est = estimate(config, resolve_target(config, "1GiB"))
+    from hpctrain.memory.measure import measure
+
+    measured = measure(est, config)
+    assert measured["measured_bytes"] > est.info.parameters * 4
+    assert abs(measured["relative_error"]) < 0.10
+    assert abs(measured["peak_relative_error"]) < 0.10
+
+
+class ReadsAValue(nn.Module):
+    """A model that reads a tensor's value in forward: fake tensors have none."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(32, 10)
+
+    def forward(self, x):
+        scale = float(x.abs().max().item())
+        return self.fc(x / scale)
+
+
+def test_a_model_fake_tensors_cannot_run_is_measured_and_extrapolated():
+    make = lambda b, d: (torch.randn(b, 32, device=d), torch.randint(0, 10, (b,), device=d))
+    spec = _spec(ReadsAValue, make, "sgd")
+    result = predict(spec, 64)
+    assert result.method == "extrapolated"
+    assert "fake tensors" in result.notes[0] and "_local_scalar_dense" in result.notes[0]
+    real = measure_cpu(spec, 64)
+    # what forward holds grows linearly with the batch; the peak's temporaries less exactly
+    assert result.activations == pytest.approx(real.activations, rel=0.02)
+    assert result.peak == pytest.approx(real.peak, rel=0.15)
+
+
+def test_cuda_autocast_rules_keep_layer_norms_in_fp32():
+    make = lambda b, d: (torch.randn(b, 16, 64, device=d), torch.zeros(b, device=d))
+    build = lambda: nn.Sequential(nn.Linear(64, 64), nn.LayerNorm(64), nn.Linear(64, 64))
+    loss = lambda out, _: out.float().sum()
+    cpu = simulate(_spec(build, make, "sgd", "bf16", "cpu", loss), 8)
+    cuda = simulate(_spec(build, make, "sgd", "bf16", "cuda", loss), 8)
+    assert "CUDA's kernels and autocast rules" in cuda.notes[0]
+    assert cuda.activations > cpu.activations  # the fp32 layer-norm output and its bf16 cast
+
+
+# ---- the command and its advice ----------------------------------------------------------------
+
+def test_memory_prints_a_breakdown_json_and_a_picture(run_cli, tiny, tmp_path):
+    code, out, err = run_cli("memory", "default", *tiny("device=cpu"), "--gpu-memory",
+                             "1GiB", "--out", str(tmp_path), "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    est = report["estimate"]
+    assert est["method"] == "fake" and est["fits"] and est["batch_size"] == 16
+    assert set(est["breakdown_bytes"]) >= {"parameters", "gradients", "optimizer states",
+                                          "activations", "temporaries", "inputs"}
+    assert est["peak_allocated_bytes"] == sum(est["breakdown_bytes"].values())
+    assert report["advice"]["decision"] == "fits"
+    assert report["advice"]["largest_batch"] > 16
+    with Image.open(report["picture"]) as picture:
+        assert picture.format == "PNG" and picture.width == 1000
+    code, text, _ = run_cli("memory", "default", *tiny("device=cpu"), "--gpu-memory", "1GiB",
+                            "--out", str(tmp_path))
+    assert code == 0 and "activations" in text and "= in use at the peak" in text
+
+
+def test_a_gpu_target_counts_the_context_and_allocator(run_cli, tiny, tmp_path):
+    code, out, err = run_cli("memory", "default", *tiny(), "--gpu-memory", "a100-40gb",
+                             "--world-size", "4", "--out", str(tmp_path), "--json")
+    assert code == 0, err
+    est = json.loads(out)["estimate"]
+    assert est["device"] == "cuda" and est["precision"] == "bf16"
+    assert est["capacity_bytes"] == 40960 * MIB and est["strategy"] == "ddp"
+    assert est["in_use_bytes"] == int(est["peak_allocated_bytes"] * 1.1) + 512 * MIB
+
+
+def test_a_model_whose_states_do_not_fit_is_sharded_with_the_smallest_degree(tiny_config):
+    config = tiny_config("device=cpu", "optim.name=adamw", "train.batch_size=1",
+                         "data.image_size=8", "model.name=resnet_small",
+                         "model.kwargs={widths: [512, 512, 512]}")
+    probe = estimate(config, resolve_target(config, "64GiB"))
+    two, four = (with_layout(probe, config, n, "fsdp").in_use for n in (2, 4))
+    states = probe.rows["parameters"] + probe.info.gradient_bytes() \
+        + probe.rows["optimizer states"]
+    capacity = (two + four) // 2  # four devices fit, two do not
+    assert states > capacity
+    est = estimate(config, resolve_target(config, f"{capacity}B"))
+    advice = advise(est, config)
+    assert advice.decision == "shard"
+    assert advice.options[0].settings[:2] == ["parallel.strategy=fsdp", "--gpus 4"]
+    assert advice.options[0].fits and advice.options[0].in_use == four
+
+
+def test_activations_that_do_not_fit_get_options_with_their_peaks(run_cli, tiny, tmp_path):
+    code, out, err = run_cli("memory", "default", *tiny("device=cpu", "train.batch_size=64"),
+                             "--gpu-memory", "3MiB", "--out", str(tmp_path), "--json")
+    assert code == 3, err  # it does not fit
+    advice = json.loads(out)["advice"]
+    assert advice["decision"] == "activations"
+    settings = [" ".join(o["settings"]) for o in advice["options"]]
+    assert any(s.startswith("train.batch_size=") and "train.grad_accum_steps=" in s
+               for s in settings)
+    assert "precision=bf16" in settings
+    best = advice["options"][0]
+    assert best["fits"] and best["in_use_bytes"] <= 3 * MIB
+
+
+def test_find_batch_size_recovers_from_out_of_memory(run_cli, tiny, tmp_path):
+    code, out, err = run_cli("memory", "default", *tiny("device=cpu"), "--gpu-memory",
+                             "3MiB", "--find-batch-size", "--out", str(tmp_path), "--json")
+    assert code == 0, err
+    search = json.loads(out)["search"]
+    trials = {t["batch_size"]: t for t in search["trials"]}
+    assert any(not t["fits"] for t in trials.values())  # it met the limit and went on
+    largest = search["largest"]
+    assert trials[largest]["fits"] and trials[largest]["peak_bytes"] <= 3 * MIB
+    assert all(t["images_per_second"] > 0 for t in trials.values() if t["fits"])
+    assert search["recommended"] % 8 == 0
+    assert search["recommended"] * search["grad_accum_steps"] >= 16
+
+
+def test_a_batch_of_one_that_does_not_fit_says_what_would(run_cli, tiny, tmp_path):
+    code, out, err = run_cli("memory", "default", *tiny("device=cpu"), "--gpu-memory",
+                             "20KiB", "--find-batch-size", "--out", str(tmp_path))
+    assert code == 3, err
+    assert "not even batch 1 fits" in out
+    assert "does not fit" in out or "do not fit" in out
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_find_batch_size_on_two_ranks_agrees(tmp_path, shapes_cache, strategy):
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node=2", "-m", "hpctrain", "memory", "default", "device=cpu",
+               f"output_dir={tmp_path}", "data.dataset=synthetic", "data.image_size=16",
+               "model.name=hpctrain:tiny_cnn", "train.global_batch_size=128",
+               f"parallel.strategy={strategy}", "--gpu-memory", "1MiB", "--find-batch-size",
+               "--json"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    search = json.loads(done.stdout)["search"]  # printed once, by rank 0
+    assert search["world_size"] == 2 and search["strategy"] == strategy
+    assert search["largest"] >= 8 and any(not t["fits"] for t in search["trials"])
+    assert search["recommended"] * 2 * search["grad_accum_steps"] == 128
+
+
+# ---- bad input -----------------------------------------------------------------------------------
+
+def test_memory_sizes_and_gpu_names():
+    assert parse_memory("80GB") == 80 * 10**9
+    assert parse_memory("40GiB") == 40 * 2**30
+    assert parse_memory("81559MiB") == parse_memory("H100") == 81559 * MIB
+    assert parse_memory("1.5g") == int(1.5 * 2**30)
+    for bad in ("eighty", "80XB", "0GB", "-4GB"):
+        with pytest.raises(ConfigError, match="not a memory size"):
+            parse_memory(bad)
+
+
+def test_bad_memory_input_exits_2_and_names_it(run_cli, tiny, tmp_path):
+    code, _, err = run_cli("memory", "default", *tiny(), "--gpu-memory", "80XB")
+    assert code == 2 and "'80XB'" in err and "a100-40gb" in err
+    code, _, err = run_cli("memory", "default", *tiny("device=cpu"))
+    assert code == 2 and "--gpu-memory" in err
+    code, _, err = run_cli("memory", "default", *tiny(), "--world-size", "0")
+    assert code == 2 and "--world-size 0" in err
