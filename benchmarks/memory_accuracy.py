@@ -1,0 +1,149 @@
+"""hpctrain memory's prediction against measurement, for a zoo of models.
+
+For each of resnet18, resnet50, ViT-S/16 and a GPT-style transformer, at two batch sizes, in
+fp32 and bf16, with and without activation checkpointing: the prediction (fake tensors, no
+memory) beside the measurement of the same step on real tensors.
+
+- on the CPU (default): what the step holds when forward ends (parameters, optimiser states,
+  autograd's saved tensors) and its peak, counted by hpctrain's storage tracker;
+- on a GPU (--device cuda): torch.cuda.max_memory_allocated against the predicted peak.
+
+    python benchmarks/memory_accuracy.py               # the CPU table (a few minutes)
+    python benchmarks/memory_accuracy.py --device cuda --scale 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import timm
+import torch
+import torchvision
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from hpctrain.memory.simulate import StepSpec, measure_cpu, run_steps, simulate
+from hpctrain.memory.sizes import fmt_bytes
+from hpctrain.models.checkpointing import enable_activation_checkpointing
+
+
+class Gpt(nn.Module):
+    """GPT-style: token and position embeddings, pre-norm causal layers, tied LM head."""
+
+    def __init__(self, vocab=8192, context=256, width=384, heads=6, layers=6,
+                 recompute=False):
+        super().__init__()
+        self.tokens, self.positions = nn.Embedding(vocab, width), nn.Embedding(context, width)
+        self.layers = nn.ModuleList(nn.TransformerEncoderLayer(
+            width, heads, 4 * width, dropout=0.1, activation="gelu", batch_first=True,
+            norm_first=True) for _ in range(layers))
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.tokens.weight
+        self.recompute = recompute
+
+    def forward(self, ids):
+        s = ids.shape[1]
+        x = self.tokens(ids) + self.positions(torch.arange(s, device=ids.device))
+        mask = nn.Transformer.generate_square_subsequent_mask(s, device=ids.device)
+        for layer in self.layers:
+            run = lambda t, layer=layer: layer(t, src_mask=mask, is_causal=True)
+            x = checkpoint(run, x, use_reentrant=False) if self.recompute else run(x)
+        return self.head(self.norm(x)).flatten(0, 1)
+
+
+def image_model(build, size: int):
+    def make(batch, device):
+        return (torch.randn(batch, 3, size, size, device=device),
+                torch.randint(0, 1000, (batch,), device=device))
+    return build, make
+
+
+def zoo(scale: int):
+    context = 256
+
+    def gpt_batch(batch, device):
+        ids = torch.randint(0, 8192, (batch, context), device=device)
+        return ids, torch.randint(0, 8192, (batch * context,), device=device)
+
+    return {
+        "resnet18": (lambda ac: _ckpt(torchvision.models.resnet18(), ac), 128, 8 * scale),
+        "resnet50": (lambda ac: _ckpt(torchvision.models.resnet50(), ac), 128, 4 * scale),
+        "vit_small": (lambda ac: _ckpt(timm.create_model("vit_small_patch16_224"), ac), 224,
+                      4 * scale),
+        "gpt": (lambda ac: Gpt(recompute=ac), gpt_batch, 4 * scale),
+    }
+
+
+def _ckpt(model, on):
+    return enable_activation_checkpointing(model, "zoo") if on else model
+
+
+def spec_for(build, input_or_size, precision, ac, target):
+    make = input_or_size if callable(input_or_size) else image_model(None, input_or_size)[1]
+    return StepSpec(lambda: build(ac), make,
+                    lambda m: torch.optim.AdamW(m.parameters(), lr=1e-4, foreach=True),
+                    nn.CrossEntropyLoss(), precision, target)
+
+
+def held(split):
+    return sum(v for k, v in split.items() if k != "temporaries")
+
+
+def measure_gpu(spec, batch):
+    model = spec.build_model().cuda()
+    optimizer = spec.build_optimizer(model)
+    torch.cuda.reset_peak_memory_stats()
+    run_steps(spec, model, optimizer, batch, torch.device("cuda"), steps=3)
+    peak = torch.cuda.max_memory_allocated()
+    del model, optimizer
+    torch.cuda.empty_cache()
+    return peak
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--scale", type=int, default=1, help="multiply the batch sizes")
+    parser.add_argument("--models", default="resnet18,resnet50,vit_small,gpt")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    rows, worst = [], 0.0
+    header = ("| model | batch | precision | ckpt | predicted | measured | error |"
+              + (" predicted peak | measured peak | peak error |" if args.device == "cpu"
+                 else ""))
+    print(header)
+    print("|" + "---|" * (header.count("|") - 1))
+    for name in args.models.split(","):
+        build, data, base = zoo(args.scale)[name]
+        for batch in (base, 2 * base):
+            for precision in ("fp32", "bf16"):
+                for ac in (False, True):
+                    spec = spec_for(build, data, precision, ac, args.device)
+                    started = time.perf_counter()
+                    predicted = simulate(spec, batch)
+                    if args.device == "cuda":
+                        peak = measure_gpu(spec, batch)
+                        error = (predicted.peak - peak) / peak
+                        line = (f"| {name} | {batch} | {precision} | {'yes' if ac else 'no'} | "
+                                f"{fmt_bytes(predicted.peak)} | {fmt_bytes(peak)} | "
+                                f"{error:+.1%} |")
+                    else:
+                        real = measure_cpu(spec, batch)
+                        p, m = held(predicted.end_of_forward), held(real.end_of_forward)
+                        error = (p - m) / m
+                        peak_error = (predicted.peak - real.peak) / real.peak
+                        line = (f"| {name} | {batch} | {precision} | {'yes' if ac else 'no'} | "
+                                f"{fmt_bytes(p)} | {fmt_bytes(m)} | {error:+.1%} | "
+                                f"{fmt_bytes(predicted.peak)} | {fmt_bytes(real.peak)} | "
+                                f"{peak_error:+.1%} |")
+                        error = max(abs(error), abs(peak_error))
+                    worst = max(worst, abs(error))
+                    rows.append(line)
+                    print(line + f"  ({time.perf_counter() - started:.0f} s)", flush=True)
+    print(f"\nworst relative error: {worst:.1%} over {len(rows)} cases (target: 10%)")
+
+
+if __name__ == "__main__":
+    main()
