@@ -195,11 +195,15 @@ def test_memory_prints_a_breakdown_json_and_a_picture(run_cli, tiny, tmp_path):
     assert est["peak_allocated_bytes"] == sum(est["breakdown_bytes"].values())
     assert report["advice"]["decision"] == "fits"
     assert report["advice"]["largest_batch"] > 16
+    ckpt = report["checkpointing_counterpart"]  # the same step with checkpointing switched on
+    assert ckpt["activation_checkpointing"] and ckpt["batch_size"] == 16
+    assert ckpt["breakdown_bytes"]["activations"] < est["breakdown_bytes"]["activations"]
     with Image.open(report["picture"]) as picture:
         assert picture.format == "PNG" and picture.width == 1000
     code, text, _ = run_cli("memory", "default", *tiny("device=cpu"), "--gpu-memory", "1GiB",
                             "--out", str(tmp_path))
     assert code == 0 and "activations" in text and "= in use at the peak" in text
+    assert "with activation checkpointing: activations" in text
 
 
 def test_a_gpu_target_counts_the_context_and_allocator(run_cli, tiny, tmp_path):

@@ -273,7 +273,8 @@ Exit codes: 0 it fits (or the search found a batch), 3 it does not fit, 2 bad in
 def cmd_memory(args) -> int:
     from hpctrain.cluster.environment import detect
     from hpctrain.config import load_config
-    from hpctrain.memory.advice import advise, largest_batch, round_batch
+    from hpctrain.memory.advice import (advise, checkpointing_counterpart, largest_batch,
+                                        round_batch)
     from hpctrain.memory.estimate import estimate, resolve_target
     from hpctrain.memory.report import document, text_report, write_picture
     from hpctrain.memory.sizes import fmt_bytes
@@ -286,6 +287,7 @@ def cmd_memory(args) -> int:
     target = resolve_target(config, args.gpu_memory, world)
     est = estimate(config, target)
     advice = advise(est, config)
+    counterpart = checkpointing_counterpart(est, config)
     measured = search = None
     if args.measure:
         from hpctrain.memory.measure import measure
@@ -302,12 +304,12 @@ def cmd_memory(args) -> int:
                             / f"{config.name}-memory.png")
     fits = search.largest is not None if search else est.fits
     if args.json:
-        out = document(est, advice, measured)
+        out = document(est, advice, measured, counterpart)
         out["search"] = search.to_json() if search else None
         out["picture"] = str(picture)
         print(json.dumps(out, indent=2))
         return 0 if fits else 3
-    print(text_report(est, advice, measured))
+    print(text_report(est, advice, measured, counterpart))
     if search:
         print(f"\nbatch search on {search.world_size} x {search.device} ({search.strategy}):")
         for t in search.trials:

@@ -22,6 +22,7 @@ from hpctrain.memory.estimate import Estimate, estimate, with_layout
 from hpctrain.memory.sizes import fmt_bytes
 
 DEGREES = [2**k for k in range(1, 11)]  # FSDP over 2 .. 1024 devices
+MAX_BATCH = 65536  # the largest per-device batch worth naming
 
 
 @dataclass
@@ -60,15 +61,26 @@ def _variant(config: Config, *overrides: tuple[str, object]) -> Config:
     return Config.model_validate(tree)
 
 
+def checkpointing_counterpart(base: Estimate, config: Config) -> Estimate | None:
+    """The same estimate with activation checkpointing switched the other way (None when the
+    model has no block to checkpoint)."""
+    try:
+        return estimate(_variant(config, ("model.activation_checkpointing",
+                                          not config.model.activation_checkpointing)),
+                        base.target, base.batch_size)
+    except ConfigError:
+        return None
+
+
 def largest_batch(base: Estimate, config: Config) -> int:
     """The largest per-device batch that fits, from the peak's line through two batch sizes."""
     other = max(1, base.batch_size // 2) if base.batch_size > 1 else 2
     second = estimate(config, base.target, other)
     slope = (base.peak - second.peak) / (base.batch_size - other)
     if slope <= 0:
-        return base.batch_size
+        return MAX_BATCH
     fixed = base.peak - slope * base.batch_size
-    return max(0, math.floor((base.target.usable() - fixed) / slope))
+    return min(MAX_BATCH, max(0, math.floor((base.target.usable() - fixed) / slope)))
 
 
 def round_batch(batch: int) -> int:

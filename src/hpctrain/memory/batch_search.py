@@ -27,13 +27,13 @@ import torch
 
 from hpctrain.cluster.environment import ProcessEnv, detect
 from hpctrain.config import Config
-from hpctrain.memory.advice import round_batch
+from hpctrain.errors import ConfigError
+from hpctrain.memory.advice import MAX_BATCH, round_batch
 from hpctrain.memory.estimate import Target, num_classes_of, step_spec
 from hpctrain.memory.simulate import run_steps
 from hpctrain.memory.tracker import LiveMemory
 from hpctrain.train import parallel
 
-MAX_BATCH = 65536
 
 
 @dataclass
@@ -72,6 +72,10 @@ class _Runner:
         self.device = torch.device(parallel.local_device(config.device, env)
                                    if config.device != "auto" or torch.cuda.is_available()
                                    else "cpu")
+        if self.device.type != target.device:
+            raise ConfigError(
+                "--find-batch-size runs real steps, and this machine has no GPU: run it on a "
+                "GPU node, or search for a CPU process with device=cpu --gpu-memory SIZE")
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         parallel.check_layout(config, self.strategy, self.device, target.precision)
@@ -138,16 +142,28 @@ def find_batch_size(config: Config, target: Target, start: int, steps: int = 3,
                     env: ProcessEnv | None = None) -> Search:
     env = env or detect()
     runner = _Runner(config, target, env, steps)
-    search = Search(env.world_size, runner.strategy, str(runner.device))
+    try:
+        search = _search(runner, max(1, start))
+        if search.largest is not None:
+            _recommend(search, config, search.largest)
+        runner.distributed.barrier()
+        return search
+    finally:  # a process group left to the interpreter's exit can abort in gloo's threads
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def _search(runner: _Runner, batch: int) -> Search:
+    """Double or halve from `batch` until the limit is bracketed, then bisect."""
+    search = Search(runner.distributed.world_size, runner.strategy, str(runner.device))
     tried: dict[int, Trial] = {}
 
-    def fits(batch: int) -> bool:
-        if batch not in tried:
-            tried[batch] = runner.agreed(batch)
-            search.trials.append(tried[batch])
-        return tried[batch].fits
+    def fits(size: int) -> bool:
+        if size not in tried:
+            tried[size] = runner.agreed(size)
+            search.trials.append(tried[size])
+        return tried[size].fits
 
-    batch = max(1, start)
     lo, hi = None, None
     if fits(batch):
         lo = batch
@@ -167,9 +183,6 @@ def find_batch_size(config: Config, target: Target, start: int, steps: int = 3,
                 break
             lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     search.largest = lo
-    if lo is not None:
-        _recommend(search, config, lo)
-    runner.distributed.barrier()
     return search
 
 

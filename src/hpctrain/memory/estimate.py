@@ -126,9 +126,10 @@ def resolve_target(config: Config, gpu_memory: str | None, world_size: int = 1,
     device = "cpu" if config.device == "cpu" else "cuda"
     if device == "cuda":
         precision = config.precision
-        if precision == "auto":
-            precision = "bf16" if not torch.cuda.is_available() or \
-                torch.cuda.is_bf16_supported() else "fp16"
+        if precision == "auto":  # bf16 from Ampere on; a V100 named or present has fp16 only
+            named_v100 = (gpu_memory or "").lower().startswith("v100")
+            precision = "fp16" if named_v100 or (torch.cuda.is_available() and not
+                                                 torch.cuda.is_bf16_supported()) else "bf16"
     else:
         precision = resolve_precision(config.precision, torch.device("cpu"))
     if gpu_memory is not None:
@@ -240,9 +241,13 @@ def estimate(config: Config, target: Target, batch_size: int | None = None,
     footprint = footprint or predict(spec, batch)
     info = model_info(spec, target.precision)
     size = input_size(config)
+    notes = [note] if note else []
+    if target.device == "cuda" and config.compile is not False:
+        notes.append("predicted for eager mode; torch.compile (on for GPU runs) usually "
+                     "holds less, as Inductor recomputes cheap elementwise results")
     return Estimate(config.name, config.model.name, batch, (3, size, size), target, info,
                     footprint, layout_rows(footprint, info, target, config),
-                    config.model.activation_checkpointing, [note] if note else [])
+                    config.model.activation_checkpointing, notes)
 
 
 def with_layout(base: Estimate, config: Config, world_size: int, strategy: str) -> Estimate:

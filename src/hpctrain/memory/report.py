@@ -28,7 +28,8 @@ def shown_rows(est: Estimate) -> list[tuple[str, int]]:
     return rows
 
 
-def text_report(est: Estimate, advice: Advice, measured: dict | None = None) -> str:
+def text_report(est: Estimate, advice: Advice, measured: dict | None = None,
+                counterpart: Estimate | None = None) -> str:
     t = est.target
     layout = "one device" if t.world_size == 1 else f"{t.strategy} over {t.world_size} devices"
     lines = [f"memory of {est.recipe}: {est.model}, batch {est.batch_size} per device, input "
@@ -42,6 +43,11 @@ def text_report(est: Estimate, advice: Advice, measured: dict | None = None) -> 
         lines.append(f"  {name:<26}{fmt_bytes(value):>12}  {value / est.in_use:6.1%}")
     lines.append(f"  {'= in use at the peak':<26}{fmt_bytes(est.in_use):>12}  "
                  f"{est.in_use / t.capacity:6.1%} of the device")
+    if counterpart is not None:
+        state = "with" if counterpart.activation_checkpointing else "without"
+        lines.append(f"  {state} activation checkpointing: activations "
+                     f"{fmt_bytes(counterpart.rows['activations'])}, in use "
+                     f"{fmt_bytes(counterpart.in_use)}")
     for note in est.notes + est.footprint.notes:
         lines.append(f"  note: {note}")
     if measured:
@@ -56,8 +62,10 @@ def text_report(est: Estimate, advice: Advice, measured: dict | None = None) -> 
     return "\n".join(lines)
 
 
-def document(est: Estimate, advice: Advice, measured: dict | None = None) -> dict:
-    return {"estimate": est.to_json(), "advice": advice.to_json(), "measured": measured}
+def document(est: Estimate, advice: Advice, measured: dict | None = None,
+             counterpart: Estimate | None = None) -> dict:
+    return {"estimate": est.to_json(), "advice": advice.to_json(), "measured": measured,
+            "checkpointing_counterpart": counterpart.to_json() if counterpart else None}
 
 
 def _font(size: int):
@@ -69,10 +77,10 @@ def _font(size: int):
 
 def write_picture(est: Estimate, advice: Advice, path: Path) -> Path:
     """Stacked bar of the peak, a bar per option, the capacity as a red line."""
-    width, left, right, bar = 1000, 260, 30, 26
+    width, left, right, bar = 1000, 260, 90, 26
     bars = [("predicted", shown_rows(est))]
     bars += [(" ".join(o.settings)[:40], [("option", o.in_use)]) for o in advice.options]
-    height = 90 + len(bars) * (bar + 14) + 120
+    height = 70 + len(bars) * (bar + 14) + 80
     top = max([est.target.capacity, est.in_use] + [o.in_use for o in advice.options])
     scale = (width - left - right) / top
     image = Image.new("RGB", (width, height), "white")
@@ -93,8 +101,8 @@ def write_picture(est: Estimate, advice: Advice, path: Path) -> Path:
         y += bar + 14
     cap_x = left + est.target.capacity * scale
     draw.line([cap_x, 62, cap_x, y], fill="#d7263d", width=2)
-    draw.text((cap_x - 60, y + 2), f"capacity {fmt_bytes(est.target.capacity)}",
-              fill="#d7263d", font=_font(12))
+    label = f"capacity {fmt_bytes(est.target.capacity)}"
+    draw.text((cap_x - 7 * len(label), y + 2), label, fill="#d7263d", font=_font(12))
     y += 24
     x = 10
     for name, _ in bars[0][1]:
