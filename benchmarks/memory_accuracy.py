@@ -10,6 +10,7 @@ memory) beside the measurement of the same step on real tensors.
 
     python benchmarks/memory_accuracy.py               # the CPU table (a few minutes)
     python benchmarks/memory_accuracy.py --device cuda --scale 4
+    python benchmarks/memory_accuracy.py --predict-only --scale 32   # no device needed
 """
 
 from __future__ import annotations
@@ -110,13 +111,34 @@ def states_only(spec) -> int:
     return 16 * sum(p.numel() for p in model.parameters())
 
 
+def predict_only(args) -> None:
+    print("| model | batch | precision | ckpt | hpctrain predicted peak (GPU) | states only "
+          "| states only / predicted |")
+    print("|---|---|---|---|---|---|---|")
+    for name in args.models.split(","):
+        build, data, base = zoo(args.scale)[name]
+        for precision in ("fp32", "bf16"):
+            for ac in (False, True):
+                spec = spec_for(build, data, precision, ac, "cuda")
+                predicted, baseline = simulate(spec, base).peak, states_only(spec)
+                print(f"| {name} | {base} | {precision} | {'yes' if ac else 'no'} | "
+                      f"{fmt_bytes(predicted)} | {fmt_bytes(baseline)} | "
+                      f"{baseline / predicted:.2f} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--scale", type=int, default=1, help="multiply the batch sizes")
     parser.add_argument("--models", default="resnet18,resnet50,vit_small,gpt")
+    parser.add_argument("--predict-only", action="store_true",
+                        help="the GPU prediction beside the states-only estimate, measuring "
+                             "nothing (for batch sizes this machine cannot run)")
     args = parser.parse_args()
     torch.manual_seed(0)
+    if args.predict_only:
+        predict_only(args)
+        return
     worst, cases = 0.0, 0
     what = "torch.cuda.max_memory_allocated" if args.device == "cuda" else "tracked peak"
     print(f"measured: {what}; ratios are estimate / measured (1.00 is exact)\n")
