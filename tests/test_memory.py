@@ -266,7 +266,16 @@ def test_a_batch_of_one_that_does_not_fit_says_what_would(run_cli, tiny, tmp_pat
                              "20KiB", "--find-batch-size", "--out", str(tmp_path))
     assert code == 3, err
     assert "not even batch 1 fits" in out
-    assert "does not fit" in out or "do not fit" in out
+    # not even sharded, checkpointed and at batch 1: the layers must be split, over how many
+    code, out, err = run_cli("memory", "default", *tiny("device=cpu"), "--gpu-memory",
+                             "20KiB", "--out", str(tmp_path), "--json")
+    assert code == 3, err
+    report = json.loads(out)
+    advice, smallest = report["advice"], report["advice"]["options"][0]
+    assert advice["decision"] == "model-parallel"
+    assert "model.activation_checkpointing=true" in smallest["settings"]
+    assert "train.batch_size=1" in smallest["settings"] and not smallest["fits"]
+    assert "(tensor or pipeline parallelism) over at least 4 devices" in advice["summary"]
 
 
 @pytest.mark.distributed
