@@ -99,3 +99,19 @@ def test_the_memory_prediction_is_within_10_percent_of_the_gpu_peak(run_cli, tin
     measured = json.loads(out)["measured"]
     assert "max_memory_allocated" in measured["what"]
     assert abs(measured["relative_error"]) < 0.10
+
+
+def test_the_batch_search_meets_real_out_of_memory_errors_on_a_capped_gpu(run_cli, tiny,
+                                                                          tmp_path):
+    """--gpu-memory below the card caps the process: the search meets CUDA's own
+    out-of-memory error, recovers, and the largest batch it keeps ran within the cap."""
+    code, out, err = run_cli("memory", "default", *tiny("model.name=resnet_small",
+                                                        "data.image_size=64"),
+                             "--gpu-memory", "2GiB", "--find-batch-size", "--out",
+                             str(tmp_path), "--json")
+    assert code == 0, err
+    search = json.loads(out)["search"]
+    assert search["device"].startswith("cuda")
+    assert any(not t["fits"] for t in search["trials"])
+    best = next(t for t in search["trials"] if t["batch_size"] == search["largest"])
+    assert best["peak_bytes"] <= 2 * 2**30 and search["recommended"] % 8 == 0

@@ -311,7 +311,10 @@ def cmd_memory(args) -> int:
         return 0 if fits else 3
     print(text_report(est, advice, measured, counterpart))
     if search:
-        print(f"\nbatch search on {search.world_size} x {search.device} ({search.strategy}):")
+        limit = f", {fmt_bytes(target.capacity)} emulated by counting storages" \
+            if search.device == "cpu" else ""
+        print(f"\nbatch search on {search.world_size} x {search.device} ({search.strategy}"
+              f"{limit}):")
         for t in search.trials:
             rate = f"{t.images_per_second:,.0f} img/s" if t.images_per_second else ""
             peak = fmt_bytes(t.peak_bytes) if t.peak_bytes else ""

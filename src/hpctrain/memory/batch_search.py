@@ -33,6 +33,7 @@ from hpctrain.memory.estimate import Target, num_classes_of, step_spec
 from hpctrain.memory.simulate import run_steps
 from hpctrain.memory.tracker import LiveMemory
 from hpctrain.train import parallel
+from hpctrain.train.system import resolve_device
 
 
 
@@ -69,9 +70,7 @@ class _Runner:
     def __init__(self, config: Config, target: Target, env: ProcessEnv, steps: int):
         self.config, self.steps = config, steps
         self.strategy = parallel.resolve_strategy(config, env)
-        self.device = torch.device(parallel.local_device(config.device, env)
-                                   if config.device != "auto" or torch.cuda.is_available()
-                                   else "cpu")
+        self.device = resolve_device(parallel.local_device(config.device, env))
         if self.device.type != target.device:
             raise ConfigError(
                 "--find-batch-size runs real steps, and this machine has no GPU: run it on a "
