@@ -58,6 +58,7 @@ class Footprint:
     end_of_forward: dict[str, int]  # what the forward pass leaves for backward
     method: str  # fake | measured | extrapolated
     notes: list[str] = field(default_factory=list)
+    phase_peaks: dict[str, dict[str, int]] = field(default_factory=dict)  # measured ones
 
     @property
     def activations(self) -> int:
@@ -202,20 +203,24 @@ def measure_cpu(spec: StepSpec, batch_size: int, limit: int | None = None,
         optimizer = spec.build_optimizer(model)
         end = run_steps(spec, model, optimizer, batch_size, torch.device("cpu"), tracker,
                         steps=steps)
-    return Footprint(batch_size, tracker.peak, dict(tracker.at_peak), end, "measured")
+    return Footprint(batch_size, tracker.peak, dict(tracker.at_peak), end, "measured",
+                     phase_peaks=dict(tracker.phase_peaks))
 
 
 def extrapolate(small: Footprint, larger: Footprint, batch_size: int) -> Footprint:
-    """Each category as a + b x batch through two footprints, the fixed ones as measured.
-    Small batches peak in the optimiser step, large ones when backward starts: the larger of
-    the two lines (the peak's split, and what the forward pass holds) is the peak."""
+    """Each category as a + b x batch through two measured footprints, the fixed ones as
+    measured, phase by phase: small batches peak in the optimiser step, large ones in
+    backward, so each phase's peak is extended on its own line and the highest one kept."""
     def line(a: dict, b: dict) -> dict:
         span = larger.batch_size - small.batch_size
-        return {c: a[c] if c in FIXED else max(0, round(
-            a[c] + (b[c] - a[c]) * (batch_size - small.batch_size) / span)) for c in CATEGORIES}
+        return {c: a.get(c, 0) if c in FIXED else max(0, round(
+            a.get(c, 0) + (b.get(c, 0) - a.get(c, 0)) * (batch_size - small.batch_size) / span))
+            for c in CATEGORIES}
 
     held = line(small.end_of_forward, larger.end_of_forward)
-    at_peak = max(line(small.at_peak, larger.at_peak), held, key=lambda d: sum(d.values()))
+    candidates = [line(small.phase_peaks[p], larger.phase_peaks[p])
+                  for p in small.phase_peaks if p in larger.phase_peaks]
+    at_peak = max([held, *candidates], key=lambda d: sum(d.values()))
     return Footprint(batch_size, sum(at_peak.values()), at_peak, held, "extrapolated",
                      small.notes)
 

@@ -46,6 +46,7 @@ class LiveMemory(TorchDispatchMode):
         self.live = 0
         self.peak = 0
         self.at_peak = dict(self.totals)
+        self.phase_peaks: dict[str, dict[str, int]] = {}  # the split at each phase's peak
         self.phase = "forward"
 
     # ---- registering and re-labelling ----
@@ -63,6 +64,8 @@ class LiveMemory(TorchDispatchMode):
         if self.live > self.peak:
             self.peak = self.live
             self.at_peak = dict(self.totals)
+        if self.live > sum(self.phase_peaks.get(self.phase, {}).values()):
+            self.phase_peaks[self.phase] = dict(self.totals)
         if self.limit is not None and self.live > self.limit:
             raise torch.OutOfMemoryError(
                 f"the step needs more than the {self.limit} bytes allowed (emulated device)")
@@ -101,6 +104,7 @@ class LiveMemory(TorchDispatchMode):
     def reset_peak(self) -> None:
         self.peak = self.live
         self.at_peak = dict(self.totals)
+        self.phase_peaks = {}
 
     # ---- every operator ----
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
