@@ -2,6 +2,7 @@
 two-node Slurm cluster started by the suite (slurm_cluster.py), plus the generated script."""
 
 import json
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -111,14 +112,25 @@ def test_status_of_a_forgotten_job_comes_from_accounting(slurm_accounting_cluste
     assert code == 0 and "FAILED" in out and "2:0" in out and "sacct" in out
 
 
+def _see_this_interpreters_packages(venv):
+    """Make a new venv import what this interpreter imports. --system-site-packages is not
+    enough when the tests themselves run in a venv: it exposes the base Python's packages, not
+    this venv's, and hpctrain would be missing. addsitedir also runs the .pth files there,
+    which is how an editable install is found."""
+    (site_packages,) = (venv / "lib").glob("python3*/site-packages")
+    dirs = [d for d in [*site.getsitepackages(), site.getusersitepackages()] if Path(d).is_dir()]
+    (site_packages / "_this_interpreter.pth").write_text(
+        f"import site; list(map(site.addsitedir, {dirs!r}))\n")
+
+
 @pytest.mark.slurm
 def test_a_job_runs_in_the_virtual_environment_it_was_given(slurm_cluster, home, tmp_path,
                                                             tiny):
     """--venv: the script activates it and srun runs that environment's python3 (one that
     sees this interpreter's packages, hpctrain included)."""
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip",
-                    str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    _see_this_interpreters_packages(venv)
     job = submit("default", tiny("run_name=in-venv", "train.max_steps=2"), gpus=1,
                  time_limit="10", venv=str(venv))
     assert job.wait(timeout=240, poll=1) == "COMPLETED", job.logs(err=True)[-3000:]
