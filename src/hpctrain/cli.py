@@ -286,8 +286,8 @@ def cmd_memory(args) -> int:
         raise ConfigError(f"--world-size {world}: give 1 or more devices")
     target = resolve_target(config, args.gpu_memory, world)
     est = estimate(config, target)
-    advice = advise(est, config)
     counterpart = checkpointing_counterpart(est, config)
+    advice = advise(est, config, counterpart)
     measured = search = None
     if args.measure:
         from hpctrain.memory.measure import measure

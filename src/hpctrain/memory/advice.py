@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 
 from hpctrain.config import Config
 from hpctrain.errors import ConfigError
-from hpctrain.memory.estimate import Estimate, estimate, with_layout
+from hpctrain.memory.estimate import Estimate, Target, estimate, with_layout
 from hpctrain.memory.sizes import fmt_bytes
 
 DEGREES = [2**k for k in range(1, 11)]  # FSDP over 2 .. 1024 devices
@@ -61,15 +61,19 @@ def _variant(config: Config, *overrides: tuple[str, object]) -> Config:
     return Config.model_validate(tree)
 
 
-def checkpointing_counterpart(base: Estimate, config: Config) -> Estimate | None:
-    """The same estimate with activation checkpointing switched the other way (None when the
-    model has no block to checkpoint)."""
+def _checkpointing(config: Config, target: Target, batch: int, on: bool) -> Estimate | None:
+    """The estimate with activation checkpointing on or off (None when the model has no block
+    to checkpoint)."""
     try:
-        return estimate(_variant(config, ("model.activation_checkpointing",
-                                          not config.model.activation_checkpointing)),
-                        base.target, base.batch_size)
+        return estimate(_variant(config, ("model.activation_checkpointing", on)), target, batch)
     except ConfigError:
         return None
+
+
+def checkpointing_counterpart(base: Estimate, config: Config) -> Estimate | None:
+    """The same estimate with activation checkpointing switched the other way."""
+    return _checkpointing(config, base.target, base.batch_size,
+                          not config.model.activation_checkpointing)
 
 
 def largest_batch(base: Estimate, config: Config) -> int:
@@ -107,7 +111,9 @@ def _states_fit(base: Estimate) -> bool:
     return states <= base.target.usable()
 
 
-def advise(base: Estimate, config: Config) -> Advice:
+def advise(base: Estimate, config: Config, counterpart: Estimate | None = None) -> Advice:
+    """`counterpart`, the checkpointing counterpart when the caller has it, saves simulating
+    that step again."""
     cap = fmt_bytes(base.target.capacity)
     if base.fits:
         top = largest_batch(base, config)
@@ -133,23 +139,21 @@ def advise(base: Estimate, config: Config) -> Advice:
                       f"shard them with FSDP over {n} devices", [_option(
                           ["parallel.strategy=fsdp", f"--gpus {n}", *extra], sharded,
                           f"parameters, gradients and optimiser states split {n} ways")])
-    return _activation_options(base, config)
+    return _activation_options(base, config, counterpart)
 
 
-def _activation_options(base: Estimate, config: Config) -> Advice:
+def _activation_options(base: Estimate, config: Config,
+                        counterpart: Estimate | None) -> Advice:
     cap = fmt_bytes(base.target.capacity)
     advice = Advice("activations", f"the activations of batch {base.batch_size} do not fit "
                     f"in {cap}: {fmt_bytes(base.in_use)} predicted")
     options = advice.options
     if not config.model.activation_checkpointing:
-        try:
-            ckpt = estimate(_variant(config, ("model.activation_checkpointing", True)),
-                            base.target, base.batch_size)
+        ckpt = counterpart or checkpointing_counterpart(base, config)
+        if ckpt is not None:
             options.append(_option(["model.activation_checkpointing=true"], ckpt,
                                    "recompute each block in backward: about a third more "
                                    "compute"))
-        except ConfigError:
-            pass  # no block to checkpoint in this model
     top = largest_batch(base, config)
     if top >= 1:
         steps = 2 ** math.ceil(math.log2(base.batch_size / top))
@@ -181,13 +185,9 @@ def _activation_options(base: Estimate, config: Config) -> Advice:
 
 def _smallest_step(base: Estimate, config: Config) -> Estimate:
     """Batch 1, with activation checkpointing where the model allows it."""
-    if not config.model.activation_checkpointing:
-        try:
-            return estimate(_variant(config, ("model.activation_checkpointing", True)),
-                            base.target, 1)
-        except ConfigError:
-            pass
-    return estimate(config, base.target, 1)
+    checkpointed = None if config.model.activation_checkpointing else \
+        _checkpointing(config, base.target, 1, True)
+    return checkpointed or estimate(config, base.target, 1)
 
 
 def _settings_of(small: Estimate, config: Config) -> list[str]:

@@ -17,7 +17,7 @@ from torch import nn
 from hpctrain.config import Config
 from hpctrain.errors import ConfigError, UserError
 from hpctrain.memory.simulate import Footprint, StepSpec, predict
-from hpctrain.memory.sizes import fmt_bytes, parse_memory
+from hpctrain.memory.sizes import fmt_bytes, lacks_bf16, parse_memory
 from hpctrain.models.checkpointing import enable_activation_checkpointing, is_block
 from hpctrain.models.registry import build_model
 from hpctrain.train.optim import build_optimizer, scaled_lr
@@ -127,9 +127,8 @@ def resolve_target(config: Config, gpu_memory: str | None, world_size: int = 1,
     if device == "cuda":
         precision = config.precision
         if precision == "auto":  # bf16 from Ampere on; a V100 named or present has fp16 only
-            named_v100 = (gpu_memory or "").lower().startswith("v100")
-            precision = "fp16" if named_v100 or (torch.cuda.is_available() and not
-                                                 torch.cuda.is_bf16_supported()) else "bf16"
+            precision = "fp16" if lacks_bf16(gpu_memory) or (
+                torch.cuda.is_available() and not torch.cuda.is_bf16_supported()) else "bf16"
     else:
         precision = resolve_precision(config.precision, torch.device("cpu"))
     if gpu_memory is not None:

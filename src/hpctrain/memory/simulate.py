@@ -213,9 +213,8 @@ def extrapolate(small: Footprint, larger: Footprint, batch_size: int) -> Footpri
     backward, so each phase's peak is extended on its own line and the highest one kept."""
     def line(a: dict, b: dict) -> dict:
         span = larger.batch_size - small.batch_size
-        return {c: a.get(c, 0) if c in FIXED else max(0, round(
-            a.get(c, 0) + (b.get(c, 0) - a.get(c, 0)) * (batch_size - small.batch_size) / span))
-            for c in CATEGORIES}
+        return {c: a[c] if c in FIXED else max(0, round(
+            a[c] + (b[c] - a[c]) * (batch_size - small.batch_size) / span)) for c in CATEGORIES}
 
     held = line(small.end_of_forward, larger.end_of_forward)
     candidates = [line(small.phase_peaks[p], larger.phase_peaks[p])

@@ -18,6 +18,7 @@ MIB = 2**20
 GPUS = {"v100-16gb": 16160, "v100-32gb": 32510, "a100-40gb": 40960, "a100-80gb": 81920,
         "h100": 81559, "h100-80gb": 81559, "h100-94gb": 95830, "h200": 143771,
         "gh200": 97871, "l40s": 46068, "a40": 46068, "mi250x": 65520, "mi300x": 196592}
+WITHOUT_BF16 = {"v100-16gb", "v100-32gb"}  # Volta: fp16 Tensor Cores only
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 
@@ -41,3 +42,8 @@ def fmt_bytes(n: float) -> str:
         if abs(n) >= size:
             return f"{n / size:.{1 if abs(n) / size < 100 else 0}f} {unit}"
     return f"{n:.0f} B"
+
+
+def lacks_bf16(gpu_memory: str | None) -> bool:
+    """Is --gpu-memory the name of a GPU without bf16 (so `precision=auto` means fp16)?"""
+    return (gpu_memory or "").strip().lower() in WITHOUT_BF16

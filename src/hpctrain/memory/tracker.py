@@ -44,8 +44,6 @@ class LiveMemory(TorchDispatchMode):
         self.storages: dict[int, list] = {}  # id(storage) -> [bytes, category]
         self.totals = dict.fromkeys(CATEGORIES, 0)
         self.live = 0
-        self.peak = 0
-        self.at_peak = dict(self.totals)
         self.phase_peaks: dict[str, dict[str, int]] = {}  # the split at each phase's peak
         self.phase = "forward"
 
@@ -61,9 +59,6 @@ class LiveMemory(TorchDispatchMode):
         weakref.finalize(storage, self._free, key)
         self.totals[category] += size
         self.live += size
-        if self.live > self.peak:
-            self.peak = self.live
-            self.at_peak = dict(self.totals)
         if self.live > sum(self.phase_peaks.get(self.phase, {}).values()):
             self.phase_peaks[self.phase] = dict(self.totals)
         if self.limit is not None and self.live > self.limit:
@@ -101,10 +96,19 @@ class LiveMemory(TorchDispatchMode):
                 if isinstance(value, torch.Tensor) and value.numel() > 1:
                     self.add(value, "optimizer states")
 
+    @property
+    def at_peak(self) -> dict[str, int]:
+        """The split when the live total was highest (the earliest phase on a tie)."""
+        return max(self.phase_peaks.values(), key=lambda split: sum(split.values()),
+                   default=dict(self.totals))
+
+    @property
+    def peak(self) -> int:
+        return sum(self.at_peak.values())
+
     def reset_peak(self) -> None:
-        self.peak = self.live
-        self.at_peak = dict(self.totals)
-        self.phase_peaks = {}
+        """What is alive now is the new peak: it is recorded as the phase "step start"."""
+        self.phase_peaks = {"step start": dict(self.totals)}
 
     # ---- every operator ----
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
