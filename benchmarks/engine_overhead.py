@@ -34,7 +34,8 @@ def hand_written_loop(model, batches, steps, lr, precision, device, channels_las
     start = time.perf_counter()
     for step in range(steps):
         images, labels = batches[step % len(batches)]
-        images = images.to(device, non_blocking=True).float().sub_(mean).div_(std)
+        images = images.to(device, non_blocking=True).permute(0, 3, 1, 2)  # NHWC uint8 in
+        images = images.float().sub_(mean).div_(std)
         images = images.contiguous(memory_format=memory_format)
         labels = labels.to(device, non_blocking=True)
         with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):

@@ -24,10 +24,11 @@ from hpctrain.train.telemetry import Telemetry
 
 def make_batches(count: int, batch_size: int, image_size: int, num_classes: int,
                  pin: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """uint8 NHWC batches, as the DataLoader delivers them (DeviceBatcher permutes them)."""
     generator = torch.Generator().manual_seed(0)
     batches = []
     for _ in range(count):
-        images = torch.randint(0, 256, (batch_size, 3, image_size, image_size),
+        images = torch.randint(0, 256, (batch_size, image_size, image_size, 3),
                                dtype=torch.uint8, generator=generator)
         labels = torch.randint(0, num_classes, (batch_size,), generator=generator)
         batches.append((images.pin_memory(), labels.pin_memory()) if pin else (images, labels))

@@ -1,0 +1,53 @@
+"""Every script in benchmarks/ runs, at a tiny size, on this machine: a change that breaks one
+fails here rather than on the first GPU node it meets. The figures themselves are not checked
+(speed lives in docs/benchmarks.md); the table each script prints is."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
+TINY_IMAGES = ["--model", "hpctrain:tiny_cnn", "--image-size", "16"]
+
+# script, tiny arguments, lines the printed table must hold (regular expressions)
+CASES = [
+    ("engine_overhead.py", [*TINY_IMAGES, "--batch-size", "8", "--steps", "2", "--rounds", "2"],
+     [r"hand-written PyTorch\s+[\d.]+\s+\d+\s+1\.000", r"hpctrain\s+[\d.]+\s+\d+\s+[\d.]+"]),
+    ("gpu_throughput.py", ["--device", "cpu", *TINY_IMAGES, "--batch-size", "4", "--steps", "1",
+                           "--warmup", "1", "--rows", "1,3,4,5"],  # tf32 (2) is GPU-only
+     [r"^fp32\s+\d+\s+n/a\s+1\.00", r"^bf16 \+ channels_last \+ compile\s+\d+"]),
+    ("ddp_overlap.py", [*TINY_IMAGES, "--batch-size", "8", "--steps", "2", "--rounds", "1"],
+     [r"^1\s+[\d.]+\s+\d+\s+1\.00", r"^2\s+[\d.]+\s+\d+\s+[\d.]+\s+[\d.]+\s+\d+%"]),
+    ("memory_accuracy.py", ["--models", "resnet18"],
+     [r"\| resnet18 \| 16 \| bf16 \| yes \| .* \| [\d.]+ \|", r"worst relative error"]),
+    ("memory_accuracy.py", ["--predict-only", "--models", "gpt"],
+     [r"\| gpt \| 4 \| bf16 \| yes \| [\d.]+ \w+ \| [\d.]+ \w+ \| [\d.]+ \|"]),
+    ("sequence_padding.py", ["--sequences", "2000", "--workers", "1"],
+     [r"length-bucketed \(hpctrain\)\s+[\d.]+%"]),
+    ("trace_analysis.py", ["--megabytes", "2"],
+     [r"\| \(b\) hpctrain analysis \| [\d.]+ \|", r"\(b\)/\(a\): time"]),
+    ("data_pipeline.py", ["--images", "48", "--workers", "1", "--batch", "8"],
+     [r"\(b\) WebDataset, same tars\s+\d+", r"\(c\) hpctrain shards\s+\d+\s+1\.00",
+      r"\(d\) decode-only limit\s+\d+"]),
+]
+
+
+def test_every_benchmark_script_has_a_smoke_case():
+    assert {script for script, _, _ in CASES} == \
+        {p.name for p in BENCHMARKS.glob("*.py") if p.name != "harness.py"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script, arguments, expected", CASES,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_a_benchmark_runs_at_a_tiny_size(script, arguments, expected, tmp_path):
+    if script == "data_pipeline.py":
+        arguments = [*arguments, "--cache-dir", str(tmp_path)]
+    done = subprocess.run([sys.executable, str(BENCHMARKS / script), *arguments],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for pattern in expected:
+        assert re.search(pattern, done.stdout, re.MULTILINE), (pattern, done.stdout)
