@@ -137,11 +137,11 @@ def test_resume_auto_continues_the_newest_run_and_is_idempotent(tmp_path, run_cl
     code, out, _ = run_cli("run", "default", *tiny("resume=auto"))
     assert code == 0 and "resuming" not in out  # nothing to continue: a fresh run
     first = next((tmp_path / "runs").iterdir())
+    finished = (first / "summary.json").read_bytes()
     code, out, _ = run_cli("run", "default", *tiny("resume=auto"))
-    assert code == 0 and f"run {first} (resuming step_00000010)" in out
-    assert "changed settings" not in out
+    assert code == 0 and f"run {first} is already complete (step 10 of 10)" in out
+    assert (first / "summary.json").read_bytes() == finished  # left as it was
     assert len(list((tmp_path / "runs").iterdir())) == 1  # no new directory
-    assert json.loads((first / "summary.json").read_text())["steps"] == 10
     code, out, _ = run_cli("run", "default", *tiny("resume=auto", "train.epochs=2"))
     assert code == 0 and "resuming with changed settings: train.epochs: 1.0 -> 2.0" in out
     assert json.loads((first / "summary.json").read_text())["steps"] == 20

@@ -30,7 +30,19 @@ Auto = Literal["auto"]
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # inf and nan are never meant: train.epochs=.inf would train forever
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+
+def plain_name(value: str | None, what: str) -> str | None:
+    """A name that becomes one folder inside output_dir: no path, nothing hidden."""
+    if value is None:
+        return value
+    if not value or value in (".", "..") or any(c in value for c in "/\\\0") or \
+            value.startswith(".") or any(ord(c) < 32 for c in value):
+        raise ValueError(f"{value!r} is not a plain name: {what} names a folder inside "
+                         "output_dir, so it may not hold '/', start with '.' or be empty")
+    return value
 
 
 class ShapesConfig(Section):
@@ -243,8 +255,8 @@ class PreemptionConfig(Section):
 
 class Config(Section):
     name: str = "default"
-    seed: int = 0
-    output_dir: str = "runs"
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="numpy takes seeds below 2**32")
+    output_dir: str = Field("runs", min_length=1)
     run_name: str | None = None
     resume: str | None = Field(None, description="'auto', a run directory or a checkpoint")
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
@@ -264,6 +276,12 @@ class Config(Section):
     checkpoint: CheckpointConfig = CheckpointConfig()
     parallel: ParallelConfig = ParallelConfig()
     preemption: PreemptionConfig = PreemptionConfig()
+
+    @field_validator("name", "run_name")
+    @classmethod
+    def _one_folder(cls, value, info):
+        what = "run_name" if info.field_name == "run_name" else "a recipe's name (its runs' prefix)"
+        return plain_name(value, what)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -382,26 +400,15 @@ def load_config(recipe: str | None = None, overrides: list[str] = ()) -> Config:
         raise _explain(err, source) from None
 
 
-RUN_LOCATION_KEYS = {"resume", "run_name", "output_dir"}
-
-
-def _flatten(tree: dict, prefix: str = "") -> dict:
+def flatten(tree: dict, prefix: str = "") -> dict:
+    """A nested mapping as {'a.b.c': value}."""
     flat = {}
     for key, value in tree.items():
         if isinstance(value, dict) and value:
-            flat.update(_flatten(value, f"{prefix}{key}."))
+            flat.update(flatten(value, f"{prefix}{key}."))
         else:
             flat[f"{prefix}{key}"] = value
     return flat
-
-
-def config_changes(saved_yaml: str, config: Config) -> list[str]:
-    """What differs between a run's saved config.yaml and `config`, as 'key: old -> new'
-    (where the run lives is not a change)."""
-    old = _flatten(yaml.safe_load(saved_yaml) or {})
-    new = _flatten(config.model_dump(mode="json"))
-    return [f"{key}: {old.get(key)!r} -> {new.get(key)!r}" for key in sorted(old.keys() | new)
-            if key not in RUN_LOCATION_KEYS and old.get(key) != new.get(key)]
 
 
 def to_yaml(config: Config) -> str:

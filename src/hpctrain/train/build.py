@@ -28,7 +28,7 @@ from hpctrain.train.optim import WeightEma, build_optimizer, build_scheduler, sc
 from hpctrain.train.parallel import Distributed
 from hpctrain.train.precision import Precision
 from hpctrain.train.preemption import deadline_at
-from hpctrain.train.run_dir import resolve_run
+from hpctrain.train.run_dir import RunPlace, resolve_run
 from hpctrain.train.system import SystemPlan, apply_global_switches, plan_system
 
 
@@ -40,8 +40,7 @@ class Parts:
     plan: SystemPlan
     device: torch.device
     distributed: Distributed
-    run_dir: Path
-    resume_from: Path | None
+    place: RunPlace  # the run directory, the checkpoint resumed from, what leaves its history
     data: DataBundle
     model: nn.Module  # the module whose state checkpoints hold (sharded in place under FSDP)
     forward: nn.Module  # the module the step calls (DDP wrapper, compiled when compile is on)
@@ -64,6 +63,14 @@ class Parts:
     @property
     def world_size(self) -> int:
         return self.distributed.world_size
+
+    @property
+    def run_dir(self) -> Path:
+        return self.place.run_dir
+
+    @property
+    def resume_from(self) -> Path | None:
+        return self.place.resume_from
 
 
 def _on_rank0(distributed: Distributed, make):
@@ -92,7 +99,7 @@ def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
 
     distributed = parallel.start(config, env, strategy, device)
     apply_global_switches(plan, config.seed)
-    run_dir, resume_from = _on_rank0(distributed, lambda: resolve_run(config))
+    place = _on_rank0(distributed, lambda: resolve_run(config))
     job_end = _on_rank0(distributed, lambda: job_end_time(env.job_id, os.environ)
                         if env.job_id and config.preemption.deadline == "auto" else None)
     with distributed.node_leader_first():  # one rank per node fills the dataset cache
@@ -123,15 +130,15 @@ def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
     optimizer = build_optimizer(model, config.optim, lr, device)
     scheduler = build_scheduler(optimizer, config.schedule, total_steps, steps_per_epoch)
     return Parts(
-        config=config, plan=plan, device=device, distributed=distributed, run_dir=run_dir,
-        resume_from=resume_from, data=data, model=model, forward=forward,
+        config=config, plan=plan, device=device, distributed=distributed, place=place,
+        data=data, model=model, forward=forward,
         gradient_sync=parallel.gradient_sync(forward), optimizer=optimizer,
         scheduler=scheduler, precision=Precision(plan.precision, device),
         ema=WeightEma(model, config.optim.ema.decay) if config.optim.ema.enabled else None,
         batcher=DeviceBatcher(device, config.data.mean, config.data.std, plan.channels_last),
         mixing=mixing, criterion=SoftTargetCrossEntropy() if mixing else
         nn.CrossEntropyLoss(label_smoothing=train_cfg.label_smoothing),
-        checkpointer=Checkpointer(run_dir / "checkpoints", config.checkpoint.keep_last,
+        checkpointer=Checkpointer(place.run_dir / "checkpoints", config.checkpoint.keep_last,
                                   distributed, config.checkpoint.async_save),
         deadline=deadline_at(config.preemption, job_end),
         steps_per_epoch=steps_per_epoch, total_steps=total_steps, batch_size=batch_size,

@@ -18,9 +18,7 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import shutil
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -28,9 +26,11 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-NAME = re.compile(r"^step_(\d{8,})$")
-META = "meta.json"
+from hpctrain.train.safe_checkpoint import (META, NAME, SafeEmptyPlanner, SafePlanner,
+                                            SafeReader, read_index, read_meta)
 
 # DCP warns that it "assumes a single process" whenever no process group exists: that is
 # exactly our single-process case, not a mistake.
@@ -42,6 +42,17 @@ def checkpoint_path(folder: Path, step: int) -> Path:
     return folder / f"step_{step:08d}"
 
 
+def step_of(checkpoint: Path) -> int:
+    return int(NAME.match(checkpoint.name).group(1))
+
+
+def first_failure(err: CheckpointException) -> BaseException:
+    """The error behind DCP's CheckpointException (a BaseException that wraps every rank's
+    error): the lowest rank's."""
+    failures = getattr(err, "failures", None) or {}
+    return failures[min(failures)][0] if failures else err
+
+
 def list_checkpoints(folder: Path) -> list[Path]:
     """Complete checkpoints in `folder`, oldest first."""
     if not folder.is_dir():
@@ -49,10 +60,6 @@ def list_checkpoints(folder: Path) -> list[Path]:
     found = [(int(m.group(1)), p) for p in folder.iterdir()
              if (m := NAME.match(p.name)) and (p / META).is_file()]
     return [p for _, p in sorted(found)]
-
-
-def read_meta(path: Path) -> dict:
-    return json.loads((path / META).read_text())
 
 
 class Checkpointer:
@@ -120,8 +127,13 @@ class Checkpointer:
     def load(self, path: Path, state: dict) -> tuple[dict, dict | None]:
         """Fill `state` in place from `path`; return (meta, this rank's RNG state or None when
         the world size changed and no state belongs to this rank)."""
-        dcp.load(state, checkpoint_id=path, process_group=self.dist.checkpoints)
         meta = read_meta(path)
+        read_index(path)  # named here, before DCP would log its own tracebacks
+        try:
+            dcp.load(state, storage_reader=SafeReader(path), planner=SafePlanner(),
+                     process_group=self.dist.checkpoints)
+        except CheckpointException as err:
+            raise first_failure(err) from None
         rng_file = path / f"rng_rank{self.dist.rank}.pt"
         same_layout = meta["world_size"] == self.dist.world_size and rng_file.is_file()
         rng = torch.load(rng_file, weights_only=True) if same_layout else None
@@ -130,13 +142,14 @@ class Checkpointer:
 
 def read_checkpoint(path: Path) -> dict:
     """A whole checkpoint as plain CPU tensors, plus its `meta`, in one process (for tools
-    and tests: no model or process group needed)."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    with tempfile.TemporaryDirectory() as scratch:
-        merged = Path(scratch) / "merged.pt"
-        dcp_to_torch_save(path, merged)
-        state = torch.load(merged, map_location="cpu", weights_only=True)
+    and tests: no model or process group needed). Read as a resume reads it: safely."""
+    state: dict = {}
+    read_index(path)
+    try:
+        _load_state_dict(state, storage_reader=SafeReader(path), planner=SafeEmptyPlanner(),
+                         no_dist=True)
+    except CheckpointException as err:
+        raise first_failure(err) from None
     return {**state, "meta": read_meta(path)}
 
 

@@ -9,43 +9,27 @@ gradient reduction (DDP/FSDP) and one tiny CPU-side stop flag (preemption.py).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.tensor import DTensor
 
 from hpctrain.cluster.environment import ProcessEnv, detect
 from hpctrain.cluster.job import requeue
-from hpctrain.config import Config, config_changes, to_yaml
+from hpctrain.config import Config, to_yaml
 from hpctrain.data.loader import image_size_for_epoch
-from hpctrain.errors import ConfigError, DataError, Preempted, RunFailed
+from hpctrain.errors import DataError, Preempted, RunFailed
 from hpctrain.profiling.regions import region
-from hpctrain.train import checkpoint as ckpt
 from hpctrain.train import report
 from hpctrain.train.build import Parts, build_parts
 from hpctrain.train.parallel import collective_failure
 from hpctrain.train.preemption import Stopper
+from hpctrain.train.resume import Progress, completed_summary, restore, save
+from hpctrain.train.run_dir import set_aside
 from hpctrain.train.telemetry import Telemetry, write_summary
-
-
-@dataclass
-class Progress:
-    """What a checkpoint carries besides the model and optimiser."""
-
-    step: int = 0
-    best_val_accuracy: float | None = None
-    final_val_accuracy: float | None = None
-    last_good_checkpoint: str | None = None
-    nan_intervals: int = 0
-    nan_since_step: int | None = None
-    restarts: int = 0
 
 
 @dataclass
@@ -110,6 +94,7 @@ def train(config: Config, env: ProcessEnv | None = None,
     """Train `config` to the end (or resume it); the summary on rank 0, None elsewhere.
     Raises Preempted after a stop-and-save (signal or time limit). `on_step(parts, step)` is
     called at the end of every optimiser step (the profiler steps its schedule there)."""
+    started = time.perf_counter()  # the job's time counts from here: start-up is spent too
     env = env or detect()
     # From the very start: a notice during start-up is not lost, and the DataLoader workers,
     # forked later, inherit the harmless handler (Slurm signals every process of a step; a
@@ -122,7 +107,7 @@ def train(config: Config, env: ProcessEnv | None = None,
         except RuntimeError as err:
             _raise_readable(err, env, "while starting", config)
         stopper.attach(parts.distributed, parts.deadline)
-        return _train(parts, stopper, on_step)
+        return _train(parts, stopper, on_step, Clock(started=started))
     finally:
         stopper.close()
         if torch.distributed.is_initialized():
@@ -137,20 +122,29 @@ def _raise_readable(err: RuntimeError, env: ProcessEnv, where: str, config: Conf
     raise failure from err
 
 
-def _train(parts: Parts, stopper: Stopper,
-           on_step: Callable[[Parts, int], None] | None) -> dict | None:
+def _train(parts: Parts, stopper: Stopper, on_step: Callable[[Parts, int], None] | None,
+           clock: Clock) -> dict | None:
     config, is_main = parts.config, parts.distributed.is_main
-    progress = _restore(parts, parts.resume_from) if parts.resume_from else Progress()
+    progress, changes = restore(parts, parts.resume_from) if parts.resume_from else \
+        (Progress(), [])
+    if progress.step >= parts.total_steps:  # a finished run: touch nothing
+        if is_main:
+            print(f"hpctrain: run {parts.run_dir} is already complete (step {progress.step} of "
+                  f"{parts.total_steps}); nothing to train, its summary.json is left as it "
+                  "was. Raise train.epochs or train.max_steps to train on.", flush=True)
+        return completed_summary(parts, progress) if is_main else None
+    moved = set_aside(parts.place) if is_main else None  # only once the resume succeeded
     telemetry = Telemetry(parts.run_dir, parts.total_steps, progress.step, config.tensorboard,
                           enabled=is_main)
     telemetry.message(report.banner(parts, parts.resume_from))
+    if moved:
+        telemetry.message(moved)
+    if changes:
+        telemetry.message("  resuming with changed settings: " + "; ".join(changes)
+                          + " (they apply from this step on)")
+        telemetry.record("resume", progress.step, {"changes": changes})
     if is_main:
-        saved = parts.run_dir / "config.yaml"
-        if parts.resume_from and saved.is_file() and (changes := config_changes(
-                saved.read_text(), config)):
-            telemetry.message("  resuming with changed settings: " + "; ".join(changes))
-        saved.write_text(to_yaml(config))
-    clock = Clock()
+        (parts.run_dir / "config.yaml").write_text(to_yaml(config))
     status, stopped = "failed", None
     try:
         _run_steps(parts, progress, clock, telemetry, stopper, on_step)
@@ -193,6 +187,7 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
     interval = Interval()
     params = [p for p in parts.model.parameters() if p.requires_grad]
     parts.model.train()
+    _stop_if_asked_during_start_up(stopper, progress)
 
     while progress.step < parts.total_steps:
         epoch, batches = _start_epoch(parts, progress.step)
@@ -229,16 +224,19 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
                 _log_interval(parts, progress, metrics, interval, clock, epoch, telemetry)
             paused = time.perf_counter()  # evaluation and checkpoints are not training time
             if progress.step % eval_every == 0 or last:
-                _evaluate_and_record(parts, progress, telemetry)
+                _evaluate_and_record(parts, progress, telemetry, stopper)
             saved = progress.step % ckpt_every == 0 or last
             if saved:
-                _save(parts, progress, telemetry)
+                _save(parts, progress, clock, telemetry)
             parts.checkpointer.poll()
             # ---- stop in time: a signal or the deadline, agreed by all ranks ----
             stop = None if last else stopper.check()
             if stop is not None:
+                if progress.step % cfg.log_every:  # the steps since the last read-back
+                    interval.start += time.perf_counter() - paused
+                    _log_interval(parts, progress, metrics, interval, clock, epoch, telemetry)
                 if not saved:
-                    _save(parts, progress, telemetry)
+                    _save(parts, progress, clock, telemetry)
                 _finish_saving(parts)
                 raise Preempted(f"stopped at step {progress.step} ({stop[0]}); checkpoint "
                                 f"{progress.last_good_checkpoint} saved.", requeue=stop[1])
@@ -248,6 +246,23 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
             if last:
                 break
     _finish_saving(parts)
+
+
+def _stop_if_asked_during_start_up(stopper: Stopper, progress: Progress) -> None:
+    """A signal that came while the run was starting (data cache, model, process group) stops
+    it before the first step, which may compile for minutes: nothing new to save."""
+    stop = stopper.check()
+    if stop is None:
+        return
+    where = (f"it resumes from {progress.last_good_checkpoint}" if
+             progress.last_good_checkpoint else "nothing was trained or saved")
+    raise Preempted(f"stopped during start-up, before step {progress.step + 1} ({stop[0]}); "
+                    f"{where}.", requeue=stop[1])
+
+
+def _save(parts: Parts, progress: Progress, clock: Clock, telemetry: Telemetry) -> None:
+    if not save(parts, progress, time.perf_counter() - clock.started):
+        telemetry.message(f"step {progress.step}: weights are not finite, checkpoint skipped")
 
 
 def _finish_saving(parts: Parts) -> None:
@@ -318,8 +333,10 @@ def _log_interval(parts: Parts, progress: Progress, metrics: RunningMetrics,
 
 
 @torch.no_grad()
-def evaluate(parts: Parts, model: nn.Module) -> float:
-    """Top-1 accuracy on the validation set, every sample counted once over all ranks.
+def evaluate(parts: Parts, model: nn.Module, stopper: Stopper | None = None) -> float | None:
+    """Top-1 accuracy on the validation set, every sample counted once over all ranks; None
+    when a stop (signal or deadline) was agreed on midway: a long evaluation must not eat the
+    grace time before Slurm's SIGKILL.
 
     Every rank runs the same number of batches (the sampler pads with repeats, which FSDP's
     collectives need); the repeats at the end of a rank's share are left out of the count."""
@@ -327,21 +344,29 @@ def evaluate(parts: Parts, model: nn.Module) -> float:
     counts = torch.zeros(2, device=parts.device, dtype=torch.long)  # correct, total
     real = parts.data.val_sampler.real_count
     seen = 0
-    for images, labels in parts.data.val_loader:
-        keep = max(0, min(labels.shape[0], real - seen))
-        seen += labels.shape[0]
-        images, labels = parts.batcher(images, labels)
-        with parts.precision.autocast():
-            logits = model(images)
-        counts[0] += (logits[:keep].argmax(dim=1) == labels[:keep]).sum()
-        counts[1] += keep
-    model.train()
+    try:
+        for images, labels in parts.data.val_loader:
+            if stopper is not None and stopper.check() is not None:
+                return None
+            keep = max(0, min(labels.shape[0], real - seen))
+            seen += labels.shape[0]
+            images, labels = parts.batcher(images, labels)
+            with parts.precision.autocast():
+                logits = model(images)
+            counts[0] += (logits[:keep].argmax(dim=1) == labels[:keep]).sum()
+            counts[1] += keep
+    finally:
+        model.train()
     correct, total = parts.distributed.sum_(counts).tolist()
     return correct / max(total, 1)
 
 
-def _evaluate_and_record(parts: Parts, progress: Progress, telemetry: Telemetry) -> None:
-    accuracy = evaluate(parts, parts.forward)
+def _evaluate_and_record(parts: Parts, progress: Progress, telemetry: Telemetry,
+                         stopper: Stopper | None = None) -> None:
+    accuracy = evaluate(parts, parts.forward, stopper)
+    if accuracy is None:
+        telemetry.message(f"step {progress.step}: evaluation cut short to stop in time")
+        return
     progress.final_val_accuracy = accuracy
     progress.best_val_accuracy = max(accuracy, progress.best_val_accuracy or 0.0)
     values = {"val_accuracy": accuracy, "epoch": progress.step / parts.steps_per_epoch}
@@ -350,54 +375,3 @@ def _evaluate_and_record(parts: Parts, progress: Progress, telemetry: Telemetry)
     telemetry.record("eval", progress.step, values)
     telemetry.message(f"step {progress.step}: val_accuracy {accuracy:.4f}"
                       + (f"  (EMA {values['val_accuracy_ema']:.4f})" if parts.ema else ""))
-
-
-def _tensor_state(parts: Parts) -> dict:
-    """Model, optimiser (and EMA) state as DCP saves and loads it: keyed by parameter name,
-    sharded under FSDP, so that any world size can read it back."""
-    model_state, optim_state = get_state_dict(parts.model, parts.optimizer)
-    state = {"model": model_state, "optim": optim_state}
-    if parts.ema is not None:
-        state["ema"] = parts.ema.state_dict()
-    return state
-
-
-def _save(parts: Parts, progress: Progress, telemetry: Telemetry) -> None:
-    """Save unless the weights went non-finite: a bad state never replaces a good one.
-    Collective: every rank reaches the same decision (replicated or all-reduced norm)."""
-    norm = torch.nn.utils.get_total_norm([p.detach() for p in parts.model.parameters()])
-    if isinstance(norm, DTensor):
-        norm = norm.full_tensor()
-    if not torch.isfinite(norm):
-        telemetry.message(f"step {progress.step}: weights are not finite, checkpoint skipped")
-        return
-    parts.distributed.align_buffers(parts.model)
-    meta = {"progress": dataclasses.asdict(progress),
-            "scheduler": parts.scheduler.state_dict(), "scaler": parts.precision.state_dict(),
-            "global_batch_size": parts.global_batch_size,
-            "strategy": parts.distributed.strategy}
-    path = parts.checkpointer.save(progress.step, _tensor_state(parts), meta)
-    progress.last_good_checkpoint = str(path)
-
-
-def _restore(parts: Parts, path: Path) -> Progress:
-    state = _tensor_state(parts)
-    meta, rng = parts.checkpointer.load(path, state)
-    if meta["global_batch_size"] != parts.global_batch_size:
-        raise ConfigError(
-            f"{path} was trained with a global batch of {meta['global_batch_size']}, this run "
-            f"has {parts.global_batch_size} ({parts.world_size} process(es)): the steps would "
-            f"not mean the same. Resume with train.global_batch_size="
-            f"{meta['global_batch_size']}, which splits it over any number of processes.")
-    set_state_dict(parts.model, parts.optimizer, model_state_dict=state["model"],
-                   optim_state_dict=state["optim"])
-    if parts.ema is not None:
-        parts.ema.load_state_dict(state["ema"])
-    parts.scheduler.load_state_dict(meta["scheduler"])
-    parts.precision.load_state_dict(meta["scaler"])
-    if rng is not None:
-        ckpt.restore_rng(rng)
-    progress = Progress(**meta["progress"])
-    progress.last_good_checkpoint = str(path)
-    progress.restarts += 1
-    return progress

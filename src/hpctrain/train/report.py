@@ -62,7 +62,9 @@ def _peak_memory(device: torch.device) -> tuple[int, str]:
 
 
 def summary(parts, progress, clock, status: str) -> dict:
-    wall = time.perf_counter() - clock.started
+    """The end-of-run figures. Time and device-hours cover the whole run: the jobs before
+    this one (as their last checkpoint recorded) and this one."""
+    job_seconds = time.perf_counter() - clock.started
     if clock.steady_seconds > 0:
         images_per_second = clock.steady_images / clock.steady_seconds
     else:
@@ -79,7 +81,8 @@ def summary(parts, progress, clock, status: str) -> dict:
                                if clock.train_seconds else None),
         "peak_memory_bytes": peak,
         "peak_memory_kind": peak_kind,
-        "wall_seconds": wall,
+        "wall_seconds": progress.wall_seconds + job_seconds,
+        "job_seconds": job_seconds,
         "steps": progress.step,
         "epochs": progress.step / parts.steps_per_epoch,
         "global_batch_size": parts.global_batch_size,
@@ -91,8 +94,9 @@ def summary(parts, progress, clock, status: str) -> dict:
         "strategy": parts.distributed.strategy,
         "launcher": parts.distributed.env.launcher,
         "precision": parts.plan.precision,
-        "device_hours": wall * parts.world_size / 3600,
+        "device_hours": progress.device_hours + job_seconds * parts.world_size / 3600,
         "restarts": progress.restarts,
+        "resumed_with_changes": progress.changes,
         "straggler": straggler(rank_step, parts.distributed.hosts),
         "skipped_images": parts.data.skipped_images,
         "system": parts.plan.as_dict(),

@@ -5,26 +5,65 @@
 `resume=auto` continues the newest run of this recipe in `output_dir` (or the run named by
 `run_name`), so resubmitting the same command after a crash or a time limit just continues;
 if there is nothing to continue, it starts fresh.
+
+A resume starts from the newest checkpoint whose files are whole (safe_checkpoint.problem);
+newer ones that are damaged are named and set aside. Resuming from an older checkpoint while
+newer ones exist starts a branch: the newer checkpoints, and the metrics logged after the
+branch point, are moved to `checkpoints/set-aside-<time>/` so that retention, `resume=auto`
+and metrics.jsonl only ever see one line of history.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpctrain.config import Config
-from hpctrain.errors import ConfigError
-from hpctrain.train.checkpoint import META, list_checkpoints
+from hpctrain.errors import ConfigError, DataError
+from hpctrain.train.checkpoint import META, list_checkpoints, step_of
+from hpctrain.train.safe_checkpoint import DamagedCheckpoint, problem
+from hpctrain.train.telemetry import record_step
+
+STAMP = r"\d{8}-\d{6}(?:-\d+)?"  # what _new_run_dir appends to the recipe name
+
+
+@dataclass
+class RunPlace:
+    """Where a run lives, the checkpoint it resumes from, and the checkpoints that must leave
+    its history first (with why) once that resume has succeeded."""
+
+    run_dir: Path
+    resume_from: Path | None = None
+    set_aside: list[tuple[Path, str]] = field(default_factory=list)
 
 
 def _latest_run(output_dir: Path, name: str) -> Path | None:
-    """The run of recipe `name` whose newest checkpoint is the most recent."""
+    """The run of recipe `name` (exactly: not `name-v2`) whose newest checkpoint is the most
+    recent."""
+    own = re.compile(rf"^{re.escape(name)}-{STAMP}$")
     candidates = []
     for run in output_dir.glob(f"{name}-*"):
+        if not own.match(run.name) or _recipe_of(run) not in (None, name):
+            continue
         checkpoints = list_checkpoints(run / "checkpoints")
         if checkpoints:
             candidates.append((checkpoints[-1].stat().st_mtime, run))
     return max(candidates)[1] if candidates else None
+
+
+def _recipe_of(run: Path) -> str | None:
+    """The recipe name a run's config.yaml records (None when it cannot be read)."""
+    try:
+        text = (run / "config.yaml").read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+    found = re.search(r"^name: *['\"]?([^'\"\n]*)['\"]? *$", text, re.MULTILINE)
+    return found.group(1) if found else None
 
 
 def _new_run_dir(output_dir: Path, name: str) -> Path:
@@ -37,31 +76,109 @@ def _new_run_dir(output_dir: Path, name: str) -> Path:
     return run
 
 
-def resolve_run(config: Config) -> tuple[Path, Path | None]:
-    """(run directory, checkpoint to resume from or None). Nothing is created here: the
+def writable_output_dir(setting: str) -> Path:
+    """`output_dir`, or a DataError saying why no run could be written there: a file in its
+    place, or a folder (it or the nearest existing parent, which a run would create it in)
+    that refuses a file. Nothing is left behind by the check."""
+    output_dir = Path(setting).expanduser().absolute()
+    existing = output_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise DataError(f"output_dir={setting}: {existing} is a file, not a folder; choose "
+                        "another output_dir")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as err:
+        raise DataError(f"output_dir={setting}: cannot write in {existing} "
+                        f"({err.strerror or err}); choose a writable output_dir") from None
+    return output_dir
+
+
+def _newest_whole(run: Path, checkpoints: list[Path]) -> RunPlace:
+    """Resume from the newest checkpoint that passes the check; newer damaged ones are set
+    aside, named."""
+    damaged = []
+    for checkpoint in reversed(checkpoints):
+        reason = problem(checkpoint)
+        if reason is None:
+            return RunPlace(run, checkpoint, [(c, f"damaged: {why}") for c, why in damaged])
+        damaged.append((checkpoint, reason))
+    raise DamagedCheckpoint(
+        f"every checkpoint of {run} is damaged:\n  " + "\n  ".join(why for _, why in damaged)
+        + f"\nMove {run / 'checkpoints'} away to start afresh, or resume from a copy of the run "
+        "that is whole")
+
+
+def _branch_from(checkpoint: Path) -> RunPlace:
+    """Resume from the checkpoint folder given: newer checkpoints of its run leave its
+    history."""
+    reason = problem(checkpoint)
+    if reason is not None:
+        raise DamagedCheckpoint(f"resume={checkpoint}: {reason}. Resume from another "
+                                "checkpoint, or from the run directory (the newest whole "
+                                "checkpoint is taken)")
+    later = [c for c in list_checkpoints(checkpoint.parent) if step_of(c) > step_of(checkpoint)]
+    return RunPlace(checkpoint.parent.parent, checkpoint,
+                    [(c, f"after {checkpoint.name}, the checkpoint resumed from: another "
+                      "branch of the run") for c in later])
+
+
+def resolve_run(config: Config) -> RunPlace:
+    """Where this run lives and what it resumes from. Only output_dir is created here: the run
     directory appears when the run first reports (Telemetry), so a run that fails to start
     leaves nothing behind."""
-    output_dir = Path(config.output_dir).expanduser()
+    output_dir = writable_output_dir(config.output_dir)
     named = output_dir / config.run_name if config.run_name else None
-    resume_from = None
     if config.resume == "auto":
         run = named if named else _latest_run(output_dir, config.name)
         checkpoints = list_checkpoints(run / "checkpoints") if run is not None else []
-        resume_from = checkpoints[-1] if checkpoints else None
-    elif config.resume:
+        if checkpoints:
+            return _newest_whole(run, checkpoints)
+        return RunPlace(run or _new_run_dir(output_dir, config.name))
+    if config.resume:
         target = Path(config.resume).expanduser()
-        checkpoints = list_checkpoints(target / "checkpoints")
         if (target / META).is_file():  # one checkpoint folder
-            resume_from, run = target, target.parent.parent
-        elif checkpoints:
-            run, resume_from = target, checkpoints[-1]
-        else:
+            return _branch_from(target)
+        checkpoints = list_checkpoints(target / "checkpoints")
+        if not checkpoints:
             raise ConfigError(f"resume={config.resume}: no checkpoint there; give a run "
                               "directory with checkpoints/, one checkpoint folder "
                               "(checkpoints/step_N), or resume=auto")
-    else:
-        run = named
-        if run is not None and list_checkpoints(run / "checkpoints"):
-            raise ConfigError(f"run_name={config.run_name}: {run} already holds checkpoints; "
-                              "continue it with resume=auto, or choose another run_name")
-    return run or _new_run_dir(output_dir, config.name), resume_from
+        return _newest_whole(target, checkpoints)
+    if named is not None and list_checkpoints(named / "checkpoints"):
+        raise ConfigError(f"run_name={config.run_name}: {named} already holds checkpoints; "
+                          "continue it with resume=auto, or choose another run_name")
+    return RunPlace(named or _new_run_dir(output_dir, config.name))
+
+
+def set_aside(place: RunPlace) -> str | None:
+    """Move `place.set_aside` out of the run's history (after the resume succeeded), with the
+    metrics logged after the resumed step; a line saying where, or None when nothing moved."""
+    if not place.set_aside:
+        return None
+    folder = place.run_dir / "checkpoints" / f"set-aside-{time.strftime('%Y%m%d-%H%M%S')}"
+    folder.mkdir(parents=True, exist_ok=True)
+    for checkpoint, _ in place.set_aside:
+        os.replace(checkpoint, folder / checkpoint.name)
+    (folder / "why.json").write_text(json.dumps(
+        {c.name: why for c, why in place.set_aside}, indent=1) + "\n")
+    _move_later_metrics(place.run_dir / "metrics.jsonl", step_of(place.resume_from),
+                        folder / "metrics.jsonl")
+    lines = [f"  {'warning: ' if why.startswith('damaged') else ''}set aside {c.name}: {why}"
+             for c, why in place.set_aside]
+    return "\n".join([*lines, f"  (moved to {folder}, with why.json)"])
+
+
+def _move_later_metrics(metrics: Path, step: int, destination: Path) -> None:
+    if not metrics.is_file():
+        return
+    kept, later = [], []
+    for line in metrics.read_text(errors="replace").splitlines(keepends=True):
+        (later if record_step(line) > step else kept).append(line)
+    if later:
+        destination.write_text("".join(later))
+        partial = metrics.with_name(f".{metrics.name}.partial")
+        partial.write_text("".join(kept))
+        os.replace(partial, metrics)

@@ -96,19 +96,21 @@ def _drop_records_after(metrics: Path, step: int) -> None:
     if not metrics.is_file():
         return
     lines = metrics.read_text().splitlines(keepends=True)
-    kept = [line for line in lines if _step_of(line) <= step]
+    kept = [line for line in lines if record_step(line) <= step]
     if len(kept) != len(lines):
         tmp = metrics.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(kept))
         tmp.replace(metrics)
 
 
-def _step_of(line: str) -> float:
-    """A record's step; a line cut short by a crash counts as after every step."""
+def record_step(line: str) -> float:
+    """A metrics record's step; a line cut short by a crash (or not a record) counts as after
+    every step."""
     try:
-        return json.loads(line).get("step", 0)
-    except json.JSONDecodeError:
+        step = json.loads(line).get("step", 0)
+    except (json.JSONDecodeError, AttributeError):
         return math.inf
+    return step if isinstance(step, (int, float)) else math.inf
 
 
 def write_summary(run_dir: Path, summary: dict) -> None:

@@ -1,0 +1,216 @@
+"""What a checkpoint carries of a run, and bringing it back: the run's progress, the tensors,
+and which changed settings a resume applies or refuses.
+
+A resume may change how training goes on (LR, schedule, epochs, augmentation, workers,
+precision, the number of processes): the checkpoint brings back the *state* (weights,
+optimiser moments, the schedule's position, RNG), the configuration the *settings*. So a
+changed `optim.lr` really trains at the new rate from the resumed step on, and the summary's
+figures are what ran. What would make the saved state meaningless (another model, optimiser
+or parameter grouping) is refused before anything is loaded, naming the setting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import yaml
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.tensor import DTensor
+
+from hpctrain.config import Config, flatten
+from hpctrain.errors import ConfigError
+from hpctrain.train import checkpoint as ckpt
+from hpctrain.train.safe_checkpoint import DamagedCheckpoint, read_meta
+
+# settings whose change makes a checkpoint's state unusable, and why
+STATE_SETTINGS = {
+    "model.name": "the weights belong to another model",
+    "model.kwargs": "the weights belong to another shape of model",
+    "optim.name": "the optimiser state belongs to another optimiser",
+    "optim.no_decay_norm_bias": "the optimiser state is grouped differently",
+    "optim.ema.enabled": "the checkpoint holds no EMA weights",
+}
+# where the run lives is not a change
+LOCATION_SETTINGS = ("resume", "run_name", "output_dir")
+
+
+@dataclass
+class Progress:
+    """What a checkpoint carries besides the model and optimiser."""
+
+    step: int = 0
+    best_val_accuracy: float | None = None
+    final_val_accuracy: float | None = None
+    last_good_checkpoint: str | None = None
+    nan_intervals: int = 0
+    nan_since_step: int | None = None
+    restarts: int = 0
+    wall_seconds: float = 0.0  # of the jobs before this one, up to their last checkpoint
+    device_hours: float = 0.0  # likewise, devices x hours
+    changes: list = field(default_factory=list)  # [{"step", "settings"}] applied on resume
+
+
+def tensor_state(parts) -> dict:
+    """Model, optimiser (and EMA) state as DCP saves and loads it: keyed by parameter name,
+    sharded under FSDP, so that any world size can read it back."""
+    model_state, optim_state = get_state_dict(parts.model, parts.optimizer)
+    state = {"model": model_state, "optim": optim_state}
+    if parts.ema is not None:
+        state["ema"] = parts.ema.state_dict()
+    return state
+
+
+def save(parts, progress: Progress, elapsed: float) -> bool:
+    """Save the run's state at `progress.step` unless the weights went non-finite (a bad state
+    never replaces a good one); False when skipped. `elapsed`: seconds this job has run, added
+    to the run's totals in the checkpoint. Collective: every rank reaches the same decision
+    (replicated or all-reduced norm)."""
+    norm = torch.nn.utils.get_total_norm([p.detach() for p in parts.model.parameters()])
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    if not torch.isfinite(norm):
+        return False
+    parts.distributed.align_buffers(parts.model)
+    totals = dataclasses.replace(
+        progress, wall_seconds=progress.wall_seconds + elapsed,
+        device_hours=progress.device_hours + elapsed * parts.world_size / 3600)
+    meta = {"progress": dataclasses.asdict(totals),
+            "scheduler": parts.scheduler.state_dict(), "scaler": parts.precision.state_dict(),
+            "global_batch_size": parts.global_batch_size,
+            "strategy": parts.distributed.strategy,
+            "config": parts.config.model_dump(mode="json")}
+    path = parts.checkpointer.save(progress.step, tensor_state(parts), meta)
+    progress.last_good_checkpoint = str(path)
+    return True
+
+
+def changed_settings(saved: dict, config: Config) -> dict[str, tuple]:
+    """key -> (checkpoint's value, this run's value) for every setting that differs."""
+    old, new = flatten(saved), flatten(config.model_dump(mode="json"))
+    return {key: (old.get(key), new.get(key)) for key in sorted(old.keys() | new)
+            if not key.startswith(LOCATION_SETTINGS) and old.get(key) != new.get(key)}
+
+
+def _saved_config(meta: dict, path: Path) -> dict | None:
+    """The configuration the checkpoint was trained with: its own record, or (checkpoints of
+    older versions) the run's config.yaml."""
+    if isinstance(meta.get("config"), dict):
+        return meta["config"]
+    try:
+        saved = yaml.safe_load((path.parent.parent / "config.yaml").read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    return saved if isinstance(saved, dict) else None
+
+
+def refuse_state_changes(saved: dict, config: Config, path: Path) -> None:
+    """A ConfigError naming the first change that makes the checkpoint's state unusable."""
+    now = config.model_dump(mode="json")
+    for key, why in STATE_SETTINGS.items():
+        old, new = _dotted(saved, key), _dotted(now, key)
+        if key == "optim.ema.enabled" and not (new and not old):
+            continue  # dropping the EMA is fine; asking for one the checkpoint lacks is not
+        if old != new:
+            raise ConfigError(
+                f"resume from {path}: {key} is {new!r} here but {old!r} in the checkpoint: "
+                f"{why}. Resume with {key}={_as_override(old)}, or start a new run (another "
+                "run_name, without resume)")
+
+
+def _dotted(tree: dict, key: str):
+    for part in key.split("."):
+        tree = tree.get(part) if isinstance(tree, dict) else None
+    return tree
+
+
+def _as_override(value) -> str:
+    return json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+
+
+def restore(parts, path: Path) -> tuple[Progress, list[str]]:
+    """Load `path` into the run's parts; its Progress and the settings that changed since
+    (as 'key: old -> new'), which from now on apply."""
+    meta = read_meta(path)
+    if meta.get("global_batch_size") != parts.global_batch_size:
+        raise ConfigError(
+            f"{path} was trained with a global batch of {meta.get('global_batch_size')}, this "
+            f"run has {parts.global_batch_size} ({parts.world_size} process(es)): the steps "
+            f"would not mean the same. Resume with train.global_batch_size="
+            f"{meta.get('global_batch_size')}, which splits it over any number of processes.")
+    saved = _saved_config(meta, path)
+    changes = changed_settings(saved, parts.config) if saved is not None else {}
+    if saved is not None:
+        refuse_state_changes(saved, parts.config, path)
+    settings = [{k: v for k, v in group.items() if k != "params"}
+                for group in parts.optimizer.param_groups]  # this run's, before loading
+    state = tensor_state(parts)
+    try:
+        meta, rng = parts.checkpointer.load(path, state)
+        set_state_dict(parts.model, parts.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+    except (RuntimeError, AssertionError, KeyError, ValueError) as err:
+        raise _not_loadable(path, err, changes) from None
+    if parts.ema is not None:
+        parts.ema.load_state_dict(state["ema"])
+    _apply_settings(parts, settings, meta["scheduler"])
+    parts.precision.load_state_dict(meta["scaler"])
+    if rng is not None:
+        ckpt.restore_rng(rng)
+    progress = Progress(**{k: v for k, v in meta["progress"].items()
+                           if k in {f.name for f in dataclasses.fields(Progress)}})
+    progress.last_good_checkpoint = str(path)
+    progress.restarts += 1
+    described = [f"{key}: {old!r} -> {new!r}" for key, (old, new) in changes.items()]
+    if described:
+        progress.changes.append({"step": progress.step, "settings": described})
+    return progress, described
+
+
+def _apply_settings(parts, settings: list[dict], scheduler_state: dict) -> None:
+    """The checkpoint's schedule position with this run's hyper-parameters: its param groups
+    brought back the saved LR, momentum, weight decay, and its scheduler the saved base LR."""
+    groups = parts.optimizer.param_groups
+    for group, values in zip(groups, settings):
+        group.update(values)
+    scheduler = parts.scheduler
+    scheduler.load_state_dict(scheduler_state)
+    scheduler.base_lrs = [values["initial_lr"] for values in settings]
+    for group, base, rule in zip(groups, scheduler.base_lrs, scheduler.lr_lambdas):
+        group["lr"] = base * rule(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in groups]
+
+
+def _not_loadable(path: Path, err: Exception, changes: dict) -> Exception:
+    """Why a checkpoint that passed the file check could not be loaded: another shape of model
+    or optimiser (a ConfigError naming the settings that differ), or damage within a file."""
+    first = (str(err).strip().splitlines() or [type(err).__name__])[-1][:300]
+    if not any(word in str(err) for word in ("mismatch", "Missing key", "size", "shape")):
+        return DamagedCheckpoint(f"checkpoint {path} could not be read ({first}); resume from "
+                                 "an earlier checkpoint (resume=RUN/checkpoints/step_N)")
+    shaping = [f"{key}: {old!r} -> {new!r}" for key, (old, new) in changes.items()
+               if key.startswith(("model.", "data.", "optim."))]
+    return ConfigError(
+        f"checkpoint {path} does not fit this run's model or optimiser ({first}). "
+        + (f"Settings that differ from the checkpoint's: {'; '.join(shaping)}. "
+           if shaping else "")
+        + "Resume with the checkpoint's settings, or start a new run (another run_name)")
+
+
+def completed_summary(parts, progress: Progress) -> dict:
+    """The summary of a run that is already complete: the one it wrote when it finished, left
+    as it is; or, if that is missing, the checkpoint's figures."""
+    try:
+        summary = json.loads((parts.run_dir / "summary.json").read_text())
+        if isinstance(summary, dict) and summary.get("status") == "completed":
+            return summary
+    except (OSError, ValueError):
+        pass
+    return {"status": "completed", "steps": progress.step,
+            "best_val_accuracy": progress.best_val_accuracy,
+            "final_val_accuracy": progress.final_val_accuracy,
+            "wall_seconds": progress.wall_seconds, "device_hours": progress.device_hours,
+            "restarts": progress.restarts - 1, "run_dir": str(parts.run_dir)}
