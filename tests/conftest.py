@@ -140,17 +140,31 @@ def slurm_cluster(tmp_path_factory):
         os.environ["SLURM_CONF"] = previous
 
 
-@pytest.fixture
-def slurm_accounting_cluster(tmp_path_factory, monkeypatch):
-    """A one-node cluster with accounting (MariaDB + slurmdbd, so sacct answers), beside the
-    session's cluster on other ports, for one test."""
+def _one_test_cluster(folder: Path, monkeypatch, **options):
+    """A LocalSlurm beside the session's (other ports), for one test; SLURM_CONF points the
+    client commands at it meanwhile."""
     from slurm_cluster import LocalSlurm
 
-    cluster = LocalSlurm(tmp_path_factory.mktemp("slurm-accounting"), name="accounted",
-                         nodes=("a1",), port=16917, accounting=True)
+    cluster = LocalSlurm(folder, **options)
     try:
         cluster.start()
         monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture
+def slurm_accounting_cluster(tmp_path_factory, monkeypatch):
+    """A one-node cluster with accounting (MariaDB + slurmdbd, so sacct answers)."""
+    yield from _one_test_cluster(tmp_path_factory.mktemp("slurm-accounting"), monkeypatch,
+                                 name="accounted", nodes=("a1",), port=16917, accounting=True)
+
+
+@pytest.fixture
+def slurm_preemption_cluster(tmp_path_factory, monkeypatch):
+    """A two-node cluster whose partition 'urgent' preempts (and Slurm requeues) the jobs of
+    the default partition, with Slurm's default KillWait of 30 s."""
+    yield from _one_test_cluster(tmp_path_factory.mktemp("slurm-preemption"), monkeypatch,
+                                 name="preempting", nodes=("p1", "p2"), port=17017,
+                                 preemption=True)

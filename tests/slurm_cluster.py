@@ -77,8 +77,9 @@ class LocalSlurm:
     so two clusters with different `port` and `name` can run side by side."""
 
     def __init__(self, root: Path, name: str = "hpctraintest", nodes: tuple = ("n1", "n2"),
-                 port: int = 16817, accounting: bool = False):
+                 port: int = 16817, accounting: bool = False, preemption: bool = False):
         self.root, self.name, self.port, self.accounting = root, name, port, accounting
+        self.preemption = preemption
         self.node_ports = {node: port + 10 + i for i, node in enumerate(nodes)}
         self.conf = root / "slurm.conf"
         self.pids: list[int] = []
@@ -97,6 +98,18 @@ class LocalSlurm:
             f"RealMemory=8000 Gres=gpu:4 State=UNKNOWN" for name, port in self.node_ports.items())
         node_list = ",".join(self.node_ports)
         r = self.root
+        # preemption: jobs of partition 'urgent' requeue those of the default partition, as
+        # PreemptMode=REQUEUE sites do; KillWait is Slurm's default (the grace a save has),
+        # and a requeued job may start again after 10 s instead of cred_expire's 120
+        partitions = (f"PartitionName=debug Nodes={node_list} Default=YES MaxTime=INFINITE "
+                      "State=UP PriorityTier=1\n"
+                      f"PartitionName=urgent Nodes={node_list} MaxTime=INFINITE State=UP "
+                      "PriorityTier=2 PreemptMode=OFF\n"
+                      "PreemptType=preempt/partition_prio\nPreemptMode=REQUEUE\n"
+                      "KillWait=30\nAuthInfo=cred_expire=10"
+                      if self.preemption else
+                      f"PartitionName=debug Nodes={node_list} Default=YES MaxTime=INFINITE "
+                      "State=UP\nKillWait=5")
         accounting = (f"AccountingStorageType=accounting_storage/slurmdbd\n"
                       f"AccountingStorageHost=localhost\nAccountingStoragePort={self.port + 1}"
                       if self.accounting else "AccountingStorageType=accounting_storage/none")
@@ -121,7 +134,6 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 DefMemPerCPU=500
 ReturnToService=2
-KillWait=5
 MinJobAge=300
 InactiveLimit=0
 JobCompType=jobcomp/none
@@ -129,7 +141,7 @@ JobCompType=jobcomp/none
 JobAcctGatherType=jobacct_gather/none
 GresTypes=gpu
 {nodes}
-PartitionName=debug Nodes={node_list} Default=YES MaxTime=INFINITE State=UP
+{partitions}
 """)
         (self.root / "gres.conf").write_text(
             f"NodeName={node_list} Name=gpu File={r}/dev/fakegpu[0-3]\n")

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from hpctrain.cluster.environment import detect
+from hpctrain.errors import OutputError
 from hpctrain.train import checkpoint as ckpt
 from hpctrain.train.checkpoint import Checkpointer, list_checkpoints, read_checkpoint
 from hpctrain.train.parallel import Distributed
@@ -57,9 +58,11 @@ def test_a_failed_write_never_replaces_a_good_checkpoint(tmp_path, monkeypatch):
         (Path(checkpoint_id) / "__0_0.distcp").write_bytes(b"half a shard")
         raise OSError("disk quota exceeded")
     monkeypatch.setattr(ckpt.dcp, "save", crash)
-    with pytest.raises(OSError):
+    with pytest.raises(OutputError, match="step_00000002 .*disk quota exceeded.*step_00000001 "
+                                          "is the last good checkpoint"):
         saver.save(2, {"w": torch.tensor([2.0])}, {})
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000001"]
+    assert not list(tmp_path.glob(".*partial"))  # its space is given back at once
     state = {"w": torch.zeros(1)}
     saver.load(tmp_path / "step_00000001", state)
     assert state["w"].item() == 1

@@ -76,23 +76,82 @@ def test_the_deadline_saves_and_exits_with_the_requeue_status(tmp_path, run_cli,
     assert json.loads((run / "summary.json").read_text())["restarts"] == 1
 
 
-def test_a_signal_to_the_whole_process_group_spares_the_data_workers(tmp_path, tiny):
-    """Slurm signals every process of a step, DataLoader workers included: they must not die
-    of it (SIGUSR1's default action), and the run must still stop cleanly with 75."""
-    run = tmp_path / "runs" / "grouped"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "hpctrain", "run", "default", *tiny(
-            "data.num_workers=1", "train.max_steps=100000", "train.log_every=5",
-            "run_name=grouped")],
-        start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    metrics = run / "metrics.jsonl"
-    deadline = time.monotonic() + 120
-    while not (metrics.exists() and metrics.read_text().count('"train"') >= 3):
+def start_run(tiny, *extra: str) -> subprocess.Popen:
+    """`hpctrain run` in a process group of its own (its DataLoader workers in it too)."""
+    return subprocess.Popen([sys.executable, "-m", "hpctrain", "run", "default", *tiny(*extra)],
+                            start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(condition, process, timeout=120):
+    deadline = time.monotonic() + timeout
+    while not condition():
         assert process.poll() is None and time.monotonic() < deadline
-        time.sleep(0.02)
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("stop", ["SIGTERM", "SIGUSR1"])
+def test_a_signal_to_the_whole_process_group_saves_and_spares_the_workers(tmp_path, tiny, stop):
+    """Slurm signals every process of a step, DataLoader workers included (scancel: SIGTERM;
+    the preemption notice: SIGUSR1). The workers must not die of it, and the run must save,
+    log the steps since its last read-back, and exit 75."""
+    run = tmp_path / "runs" / "grouped"
+    process = start_run(tiny, "data.num_workers=2", "train.max_steps=100000",
+                        "train.log_every=7", "run_name=grouped")
+    metrics = run / "metrics.jsonl"
+    wait_for(lambda: metrics.exists() and metrics.read_text().count('"train"') >= 3, process)
     workers = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()
-    assert workers, "the run should have DataLoader workers"
-    os.killpg(process.pid, signal.SIGUSR1)
+    assert len(workers) >= 2, "the run should have DataLoader workers"
+    os.killpg(process.pid, getattr(signal, stop))
     _, err = process.communicate(timeout=120)
     assert process.returncode == 75, err[-2000:]
-    assert "SIGUSR1 received" in err and "exited unexpectedly" not in err
+    assert f"{stop} received" in err and "s after the signal" in err
+    assert "exited unexpectedly" not in err and "killed by signal" not in err
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "preempted" and summary["stop_seconds"] > 0
+    assert list_checkpoints(run / "checkpoints")[-1].name == f"step_{summary['steps']:08d}"
+    logged = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert summary["steps"] in [r["step"] for r in logged if r["kind"] == "train"]
+
+
+def test_a_signal_during_start_up_stops_the_run_before_its_first_step(tmp_path, tiny):
+    """Importing torch alone takes seconds: a signal then must not kill the run unheard."""
+    started = time.monotonic()
+    process = start_run(tiny, "run_name=early")
+    caught = lambda: int(next(line.split()[1] for line in Path(  # noqa: E731
+        f"/proc/{process.pid}/status").read_text().splitlines()
+        if line.startswith("SigCgt")), 16) >> (signal.SIGTERM - 1) & 1
+    # hpctrain listens within ~0.05 s; 2 s later torch is still being imported (~4 s)
+    wait_for(lambda: caught() or time.monotonic() - started > 2, process, timeout=30)
+    os.kill(process.pid, signal.SIGTERM)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 75, err[-2000:]
+    assert "stopped during start-up, before step 1 (SIGTERM received)" in err
+    assert not list_checkpoints(tmp_path / "runs" / "early" / "checkpoints")
+
+
+def test_an_evaluation_is_cut_short_by_a_stop(tiny_config):
+    from hpctrain.train.build import build_parts
+    from hpctrain.train.loop import evaluate
+
+    parts = build_parts(tiny_config("data.shapes.num_val=200"))
+    stopper = Stopper(parts.distributed)
+    assert 0 <= evaluate(parts, parts.forward, stopper) <= 1
+    stopper._on_signal(signal.SIGTERM, None)  # what the handler does
+    assert evaluate(parts, parts.forward, stopper) is None
+    assert parts.model.training  # left as training found it
+
+
+def test_signals_before_the_stopper_are_held_and_handed_over():
+    from hpctrain.train.preemption import catch_early
+
+    before = signal.getsignal(signal.SIGUSR2)
+    catch_early(("SIGUSR2",))
+    os.kill(os.getpid(), signal.SIGUSR2)  # would end the process, were it not held
+    stopper = Stopper(single())
+    stopper.install("SIGUSR2")
+    try:
+        assert stopper.check() == ("SIGUSR2 received", True)
+    finally:
+        stopper.close()
+    assert signal.getsignal(signal.SIGUSR2) is before

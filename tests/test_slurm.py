@@ -2,17 +2,22 @@
 two-node Slurm cluster started by the suite (slurm_cluster.py), plus the generated script."""
 
 import json
+import re
 import site
 import subprocess
 import sys
+import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
+from hpctrain.cluster import slurm
 from hpctrain.cluster.jobs import Job, find_logs, plan, submit
 from hpctrain.cluster.profiles import get_profile
 from hpctrain.cluster.sbatch import JobRequest, render
 from hpctrain.errors import ConfigError
+from hpctrain.train.checkpoint import list_checkpoints
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -139,10 +144,34 @@ def test_a_job_runs_in_the_virtual_environment_it_was_given(slurm_cluster, home,
     assert summary["slurm_job_id"] == job.id
 
 
+def running(job: Job, records: int = 2, timeout: float = 180) -> None:
+    """Wait until the job's run has logged `records` more training intervals than now."""
+    metrics = job.run_dir / "metrics.jsonl"
+    count = lambda: metrics.read_text().count('"train"') if metrics.exists() else 0  # noqa
+    wanted, deadline = count() + records, time.monotonic() + timeout
+    while count() < wanted:
+        assert time.monotonic() < deadline, job.status()
+        time.sleep(0.2)
+
+
+def stop_steps(job: Job) -> list[int]:
+    return [int(s) for s in re.findall(r"stopped at step (\d+)", job.logs(err=True))]
+
+
+def elapsed(job_id: str) -> float:
+    details = slurm.job_details(job_id)[0]
+    return (datetime.fromisoformat(details["EndTime"])
+            - datetime.fromisoformat(details["StartTime"])).total_seconds()
+
+
 @pytest.mark.slurm
 def test_jobs_lists_and_cancel_stops_a_running_job(slurm_cluster, home, run_cli, tiny):
-    job = submit("default", tiny("run_name=long", "train.max_steps=100000"), gpus=1,
+    """scancel sends SIGTERM to every process of the job, DataLoader workers included: the
+    run saves and exits 75, and the job is not continued."""
+    job = submit("default", tiny("run_name=long", "train.max_steps=100000",
+                                 "data.num_workers=2", "train.log_every=5"), gpus=1,
                  time_limit="10")
+    running(job)
     code, out, _ = run_cli("jobs", "--json")
     assert code == 0
     rows = json.loads(out)
@@ -152,6 +181,70 @@ def test_jobs_lists_and_cancel_stops_a_running_job(slurm_cluster, home, run_cli,
     code, out, _ = run_cli("cancel", job.id)
     assert code == 0 and f"cancelled job {job.id}" in out
     assert job.wait(timeout=60, poll=0.5) == "CANCELLED"
+    summary = json.loads((job.run_dir / "summary.json").read_text())
+    assert summary["status"] == "preempted"
+    assert list_checkpoints(job.run_dir / "checkpoints")[-1].name == \
+        f"step_{summary['steps']:08d}"
+    err = job.logs(err=True)
+    assert "SIGTERM received" in err and "task 0: Exited with exit code 75" in err
+    assert "killed by signal" not in err and "exited unexpectedly" not in err
+    assert job.chain() == [job.id]  # cancelled means stopped: no continuation
+
+
+@pytest.mark.slurm
+def test_usr1_to_the_batch_shell_or_the_steps_continues_the_run_whose_figures_add_up(
+        slurm_cluster, home, tiny):
+    """A chain of three jobs: the first stopped by USR1 to its batch shell only (which passes
+    it on), the second by USR1 to its steps. The summary and `hpctrain status` count the same
+    restarts, the time and device-hours of all three jobs, and metrics.jsonl the steps just
+    before each stop."""
+    job = submit("default", tiny("run_name=chained", "data.num_workers=2",
+                                 "train.max_steps=1500", "train.log_every=7",
+                                 "checkpoint.every_steps=100000"), gpus=1, time_limit="10")
+    running(job)
+    subprocess.run(["scancel", "--batch", "--signal=USR1", job.id], check=True)
+    deadline = time.monotonic() + 120
+    while len(job.chain()) < 2:
+        assert time.monotonic() < deadline, job.logs(err=True)[-2000:]
+        time.sleep(0.2)
+    running(job, records=3)
+    slurm.cancel(job.chain()[1], signal="USR1")
+    assert job.wait(timeout=400, poll=1) == "COMPLETED", job.logs(err=True)[-3000:]
+    chain = job.chain()
+    summary = json.loads((job.run_dir / "summary.json").read_text())
+    assert len(chain) == 3 and summary["steps"] == 1500
+    assert summary["restarts"] == job.status()["restarts"] == 2
+    stops = stop_steps(job)
+    records = [json.loads(line) for line in (job.run_dir / "metrics.jsonl").read_text()
+               .splitlines()]
+    assert len(stops) == 2 and set(stops) <= {r["step"] for r in records if r["kind"] == "train"}
+    first, second, third = (elapsed(j) for j in chain)
+    assert summary["wall_seconds"] > summary["job_seconds"] + first + second - 6
+    assert summary["wall_seconds"] < first + second + third + 3
+    assert summary["device_hours"] == pytest.approx(summary["wall_seconds"] / 3600)
+
+
+@pytest.mark.slurm
+def test_a_job_slurm_preempts_and_requeues_saves_in_its_grace_time_and_finishes(
+        slurm_preemption_cluster, home, tiny):
+    """PreemptMode=REQUEUE: Slurm sends SIGTERM to every process, SIGKILL KillWait (30 s)
+    later, and requeues the job itself; the run saves in between and the requeued job
+    resumes it (hpctrain's script does not continue it a second time)."""
+    job = submit("default", tiny("run_name=preempted", "data.num_workers=2",
+                                 "train.max_steps=1500", "train.log_every=7"), gpus=1,
+                 time_limit="10")
+    running(job)
+    subprocess.run(["sbatch", "--parsable", "-p", "urgent", "--nodes=2", "--exclusive",
+                    "-o", "/dev/null", "--wrap", "sleep 1"], check=True, capture_output=True)
+    assert job.wait(timeout=400, poll=1) == "COMPLETED", job.logs(err=True)[-3000:]
+    summary = json.loads((job.run_dir / "summary.json").read_text())
+    status = job.status()
+    assert summary["steps"] == 1500 and summary["restarts"] == status["restarts"] == 1
+    assert job.chain() == [job.id]
+    err = job.logs(err=True)
+    assert "DUE TO PREEMPTION" in err and "SIGTERM received" in err
+    assert float(re.search(r"saved ([\d.]+) s after the signal", err).group(1)) < 30
+    assert "(resuming step_" in job.logs()
 
 
 @pytest.mark.slurm
@@ -184,7 +277,7 @@ def test_dry_run_prints_the_script_and_submits_nothing(run_cli, tiny, home, tmp_
 
 
 def final_weights(run_dir: Path) -> dict:
-    from hpctrain.train.checkpoint import list_checkpoints, read_checkpoint
+    from hpctrain.train.checkpoint import read_checkpoint
 
     return read_checkpoint(list_checkpoints(run_dir / "checkpoints")[-1])["model"]
 
@@ -192,13 +285,8 @@ def final_weights(run_dir: Path) -> dict:
 @pytest.mark.slurm
 def test_a_preempted_job_requeues_itself_and_finishes_like_an_uninterrupted_one(
         slurm_cluster, home, tiny):
-    import time
-    from datetime import datetime
-
-    from hpctrain.cluster import slurm
-
     long_run = tiny("train.max_steps=60", "train.log_every=5", "checkpoint.every_steps=1000",
-                    "checkpoint.keep_last=5")
+                    "checkpoint.keep_last=5", "data.num_workers=2")
     reference = submit("default", [*long_run, "run_name=straight"], gpus=2, nodes=2,
                        time_limit="10")
     preempted = submit("default", [*long_run, "run_name=preempted"], gpus=2, nodes=2,

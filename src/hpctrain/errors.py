@@ -24,6 +24,16 @@ class DeviceError(UserError):
     """The requested device or precision is not available on this machine."""
 
 
+class OutputError(UserError):
+    """The run's files could not be written: a full disk, a quota, a read-only file system.
+    What was written before (the last good checkpoint) is kept."""
+
+
+def cannot_write(what, err: OSError, then: str) -> OutputError:
+    """An OutputError for `err` (errno text, not a traceback), then what to do."""
+    return OutputError(f"cannot write {what}: {err.strerror or err}. {then}")
+
+
 class RunFailed(UserError):
     """The run started but could not finish (NaN loss, out of memory): exit code 1."""
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ from pathlib import Path
 from hpctrain.cluster import slurm
 from hpctrain.cluster.profiles import Profile, get_profile
 from hpctrain.cluster.sbatch import LEDGER, JobRequest, layout, render
-from hpctrain.config import load_config
+from hpctrain.config import load_config, plain_name
 from hpctrain.errors import ConfigError
 
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
@@ -41,15 +42,33 @@ def _remember(job_id: str, run_dir: Path) -> None:
 
 
 def _ledger() -> list[dict]:
-    """The remembered jobs, oldest first (a torn line is skipped)."""
+    """The remembered jobs, oldest first. A line that is not a job record (torn by a crash,
+    or written by something else) is skipped, and said unless merely torn."""
     path = ledger_path()
     rows = []
-    for line in path.read_text().splitlines() if path.is_file() else []:
+    try:
+        lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
+    except OSError as err:
+        print(f"hpctrain: warning: cannot read the job ledger {path} ({err.strerror})",
+              file=sys.stderr)
+        return []
+    for number, line in enumerate(lines, 1):
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if _is_record(row):
+            rows.append(row)
+        else:
+            print(f"hpctrain: warning: {path}:{number} is not a job record; skipped",
+                  file=sys.stderr)
     return rows
+
+
+def _is_record(row) -> bool:
+    """{"job_id": str, "run_dir": str, ...} with "continues" a str when there."""
+    return isinstance(row, dict) and isinstance(row.get("job_id"), str) and \
+        isinstance(row.get("run_dir"), str) and isinstance(row.get("continues", ""), str)
 
 
 def _recall(job_id: str) -> Path | None:
@@ -100,6 +119,10 @@ class Job:
         status = Job(ids[-1], self.run_dir)._own_status()
         if len(ids) > 1:
             status["chain"] = ids
+            # as the run counts them: each continuation, and each requeue by Slurm
+            earlier = [int(d.get("Restarts", 0)) for i in ids[:-1] for d in slurm.job_details(i)]
+            if status.get("source") == "scontrol":  # summary.json counts them itself
+                status["restarts"] += len(ids) - 1 + sum(earlier)
         if "elements" in status:
             for task in status["elements"]:
                 later = _follow(ids[-1], continuations, task)
@@ -202,12 +225,29 @@ def plan(recipe: str | None, overrides: list[str], gpus: int, time_limit: str,
     for element in elements:
         load_config(recipe, [*overrides, *element])
     name = options.pop("job_name", None)
+    _check_places(name, options)
     run_name = config.run_name or name or f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = (Path(config.output_dir).expanduser() / run_name).absolute()
     request = JobRequest(gpus=gpus, time=time_limit, run_dir=run_dir, recipe=recipe,
                          overrides=[o for o in overrides if not o.startswith("run_name=")],
                          job_name=name, sweep=elements, **options)
     return request, render(request, get_profile(cluster))
+
+
+def _check_places(job_name: str | None, options: dict) -> None:
+    """What names a place: the job name becomes the run's folder; the venv and the container
+    must exist (checked here, on the login node that shares their file system)."""
+    try:
+        plain_name(job_name, "--job-name")
+    except ValueError as err:
+        raise ConfigError(f"--job-name: {err}") from None
+    venv = options.get("venv")
+    if venv and not (Path(venv).expanduser() / "bin" / "activate").is_file():
+        raise ConfigError(f"--venv {venv}: no virtual environment there ({venv}/bin/activate "
+                          f"is missing); create it (python -m venv {venv}) or give its path")
+    container = options.get("container")
+    if container and not Path(container).expanduser().is_file():
+        raise ConfigError(f"--container {container}: no such image file")
 
 
 def check_fits(request: JobRequest, profile: Profile) -> None:

@@ -78,7 +78,10 @@ def layout(gpus: int, nodes: int | None, profile: Profile) -> tuple[int, int]:
     """(nodes, GPUs per node) for `gpus`, filling whole nodes of the profile."""
     per_node = profile.gpus_per_node
     if gpus < 1:
-        raise ConfigError("--gpus must be at least 1")
+        raise ConfigError(f"--gpus {gpus}: give 1 or more")
+    if nodes is not None and nodes < 1:
+        raise ConfigError(f"--nodes {nodes}: give 1 or more, or leave it out (as few as the "
+                          "profile allows)")
     if nodes is None:
         if gpus <= per_node:
             return 1, gpus
@@ -116,6 +119,10 @@ def render(request: JobRequest, profile: Profile) -> str:
                           f"{profile.max_time}; use a shorter --time (the run requeues "
                           "itself and continues) or another --qos")
     nodes, per_node = layout(request.gpus, request.nodes, profile)
+    if request.cpus_per_gpu is not None and request.cpus_per_gpu < 1:
+        raise ConfigError(f"--cpus-per-gpu {request.cpus_per_gpu}: give 1 or more")
+    if request.max_requeues < 0:
+        raise ConfigError(f"--max-requeues {request.max_requeues}: give 0 (never) or more")
     cpus = request.cpus_per_gpu or profile.cpus_per_gpu
     lead = min(profile.signal_lead_seconds, max(30, seconds // 10))
     run_dir = request.run_dir.expanduser().absolute()
@@ -171,16 +178,26 @@ def _per_node_mem(per_gpu: str, gpus: int) -> str:
 
 
 def _environment(request: JobRequest, profile: Profile) -> list[str]:
+    """Modules, venv, conda: each must take, or the job stops at once (exit 2) instead of
+    running whatever python is on PATH."""
     lines = []
     modules = profile.modules + request.modules
     if modules:
         lines.append("module purge")
-        lines += [f"module load {shlex.quote(m)}" for m in modules]
+        lines += [_or_stop(f"module load {shlex.quote(m)}", f"module {m} did not load")
+                  for m in modules]
     if request.venv:
-        lines.append(f"source {shlex.quote(str(Path(request.venv).expanduser()))}/bin/activate")
+        venv = shlex.quote(str(Path(request.venv).expanduser()))
+        lines.append(_or_stop(f"source {venv}/bin/activate",
+                              f"--venv {request.venv} cannot be activated"))
     if request.conda:
-        lines.append(f"conda activate {shlex.quote(request.conda)}")
+        lines.append(_or_stop(f"conda activate {shlex.quote(request.conda)}",
+                              f"--conda {request.conda} cannot be activated"))
     return lines
+
+
+def _or_stop(command: str, problem: str) -> str:
+    return f"{command} || {{ echo {shlex.quote(f'hpctrain: {problem}')} >&2; exit 2; }}"
 
 
 def _command(request: JobRequest, run_dir: Path, own_environment: bool) -> list[str]:
@@ -217,14 +234,22 @@ def _command(request: JobRequest, run_dir: Path, own_environment: bool) -> list[
     return lines + [
         "# One task per GPU; hpctrain reads the layout from srun (no MASTER_ADDR to export).",
         "export HPCTRAIN_CONTINUES=script  # the continuation below is this script's job",
-        f"srun {command}",
-        "status=$?",
+        "# USR1 to this shell (scancel --batch --signal=USR1, --signal=B:USR1@300) goes on to",
+        "# the run, which saves; srun runs in the background so that the shell takes it at once.",
+        "# SIGTERM (scancel, or Slurm preempting and requeueing the job) reaches the run's tasks",
+        "# from Slurm itself, and they save within KillWait; it is not passed on (srun would",
+        "# kill its tasks), and such a job is not continued here.",
+        "trap 'kill -s USR1 \"$run\" 2>/dev/null' USR1",
+        "trap 'terminated=1' TERM",
+        f"srun {command} &",
+        "run=$!",
+        'while :; do wait "$run"; status=$?; kill -0 "$run" 2>/dev/null || break; done',
         f"# {REQUEUE_EXIT_CODE}: saved and stopped early (preemption signal or time limit). "
         "Continue in a new job",
         "# that may start as soon as this one ends (a requeued job waits until its credential",
         "# expires, AuthInfo cred_expire, 2 minutes by default), and note it in the job ledger.",
         'restarts=$(( ${SLURM_RESTART_COUNT:-0} + ${HPCTRAIN_RESTARTS:-0} ))',
-        f'if [ "$status" -eq {REQUEUE_EXIT_CODE} ] && '
+        f'if [ "$status" -eq {REQUEUE_EXIT_CODE} ] && [ -z "$terminated" ] && '
         f'[ "$restarts" -lt {request.max_requeues} ]; then',
         *this_job,
         "    # this job's variables must not reach the next one (SLURM_CONF, if set, must)",

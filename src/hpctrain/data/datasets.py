@@ -42,7 +42,9 @@ def scan_image_folder(folder: Path) -> tuple[list[str], list[tuple[str, int]]]:
     samples = []
     for label, name in enumerate(classes):
         for entry in sorted(os.scandir(folder / name), key=lambda e: e.name):
-            if entry.name.lower().endswith(IMAGE_EXTENSIONS):
+            # regular files only (through links): a FIFO named x.jpg would block a reader
+            # forever, a link to /dev/zero would never end
+            if entry.name.lower().endswith(IMAGE_EXTENSIONS) and entry.is_file():
                 samples.append((entry.path, label))
     if not samples:
         raise DataError(f"data.path: {folder} has class folders ({', '.join(classes[:5])}"

@@ -26,6 +26,7 @@ from hpctrain.data.shard_dataset import ShardDataset
 from hpctrain.data.shards import Pack
 from hpctrain.data.shapes import CLASSES as SHAPE_CLASSES
 from hpctrain.data.shapes import ensure_shapes
+from hpctrain.data.worker_signals import SignalSafeLoader
 from hpctrain.errors import DataError, DeviceError
 
 
@@ -146,8 +147,10 @@ def collate_for(data: DataConfig):
 
 
 def build_data(data: DataConfig, batch_size: int, seed: int, device: torch.device,
-               rank: int = 0, world_size: int = 1, processes_per_node: int = 1) -> DataBundle:
-    """Loaders for this rank's share of the data (see `EpochSampler`)."""
+               rank: int = 0, world_size: int = 1, processes_per_node: int = 1,
+               stop_signals: tuple[str, ...] = ("SIGUSR1",)) -> DataBundle:
+    """Loaders for this rank's share of the data (see `EpochSampler`); their workers leave
+    SIGTERM and `stop_signals` to the training process (worker_signals.py)."""
     if data.decode == "gpu" and device.type != "cuda":
         raise DeviceError(f"data.decode=gpu decodes with nvJPEG on a CUDA device, but this "
                           f"run is on {device}: set data.decode=cpu")
@@ -158,7 +161,8 @@ def build_data(data: DataConfig, batch_size: int, seed: int, device: torch.devic
                         "batch size")
     workers = resolve_num_workers(data.num_workers, processes_per_node)
     pin = device.type == "cuda" if data.pin_memory == "auto" else data.pin_memory
-    common = dict(num_workers=workers, pin_memory=pin, collate_fn=collate_for(data))
+    common = dict(num_workers=workers, pin_memory=pin, collate_fn=collate_for(data),
+                  stop_signals=stop_signals)
     if workers > 0:
         common.update(persistent_workers=data.persistent_workers,
                       prefetch_factor=data.prefetch_factor)
@@ -167,9 +171,9 @@ def build_data(data: DataConfig, batch_size: int, seed: int, device: torch.devic
                                  **shard)
     val_sampler = EpochSampler(len(val_set), data.val_image_size or data.image_size,
                                shuffle=False, pad=True, **shard)
-    train_loader = DataLoader(train_set, batch_size=batch_size, sampler=train_sampler,
+    train_loader = SignalSafeLoader(train_set, batch_size=batch_size, sampler=train_sampler,
                               drop_last=True, **common)
-    val_loader = DataLoader(val_set, batch_size=batch_size * 2, sampler=val_sampler,
+    val_loader = SignalSafeLoader(val_set, batch_size=batch_size * 2, sampler=val_sampler,
                             drop_last=False, **common)
     return DataBundle(train_loader, train_sampler, val_loader, val_sampler, num_classes, workers)
 

@@ -48,9 +48,9 @@ def pack_files(pack: Pack) -> list[tuple[str, int | None, str | None]]:
     """(file name, bytes, sha256) of every file of the pack; the manifest has no size or hash
     of itself."""
     files = [(MANIFEST, None, None)]
-    for entry in pack.manifest["splits"].values():
-        files.append((entry["index"]["file"], None, entry["index"]["sha256"]))
-        files += [(s["file"], s["bytes"], s["sha256"]) for s in entry["shards"]]
+    for entry in pack.manifest.splits.values():
+        files.append((entry.index.file, None, entry.index.sha256))
+        files += [(s.file, s.bytes, s.sha256) for s in entry.shards]
     return files
 
 
@@ -100,9 +100,12 @@ def node_local_pack(pack: Pack, setting: str) -> Pack:
     if needed * SPACE_MARGIN > free:
         return _cannot(setting, pack, f"the pack needs {needed / 1e9:.1f} GB and "
                        f"{target.parent} has {free / 1e9:.1f} GB free")
-    if target.exists():  # a copy damaged since it was made: replace it
+    if target.exists() or target.is_symlink():  # damaged since it was made: replace it
         _log(f"data.cache: {target} no longer matches {pack.root}; copying again")
-        shutil.rmtree(target)
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        else:
+            target.unlink()
     _log(f"data.cache: copying {pack.root} ({needed / 1e9:.2f} GB) to {target}")
     partial = target.parent / f".{pack.pack_id}.partial-{uuid.uuid4().hex[:8]}"
     partial.mkdir()

@@ -18,6 +18,7 @@ import multiprocessing
 import os
 import random
 import shutil
+import stat
 import tarfile
 import time
 import uuid
@@ -30,8 +31,8 @@ from PIL import Image
 
 from hpctrain.data.datasets import image_folder_splits
 from hpctrain.data.shards import (EXTENSIONS, FORMAT, INDEX_DTYPE, KIND_JPEG, KIND_RAW,
-                                  MANIFEST, VERSION, file_sha256, index_name, ppm_header,
-                                  shard_name)
+                                  MANIFEST, MAX_CLASSES, MAX_SIDE, VERSION, file_sha256,
+                                  index_name, ppm_header, shard_name)
 from hpctrain.errors import DataError
 from hpctrain.progress import progress_bar
 
@@ -85,30 +86,40 @@ def read_source(src: Path) -> tuple[list[str], dict[str, list[tuple[str, int]]]]
 
 def _read_list(path: Path) -> tuple[list[str], dict[str, list[tuple[str, int]]]]:
     rows = []
-    with open(path, newline="") as handle:
-        for number, row in enumerate(csv.reader(handle), 1):
-            if not row or row[0].startswith("#"):
-                continue
-            if len(row) != 2:
-                raise DataError(f"{path}:{number}: expected 'path,label', got {row!r}")
-            if number == 1 and row[1].strip().lower() == "label":
-                continue  # a header line
-            rows.append((row[0].strip(), row[1].strip()))
+    try:
+        with open(path, newline="", encoding="utf-8") as handle:
+            for number, row in enumerate(csv.reader(handle), 1):
+                if not row or row[0].startswith("#"):
+                    continue
+                if len(row) != 2 or not row[0].strip():
+                    raise DataError(f"{path}:{number}: expected 'path,label', got {row!r}")
+                if number == 1 and row[1].strip().lower() == "label":
+                    continue  # a header line
+                rows.append((number, row[0].strip(), row[1].strip()))
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}: not UTF-8 text (byte {err.start} cannot be read: "
+                        f"{err.reason}); save the list as UTF-8") from None
+    except csv.Error as err:
+        raise DataError(f"{path}: not a CSV list of 'path,label' lines ({err})") from None
     if not rows:
         raise DataError(f"{path}: no 'path,label' lines")
-    if all(label.lstrip("-").isdigit() for _, label in rows):
-        numbers = [int(label) for _, label in rows]
-        if min(numbers) < 0:
-            raise DataError(f"{path}: labels must be >= 0 (found {min(numbers)})")
-        classes = [str(i) for i in range(max(numbers) + 1)]
-        labelled = [(p, int(label)) for p, label in rows]
+    if all(label.lstrip("-").isdigit() for _, _, label in rows):
+        labelled = [(number, p, int(label)) for number, p, label in rows]
+        for number, _, label in labelled:
+            if not 0 <= label < MAX_CLASSES:
+                raise DataError(f"{path}:{number}: label {label} is not a class number from 0 "
+                                f"to {MAX_CLASSES - 1}; renumber the classes from 0, or give "
+                                "class names instead")
+        classes = [str(i) for i in range(max(label for _, _, label in labelled) + 1)]
     else:
-        classes = sorted({label for _, label in rows})
+        classes = sorted({label for _, _, label in rows})
+        if len(classes) > MAX_CLASSES:
+            raise DataError(f"{path}: {len(classes)} class names, more than {MAX_CLASSES}")
         lookup = {name: i for i, name in enumerate(classes)}
-        labelled = [(p, lookup[label]) for p, label in rows]
+        labelled = [(number, p, lookup[label]) for number, p, label in rows]
     base = path.parent
     return classes, {"train": [(str(base / p) if not os.path.isabs(p) else p, label)
-                               for p, label in labelled]}
+                               for _, p, label in labelled]}
 
 
 def plan_shards(splits: dict[str, list[tuple[str, int]]], dst: Path, options: PackOptions,
@@ -148,7 +159,10 @@ def _estimated_bytes(path: str, options: PackOptions) -> int:
 
 def encode_sample(path: str, options: PackOptions) -> tuple[bytes, int, int, int]:
     """(bytes, kind, width, height) of one source image, as the options want it stored.
-    Original JPEG bytes are kept when nothing needs to change."""
+    Original JPEG bytes are kept when nothing needs to change; only regular files are read (a
+    FIFO would block, /dev/zero never end)."""
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise ValueError("not a regular file")
     with open(path, "rb") as handle:
         raw = handle.read()
     with Image.open(io.BytesIO(raw)) as image:
@@ -161,6 +175,9 @@ def encode_sample(path: str, options: PackOptions) -> tuple[bytes, int, int, int
         width, height = max(1, round(width * scale)), max(1, round(height * scale))
         image = image.resize((width, height), Image.BICUBIC, reducing_gap=3.0)
         is_rgb_jpeg = False  # pixels changed: encode again
+    if max(width, height) > MAX_SIDE:
+        raise ValueError(f"{width} x {height} pixels: a pack records sides up to {MAX_SIDE} "
+                         "px (pack with --max-side)")
     if options.store == "raw" or (options.store == "auto" and _raw_in_auto(path, width, height,
                                                                            options)):
         return ppm_header(width, height) + image.tobytes(), KIND_RAW, width, height
@@ -257,10 +274,13 @@ def _finished(dst: Path, job: ShardJob) -> ShardResult | None:
     stats = _fragment(dst, job.split, job.number, "json")
     if not (stats.is_file() and (dst / shard_name(job.split, job.number)).is_file()):
         return None
-    data = json.loads(stats.read_text())
-    data["per_class"] = {int(k): v for k, v in data["per_class"].items()}
-    data["skipped"] = [tuple(s) for s in data["skipped"]]
-    return ShardResult(**data)
+    try:  # a fragment that cannot be read is a shard to write again
+        data = json.loads(stats.read_text())
+        data["per_class"] = {int(k): v for k, v in data["per_class"].items()}
+        data["skipped"] = [tuple(s) for s in data["skipped"]]
+        return ShardResult(**data)
+    except (ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError):
+        return None
 
 
 # --- the whole pack --------------------------------------------------------------------------
@@ -270,12 +290,20 @@ def _plan_fingerprint(classes, splits, options: PackOptions) -> str:
     return digest.hexdigest()
 
 
+def _planned(plan: Path) -> str | None:
+    """The fingerprint an unfinished pack was planned with (None: none, or unreadable)."""
+    try:
+        found = json.loads(plan.read_text())
+    except (OSError, ValueError):
+        return None
+    return found.get("fingerprint") if isinstance(found, dict) else None
+
+
 def _prepare(dst: Path, fingerprint: str, overwrite: bool) -> bool:
     """Make `dst` ready; True when an unfinished pack of the same plan is resumed."""
     plan = dst / PLAN
     if dst.exists() and any(dst.iterdir()):
-        resumable = plan.is_file() and json.loads(plan.read_text()).get("fingerprint") \
-            == fingerprint and not (dst / MANIFEST).exists()
+        resumable = _planned(plan) == fingerprint and not (dst / MANIFEST).exists()
         if resumable:
             return True
         if not overwrite:

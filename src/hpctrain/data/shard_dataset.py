@@ -24,6 +24,7 @@ from hpctrain.config import AugmentConfig
 from hpctrain.data.datasets import draw_view, render_view
 from hpctrain.data.sampling import SampleKey
 from hpctrain.data.shards import KIND_RAW, ShardReader, Split, raw_pixels
+from hpctrain.errors import DataError
 
 
 def dct_reduction(box: tuple[int, int, int, int], size: int) -> int:
@@ -48,20 +49,31 @@ def jpeg_decoder() -> str:
 
 def decode_jpeg(data, width: int, height: int, reduction: int = 1,
                 decoder: str | None = None) -> np.ndarray:
-    """JPEG bytes -> HWC uint8 RGB, at 1/`reduction` scale where the decoder can."""
+    """JPEG bytes -> HWC uint8 RGB, at 1/`reduction` scale where the decoder can. The JPEG must
+    be the `width` x `height` the index says (the pack check bounded those): a crafted header
+    cannot make the decoder allocate more."""
     decoder = decoder or jpeg_decoder()
     if decoder == "simplejpeg":
         import simplejpeg
         scaled = {} if reduction == 1 else dict(min_height=-(-height // reduction),
                                                  min_width=-(-width // reduction))
         try:
+            real_height, real_width = simplejpeg.decode_jpeg_header(data)[:2]
+            _same_size((real_width, real_height), width, height)
             return simplejpeg.decode_jpeg(data, colorspace="RGB", **scaled)
         except ValueError:  # a JPEG flavour simplejpeg refuses (CMYK, ...): PIL decodes it
             pass
     with Image.open(io.BytesIO(data)) as image:
+        _same_size(image.size, width, height)
         if reduction > 1:
             image.draft("RGB", (-(-width // reduction), -(-height // reduction)))
         return np.asarray(image.convert("RGB"))
+
+
+def _same_size(real: tuple[int, int], width: int, height: int) -> None:
+    if tuple(real) != (width, height):
+        raise DataError(f"a packed JPEG is {real[0]} x {real[1]} pixels where its index says "
+                        f"{width} x {height}: the pack is damaged or was altered; re-pack it")
 
 
 def stored_pixels(data, record, reduction: int = 1) -> np.ndarray:
@@ -127,5 +139,8 @@ class ShardDataset(Dataset):
             return decode_crop(data, record, box, key.size, flip), int(record["label"])
         if kind == KIND_RAW:
             data = raw_pixels(data, width, height).reshape(-1)
+        else:  # nvJPEG allocates what the header says: hold it to the index
+            with Image.open(io.BytesIO(data)) as image:
+                _same_size(image.size, width, height)
         payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         return (payload, kind, (width, height), box, flip, key.size), int(record["label"])

@@ -15,11 +15,16 @@ Layout of a pack folder:
     train.index.npy          one INDEX_DTYPE record per sample, in the order of the shards
     val-00000.tar, val.index.npy   when the source had a validation split
 
-Integrity: opening a pack checks the manifest, each index's SHA-256 (an index copied from
-another pack fails here) and each shard's size (a truncated shard fails here); every sample
-read is checked against its CRC-32, so a corrupted or shifted byte range is named in an error,
-never decoded into a wrong image. Full shard SHA-256 checks happen when shards are copied to a
-node-local cache (cache.py) or with `hpctrain pack --verify`.
+Integrity: opening a pack checks the manifest's shape, each index's SHA-256 (an index copied
+from another pack fails here), each shard's size (a truncated shard fails here) and every index
+record (its shard, byte range, label and image size); every sample read is checked against its
+CRC-32, so a corrupted or shifted byte range is named in an error, never decoded into a wrong
+image. Full shard SHA-256 checks happen when shards are copied to a node-local cache
+(node_cache.py).
+
+A pack may come from elsewhere: every name the manifest gives is a plain file name of the
+pack folder and the pack id is a hex string (it names the node-local cache folder), so no
+manifest can make hpctrain read, write or delete a file outside the pack or its cache.
 """
 
 from __future__ import annotations
@@ -29,8 +34,10 @@ import json
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from hpctrain.errors import DataError
 
@@ -39,6 +46,9 @@ VERSION = 1
 MANIFEST = "pack.json"
 KIND_JPEG, KIND_RAW = 0, 1  # raw: binary PPM (P6), RGB pixels after a short header
 EXTENSIONS = {KIND_JPEG: "jpg", KIND_RAW: "ppm"}
+MAX_SIDE = 65535  # an index records image sides in 16 bits
+MAX_PIXELS = 2 * 89_478_485  # twice PIL's decompression-bomb warning: PIL refuses beyond
+MAX_CLASSES = 1_000_000
 INDEX_DTYPE = np.dtype([("shard", "<u4"), ("offset", "<u8"), ("size", "<u4"), ("crc32", "<u4"),
                         ("label", "<i4"), ("width", "<u2"), ("height", "<u2"), ("kind", "u1")])
 
@@ -69,6 +79,97 @@ def raw_pixels(data, width: int, height: int) -> np.ndarray:
         height, width, 3)
 
 
+# --- the manifest's shape: plain names only --------------------------------------------------
+
+FileName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,200}$")]
+Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+Count = Annotated[int, Field(ge=0)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+class IndexEntry(_Strict):
+    file: FileName
+    sha256: Sha256
+
+
+class ShardEntry(_Strict):
+    file: FileName
+    samples: Count
+    bytes: Count
+    sha256: Sha256
+
+
+class SplitEntry(_Strict):
+    samples: Count
+    index: IndexEntry
+    shards: list[ShardEntry]
+
+
+class Manifest(_Strict):
+    format: str
+    version: int
+    pack_id: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")]
+    classes: Annotated[list[str], Field(min_length=1, max_length=MAX_CLASSES)]
+    splits: dict[FileName, SplitEntry]
+
+
+def _read_manifest(path: Path) -> Manifest:
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise DataError(f"{path} is not valid JSON ({err}); re-run hpctrain pack with "
+                        "--overwrite") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT or \
+            data.get("version") != VERSION:
+        found = (data.get("format"), data.get("version")) if isinstance(data, dict) else \
+            type(data).__name__
+        raise DataError(f"{path}: not a {FORMAT} version {VERSION} manifest (found {found}); "
+                        "re-pack with this version of hpctrain")
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as err:
+        problem = err.errors()[0]
+        where = ".".join(str(p) for p in problem["loc"]) or "(top)"
+        raise DataError(f"{path}: {where}: {problem['msg']} (a pack's manifest names only "
+                        "plain files of its folder); re-pack the source with hpctrain "
+                        "pack") from None
+
+
+def _check_records(index: np.ndarray, shards: list[ShardEntry], classes: int,
+                   name: str) -> None:
+    """Every record names a shard of the split, a byte range inside it, a known label and an
+    image size a decoder may be asked for; raw samples hold exactly their pixels."""
+    if len(index) and not shards:
+        raise DataError(f"{name}: {len(index)} records but no shard; re-pack the source")
+    sizes = np.array([s.bytes for s in shards] or [0], dtype=np.uint64)
+    shard = index["shard"].astype(np.int64)
+    ends = index["offset"].astype(np.uint64) + index["size"].astype(np.uint64)
+    width, height = index["width"].astype(np.int64), index["height"].astype(np.int64)
+    digits = lambda v: np.floor(np.log10(np.maximum(v, 1))).astype(np.int64) + 1  # noqa: E731
+    raw_size = 9 + digits(width) + digits(height) + width * height * 3
+    problems = [
+        (shard >= len(shards), lambda i: f"names shard {shard[i]}, the split has "
+                                         f"{len(shards)}"),
+        ((shard < len(shards)) & (ends > sizes[np.minimum(shard, len(shards) - 1)]),
+         lambda i: f"ends at byte {ends[i]}, beyond the end of its shard"),
+        ((index["label"] < 0) | (index["label"] >= classes),
+         lambda i: f"has label {index['label'][i]}, the pack has {classes} classes"),
+        ((width < 1) | (height < 1) | (width * height > MAX_PIXELS),
+         lambda i: f"has an image of {width[i]} x {height[i]} pixels"),
+        (index["kind"] > KIND_RAW, lambda i: f"has unknown kind {index['kind'][i]}"),
+        ((index["kind"] == KIND_RAW) & (index["size"] != raw_size),
+         lambda i: f"is a raw {width[i]} x {height[i]} image of {index['size'][i]} bytes"),
+    ]
+    for bad, say in problems:
+        if bad.any():
+            first = int(np.argmax(bad))
+            raise DataError(f"{name}: record {first} {say(first)}; the index does not "
+                            "describe this pack. Re-pack the source with hpctrain pack")
+
+
 @dataclass
 class Split:
     name: str
@@ -88,53 +189,51 @@ class Pack:
                     else "; create one with: hpctrain pack SRC DST")
             raise DataError(f"data.path: {self.root} is not a packed dataset, it has no "
                             f"{MANIFEST}{hint}")
-        try:
-            self.manifest = json.loads(manifest.read_text())
-        except json.JSONDecodeError as err:
-            raise DataError(f"{manifest} is not valid JSON ({err}); re-run hpctrain pack "
-                            "with --overwrite") from None
-        if self.manifest.get("format") != FORMAT or self.manifest.get("version") != VERSION:
-            raise DataError(f"{manifest}: not a {FORMAT} version {VERSION} manifest (found "
-                            f"{self.manifest.get('format')} {self.manifest.get('version')}); "
-                            "re-pack with this version of hpctrain")
-        self.classes: list[str] = self.manifest["classes"]
-        self.pack_id: str = self.manifest["pack_id"]
+        self.manifest = _read_manifest(manifest)
+        self.classes: list[str] = self.manifest.classes
+        self.pack_id: str = self.manifest.pack_id
 
     @property
     def splits(self) -> list[str]:
-        return list(self.manifest["splits"])
+        return list(self.manifest.splits)
 
     def split(self, name: str) -> Split:
         """The split's index and shards, after the cheap checks (index checksum, shard sizes)."""
-        entry = self.manifest["splits"].get(name)
+        entry = self.manifest.splits.get(name)
         if entry is None:
             raise DataError(f"pack {self.root} has no '{name}' split (it has "
                             f"{', '.join(self.splits)})")
-        index_path = self.root / entry["index"]["file"]
+        index_path = self.root / entry.index.file
         if not index_path.is_file():
             raise DataError(f"pack {self.root}: index {index_path.name} is missing; re-run "
                             "hpctrain pack")
-        if file_sha256(index_path) != entry["index"]["sha256"]:
+        if file_sha256(index_path) != entry.index.sha256:
             raise DataError(f"pack {self.root}: {index_path.name} does not belong to this pack "
                             f"(its SHA-256 differs from {MANIFEST}'s): was it copied from "
                             "another pack? Re-pack, or restore the matching index")
-        index = np.load(index_path, mmap_mode="r")
-        if index.dtype != INDEX_DTYPE or len(index) != entry["samples"]:
+        try:
+            index = np.load(index_path, mmap_mode="r", allow_pickle=False)
+        except (ValueError, OSError) as err:
+            raise DataError(f"pack {self.root}: {index_path.name} is not an index ({err}); "
+                            "re-pack") from None
+        if index.dtype != INDEX_DTYPE or index.ndim != 1 or len(index) != entry.samples:
             raise DataError(f"pack {self.root}: {index_path.name} has {len(index)} records of "
-                            f"type {index.dtype}, the manifest expects {entry['samples']}")
+                            f"type {index.dtype}, the manifest expects {entry.samples}")
         shards = []
-        for shard in entry["shards"]:
-            path = self.root / shard["file"]
+        for shard in entry.shards:
+            path = self.root / shard.file
             if not path.is_file():
-                raise DataError(f"pack {self.root}: shard {shard['file']} is missing "
-                                f"({len(entry['shards'])} shards expected); restore it or "
+                raise DataError(f"pack {self.root}: shard {shard.file} is missing "
+                                f"({len(entry.shards)} shards expected); restore it or "
                                 "re-run hpctrain pack")
             size = path.stat().st_size
-            if size != shard["bytes"]:
-                raise DataError(f"pack {self.root}: shard {shard['file']} has {size} bytes, "
-                                f"the manifest says {shard['bytes']}: it is truncated or was "
+            if size != shard.bytes:
+                raise DataError(f"pack {self.root}: shard {shard.file} has {size} bytes, "
+                                f"the manifest says {shard.bytes}: it is truncated or was "
                                 "changed; restore it or re-pack")
             shards.append(path)
+        _check_records(index, entry.shards, len(self.classes), f"pack {self.root}: "
+                       f"{index_path.name}")
         return Split(name, index, shards)
 
 

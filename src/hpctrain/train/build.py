@@ -104,7 +104,7 @@ def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
                         if env.job_id and config.preemption.deadline == "auto" else None)
     with distributed.node_leader_first():  # one rank per node fills the dataset cache
         data = build_data(config.data, batch_size, config.seed, device, env.rank,
-                          env.world_size, env.local_world_size)
+                          env.world_size, env.local_world_size, (config.preemption.signal,))
 
     # ---- the model, then its distributed wrapper ----
     model = build_model(config.model.name, data.num_classes, config.model.kwargs)

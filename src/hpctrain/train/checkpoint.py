@@ -15,6 +15,7 @@ thread; the rename happens at a later step boundary, once the write has finished
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -29,6 +30,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
+from hpctrain.errors import cannot_write
 from hpctrain.train.safe_checkpoint import (META, NAME, SafeEmptyPlanner, SafePlanner,
                                             SafeReader, read_index, read_meta)
 
@@ -74,24 +76,27 @@ class Checkpointer:
 
     def save(self, step: int, state: dict, meta: dict) -> Path:
         """Write `state` (tensors: model, optimiser, EMA) and `meta` (plain values) as the
-        checkpoint of `step`; returns its final path (complete at once unless async)."""
+        checkpoint of `step`; returns its final path (complete at once unless async). A write
+        that fails (full disk, quota) discards the partial folder and raises OutputError; the
+        earlier checkpoints stay as they were."""
         self.wait()
         final = checkpoint_path(self.folder, step)
         partial = final.with_name(f".{final.name}.partial")
-        if self.dist.is_main:
-            shutil.rmtree(partial, ignore_errors=True)
-            partial.mkdir(parents=True)
-        self.dist.barrier()
-        _write_file(partial / f"rng_rank{self.dist.rank}.pt", capture_rng())
         meta = {**meta, "step": step, "world_size": self.dist.world_size,
                 "saved_at": time.time()}
-        if self.async_save:
-            future = dcp.async_save(state, checkpoint_id=partial,
-                                    process_group=self.dist.checkpoints)
-            self.pending = (future, partial, final, meta)
-        else:
-            dcp.save(state, checkpoint_id=partial, process_group=self.dist.checkpoints)
-            self._publish(partial, final, meta)
+        with self._failing_write(partial, final):
+            if self.dist.is_main:
+                shutil.rmtree(partial, ignore_errors=True)
+                partial.mkdir(parents=True)
+            self.dist.barrier()
+            _write_file(partial / f"rng_rank{self.dist.rank}.pt", capture_rng())
+            if self.async_save:
+                future = dcp.async_save(state, checkpoint_id=partial,
+                                        process_group=self.dist.checkpoints)
+                self.pending = (future, partial, final, meta)
+            else:
+                dcp.save(state, checkpoint_id=partial, process_group=self.dist.checkpoints)
+                self._publish(partial, final, meta)
         return final
 
     def poll(self) -> None:
@@ -105,8 +110,28 @@ class Checkpointer:
             return
         future, partial, final, meta = self.pending
         self.pending = None
-        future.result()
-        self._publish(partial, final, meta)
+        with self._failing_write(partial, final):
+            future.result()
+            self._publish(partial, final, meta)
+
+    @contextlib.contextmanager
+    def _failing_write(self, partial: Path, final: Path):
+        """Turn a failed write into an OutputError that names what is kept, after removing
+        the partial folder (which would hold the space a retry needs)."""
+        try:
+            yield
+        except (OSError, CheckpointException) as err:
+            cause = first_failure(err) if isinstance(err, CheckpointException) else err
+            if not isinstance(cause, OSError):
+                raise cause from None
+            if self.dist.is_main:
+                shutil.rmtree(partial, ignore_errors=True)
+            kept = list_checkpoints(self.folder)
+            raise cannot_write(f"checkpoint {final.name} in {self.folder}", cause,
+                               "It was discarded; " + (f"{kept[-1].name} is the last good "
+                               "checkpoint" if kept else "no checkpoint is kept yet")
+                               + ". Free space (or set output_dir elsewhere) and run again "
+                               "with resume=auto") from None
 
     def _publish(self, partial: Path, final: Path, meta: dict) -> None:
         """Rank 0: meta.json last, then the rename that makes the checkpoint exist. DCP's

@@ -21,7 +21,7 @@ from hpctrain.cluster.environment import ProcessEnv, detect
 from hpctrain.cluster.job import requeue
 from hpctrain.config import Config, to_yaml
 from hpctrain.data.loader import image_size_for_epoch
-from hpctrain.errors import DataError, Preempted, RunFailed
+from hpctrain.errors import DataError, OutputError, Preempted, RunFailed, cannot_write
 from hpctrain.profiling.regions import region
 from hpctrain.train import report
 from hpctrain.train.build import Parts, build_parts
@@ -29,7 +29,7 @@ from hpctrain.train.parallel import collective_failure
 from hpctrain.train.preemption import Stopper
 from hpctrain.train.resume import Progress, completed_summary, restore, save
 from hpctrain.train.run_dir import set_aside
-from hpctrain.train.telemetry import Telemetry, write_summary
+from hpctrain.train.telemetry import KEEP_GOING, Telemetry, write_summary
 
 
 @dataclass
@@ -43,6 +43,7 @@ class Clock:
     steady_images: int = 0
     rank_seconds: list[float] = field(default_factory=list)  # steady time per rank (rank 0)
     rank_steps: int = 0
+    stop_seconds: float | None = None  # from a stop signal to its checkpoint, when one came
 
 
 @dataclass
@@ -90,11 +91,14 @@ class RunningMetrics:
 
 
 def train(config: Config, env: ProcessEnv | None = None,
-          on_step: Callable[[Parts, int], None] | None = None) -> dict | None:
+          on_step: Callable[[Parts, int], None] | None = None,
+          started: float | None = None) -> dict | None:
     """Train `config` to the end (or resume it); the summary on rank 0, None elsewhere.
     Raises Preempted after a stop-and-save (signal or time limit). `on_step(parts, step)` is
-    called at the end of every optimiser step (the profiler steps its schedule there)."""
-    started = time.perf_counter()  # the job's time counts from here: start-up is spent too
+    called at the end of every optimiser step (the profiler steps its schedule there).
+    `started` (perf_counter): when this job began, for its time and device-hours; now when
+    not given."""
+    started = time.perf_counter() if started is None else started
     env = env or detect()
     # From the very start: a notice during start-up is not lost, and the DataLoader workers,
     # forked later, inherit the harmless handler (Slurm signals every process of a step; a
@@ -144,8 +148,11 @@ def _train(parts: Parts, stopper: Stopper, on_step: Callable[[Parts, int], None]
                           + " (they apply from this step on)")
         telemetry.record("resume", progress.step, {"changes": changes})
     if is_main:
-        (parts.run_dir / "config.yaml").write_text(to_yaml(config))
-    status, stopped = "failed", None
+        try:
+            (parts.run_dir / "config.yaml").write_text(to_yaml(config))
+        except OSError as err:
+            raise cannot_write(parts.run_dir / "config.yaml", err, KEEP_GOING) from None
+    status, stopped, summary_problem = "failed", None, None
     try:
         _run_steps(parts, progress, clock, telemetry, stopper, on_step)
         status = "completed"
@@ -162,7 +169,9 @@ def _train(parts: Parts, stopper: Stopper, on_step: Callable[[Parts, int], None]
         telemetry.close()
         summary = report.summary(parts, progress, clock, status)
         if is_main:
-            write_summary(parts.run_dir, summary)
+            summary_problem = write_summary(parts.run_dir, summary)
+    if summary_problem and stopped is None:
+        raise OutputError(summary_problem)
     if stopped is not None:
         env = parts.distributed.env
         if is_main and env.job_id and stopped.requeue and config.preemption.requeue == "auto":
@@ -238,8 +247,12 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
                 if not saved:
                     _save(parts, progress, clock, telemetry)
                 _finish_saving(parts)
+                clock.stop_seconds = stopper.seconds_since_signal()
+                after = "" if clock.stop_seconds is None else \
+                    f" {clock.stop_seconds:.1f} s after the signal"
                 raise Preempted(f"stopped at step {progress.step} ({stop[0]}); checkpoint "
-                                f"{progress.last_good_checkpoint} saved.", requeue=stop[1])
+                                f"{progress.last_good_checkpoint} saved{after}.",
+                                requeue=stop[1])
             interval.start += time.perf_counter() - paused
             if on_step is not None:
                 on_step(parts, progress.step)

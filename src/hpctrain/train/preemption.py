@@ -11,17 +11,55 @@ margin. Signals can be lost (a batch script without `exec`, a container); the cl
 
 SIGTERM also saves and stops, but asks for no requeue: it is what `scancel` sends, and what
 Slurm sends when it preempts and requeues a job by itself.
+
+`catch_early` holds the stop signals from the first moment of `hpctrain run`, before torch is
+even imported (seconds): without it a signal in that window would kill the process with
+nothing said; the Stopper takes over what came meanwhile.
 """
 
 from __future__ import annotations
 
 import signal
 import time
+from typing import TYPE_CHECKING
 
-from hpctrain.config import PreemptionConfig
+if TYPE_CHECKING:  # not imported at run time: catch_early must come before any heavy import
+    from hpctrain.config import PreemptionConfig
 
 # Agreed by the largest code over ranks: a requeue request outweighs a bare SIGTERM.
 STOP, REQUEUE_SIGNAL, DEADLINE = 1, 2, 3
+EARLY_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2")  # SIGTERM and the usual preemption notices
+
+_early_previous: dict[int, object] = {}
+_early_received: list[int] = []
+
+
+def catch_early(names: tuple[str, ...] = EARLY_SIGNALS) -> None:
+    """Record the stop signals from now on, until a Stopper takes them over."""
+    for name in names:
+        number = getattr(signal, name)
+        _early_previous.setdefault(number, signal.signal(number, _record_early))
+
+
+def _record_early(number, frame) -> None:
+    _early_received.append(number)
+
+
+def release_early() -> None:
+    """End catch_early when no Stopper took over (the run never started): put the handlers
+    back and let what came meanwhile do what it would have done."""
+    for number in _release_early():
+        signal.raise_signal(number)
+
+
+def _release_early() -> list[int]:
+    """Put back the handlers catch_early replaced; the signals it recorded meanwhile."""
+    for number, handler in _early_previous.items():
+        signal.signal(number, handler)
+    _early_previous.clear()
+    received = list(_early_received)
+    _early_received.clear()
+    return received
 
 
 def deadline_at(cfg: PreemptionConfig, job_end: float | None,
@@ -46,6 +84,7 @@ class Stopper:
         self.deadline = deadline
         self.requeue_signal = "SIGUSR1"
         self.signalled: str | None = None
+        self.signalled_at: float | None = None  # monotonic time of the first signal
         self._previous: dict[int, object] = {}
 
     def attach(self, distributed, deadline: float | None) -> None:
@@ -55,14 +94,26 @@ class Stopper:
     def install(self, requeue_signal: str) -> None:
         """Catch `requeue_signal` (save, stop, requeue) and SIGTERM (save, stop)."""
         self.requeue_signal = requeue_signal
+        early = _release_early()
         for name in {requeue_signal, "SIGTERM"}:
             number = getattr(signal, name)
             self._previous[number] = signal.signal(number, self._on_signal)
+        for number in early:  # what came during start-up
+            if number in self._previous:
+                self._on_signal(number, None)
+            else:  # a signal this run does not take: what it would have done unheld
+                signal.raise_signal(number)
 
     def _on_signal(self, number, frame) -> None:
         name = signal.Signals(number).name  # only a flag: act at the step boundary
+        if self.signalled_at is None:
+            self.signalled_at = time.monotonic()
         if self.signalled != self.requeue_signal:  # a requeue request is not downgraded
             self.signalled = name
+
+    def seconds_since_signal(self) -> float | None:
+        """How long ago the first stop signal came (None: none came)."""
+        return None if self.signalled_at is None else time.monotonic() - self.signalled_at
 
     def close(self) -> None:
         for number, handler in self._previous.items():

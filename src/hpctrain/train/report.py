@@ -96,6 +96,7 @@ def summary(parts, progress, clock, status: str) -> dict:
         "precision": parts.plan.precision,
         "device_hours": progress.device_hours + job_seconds * parts.world_size / 3600,
         "restarts": progress.restarts,
+        "stop_seconds": clock.stop_seconds,
         "resumed_with_changes": progress.changes,
         "straggler": straggler(rank_step, parts.distributed.hosts),
         "skipped_images": parts.data.skipped_images,

@@ -16,6 +16,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from hpctrain.errors import cannot_write
+
+KEEP_GOING = "Free space (or set output_dir elsewhere) and run again with resume=auto"
+
 
 class Telemetry:
     def __init__(self, run_dir: Path, total_steps: int, start_step: int, tensorboard: bool,
@@ -25,11 +29,14 @@ class Telemetry:
         self.progress = None
         if not enabled:
             return
-        run_dir.mkdir(parents=True, exist_ok=True)  # the run exists once it reports
-        metrics = run_dir / "metrics.jsonl"
-        if start_step:
-            _drop_records_after(metrics, start_step)
-        self.metrics_file = open(metrics, "a", buffering=1)
+        self.metrics = run_dir / "metrics.jsonl"
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)  # the run exists once it reports
+            if start_step:
+                _drop_records_after(self.metrics, start_step)
+            self.metrics_file = open(self.metrics, "a", buffering=1)
+        except OSError as err:
+            raise cannot_write(self.metrics, err, KEEP_GOING) from None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -58,7 +65,10 @@ class Telemetry:
         if not self.enabled:
             return
         row = {"kind": kind, "step": step, "time": round(time.time(), 3), **values}
-        self.metrics_file.write(json.dumps(row) + "\n")
+        try:
+            self.metrics_file.write(json.dumps(row) + "\n")
+        except OSError as err:
+            raise cannot_write(self.metrics, err, KEEP_GOING) from None
         if self.writer:
             for key, value in values.items():
                 if isinstance(value, (int, float)) and math.isfinite(value):
@@ -87,7 +97,10 @@ class Telemetry:
             self.progress.stop()
         if self.writer:
             self.writer.close()
-        self.metrics_file.close()
+        try:
+            self.metrics_file.close()
+        except OSError:  # the record that failed was reported when it was written
+            pass
 
 
 def _drop_records_after(metrics: Path, step: int) -> None:
@@ -113,10 +126,20 @@ def record_step(line: str) -> float:
     return step if isinstance(step, (int, float)) else math.inf
 
 
-def write_summary(run_dir: Path, summary: dict) -> None:
+def write_summary(run_dir: Path, summary: dict) -> str | None:
+    """Replace summary.json at once (through a temporary file); on a failed write (a full
+    disk) the temporary file is removed, the old summary.json stays, and the problem is said
+    and returned."""
     tmp = run_dir / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2) + "\n")
-    tmp.replace(run_dir / "summary.json")
+    try:
+        tmp.write_text(json.dumps(summary, indent=2) + "\n")
+        tmp.replace(run_dir / "summary.json")
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        problem = str(cannot_write(run_dir / "summary.json", err, KEEP_GOING))
+        print(f"hpctrain: warning: {problem}", file=sys.stderr, flush=True)
+        return problem
+    return None
 
 
 SUMMARY_ROWS = [

@@ -1,0 +1,70 @@
+"""DataLoader workers leave the stop signals to the training process.
+
+Slurm signals every process of a job step: `scancel` sends SIGTERM, `--signal=USR1@300` the
+preemption notice, to the DataLoader workers as much as to the training process. A worker that
+dies of either makes the DataLoader raise in the training process ("worker exited
+unexpectedly"), which then fails instead of saving. So a worker ignores the preemption signal
+and takes SIGTERM only from its parent, which is how the DataLoader shuts down a worker that
+does not stop by itself (PyTorch's own worker handler does the same for the parent, and dies
+of anyone else's SIGTERM): a thread waits for SIGTERM with sigwaitinfo, which tells who sent it.
+
+No signal may reach a worker before that is set up: `SignalSafeLoader` forks its workers with
+the stop signals blocked; the training process unblocks them right after and then receives
+whatever came meanwhile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import signal
+import threading
+
+from torch.utils.data import DataLoader
+
+
+def _numbers(names: tuple[str, ...]) -> set[int]:
+    return {getattr(signal, name) for name in {"SIGTERM", *names}}
+
+
+@contextlib.contextmanager
+def blocked(names: tuple[str, ...]):
+    """The stop signals held back in this thread (and in processes it forks) meanwhile."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _numbers(names))
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _take_sigterm_from_parent_only() -> None:
+    parent = os.getppid()
+    while True:
+        if signal.sigwaitinfo({signal.SIGTERM}).si_pid == parent:
+            os._exit(0)
+
+
+def spare_worker(names: tuple[str, ...], worker_id: int) -> None:
+    """A worker_init_fn: ignore the preemption signal(s), SIGTERM only from the parent. Runs
+    with both still blocked from the fork; SIGTERM stays blocked, for the waiting thread."""
+    for number in _numbers(names) - {signal.SIGTERM}:
+        signal.signal(number, signal.SIG_IGN)  # also drops one that came since the fork
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # (not forked: spawned)
+    threading.Thread(target=_take_sigterm_from_parent_only, daemon=True,
+                     name="sigterm-from-parent").start()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _numbers(names) - {signal.SIGTERM})
+
+
+class SignalSafeLoader(DataLoader):
+    """A DataLoader whose workers leave `stop_signals` (and SIGTERM) to this process."""
+
+    def __init__(self, *args, stop_signals: tuple[str, ...] = ("SIGUSR1",), **kwargs):
+        if kwargs.get("num_workers", 0) > 0:
+            kwargs["worker_init_fn"] = functools.partial(spare_worker, tuple(stop_signals))
+        super().__init__(*args, **kwargs)
+        self.stop_signals = tuple(stop_signals)
+
+    def __iter__(self):
+        with blocked(self.stop_signals):  # workers are forked here (the first time)
+            return super().__iter__()
