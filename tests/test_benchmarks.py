@@ -29,6 +29,8 @@ CASES = [
      [r"length-bucketed \(hpctrain\)\s+[\d.]+%"]),
     ("trace_analysis.py", ["--megabytes", "2"],
      [r"\| \(b\) hpctrain analysis \| [\d.]+ \|", r"\(b\)/\(a\): time"]),
+    ("stop_latency.py", ["--widths", "8,8"],
+     [r"^8,8\s+[\d.]+\s+[\d.]+\s+0\.\d+"]),
     ("data_pipeline.py", ["--images", "48", "--workers", "1", "--batch", "8"],
      [r"\(b\) WebDataset, same tars\s+\d+", r"\(c\) hpctrain shards\s+\d+\s+1\.00",
       r"\(d\) decode-only limit\s+\d+"]),
@@ -44,7 +46,7 @@ def test_every_benchmark_script_has_a_smoke_case():
 @pytest.mark.parametrize("script, arguments, expected", CASES,
                          ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
 def test_a_benchmark_runs_at_a_tiny_size(script, arguments, expected, tmp_path):
-    if script == "data_pipeline.py":
+    if script in ("data_pipeline.py", "stop_latency.py"):
         arguments = [*arguments, "--cache-dir", str(tmp_path)]
     done = subprocess.run([sys.executable, str(BENCHMARKS / script), *arguments],
                           capture_output=True, text=True, timeout=600, cwd=tmp_path)

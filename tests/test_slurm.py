@@ -389,3 +389,24 @@ def test_logs_follow_prints_until_the_job_ends(slurm_cluster, home, run_cli, tin
     code, out, _ = run_cli("logs", job.id, "--follow")
     assert code == 0 and "hpctrain: run" in out and "best_val_accuracy" in out
     assert job.state == "COMPLETED"
+
+
+def test_the_job_ledger_skips_lines_that_are_not_records(home, capsys):
+    from hpctrain.cluster.jobs import ledger_path
+
+    ledger = ledger_path()
+    ledger.parent.mkdir(parents=True)
+    ledger.write_text('[1, 2]\n"text"\n{"job_id": 5, "run_dir": "/r"}\n{"job_id": "7", "run_'
+                      '\n{"job_id": "8", "run_dir": "/runs/eight"}\n')
+    assert Job("8").run_dir == Path("/runs/eight")
+    assert Job("5").run_dir is None  # a number is not a job id record
+    err = capsys.readouterr().err
+    assert f"{ledger}:1 is not a job record" in err and f"{ledger}:3 is not" in err
+    assert f"{ledger}:4" not in err  # a line torn by a crash is skipped quietly
+
+
+def test_extra_sbatch_takes_a_directive_that_starts_with_a_dash(run_cli, tiny, home):
+    code, out, err = run_cli("submit", "default", *tiny(), "--gpus", "1", "--dry-run",
+                             "--extra-sbatch", "--mail-type=END")
+    assert code == 0, err
+    assert "#SBATCH --mail-type=END\n" in out

@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from hpctrain.arguments import (Parser, count, counts, join_dashed_values, seconds,
+                                size_bytes)
 from hpctrain.errors import ConfigError, Preempted, UserError
 
 RUN_EXAMPLE = """examples:
@@ -201,7 +203,7 @@ def cmd_pack(args) -> int:
     options = PackOptions(max_side=args.max_side, store=args.store,
                           raw_max_side=args.raw_max_side, raw_fraction=args.raw_fraction,
                           quality=args.quality, shuffle=not args.keep_order,
-                          shard_bytes=_bytes(args.shard_size, "--shard-size"))
+                          shard_bytes=size_bytes(args.shard_size, "--shard-size"))
     log = (lambda text: print(text, file=sys.stderr)) if args.json else print
     manifest = pack(Path(args.src), Path(args.dst), options, workers=args.workers,
                     strict=args.strict, overwrite=args.overwrite, log=log)
@@ -220,8 +222,8 @@ BENCH_DATA_EXAMPLE = """examples:
 def cmd_bench_data(args) -> int:
     from hpctrain.data.bench import bench_data
 
-    report = bench_data(args.recipe, args.overrides, _counts(args.workers, "--workers"),
-                        _counts(args.prefetch, "--prefetch"), args.seconds, args.model,
+    report = bench_data(args.recipe, args.overrides, counts(args.workers, "--workers"),
+                        counts(args.prefetch, "--prefetch"), args.seconds, args.model,
                         args.model_steps, args.processes_per_node)
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
@@ -373,63 +375,6 @@ def cmd_profile(args) -> int:
     return 0
 
 
-def _counts(text: str | None, option: str) -> list[int] | None:
-    if text is None:
-        return None
-    try:
-        values = [int(v) for v in text.split(",")]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise ConfigError(f"{option} {text!r}: use positive whole numbers separated by "
-                          "commas, such as 1,2,4")
-    return values
-
-
-def _bytes(text: str, option: str) -> int:
-    """'256MB', '1GB', '500k' or a plain number of bytes."""
-    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    number = text.strip().upper().removesuffix("B").removesuffix("I")
-    unit = number[-1:] if number[-1:] in units else ""
-    digits = number[:len(number) - len(unit)]
-    if not digits.isdigit() or int(digits) == 0:
-        raise ConfigError(f"{option} {text!r}: use a size such as 256MB or 1GB")
-    return int(digits) * units[unit]
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, with a usage mistake said in one line (and where to look) instead of the
-    whole usage text."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
-
-
-def _count(least: int):
-    """An argparse type: a whole number of at least `least`."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < least:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least "
-                                             f"{least}")
-        return value
-    return parse
-
-
-def _seconds(text: str) -> float:
-    """An argparse type: a positive, finite number of seconds."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
-    return value
-
-
 def _verb(verbs, name: str, help: str, epilog: str, func) -> argparse.ArgumentParser:
     """A verb's parser: its help, its examples below the options, the function it runs."""
     parser = verbs.add_parser(name, help=help, epilog=epilog,
@@ -439,7 +384,7 @@ def _verb(verbs, name: str, help: str, epilog: str, func) -> argparse.ArgumentPa
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = Parser(
         prog="hpctrain", description="Train deep-learning models on GPU clusters, fast.",
         epilog="run 'hpctrain VERB --help' for a verb's options and examples",
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -465,21 +410,21 @@ def build_parser() -> argparse.ArgumentParser:
     submit = _verb(verbs, "submit", "train a recipe as a Slurm job", SUBMIT_EXAMPLE, cmd_submit)
     submit.add_argument("recipe", nargs="?", default=None)
     submit.add_argument("overrides", nargs="*", help="key=value settings for the run")
-    submit.add_argument("--gpus", type=_count(1), required=True, help="GPUs in all (one task each)")
-    submit.add_argument("--nodes", type=_count(1), help="default: as few as the profile allows")
+    submit.add_argument("--gpus", type=count(1), required=True, help="GPUs in all (one task each)")
+    submit.add_argument("--nodes", type=count(1), help="default: as few as the profile allows")
     submit.add_argument("--time", default="1:00:00", help="time limit per job (requeued "
                         "until the run is done), Slurm format: 90, 2:00:00, 1-00:00:00")
     submit.add_argument("--cluster", help="profile name (default: $HPCTRAIN_CLUSTER or generic)")
     for option in ("account", "partition", "qos", "constraint", "mem", "job-name"):
         submit.add_argument(f"--{option}")
-    submit.add_argument("--cpus-per-gpu", type=_count(1))
+    submit.add_argument("--cpus-per-gpu", type=count(1))
     submit.add_argument("--module", action="append", default=[], help="repeatable")
     submit.add_argument("--venv", help="a virtual environment to activate")
     submit.add_argument("--conda", help="a conda environment to activate")
     submit.add_argument("--container", help="an Apptainer/Singularity image (.sif)")
     submit.add_argument("--extra-sbatch", action="append", default=[],
                         help="one more #SBATCH directive, e.g. '--mail-type=END'")
-    submit.add_argument("--max-requeues", type=_count(0), default=20)
+    submit.add_argument("--max-requeues", type=count(0), default=20)
     submit.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2",
                         help="one array job over the values (repeat: cartesian product); "
                         "each element gets its own run directory")
@@ -511,18 +456,18 @@ def build_parser() -> argparse.ArgumentParser:
     packer.add_argument("src", help="an ImageFolder tree (with train/ and val/, or one tree), "
                         "or a CSV/list file of path,label lines")
     packer.add_argument("dst", help="the pack folder (must be empty, or unfinished to resume)")
-    packer.add_argument("--max-side", type=_count(1), help="pre-resize: longer side at most this")
+    packer.add_argument("--max-side", type=count(1), help="pre-resize: longer side at most this")
     packer.add_argument("--store", choices=("jpeg", "raw", "auto"), default="jpeg",
                         help="JPEG bytes, raw pixels (no decoding), or raw for images whose "
                         "longer side is at most --raw-max-side (default: jpeg)")
-    packer.add_argument("--raw-max-side", type=_count(1), default=64)
+    packer.add_argument("--raw-max-side", type=count(1), default=64)
     packer.add_argument("--raw-fraction", type=float, default=0.0, metavar="F",
                         help="with --store auto, also store this share of the larger images "
                         "raw: no decoding, ~6x the bytes (FFCV's proportion mode; default 0)")
     packer.add_argument("--quality", type=int, help="re-encode every JPEG at this quality "
                         "(default: keep original JPEG bytes; re-encoded images use 90)")
     packer.add_argument("--shard-size", default="256MB", help="about this much per shard")
-    packer.add_argument("--workers", type=_count(1), help="processes (default: all cores)")
+    packer.add_argument("--workers", type=count(1), help="processes (default: all cores)")
     packer.add_argument("--keep-order", action="store_true",
                         help="keep the source order (sample i of the pack is line or file i); "
                         "default: shuffled, so that sequential tar readers see mixed classes")
@@ -542,12 +487,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench_data.add_argument("--workers", help="DataLoader worker counts to try, e.g. 2,4,8 "
                             "(default: 1, 2, 4, ... up to the cores)")
     bench_data.add_argument("--prefetch", default="2,4", help="prefetch depths to try")
-    bench_data.add_argument("--seconds", type=_seconds, default=5.0,
+    bench_data.add_argument("--seconds", type=seconds, default=5.0,
                             help="timing per setting (default 5)")
     bench_data.add_argument("--model", action="store_true",
                             help="also time the recipe's training step on synthetic data")
-    bench_data.add_argument("--model-steps", type=_count(1), default=30)
-    bench_data.add_argument("--processes-per-node", type=_count(1), default=1,
+    bench_data.add_argument("--model-steps", type=count(1), default=30)
+    bench_data.add_argument("--processes-per-node", type=count(1), default=1,
                             help="training processes (GPUs) sharing this node's cores")
     bench_data.add_argument("--json", action="store_true")
 
@@ -578,7 +523,7 @@ def build_parser() -> argparse.ArgumentParser:
     memory.add_argument("--find-batch-size", action="store_true",
                         help="search the largest batch that fits with real steps (under "
                              "torchrun: on every rank, all agreeing)")
-    memory.add_argument("--steps", type=_count(1), default=3,
+    memory.add_argument("--steps", type=count(1), default=3,
                         help="real steps per measurement or try (default 3)")
     memory.add_argument("--out", metavar="DIR",
                         help="where the PNG goes (default: the recipe's output_dir)")
@@ -597,26 +542,11 @@ def _split_recipe(args) -> None:
         args.recipe = None
 
 
-DASHED_VALUES = ("--extra-sbatch",)  # options whose value itself starts with '-'
-
-
-def _join_dashed_values(argv: list[str]) -> list[str]:
-    """`--extra-sbatch --mail-type=END` as `--extra-sbatch=--mail-type=END`: argparse would
-    take the value for an option of its own."""
-    joined, rest = [], list(argv)
-    while rest:
-        item = rest.pop(0)
-        if item in DASHED_VALUES and rest:
-            item = f"{item}={rest.pop(0)}"
-        joined.append(item)
-    return joined
-
-
 def _parse(argv: list[str] | None):
     """Like parse_args, but key=value overrides may also come after options
     (`hpctrain submit default --gpus 8 train.epochs=3`)."""
     parser = build_parser()
-    args, extra = parser.parse_known_args(_join_dashed_values(
+    args, extra = parser.parse_known_args(join_dashed_values(
         sys.argv[1:] if argv is None else argv))
     late = [a for a in extra if "=" in a and not a.startswith("-")]
     if len(late) != len(extra) or (late and not hasattr(args, "overrides")):

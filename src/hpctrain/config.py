@@ -316,6 +316,11 @@ def read_yaml_mapping(path: Path, what: str = "a recipe") -> dict:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {err.start}: {err.reason}); "
+                          f"{what} is a YAML text file") from None
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot be read ({err.strerror or err})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: {what} must be a mapping of keys, got "
                           f"{type(data).__name__}")

@@ -24,6 +24,7 @@ from hpctrain.cluster.profiles import Profile, get_profile
 from hpctrain.cluster.sbatch import LEDGER, JobRequest, layout, render
 from hpctrain.config import load_config, plain_name
 from hpctrain.errors import ConfigError
+from hpctrain.readers import json_mapping
 
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
                 "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
@@ -147,9 +148,8 @@ class Job:
         if record is not None:
             return {**record, "id": self.id, "source": "sacct",
                     "run_dir": str(self.run_dir) if self.run_dir else None}
-        summary = self.run_dir / "summary.json" if self.run_dir else None
-        if summary is not None and summary.is_file():
-            run = json.loads(summary.read_text())
+        run = json_mapping(self.run_dir / "summary.json") if self.run_dir else None
+        if run is not None:
             state = {"completed": "COMPLETED", "preempted": "REQUEUED-OR-STOPPED",
                      "interrupted": "CANCELLED"}.get(run.get("status"), "FAILED")
             return {"id": self.id, "state": state, "run_status": run.get("status"),

@@ -150,7 +150,7 @@ def plan_shards(splits: dict[str, list[tuple[str, int]]], dst: Path, options: Pa
 def _estimated_bytes(path: str, options: PackOptions) -> int:
     try:
         size = os.stat(path).st_size
-    except OSError:
+    except (OSError, ValueError):  # missing, unreadable, or no path at all (a NUL byte)
         return 0
     return size if options.max_side is None else min(size, options.max_side ** 2 // 2)
 
@@ -302,6 +302,9 @@ def _planned(plan: Path) -> str | None:
 def _prepare(dst: Path, fingerprint: str, overwrite: bool) -> bool:
     """Make `dst` ready; True when an unfinished pack of the same plan is resumed."""
     plan = dst / PLAN
+    if dst.exists() and not dst.is_dir():
+        raise DataError(f"pack: {dst} is a file; give a folder (empty, or an unfinished pack "
+                        "to resume)")
     if dst.exists() and any(dst.iterdir()):
         resumable = _planned(plan) == fingerprint and not (dst / MANIFEST).exists()
         if resumable:

@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import yaml
-
 from hpctrain.profiling.analysis import Evidence, analyse
 from hpctrain.profiling.collect import collect
 from hpctrain.profiling.picture import write_html, write_png
 from hpctrain.profiling.trace import TraceError
 from hpctrain.profiling.verdict import Settings, Verdict
+from hpctrain.readers import json_mapping, yaml_mapping
 
 TRACE_PATTERNS = ("*.json.gz", "*.json")
 OUTPUTS = ("profile.json", "profile.html", "profile.png")
@@ -53,13 +52,12 @@ def settings_from_run(run_dir: Path | None, recipe: str | None = None) -> Settin
     from hpctrain.data.loader import resolve_num_workers, usable_cpus  # imports torch: late
 
     settings = Settings(recipe=recipe or "RECIPE", cores=usable_cpus())
-    if run_dir is None or not (run_dir / "config.yaml").is_file():
+    config = yaml_mapping(run_dir / "config.yaml") if run_dir is not None else None
+    if config is None:
         return settings
-    config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
-    summary_file = run_dir / "summary.json"
-    summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
-    system = summary.get("system", {})
-    data = config.get("data", {})
+    summary = json_mapping(run_dir / "summary.json") or {}
+    system = summary.get("system") if isinstance(summary.get("system"), dict) else {}
+    data = config.get("data") if isinstance(config.get("data"), dict) else {}
     settings.recipe = recipe or config.get("name", "RECIPE").removesuffix("-profile")
     settings.dataset, settings.decode = data.get("dataset"), data.get("decode")
     settings.num_workers = resolve_num_workers(data.get("num_workers", "auto"))

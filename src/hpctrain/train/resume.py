@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import yaml
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
 
 from hpctrain.config import Config, flatten
 from hpctrain.errors import ConfigError
+from hpctrain.readers import json_mapping, yaml_mapping
 from hpctrain.train import checkpoint as ckpt
 from hpctrain.train.safe_checkpoint import DamagedCheckpoint, read_meta
 
@@ -100,11 +100,7 @@ def _saved_config(meta: dict, path: Path) -> dict | None:
     older versions) the run's config.yaml."""
     if isinstance(meta.get("config"), dict):
         return meta["config"]
-    try:
-        saved = yaml.safe_load((path.parent.parent / "config.yaml").read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return None
-    return saved if isinstance(saved, dict) else None
+    return yaml_mapping(path.parent.parent / "config.yaml")
 
 
 def refuse_state_changes(saved: dict, config: Config, path: Path) -> None:
@@ -203,12 +199,9 @@ def _not_loadable(path: Path, err: Exception, changes: dict) -> Exception:
 def completed_summary(parts, progress: Progress) -> dict:
     """The summary of a run that is already complete: the one it wrote when it finished, left
     as it is; or, if that is missing, the checkpoint's figures."""
-    try:
-        summary = json.loads((parts.run_dir / "summary.json").read_text())
-        if isinstance(summary, dict) and summary.get("status") == "completed":
-            return summary
-    except (OSError, ValueError):
-        pass
+    summary = json_mapping(parts.run_dir / "summary.json")
+    if summary is not None and summary.get("status") == "completed":
+        return summary
     return {"status": "completed", "steps": progress.step,
             "best_val_accuracy": progress.best_val_accuracy,
             "final_val_accuracy": progress.final_val_accuracy,

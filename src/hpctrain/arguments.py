@@ -1,0 +1,83 @@
+"""The command line's argument types and parsing rules, beside cli.py: numbers that must be
+whole and positive, sizes, lists of counts, option values that start with a dash, and a usage
+mistake said in one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from hpctrain.errors import ConfigError
+
+
+def counts(text: str | None, option: str) -> list[int] | None:
+    """'1,2,4' -> [1, 2, 4] (positive whole numbers); None stays None."""
+    if text is None:
+        return None
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise ConfigError(f"{option} {text!r}: use positive whole numbers separated by "
+                          "commas, such as 1,2,4")
+    return values
+
+
+def size_bytes(text: str, option: str) -> int:
+    """'256MB', '1GB', '500k' or a plain number of bytes."""
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    number = text.strip().upper().removesuffix("B").removesuffix("I")
+    unit = number[-1:] if number[-1:] in units else ""
+    digits = number[:len(number) - len(unit)]
+    if not digits.isdigit() or int(digits) == 0:
+        raise ConfigError(f"{option} {text!r}: use a size such as 256MB or 1GB")
+    return int(digits) * units[unit]
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with a usage mistake said in one line (and where to look) instead of the
+    whole usage text."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def count(least: int):
+    """An argparse type: a whole number of at least `least`."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < least:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least "
+                                             f"{least}")
+        return value
+    return parse
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
+DASHED_VALUES = ("--extra-sbatch",)  # options whose value itself starts with '-'
+
+
+def join_dashed_values(argv: list[str]) -> list[str]:
+    """`--extra-sbatch --mail-type=END` as `--extra-sbatch=--mail-type=END`: argparse would
+    take the value for an option of its own."""
+    joined, rest = [], list(argv)
+    while rest:
+        item = rest.pop(0)
+        if item in DASHED_VALUES and rest:
+            item = f"{item}={rest.pop(0)}"
+        joined.append(item)
+    return joined
