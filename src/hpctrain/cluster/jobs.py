@@ -120,9 +120,10 @@ class Job:
         status = Job(ids[-1], self.run_dir)._own_status()
         if len(ids) > 1:
             status["chain"] = ids
-            # as the run counts them: each continuation, and each requeue by Slurm
-            earlier = [int(d.get("Restarts", 0)) for i in ids[:-1] for d in slurm.job_details(i)]
             if status.get("source") == "scontrol":  # summary.json counts them itself
+                # as the run counts them: each continuation, and each requeue by Slurm
+                earlier = [int(d.get("Restarts", 0)) for job_id in ids[:-1]
+                           for d in slurm.job_details(job_id)]
                 status["restarts"] += len(ids) - 1 + sum(earlier)
         if "elements" in status:
             for task in status["elements"]:

@@ -32,7 +32,7 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from hpctrain.errors import cannot_write
 from hpctrain.train.safe_checkpoint import (META, NAME, SafeEmptyPlanner, SafePlanner,
-                                            SafeReader, read_index, read_meta)
+                                            SafeReader, read_meta)
 
 # DCP warns that it "assumes a single process" whenever no process group exists: that is
 # exactly our single-process case, not a mistake.
@@ -153,9 +153,9 @@ class Checkpointer:
         """Fill `state` in place from `path`; return (meta, this rank's RNG state or None when
         the world size changed and no state belongs to this rank)."""
         meta = read_meta(path)
-        read_index(path)  # named here, before DCP would log its own tracebacks
+        reader = SafeReader(path)
         try:
-            dcp.load(state, storage_reader=SafeReader(path), planner=SafePlanner(),
+            dcp.load(state, storage_reader=reader, planner=SafePlanner(),
                      process_group=self.dist.checkpoints)
         except CheckpointException as err:
             raise first_failure(err) from None
@@ -169,9 +169,9 @@ def read_checkpoint(path: Path) -> dict:
     """A whole checkpoint as plain CPU tensors, plus its `meta`, in one process (for tools
     and tests: no model or process group needed). Read as a resume reads it: safely."""
     state: dict = {}
-    read_index(path)
+    reader = SafeReader(path)
     try:
-        _load_state_dict(state, storage_reader=SafeReader(path), planner=SafeEmptyPlanner(),
+        _load_state_dict(state, storage_reader=reader, planner=SafeEmptyPlanner(),
                          no_dist=True)
     except CheckpointException as err:
         raise first_failure(err) from None

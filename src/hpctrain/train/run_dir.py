@@ -25,9 +25,10 @@ from pathlib import Path
 
 from hpctrain.config import Config
 from hpctrain.errors import ConfigError, DataError
+from hpctrain.readers import yaml_mapping
 from hpctrain.train.checkpoint import META, list_checkpoints, step_of
 from hpctrain.train.safe_checkpoint import DamagedCheckpoint, problem
-from hpctrain.train.telemetry import record_step
+from hpctrain.train.telemetry import drop_records_after
 
 STAMP = r"\d{8}-\d{6}(?:-\d+)?"  # what _new_run_dir appends to the recipe name
 
@@ -58,12 +59,7 @@ def _latest_run(output_dir: Path, name: str) -> Path | None:
 
 def _recipe_of(run: Path) -> str | None:
     """The recipe name a run's config.yaml records (None when it cannot be read)."""
-    try:
-        text = (run / "config.yaml").read_text()
-    except (OSError, UnicodeDecodeError):
-        return None
-    found = re.search(r"^name: *['\"]?([^'\"\n]*)['\"]? *$", text, re.MULTILINE)
-    return found.group(1) if found else None
+    return (yaml_mapping(run / "config.yaml") or {}).get("name")
 
 
 def _new_run_dir(output_dir: Path, name: str) -> Path:
@@ -155,7 +151,7 @@ def resolve_run(config: Config) -> RunPlace:
 
 def set_aside(place: RunPlace) -> str | None:
     """Move `place.set_aside` out of the run's history (after the resume succeeded), with the
-    metrics logged after the resumed step; a line saying where, or None when nothing moved."""
+    metrics logged after the resumed step; lines saying what moved, and where (None: nothing)."""
     if not place.set_aside:
         return None
     folder = place.run_dir / "checkpoints" / f"set-aside-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -164,21 +160,9 @@ def set_aside(place: RunPlace) -> str | None:
         os.replace(checkpoint, folder / checkpoint.name)
     (folder / "why.json").write_text(json.dumps(
         {c.name: why for c, why in place.set_aside}, indent=1) + "\n")
-    _move_later_metrics(place.run_dir / "metrics.jsonl", step_of(place.resume_from),
-                        folder / "metrics.jsonl")
+    later = drop_records_after(place.run_dir / "metrics.jsonl", step_of(place.resume_from))
+    if later:
+        (folder / "metrics.jsonl").write_text("".join(later))
     lines = [f"  {'warning: ' if why.startswith('damaged') else ''}set aside {c.name}: {why}"
              for c, why in place.set_aside]
     return "\n".join([*lines, f"  (moved to {folder}, with why.json)"])
-
-
-def _move_later_metrics(metrics: Path, step: int, destination: Path) -> None:
-    if not metrics.is_file():
-        return
-    kept, later = [], []
-    for line in metrics.read_text(errors="replace").splitlines(keepends=True):
-        (later if record_step(line) > step else kept).append(line)
-    if later:
-        destination.write_text("".join(later))
-        partial = metrics.with_name(f".{metrics.name}.partial")
-        partial.write_text("".join(kept))
-        os.replace(partial, metrics)

@@ -156,10 +156,15 @@ def problem(folder: Path) -> str | None:
 
 
 class SafeReader(FileSystemReader):
-    """DCP's file reader, with the index read by `read_index`."""
+    """DCP's file reader, with the index read by `read_index`, once, when the reader is made:
+    a bad index is named (DamagedCheckpoint) before DCP starts, and logs its own tracebacks."""
+
+    def __init__(self, path: Path):
+        super().__init__(path)
+        self.index = read_index(Path(path))
 
     def read_metadata(self, *args, **kwargs) -> dcp_metadata.Metadata:
-        index = read_index(Path(self.path))
+        index = self.index
         if getattr(index, "storage_meta", None) is None:
             index.storage_meta = dcp_metadata.StorageMeta()
         index.storage_meta.load_id = self.load_id

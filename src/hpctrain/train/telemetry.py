@@ -33,7 +33,7 @@ class Telemetry:
         try:
             run_dir.mkdir(parents=True, exist_ok=True)  # the run exists once it reports
             if start_step:
-                _drop_records_after(self.metrics, start_step)
+                drop_records_after(self.metrics, start_step)
             self.metrics_file = open(self.metrics, "a", buffering=1)
         except OSError as err:
             raise cannot_write(self.metrics, err, KEEP_GOING) from None
@@ -103,17 +103,19 @@ class Telemetry:
             pass
 
 
-def _drop_records_after(metrics: Path, step: int) -> None:
+def drop_records_after(metrics: Path, step: int) -> list[str]:
     """On resume, forget what was logged after the checkpoint: those steps run again, and
-    metrics.jsonl then tells each step once."""
+    metrics.jsonl then tells each step once. Returns the lines taken out."""
     if not metrics.is_file():
-        return
-    lines = metrics.read_text().splitlines(keepends=True)
-    kept = [line for line in lines if record_step(line) <= step]
-    if len(kept) != len(lines):
+        return []
+    kept, dropped = [], []
+    for line in metrics.read_text(errors="replace").splitlines(keepends=True):
+        (dropped if record_step(line) > step else kept).append(line)
+    if dropped:
         tmp = metrics.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(kept))
         tmp.replace(metrics)
+    return dropped
 
 
 def record_step(line: str) -> float:
