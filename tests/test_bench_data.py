@@ -15,12 +15,12 @@ def test_the_report_measures_loader_decoding_and_model(run_cli, tiny):
     report = json.loads(out)
     assert [(s["num_workers"], s["prefetch_factor"]) for s in report["settings"]] == \
         [(1, 2), (2, 2)]
-    assert all(s["images_per_second"] > 0 for s in report["settings"])
-    assert report["best"]["images_per_second"] == max(
-        s["images_per_second"] for s in report["settings"])
+    assert all(s["samples_per_second"] > 0 for s in report["settings"])
+    assert report["best"]["samples_per_second"] == max(
+        s["samples_per_second"] for s in report["settings"])
     assert report["decoder"] == "pil" and report["decode_one_core"] > 0
-    assert report["ratio"] == report["best"]["images_per_second"] / report["ceiling"]
-    assert report["model_images_per_second"] > 0
+    assert report["ratio"] == report["best"]["samples_per_second"] / report["ceiling"]
+    assert report["model_samples_per_second"] > 0
     recommended = report["recommended"]
     assert report["advice"][0].startswith(
         f"use data.num_workers={recommended['num_workers']} data.prefetch_factor=2")

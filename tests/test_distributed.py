@@ -40,12 +40,13 @@ def common(tmp_path_factory, shapes_cache):
     ]
 
 
-def launch(nproc: int, overrides: list[str], timeout: float = 240) -> subprocess.CompletedProcess:
+def launch(nproc: int, overrides: list[str], timeout: float = 240,
+           recipe: str = "default") -> subprocess.CompletedProcess:
     if nproc == 1:
-        command = [sys.executable, "-m", "hpctrain", "run", "default", *overrides]
+        command = [sys.executable, "-m", "hpctrain", "run", recipe, *overrides]
     else:
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   f"--nproc-per-node={nproc}", "-m", "hpctrain", "run", "default", *overrides]
+                   f"--nproc-per-node={nproc}", "-m", "hpctrain", "run", recipe, *overrides]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
 

@@ -132,11 +132,11 @@ def test_a_signal_during_start_up_stops_the_run_before_its_first_step(tmp_path, 
 
 def test_an_evaluation_is_cut_short_by_a_stop(tiny_config):
     from hpctrain.train.build import build_parts
-    from hpctrain.train.loop import evaluate
+    from hpctrain.train.evaluation import evaluate
 
     parts = build_parts(tiny_config("data.shapes.num_val=200"))
     stopper = Stopper(parts.distributed)
-    assert 0 <= evaluate(parts, parts.forward, stopper) <= 1
+    assert 0 <= evaluate(parts, parts.forward, stopper)["val_accuracy"] <= 1
     stopper._on_signal(signal.SIGTERM, None)  # what the handler does
     assert evaluate(parts, parts.forward, stopper) is None
     assert parts.model.training  # left as training found it

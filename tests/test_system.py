@@ -5,9 +5,11 @@ import torch
 
 from hpctrain.config import load_config
 from hpctrain.train.build import build_parts
-from hpctrain.train.loop import Clock, Progress, _run_steps
+from hpctrain.train.intervals import Clock
+from hpctrain.train.loop import Progress, _run_steps
 from hpctrain.train.preemption import Stopper
 from hpctrain.train.system import plan_system
+from hpctrain.train.tasks import Batch
 from hpctrain.train.telemetry import Telemetry
 
 needs_no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only answers")
@@ -93,7 +95,11 @@ def test_tf32_matmuls_follow_the_precision(precision, tf32):
 def test_training_switches_reach_their_one_place(tiny_config):
     parts = build_parts(tiny_config("train.label_smoothing=0.2", "optim.nesterov=true",
                                     "data.num_workers=1", "data.prefetch_factor=3"))
-    assert parts.criterion.label_smoothing == 0.2
+    logits = torch.tensor([[4.0, 0.0, 0.0]])
+    batch = Batch(logits, torch.tensor([0]), torch.tensor([0]))
+    smoothed = -(0.2 / 3 * torch.log_softmax(logits, 1)).sum() - 0.8 * torch.log_softmax(
+        logits, 1)[0, 0]
+    assert torch.allclose(parts.task.loss(logits, batch), smoothed)
     assert parts.optimizer.param_groups[0]["nesterov"] is True
     loader = parts.data.train_loader
     assert loader.num_workers == 1 and loader.persistent_workers and loader.prefetch_factor == 3

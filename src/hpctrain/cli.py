@@ -187,26 +187,54 @@ PACK_EXAMPLE = """examples:
   hpctrain pack /scratch/imagenet /scratch/imagenet-packed --max-side 512
   hpctrain pack labels.csv /scratch/packed --store auto --raw-max-side 64
   hpctrain run imagenet-resnet50 data.dataset=shards data.path=/scratch/imagenet-packed
+  hpctrain pack --tokens /scratch/corpus /scratch/corpus-tokens --tokenizer ./gpt2-tokenizer
+  hpctrain run tiny-lm data.dataset=tokens data.path=/scratch/corpus-tokens
 An interrupted pack resumes when run again with the same arguments.
 """
 
 
-def cmd_pack(args) -> int:
-    from hpctrain.data.pack import PackOptions, describe, pack
+def _token_pack_options(args):
+    from hpctrain.data.token_pack import TokenPackOptions
 
+    image_only = [flag for flag, given in (
+        ("--max-side", args.max_side is not None), ("--store", args.store != "jpeg"),
+        ("--quality", args.quality is not None), ("--raw-fraction", args.raw_fraction != 0),
+        ("--keep-order", args.keep_order)) if given]
+    if image_only:
+        raise ConfigError(f"{', '.join(image_only)} apply to image packs, not to --tokens")
+    if not 0 <= args.val_fraction < 1:
+        raise ConfigError(f"--val-fraction {args.val_fraction}: use a share from 0 to below 1")
+    return TokenPackOptions(tokenizer=args.tokenizer, val_fraction=args.val_fraction,
+                            shard_bytes=size_bytes(args.shard_size, "--shard-size"))
+
+
+def _image_pack_options(args):
+    from hpctrain.data.pack import PackOptions
+
+    if args.tokenizer:
+        raise ConfigError("--tokenizer applies to token packs: add --tokens")
     if args.quality is not None and not 1 <= args.quality <= 100:
         raise ConfigError(f"--quality {args.quality}: use 1 to 100")
     if not 0 <= args.raw_fraction <= 1:
         raise ConfigError(f"--raw-fraction {args.raw_fraction}: use a share from 0 to 1")
     if args.raw_fraction and args.store != "auto":
         raise ConfigError("--raw-fraction applies to --store auto; add --store auto")
-    options = PackOptions(max_side=args.max_side, store=args.store,
-                          raw_max_side=args.raw_max_side, raw_fraction=args.raw_fraction,
-                          quality=args.quality, shuffle=not args.keep_order,
-                          shard_bytes=size_bytes(args.shard_size, "--shard-size"))
+    return PackOptions(max_side=args.max_side, store=args.store,
+                       raw_max_side=args.raw_max_side, raw_fraction=args.raw_fraction,
+                       quality=args.quality, shuffle=not args.keep_order,
+                       shard_bytes=size_bytes(args.shard_size, "--shard-size"))
+
+
+def cmd_pack(args) -> int:
+    if args.tokens:
+        from hpctrain.data.token_pack import describe, pack_tokens as write
+        options = _token_pack_options(args)
+    else:
+        from hpctrain.data.pack import describe, pack as write
+        options = _image_pack_options(args)
     log = (lambda text: print(text, file=sys.stderr)) if args.json else print
-    manifest = pack(Path(args.src), Path(args.dst), options, workers=args.workers,
-                    strict=args.strict, overwrite=args.overwrite, log=log)
+    manifest = write(Path(args.src), Path(args.dst), options, workers=args.workers,
+                     strict=args.strict, overwrite=args.overwrite, log=log)
     print(json.dumps(manifest, indent=1) if args.json else describe(manifest))
     return 0
 
@@ -228,20 +256,22 @@ def cmd_bench_data(args) -> int:
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
         return 0
+    what = f"{report.image_size} px" if report.unit == "image" else f"{report.unit}s"
     print(f"input pipeline of {report.recipe}: {report.dataset}, batch {report.batch_size}, "
-          f"{report.image_size} px, {report.cores} cores for this process")
+          f"{what}, {report.cores} cores for this process")
     if report.decode_one_core is not None:
         print(f"decode only, one core ({report.decoder or 'PIL'}): "
               f"{report.decode_one_core:,.0f} img/s")
-    print(f"{'workers':>8}{'prefetch':>10}{'img/s':>10}")
+    rate = "img/s" if report.unit == "image" else f"{report.unit}s/s"
+    print(f"{'workers':>8}{'prefetch':>10}{rate:>12}")
     for s in report.settings:
         mark = "  <- best" if s is report.best else ""
-        print(f"{s.num_workers:>8}{s.prefetch_factor:>10}{s.images_per_second:>10,.0f}{mark}")
+        print(f"{s.num_workers:>8}{s.prefetch_factor:>10}{s.samples_per_second:>12,.0f}{mark}")
     if report.ratio is not None:
         print(f"best: {report.ratio:.0%} of the decode limit ({report.ceiling:,.0f} img/s = "
               f"one core x {min(report.best.num_workers, report.cores)})")
-    if report.model_images_per_second is not None:
-        print(f"model training step alone: {report.model_images_per_second:,.0f} img/s")
+    if report.model_samples_per_second is not None:
+        print(f"model training step alone: {report.model_samples_per_second:,.0f} {rate}")
     for line in report.advice:
         print(f"- {line}")
     return 0
@@ -451,10 +481,12 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("job")
     status.add_argument("--json", action="store_true")
 
-    packer = _verb(verbs, "pack", "pack an image dataset into shards for fast reading",
-                   PACK_EXAMPLE, cmd_pack)
+    packer = _verb(verbs, "pack", "pack an image dataset into shards for fast reading, or a "
+                   "text corpus into token shards (--tokens)", PACK_EXAMPLE, cmd_pack)
     packer.add_argument("src", help="an ImageFolder tree (with train/ and val/, or one tree), "
-                        "or a CSV/list file of path,label lines")
+                        "or a CSV/list file of path,label lines; with --tokens a folder of "
+                        ".txt files (one document each) and .jsonl files (a 'text' field "
+                        "per line), optionally in train/ and val/")
     packer.add_argument("dst", help="the pack folder (must be empty, or unfinished to resume)")
     packer.add_argument("--max-side", type=count(1), help="pre-resize: longer side at most this")
     packer.add_argument("--store", choices=("jpeg", "raw", "auto"), default="jpeg",
@@ -472,10 +504,19 @@ def build_parser() -> argparse.ArgumentParser:
                         help="keep the source order (sample i of the pack is line or file i); "
                         "default: shuffled, so that sequential tar readers see mixed classes")
     packer.add_argument("--strict", action="store_true",
-                        help="abort on an unreadable image instead of skipping it")
+                        help="abort on an unreadable image (or a text file that is not "
+                        "UTF-8) instead of skipping it")
     packer.add_argument("--overwrite", action="store_true",
                         help="replace what DST holds")
     packer.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    packer.add_argument("--tokens", action="store_true",
+                        help="tokenize text into a token pack (data.dataset=tokens)")
+    packer.add_argument("--tokenizer", metavar="PATH", help="--tokens: a Hugging Face "
+                        "tokenizer.json or its folder (needs hpctrain[text]); default: "
+                        "byte-level, nothing to download")
+    packer.add_argument("--val-fraction", type=float, default=0.01, metavar="F",
+                        help="--tokens without train/ and val/ folders: the share of "
+                        "documents held out for validation (default 0.01)")
 
     bench = verbs.add_parser("bench", help="measure one part of the training pipeline")
     bench_verbs = bench.add_subparsers(dest="bench_verb", metavar="PART")

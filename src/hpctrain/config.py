@@ -60,6 +60,31 @@ class SyntheticConfig(Section):
     num_classes: int = Field(1000, ge=2)
 
 
+class TokensConfig(Section):
+    """Language-model data: how a token pack becomes samples."""
+
+    seq_len: int = Field(256, ge=2, description="tokens a sample feeds the model (its "
+                         "context length in training)")
+    batching: Literal["blocks", "documents"] = Field(
+        "blocks", description="blocks: the corpus as one stream cut into seq_len blocks (no "
+        "padding); documents: one sample per document, batched by length and padded per batch")
+    bucket_pool_batches: int = Field(50, ge=1, description="documents: batches sorted by "
+                                     "length together (more: less padding, less randomness)")
+
+
+class ArithmeticConfig(Section):
+    """The built-in corpus of sums and differences (data.dataset=arithmetic)."""
+
+    num_train: int = Field(200_000, ge=10, description="training documents (problems, drawn "
+                           "with repeats from those not held out)")
+    num_val: int = Field(2000, ge=10, description="distinct held-out problems")
+    max_operand: int = Field(99, ge=2, le=9999)
+    operations: str = Field("+-", pattern=r"^[+*-]+$")
+    seed: int = 0
+    cache_dir: str = Field("~/.cache/hpctrain",
+                           description="where the generated corpus is kept between runs")
+
+
 class AugmentConfig(Section):
     random_resized_crop: bool = True
     crop_scale: tuple[float, float] = (0.08, 1.0)
@@ -92,10 +117,12 @@ class ProgressiveConfig(Section):
 
 
 class DataConfig(Section):
-    dataset: Literal["shapes", "imagefolder", "shards", "synthetic"] = "shapes"
+    dataset: Literal["shapes", "imagefolder", "shards", "synthetic", "tokens",
+                     "arithmetic"] = "shapes"
     path: str | None = Field(None, description="imagefolder: its root (with train/ and val/, "
                                                "or class folders and a val_fraction); shards: "
-                                               "the folder written by hpctrain pack")
+                                               "the folder written by hpctrain pack; tokens: "
+                                               "the one written by hpctrain pack --tokens")
     decode: Literal["cpu", "gpu"] = Field("cpu", description="shards: where JPEGs are "
                                           "decoded; gpu: batched nvJPEG on the device")
     cache: str = Field("off", description="shards: copy the pack once per node to local "
@@ -119,10 +146,17 @@ class DataConfig(Section):
     progressive: ProgressiveConfig = ProgressiveConfig()
     shapes: ShapesConfig = ShapesConfig()
     synthetic: SyntheticConfig = SyntheticConfig()
+    tokens: TokensConfig = TokensConfig()
+    arithmetic: ArithmeticConfig = ArithmeticConfig()
+
+    @property
+    def kind(self) -> str:
+        """What the samples are: images or tokens."""
+        return "tokens" if self.dataset in TOKEN_DATASETS else "images"
 
     @model_validator(mode="after")
     def _needs_path(self):
-        if self.dataset in ("imagefolder", "shards") and not self.path:
+        if self.dataset in ("imagefolder", "shards", "tokens") and not self.path:
             raise ValueError(f"dataset '{self.dataset}' needs data.path (for example "
                              "data.path=/scratch/imagenet)")
         for name, value, off in (("decode", self.decode, "cpu"), ("cache", self.cache, "off")):
@@ -133,6 +167,18 @@ class DataConfig(Section):
         if isinstance(self.num_workers, int) and self.num_workers < 0:
             raise ValueError(f"num_workers must be >= 0 or 'auto', got {self.num_workers}")
         return self
+
+
+TOKEN_DATASETS = ("tokens", "arithmetic")
+TASK_OF_DATA = {"images": "image_classification", "tokens": "language_modeling"}
+
+
+class TaskConfig(Section):
+    """What is learned from the data; `task: NAME` in a recipe is short for `task.name`."""
+
+    name: Literal["auto", "image_classification", "language_modeling"] = Field(
+        "auto", description="auto: from data.dataset (token data: language_modeling, images: "
+        "image_classification)")
 
 
 class ModelConfig(Section):
@@ -268,6 +314,7 @@ class Config(Section):
     cudnn_benchmark: bool | Auto = "auto"
     deterministic: bool = False
     tensorboard: bool = True
+    task: TaskConfig = TaskConfig()
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     optim: OptimConfig = OptimConfig()
@@ -276,6 +323,24 @@ class Config(Section):
     checkpoint: CheckpointConfig = CheckpointConfig()
     parallel: ParallelConfig = ParallelConfig()
     preemption: PreemptionConfig = PreemptionConfig()
+
+    @field_validator("task", mode="before")
+    @classmethod
+    def _task_name(cls, value):
+        return {"name": value} if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _task_fits_data(self):
+        task = self.task.name
+        if task != "auto" and task != TASK_OF_DATA[self.data.kind]:
+            raise ValueError(f"task {task} cannot learn from data.dataset={self.data.dataset} "
+                             f"({self.data.kind}); use task=auto, or data that fits the task")
+        return self
+
+    @property
+    def task_name(self) -> str:
+        """The task, `auto` resolved from the data."""
+        return TASK_OF_DATA[self.data.kind] if self.task.name == "auto" else self.task.name
 
     @field_validator("name", "run_name")
     @classmethod

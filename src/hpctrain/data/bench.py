@@ -17,13 +17,15 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 
+import torch
 from torch.utils.data import DataLoader
 
 from hpctrain.config import Config, load_config
 from hpctrain.data.datasets import ImageFolderDataset
-from hpctrain.data.loader import build_datasets, collate_for, usable_cpus
+from hpctrain.data.loader import build_datasets, collate_for, token_datasets, usable_cpus
 from hpctrain.data.sampling import EpochSampler
 from hpctrain.data.shard_dataset import ShardDataset, jpeg_decoder
+from hpctrain.data.tokens import pad_documents
 
 GOOD_ENOUGH = 0.95  # the smallest setting within 5 % of the best is the one to use
 HEADROOM = 1.2  # a loader less than 20 % faster than the model stalls it on a slow batch
@@ -33,13 +35,14 @@ HEADROOM = 1.2  # a loader less than 20 % faster than the model stalls it on a s
 class Setting:
     num_workers: int
     prefetch_factor: int
-    images_per_second: float
+    samples_per_second: float
 
 
 @dataclass
 class DataBench:
     recipe: str
     dataset: str
+    unit: str  # what a sample is: image | block | document
     batch_size: int
     image_size: int
     cores: int
@@ -51,7 +54,7 @@ class DataBench:
     recommended: Setting | None = None
     ceiling: float | None = None  # decode_one_core x the cores the best setting uses
     ratio: float | None = None  # best / ceiling
-    model_images_per_second: float | None = None  # the training step alone
+    model_samples_per_second: float | None = None  # the training step alone
     starved_fraction: float | None = None  # share of the step time the device would wait
     advice: list[str] = field(default_factory=list)
 
@@ -76,11 +79,11 @@ def loader_rate(dataset, batch_size: int, image_size: int, workers: int, prefetc
     started, images, epoch = None, 0, 0
     while True:
         sampler.set_epoch(epoch, image_size)
-        for batch, _ in loader:
+        for batch in loader:
             if started is None:
                 started = time.perf_counter()
                 continue
-            images += len(batch)
+            images += len(batch if isinstance(batch, torch.Tensor) else batch[0])
             elapsed = time.perf_counter() - started
             if elapsed >= seconds:
                 return images / elapsed
@@ -121,40 +124,63 @@ def model_rate(config: Config, num_classes: int, steps: int) -> float:
                 eval_every_epochs=1e6))))
         with contextlib.redirect_stdout(sys.stderr):  # keep stdout for the report
             summary = train(trial)
-    return summary["images_per_second"] / max(1e-9, 1 - summary["data_wait_fraction"])
+    return summary["samples_per_second"] / max(1e-9, 1 - summary["data_wait_fraction"])
+
+
+def token_model_rate(config: Config, steps: int) -> float:
+    """Steady samples/s of the recipe's training step on its own token data (reading tokens
+    costs next to nothing), with the loader's waiting taken out."""
+    from hpctrain.train.loop import train
+
+    with tempfile.TemporaryDirectory(prefix="hpctrain-bench-") as out:
+        trial = config.model_copy(update=dict(
+            output_dir=out, run_name="bench-model", resume=None, tensorboard=False,
+            train=config.train.model_copy(update=dict(
+                max_steps=steps, epochs=1, log_every=max(1, steps // 5),
+                eval_every_epochs=1e6))))
+        with contextlib.redirect_stdout(sys.stderr):
+            summary = train(trial)
+    return summary["samples_per_second"] / max(1e-9, 1 - summary["data_wait_fraction"])
 
 
 def bench_data(recipe: str | None, overrides: list[str], workers: list[int] | None = None,
                prefetch: list[int] = (2, 4), seconds: float = 5.0, with_model: bool = False,
                model_steps: int = 30, processes_per_node: int = 1) -> DataBench:
     config = load_config(recipe, overrides)
-    train_set, _, num_classes = build_datasets(config.data, config.seed)
+    tokens = config.data.kind == "tokens"
+    if tokens:
+        train_set, num_classes = token_datasets(config.data)[0], None
+    else:
+        train_set, _, num_classes = build_datasets(config.data, config.seed)
     cores = max(1, usable_cpus() // processes_per_node)
     batch = config.train.batch_size
     report = DataBench(
-        recipe=config.name, dataset=config.data.dataset, batch_size=batch,
+        recipe=config.name, dataset=config.data.dataset,
+        unit=config.data.tokens.batching[:-1] if tokens else "image", batch_size=batch,
         image_size=config.data.image_size, cores=cores, processes_per_node=processes_per_node,
         decoder=(jpeg_decoder() if isinstance(train_set, ShardDataset) else
                  "pil" if isinstance(train_set, ImageFolderDataset) else None),
         decode_one_core=decode_rate(train_set, min(seconds, 3.0)))
-    collate = collate_for(config.data)
+    collate = collate_for(config.data) if not tokens else \
+        pad_documents if config.data.tokens.batching == "documents" else None
     for count in workers or worker_grid(cores):
         for depth in prefetch:
             rate = loader_rate(train_set, batch, config.data.image_size, count, depth,
                                seconds, config.seed, collate)
             report.settings.append(Setting(count, depth, rate))
-    report.best = max(report.settings, key=lambda s: s.images_per_second)
+    report.best = max(report.settings, key=lambda s: s.samples_per_second)
     report.recommended = min(
         (s for s in report.settings
-         if s.images_per_second >= GOOD_ENOUGH * report.best.images_per_second),
+         if s.samples_per_second >= GOOD_ENOUGH * report.best.samples_per_second),
         key=lambda s: (s.num_workers, s.prefetch_factor))
     if report.decode_one_core:
         report.ceiling = report.decode_one_core * min(max(1, report.best.num_workers), cores)
-        report.ratio = report.best.images_per_second / report.ceiling
+        report.ratio = report.best.samples_per_second / report.ceiling
     if with_model:
-        report.model_images_per_second = model_rate(config, num_classes, model_steps)
+        report.model_samples_per_second = token_model_rate(config, model_steps) if tokens \
+            else model_rate(config, num_classes, model_steps)
         report.starved_fraction = max(
-            0.0, 1 - report.best.images_per_second / report.model_images_per_second)
+            0.0, 1 - report.best.samples_per_second / report.model_samples_per_second)
     report.advice = advise(report, config)
     return report
 
@@ -164,18 +190,19 @@ def advise(report: DataBench, config: Config) -> list[str]:
     advice = [f"use data.num_workers={report.recommended.num_workers} "
               f"data.prefetch_factor={report.recommended.prefetch_factor} (the smallest "
               f"setting within {1 - GOOD_ENOUGH:.0%} of the best)"]
-    loader, model = report.best.images_per_second, report.model_images_per_second
+    loader, model = report.best.samples_per_second, report.model_samples_per_second
+    rate = "img/s" if report.unit == "image" else f"{report.unit}s/s"
     if model is not None:
         if loader < model:
-            advice.append(f"the loader would starve the model: {loader:,.0f} img/s against "
-                          f"{model:,.0f} img/s the step could take; the device would wait "
+            advice.append(f"the loader would starve the model: {loader:,.0f} {rate} against "
+                          f"{model:,.0f} {rate} the step could take; the device would wait "
                           f"{report.starved_fraction:.0%} of the time")
         elif loader < HEADROOM * model:
             advice.append(f"the loader keeps up with little margin ({loader / model:.2f}x the "
                           "model's rate): a slow batch or a shared node will stall the device")
         else:
             advice.append(f"the loader keeps up: {loader / model:.1f}x the model's "
-                          f"{model:,.0f} img/s")
+                          f"{model:,.0f} {rate}")
     short = model is not None and loader < HEADROOM * model
     if config.data.dataset == "imagefolder" and (short or model is None):
         advice.append(f"pack the images into shards (hpctrain pack {config.data.path} DST, "

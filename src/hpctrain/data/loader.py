@@ -21,11 +21,14 @@ from hpctrain.config import DataConfig
 from hpctrain.data.datasets import ImageFolderDataset, SyntheticDataset, image_folder_splits
 from hpctrain.data.device_decode import EncodedBatch, collate_encoded, decode_batch
 from hpctrain.data.node_cache import node_local_pack
+from hpctrain.data.arithmetic import ANSWER_START, ensure_arithmetic
 from hpctrain.data.sampling import EpochSampler
+from hpctrain.data.sequences import LengthBucketSampler
 from hpctrain.data.shard_dataset import ShardDataset
 from hpctrain.data.shards import Pack
 from hpctrain.data.shapes import CLASSES as SHAPE_CLASSES
 from hpctrain.data.shapes import ensure_shapes
+from hpctrain.data.tokens import TokenBlocks, TokenDocuments, TokenPack, pad_documents
 from hpctrain.data.worker_signals import SignalSafeLoader
 from hpctrain.errors import DataError, DeviceError
 
@@ -33,15 +36,19 @@ from hpctrain.errors import DataError, DeviceError
 @dataclass
 class DataBundle:
     train_loader: DataLoader
-    train_sampler: EpochSampler
+    train_sampler: EpochSampler | LengthBucketSampler
     val_loader: DataLoader
     val_sampler: EpochSampler
-    num_classes: int
+    num_classes: int | None  # images
     num_workers: int
+    vocab_size: int | None = None  # tokens
+    answer: tuple[int, int] | None = None  # tokens: the ids around graded answers
 
     @property
     def skipped_images(self) -> int:
-        return self.train_loader.dataset.skipped.value + self.val_loader.dataset.skipped.value
+        return sum(dataset.skipped.value for dataset in
+                   (self.train_loader.dataset, self.val_loader.dataset)
+                   if hasattr(dataset, "skipped"))
 
 
 def usable_cpus() -> int:
@@ -154,18 +161,20 @@ def build_data(data: DataConfig, batch_size: int, seed: int, device: torch.devic
     if data.decode == "gpu" and device.type != "cuda":
         raise DeviceError(f"data.decode=gpu decodes with nvJPEG on a CUDA device, but this "
                           f"run is on {device}: set data.decode=cpu")
+    workers = resolve_num_workers(data.num_workers, processes_per_node)
+    pin = device.type == "cuda" if data.pin_memory == "auto" else data.pin_memory
+    common = dict(num_workers=workers, pin_memory=pin, stop_signals=stop_signals)
+    if workers > 0:
+        common.update(persistent_workers=data.persistent_workers,
+                      prefetch_factor=data.prefetch_factor)
+    if data.kind == "tokens":
+        return _token_data(data, batch_size, seed, rank, world_size, common)
     train_set, val_set, num_classes = build_datasets(data, seed)
     if len(train_set) < batch_size * world_size:
         raise DataError(f"the training set has {len(train_set)} samples, fewer than one batch "
                         f"(train.batch_size={batch_size} x {world_size} processes); lower the "
                         "batch size")
-    workers = resolve_num_workers(data.num_workers, processes_per_node)
-    pin = device.type == "cuda" if data.pin_memory == "auto" else data.pin_memory
-    common = dict(num_workers=workers, pin_memory=pin, collate_fn=collate_for(data),
-                  stop_signals=stop_signals)
-    if workers > 0:
-        common.update(persistent_workers=data.persistent_workers,
-                      prefetch_factor=data.prefetch_factor)
+    common["collate_fn"] = collate_for(data)
     shard = dict(rank=rank, world_size=world_size)
     train_sampler = EpochSampler(len(train_set), data.image_size, shuffle=True, seed=seed,
                                  **shard)
@@ -176,6 +185,56 @@ def build_data(data: DataConfig, batch_size: int, seed: int, device: torch.devic
     val_loader = SignalSafeLoader(val_set, batch_size=batch_size * 2, sampler=val_sampler,
                             drop_last=False, **common)
     return DataBundle(train_loader, train_sampler, val_loader, val_sampler, num_classes, workers)
+
+
+def token_pack_of(data: DataConfig) -> TokenPack:
+    """The token pack the recipe reads: data.path, or the built-in corpus (made on first use)."""
+    if data.dataset == "arithmetic":
+        a = data.arithmetic
+        return TokenPack(ensure_arithmetic(Path(a.cache_dir).expanduser(), a.seed, a.num_train,
+                                           a.num_val, a.max_operand, a.operations))
+    return TokenPack(data.path)
+
+
+def token_datasets(data: DataConfig) -> tuple[Dataset, Dataset, TokenPack]:
+    pack = token_pack_of(data)
+    seq_len = data.tokens.seq_len
+    if data.tokens.batching == "blocks":
+        return (TokenBlocks(pack.split("train"), seq_len), TokenBlocks(pack.split("val"),
+                                                                       seq_len), pack)
+    return (TokenDocuments(pack.split("train"), seq_len, pack.eos_id),
+            TokenDocuments(pack.split("val"), seq_len, pack.eos_id), pack)
+
+
+def _token_data(data: DataConfig, batch_size: int, seed: int, rank: int, world_size: int,
+                common: dict) -> DataBundle:
+    """Blocks of a token stream (sampled like images), or documents batched by length."""
+    train_set, val_set, pack = token_datasets(data)
+    shard = dict(rank=rank, world_size=world_size)
+    documents = data.tokens.batching == "documents"
+    collate = pad_documents if documents else None
+    if documents:
+        train_sampler = LengthBucketSampler(train_set.lengths, batch_size,
+                                            data.tokens.bucket_pool_batches, seed=seed, **shard)
+        train_loader = SignalSafeLoader(train_set, batch_sampler=train_sampler,
+                                        collate_fn=collate, **common)
+    else:
+        train_sampler = EpochSampler(len(train_set), 0, shuffle=True, seed=seed, **shard)
+        train_loader = SignalSafeLoader(train_set, batch_size=batch_size, sampler=train_sampler,
+                                        drop_last=True, collate_fn=collate, **common)
+    if len(train_loader) == 0:
+        raise DataError(f"the training split of {pack.root} makes {len(train_set)} samples of "
+                        f"data.tokens.seq_len={data.tokens.seq_len}, fewer than one batch "
+                        f"(train.batch_size={batch_size} x {world_size} processes); lower the "
+                        "batch size or the sequence length")
+    val_sampler = EpochSampler(len(val_set), 0, shuffle=False, pad=True, **shard)
+    val_loader = SignalSafeLoader(val_set, batch_size=batch_size * 2, sampler=val_sampler,
+                                  drop_last=False, collate_fn=collate, **common)
+    answer = None
+    if data.dataset == "arithmetic":
+        answer = (ord(ANSWER_START), pack.eos_id)
+    return DataBundle(train_loader, train_sampler, val_loader, val_sampler, None,
+                      common["num_workers"], pack.vocab_size, answer)
 
 
 class DeviceBatcher:

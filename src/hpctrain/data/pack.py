@@ -196,7 +196,7 @@ def _raw_in_auto(path: str, width: int, height: int, options: PackOptions) -> bo
     return random.Random(f"{options.seed}-{path}").random() < options.raw_fraction
 
 
-def _save_index(path: Path, index: np.ndarray) -> None:
+def save_npy(path: Path, index: np.ndarray) -> None:
     """np.save under a temporary name, then rename."""
     partial = path.with_name(f".{path.name}.partial")
     with open(partial, "wb") as handle:
@@ -208,7 +208,7 @@ def _fragment(dst: Path, split: str, number: int, suffix: str) -> Path:
     return dst / f".{split}-{number:05d}.{suffix}"
 
 
-class _HashingFile:
+class HashingFile:
     """A file opened for writing that hashes what goes into it, so that a shard's SHA-256 needs
     no second read of the shard (tarfile needs only write and tell)."""
 
@@ -243,7 +243,7 @@ def write_shard(job: ShardJob) -> ShardResult:
     partial = dst / f".{name}.partial"
     records = []
     result = ShardResult(job.split, job.number)
-    out = _HashingFile(partial)
+    out = HashingFile(partial)
     with out.file, tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
         for position, (path, label) in enumerate(job.samples, job.first):
             try:
@@ -261,7 +261,7 @@ def write_shard(job: ShardJob) -> ShardResult:
             result.per_class[label] = result.per_class.get(label, 0) + 1
     result.samples, result.bytes = len(records), out.size
     result.sha256 = out.digest.hexdigest()
-    _save_index(_fragment(dst, job.split, job.number, "npy"),
+    save_npy(_fragment(dst, job.split, job.number, "npy"),
                 np.array(records, dtype=INDEX_DTYPE))
     os.replace(partial, dst / name)
     _fragment(dst, job.split, job.number, "json.partial").write_text(json.dumps(asdict(result)))
@@ -299,7 +299,7 @@ def _planned(plan: Path) -> str | None:
     return found.get("fingerprint") if isinstance(found, dict) else None
 
 
-def _prepare(dst: Path, fingerprint: str, overwrite: bool) -> bool:
+def prepare_destination(dst: Path, fingerprint: str, overwrite: bool) -> bool:
     """Make `dst` ready; True when an unfinished pack of the same plan is resumed."""
     plan = dst / PLAN
     if dst.exists() and not dst.is_dir():
@@ -329,30 +329,34 @@ def pack(src: Path, dst: Path, options: PackOptions, workers: int | None = None,
     started = time.perf_counter()
     classes, splits = read_source(src)
     fingerprint = _plan_fingerprint(classes, splits, options)
-    resumed = _prepare(dst, fingerprint, overwrite)
+    resumed = prepare_destination(dst, fingerprint, overwrite)
     jobs = plan_shards(splits, dst, options, strict)
     done = {(j.split, j.number): r for j in jobs if (r := _finished(dst, j)) is not None}
     todo = [j for j in jobs if (j.split, j.number) not in done]
     if resumed:
         log(f"pack: resuming {dst}: {len(done)} of {len(jobs)} shards already written")
-    workers = max(1, min(workers or os.cpu_count() or 1, len(todo) or 1))
     total = sum(len(j.samples) for j in todo)
     with progress_bar(f"packing {len(todo)} shards", total) as advance:
-        if workers == 1:
-            results = map(write_shard, todo)
-        else:
-            pool = multiprocessing.get_context("forkserver").Pool(workers)
-            results = pool.imap_unordered(write_shard, todo)
-        try:
-            for result in results:
-                done[(result.split, result.number)] = result
-                advance(result.samples + len(result.skipped))
-        finally:
-            if workers > 1:
-                pool.terminate()
+        for result in run_jobs(write_shard, todo, workers):
+            done[(result.split, result.number)] = result
+            advance(result.samples + len(result.skipped))
     manifest = _write_manifest(dst, src, classes, splits, jobs, done, options)
     manifest["seconds"] = round(time.perf_counter() - started, 1)
     return manifest
+
+
+def run_jobs(write, jobs: list, workers: int | None):
+    """`write(job)` for every job, in up to `workers` processes (default: one per core) or in
+    this one; the results as they finish."""
+    workers = max(1, min(workers or os.cpu_count() or 1, len(jobs) or 1))
+    if workers == 1:
+        yield from map(write, jobs)
+        return
+    pool = multiprocessing.get_context("forkserver").Pool(workers)
+    try:
+        yield from pool.imap_unordered(write, jobs)
+    finally:
+        pool.terminate()
 
 
 def _write_manifest(dst: Path, src: Path, classes, splits, jobs, done, options) -> dict:
@@ -363,7 +367,7 @@ def _write_manifest(dst: Path, src: Path, classes, splits, jobs, done, options) 
         results = [done[(j.split, j.number)] for j in jobs if j.split == split]
         index = np.concatenate([np.load(_fragment(dst, split, r.number, "npy"))
                                 for r in results]) if results else np.zeros(0, INDEX_DTYPE)
-        _save_index(dst / index_name(split), index)
+        save_npy(dst / index_name(split), index)
         per_class = [0] * len(classes)
         for result in results:
             for label, count in result.per_class.items():

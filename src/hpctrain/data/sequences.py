@@ -94,9 +94,12 @@ class LengthBucketSampler(Sampler[list[int]]):
         self.shuffle, self.seed = shuffle, seed
         self.rank, self.world_size = rank, world_size
         self.epoch = 0
+        self.start = 0  # batches of the global list already trained (a resumed epoch)
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def set_epoch(self, epoch: int, size: int | None = None, start: int = 0) -> None:
+        """Prepare the next pass; `start` counts samples of the global order, as for
+        EpochSampler (`size` is an image size, unused here)."""
+        self.epoch, self.start = epoch, start // self.batch_size
 
     def batches(self) -> list[list[int]]:
         """This epoch's batches over all ranks, the same list on every rank; the tail that
@@ -116,10 +119,10 @@ class LengthBucketSampler(Sampler[list[int]]):
         return batches[:len(batches) - len(batches) % self.world_size]
 
     def __iter__(self):
-        yield from self.batches()[self.rank::self.world_size]
+        yield from self.batches()[self.start + self.rank::self.world_size]
 
     def __len__(self) -> int:
-        return len(self.batches()) // self.world_size
+        return (len(self.batches()) - self.start) // self.world_size
 
     def padding_fraction(self) -> float:
         """The share of padding tokens this epoch's batches will carry (no data read)."""

@@ -86,29 +86,29 @@ Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 Count = Annotated[int, Field(ge=0)]
 
 
-class _Strict(BaseModel):
+class StrictModel(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
 
-class IndexEntry(_Strict):
+class IndexEntry(StrictModel):
     file: FileName
     sha256: Sha256
 
 
-class ShardEntry(_Strict):
+class ShardEntry(StrictModel):
     file: FileName
     samples: Count
     bytes: Count
     sha256: Sha256
 
 
-class SplitEntry(_Strict):
+class SplitEntry(StrictModel):
     samples: Count
     index: IndexEntry
     shards: list[ShardEntry]
 
 
-class Manifest(_Strict):
+class Manifest(StrictModel):
     format: str
     version: int
     pack_id: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")]

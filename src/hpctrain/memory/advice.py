@@ -169,7 +169,13 @@ def _activation_options(base: Estimate, config: Config,
         options.append(_option(["precision=bf16"], half, "activations in 16 bits"))
     size = base.input_shape[-1]
     lower = max(32, size * 3 // 4 // 32 * 32)
-    if lower < size:
+    if config.data.kind == "tokens":
+        if lower < size:
+            short = estimate(_variant(config, ("data.tokens.seq_len", lower)), base.target,
+                             base.batch_size)
+            options.append(_option([f"data.tokens.seq_len={lower}"], short,
+                                   f"{lower / size:.0%} of the tokens per sample"))
+    elif lower < size:
         small = estimate(_variant(config, ("data.image_size", lower)), base.target,
                          base.batch_size)
         options.append(_option([f"data.image_size={lower}"], small,

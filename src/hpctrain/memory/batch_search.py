@@ -29,7 +29,7 @@ from hpctrain.cluster.environment import ProcessEnv, detect
 from hpctrain.config import Config
 from hpctrain.errors import ConfigError
 from hpctrain.memory.advice import MAX_BATCH, round_batch
-from hpctrain.memory.estimate import Target, num_classes_of, step_spec
+from hpctrain.memory.estimate import Target, output_width, step_spec
 from hpctrain.memory.simulate import run_steps
 from hpctrain.memory.tracker import LiveMemory
 from hpctrain.train import parallel
@@ -79,7 +79,7 @@ class _Runner:
             self.device = torch.device("cuda", torch.cuda.current_device())
         parallel.check_layout(config, self.strategy, self.device, target.precision)
         self.distributed = parallel.start(config, env, self.strategy, self.device)
-        self.spec = step_spec(config, target, num_classes_of(config)[0])
+        self.spec = step_spec(config, target, output_width(config)[0])
         self.limit = None
         if self.device.type == "cuda":
             total = torch.cuda.get_device_properties(self.device).total_memory

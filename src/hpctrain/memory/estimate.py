@@ -12,9 +12,11 @@ import math
 from dataclasses import dataclass, field, replace
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from hpctrain.config import Config
+from hpctrain.data.tokenizer import BYTE_EOS
 from hpctrain.errors import ConfigError, UserError
 from hpctrain.memory.simulate import Footprint, StepSpec, predict
 from hpctrain.memory.sizes import fmt_bytes, lacks_bf16, parse_memory
@@ -151,9 +153,19 @@ def resolve_target(config: Config, gpu_memory: str | None, world_size: int = 1,
     return Target(device, precision, capacity, source, world_size, strategy)
 
 
-def num_classes_of(config: Config) -> tuple[int, str | None]:
-    """The classifier's width, without reading a large dataset when it can be avoided."""
+def output_width(config: Config) -> tuple[int, str | None]:
+    """The model's output width (classes, or a language model's vocabulary), without reading
+    a large dataset when it can be avoided; and a note when it had to be assumed."""
     data = config.data
+    if data.kind == "tokens":
+        if data.dataset == "arithmetic":
+            return BYTE_EOS + 1, None  # byte-level: no need to generate the corpus
+        from hpctrain.data.tokens import TokenPack
+
+        try:
+            return TokenPack(data.path).vocab_size, None
+        except UserError as err:
+            return 50304, f"vocabulary assumed 50,304 ({err})"
     if data.num_classes:
         return data.num_classes, None
     if data.dataset == "synthetic":
@@ -176,25 +188,44 @@ def input_size(config: Config) -> int:
     return size
 
 
-def step_spec(config: Config, target: Target, num_classes: int) -> StepSpec:
+def input_shape(config: Config) -> tuple[int, ...]:
+    """One sample's shape: (channels, height, width), or (tokens,)."""
+    if config.data.kind == "tokens":
+        return (config.data.tokens.seq_len,)
     size = input_size(config)
+    return (3, size, size)
+
+
+def _token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+def step_spec(config: Config, target: Target, width: int) -> StepSpec:
+    """The recipe's step; `width`: its classes or its vocabulary (output_width)."""
+    shape = input_shape(config)
+    tokens = config.data.kind == "tokens"
     optim_device = torch.device(target.device)
     lr = scaled_lr(config.optim, per_device_batch(config, target.world_size)[1])
 
     def build() -> nn.Module:
-        model = build_model(config.model.name, num_classes, config.model.kwargs)
+        model = build_model(config.model.name, None if tokens else width, config.model.kwargs,
+                            vocab_size=width if tokens else None)
         if config.model.activation_checkpointing:
             model = enable_activation_checkpointing(model, config.model.name)
         return model
 
     def make_batch(batch: int, device: torch.device):
-        return (torch.randn(batch, 3, size, size, device=device),
-                torch.randint(0, num_classes, (batch,), device=device))
+        if tokens:
+            return (torch.randint(0, width, (batch, *shape), device=device),
+                    torch.randint(0, width, (batch, *shape), device=device))
+        return (torch.randn(batch, *shape, device=device),
+                torch.randint(0, width, (batch,), device=device))
 
+    criterion = _token_loss if tokens else \
+        nn.CrossEntropyLoss(label_smoothing=config.train.label_smoothing)
     return StepSpec(build, make_batch,
                     lambda model: build_optimizer(model, config.optim, lr, optim_device),
-                    nn.CrossEntropyLoss(label_smoothing=config.train.label_smoothing),
-                    target.precision, target.device, config.optim.grad_clip_norm)
+                    criterion, target.precision, target.device, config.optim.grad_clip_norm)
 
 
 def model_info(spec: StepSpec, precision: str) -> ModelInfo:
@@ -234,17 +265,16 @@ def layout_rows(footprint: Footprint, info: ModelInfo, target: Target,
 def estimate(config: Config, target: Target, batch_size: int | None = None,
              footprint: Footprint | None = None) -> Estimate:
     """The estimate for `config` on `target`, at the recipe's per-device batch unless given."""
-    num_classes, note = num_classes_of(config)
-    spec = step_spec(config, target, num_classes)
+    width, note = output_width(config)
+    spec = step_spec(config, target, width)
     batch = batch_size or per_device_batch(config, target.world_size)[0]
     footprint = footprint or predict(spec, batch)
     info = model_info(spec, target.precision)
-    size = input_size(config)
     notes = [note] if note else []
     if target.device == "cuda" and config.compile is not False:
         notes.append("predicted for eager mode; torch.compile (on for GPU runs) usually "
                      "holds less, as Inductor recomputes cheap elementwise results")
-    return Estimate(config.name, config.model.name, batch, (3, size, size), target, info,
+    return Estimate(config.name, config.model.name, batch, input_shape(config), target, info,
                     footprint, layout_rows(footprint, info, target, config),
                     config.model.activation_checkpointing, notes)
 

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import torch
 
-from hpctrain.memory.estimate import Estimate, num_classes_of, step_spec
+from hpctrain.memory.estimate import Estimate, output_width, step_spec
 from hpctrain.memory.simulate import measure_cpu, run_steps, simulate
 
 HELD = ("parameters", "gradients", "optimizer states", "weight copies", "activations",
@@ -30,7 +30,7 @@ def _error(measured: int, predicted: int) -> float:
 
 
 def measure(est: Estimate, config, steps: int = 3) -> dict:
-    spec = step_spec(config, est.target, num_classes_of(config)[0])
+    spec = step_spec(config, est.target, output_width(config)[0])
     if est.target.device == "cuda" and torch.cuda.is_available():
         device = torch.device("cuda")
         torch.cuda.empty_cache()

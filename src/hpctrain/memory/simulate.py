@@ -42,7 +42,7 @@ class StepSpec:
     build_model: Callable[[], nn.Module]  # builds on the current default device
     make_batch: Callable[[int, torch.device], tuple[torch.Tensor, torch.Tensor]]
     build_optimizer: Callable[[nn.Module], torch.optim.Optimizer]
-    criterion: nn.Module
+    criterion: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (outputs, targets)
     precision: str  # fp32 | tf32 | fp16 | bf16
     target: str  # cuda | cpu: whose autocast rules and allocator to predict for
     clip_norm: float | None = None

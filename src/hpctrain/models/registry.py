@@ -7,13 +7,15 @@ downloaded (compute nodes have no internet): models start from random initialisa
 from __future__ import annotations
 
 import difflib
+import inspect
 
 from torch import nn
 
 from hpctrain.errors import ConfigError
-from hpctrain.models import small
+from hpctrain.models import gpt, small
 
-BUILTIN = {"resnet_small": small.resnet_small, "tiny_cnn": small.tiny_cnn}
+BUILTIN = {"resnet_small": small.resnet_small, "tiny_cnn": small.tiny_cnn,
+           **gpt.named_sizes()}
 
 
 def _unknown(source: str, name: str, known: list[str]) -> ConfigError:
@@ -22,7 +24,23 @@ def _unknown(source: str, name: str, known: list[str]) -> ConfigError:
                        + (f"; close matches: {', '.join(hint)}" if hint else ""))
 
 
-def build_model(name: str, num_classes: int, kwargs: dict | None = None) -> nn.Module:
+def _not_for_tokens(name: str) -> ConfigError:
+    gpts = [n for n in BUILTIN if n.startswith("gpt_")]
+    return ConfigError(f"model.name {name} is an image model, but the data is tokens "
+                       f"(language modelling): use a language model, hpctrain:{gpts[0]} to "
+                       f"hpctrain:{gpts[-1]}")
+
+
+def _facts_taken(factory, facts: dict) -> dict:
+    """The facts of the data (num_classes, vocab_size) that `factory` has a parameter for."""
+    parameters = inspect.signature(factory).parameters
+    return {k: v for k, v in facts.items() if k in parameters and v is not None}
+
+
+def build_model(name: str, num_classes: int | None, kwargs: dict | None = None,
+                vocab_size: int | None = None) -> nn.Module:
+    """The model `name`, sized for the data: its classes, or its vocabulary for a language
+    model (model.kwargs may set a larger vocabulary, never a smaller one)."""
     kwargs = dict(kwargs or {})
     source, _, model_name = name.rpartition(":")
     if source == "" and model_name in BUILTIN:
@@ -31,7 +49,15 @@ def build_model(name: str, num_classes: int, kwargs: dict | None = None) -> nn.M
         if source == "hpctrain":
             if model_name not in BUILTIN:
                 raise _unknown(source, model_name, list(BUILTIN))
-            return BUILTIN[model_name](num_classes=num_classes, **kwargs)
+            factory = BUILTIN[model_name]
+            if vocab_size is not None and "vocab_size" not in inspect.signature(
+                    factory).parameters:
+                raise _not_for_tokens(name)
+            facts = _facts_taken(factory, {"num_classes": num_classes,
+                                           "vocab_size": vocab_size})
+            return factory(**{**facts, **kwargs})
+        if vocab_size is not None:
+            raise _not_for_tokens(name)
         if source == "torchvision":
             import torchvision
 

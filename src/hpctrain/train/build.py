@@ -11,14 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from timm.loss import SoftTargetCrossEntropy
 from torch import nn
 
 from hpctrain.cluster.environment import ProcessEnv, detect
 from hpctrain.cluster.job import job_end_time
 from hpctrain.config import Config
 from hpctrain.data.loader import DataBundle, DeviceBatcher, build_data
-from hpctrain.data.mixing import build_mixing
 from hpctrain.errors import DataError
 from hpctrain.models.checkpointing import enable_activation_checkpointing
 from hpctrain.models.registry import build_model
@@ -30,6 +28,7 @@ from hpctrain.train.precision import Precision
 from hpctrain.train.preemption import deadline_at
 from hpctrain.train.run_dir import RunPlace, resolve_run
 from hpctrain.train.system import SystemPlan, apply_global_switches, plan_system
+from hpctrain.train.tasks import Task, check_vocabulary, image_classification, language_modeling
 
 
 @dataclass
@@ -49,9 +48,7 @@ class Parts:
     scheduler: torch.optim.lr_scheduler.LambdaLR
     precision: Precision
     ema: WeightEma | None
-    batcher: DeviceBatcher
-    mixing: Callable | None  # mixing(images, labels) -> (mixed images, soft targets)
-    criterion: nn.Module
+    task: Task  # the batch on the device, the loss, the metrics
     checkpointer: Checkpointer
     deadline: float | None  # Unix time at which to save and stop, or None
     steps_per_epoch: int
@@ -107,7 +104,10 @@ def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
                           env.world_size, env.local_world_size, (config.preemption.signal,))
 
     # ---- the model, then its distributed wrapper ----
-    model = build_model(config.model.name, data.num_classes, config.model.kwargs)
+    model = build_model(config.model.name, data.num_classes, config.model.kwargs,
+                        vocab_size=data.vocab_size)
+    if data.vocab_size is not None:
+        check_vocabulary(model, data.vocab_size, config.data.tokens.seq_len, config.model.name)
     if config.model.activation_checkpointing:
         model = enable_activation_checkpointing(model, config.model.name)
     model = parallel.convert_batchnorm(model, config, strategy)
@@ -125,8 +125,12 @@ def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
                         f"has {len(data.train_loader.dataset)}; lower train.batch_size, "
                         "train.global_batch_size or train.grad_accum_steps")
     total_steps = train_cfg.max_steps or math.ceil(train_cfg.epochs * steps_per_epoch)
-    mixing = build_mixing(config.data.augment, data.num_classes, train_cfg.label_smoothing,
-                          batch_size)
+    if config.task_name == "language_modeling":
+        task = language_modeling(device, data.answer)
+    else:
+        task = image_classification(
+            DeviceBatcher(device, config.data.mean, config.data.std, plan.channels_last),
+            config.data.augment, data.num_classes, train_cfg.label_smoothing, batch_size)
     optimizer = build_optimizer(model, config.optim, lr, device)
     scheduler = build_scheduler(optimizer, config.schedule, total_steps, steps_per_epoch)
     return Parts(
@@ -135,9 +139,7 @@ def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
         gradient_sync=parallel.gradient_sync(forward), optimizer=optimizer,
         scheduler=scheduler, precision=Precision(plan.precision, device),
         ema=WeightEma(model, config.optim.ema.decay) if config.optim.ema.enabled else None,
-        batcher=DeviceBatcher(device, config.data.mean, config.data.std, plan.channels_last),
-        mixing=mixing, criterion=SoftTargetCrossEntropy() if mixing else
-        nn.CrossEntropyLoss(label_smoothing=train_cfg.label_smoothing),
+        task=task,
         checkpointer=Checkpointer(place.run_dir / "checkpoints", config.checkpoint.keep_last,
                                   distributed, config.checkpoint.async_save),
         deadline=deadline_at(config.preemption, job_end),

@@ -1,21 +1,19 @@
 """The training loop: train, evaluate, checkpoint, stop in time.
 
 Read it top to bottom: `train()` builds the parts (build.py) and hands them to `_run_steps`,
-whose inner loop is the training step. Inside the step nothing waits for the device: loss and
-accuracy accumulate in device tensors (`RunningMetrics`) and are read back, summed over all
-ranks, once per logging interval. Across processes the only per-step collectives are the
+whose inner loop is the training step. The task (tasks.py: images or tokens) moves a batch to
+the device and says what the loss and the metrics are; the loop is the same for every task.
+Inside the step nothing waits for the device: the loss and the task's sums accumulate in device
+tensors (intervals.py) and are read back, summed over all ranks, once per logging interval. Across processes the only per-step collectives are the
 gradient reduction (DDP/FSDP) and one tiny CPU-side stop flag (preemption.py).
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
-from torch import nn
 
 from hpctrain.cluster.environment import ProcessEnv, detect
 from hpctrain.cluster.job import requeue
@@ -25,69 +23,13 @@ from hpctrain.errors import DataError, OutputError, Preempted, RunFailed, cannot
 from hpctrain.profiling.regions import region
 from hpctrain.train import report
 from hpctrain.train.build import Parts, build_parts
+from hpctrain.train.evaluation import evaluate, keep_best
+from hpctrain.train.intervals import Clock, Interval, RunningMetrics
 from hpctrain.train.parallel import collective_failure
 from hpctrain.train.preemption import Stopper
 from hpctrain.train.resume import Progress, completed_summary, restore, save
 from hpctrain.train.run_dir import set_aside
 from hpctrain.train.telemetry import KEEP_GOING, Telemetry, write_summary
-
-
-@dataclass
-class Clock:
-    """Training time (evaluation and checkpointing excluded) and time spent waiting for data."""
-
-    started: float = field(default_factory=time.perf_counter)
-    train_seconds: float = 0.0
-    data_wait_seconds: float = 0.0
-    steady_seconds: float = 0.0  # after the first logging interval (warm-up, compilation)
-    steady_images: int = 0
-    rank_seconds: list[float] = field(default_factory=list)  # steady time per rank (rank 0)
-    rank_steps: int = 0
-    stop_seconds: float | None = None  # from a stop signal to its checkpoint, when one came
-
-
-@dataclass
-class Interval:
-    """The logging interval under way: when it started, what it trained, how long it waited."""
-
-    start: float = field(default_factory=time.perf_counter)
-    images: int = 0
-    wait_mark: float = 0.0  # clock.data_wait_seconds at the start
-    first: bool = True  # the first interval holds warm-up (and compilation): not steady
-
-
-class RunningMetrics:
-    """Loss and accuracy sums kept on the device; `read()` is the only synchronisation."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.reset()
-
-    def reset(self) -> None:
-        self.sums = torch.zeros(3, device=self.device)  # loss, correct, non-finite count
-        self.samples = 0
-        self.micro_steps = 0
-
-    def add(self, loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor) -> None:
-        finite = torch.isfinite(loss)
-        correct = (logits.argmax(dim=1) == labels).sum()
-        self.sums += torch.stack([torch.where(finite, loss, 0.0), correct, ~finite])
-        self.samples += labels.shape[0]
-        self.micro_steps += 1
-
-    def read(self, distributed) -> dict:
-        """Sums over all ranks since the last read, then reset."""
-        counts = torch.tensor([self.samples, self.micro_steps], device=self.device)
-        totals = distributed.sum_(torch.cat([self.sums, counts.to(self.sums.dtype)]))
-        loss_sum, correct, nonfinite, samples, micro_steps = totals.tolist()
-        finite_steps = micro_steps - nonfinite
-        values = {
-            "loss": loss_sum / finite_steps if finite_steps else math.nan,
-            "accuracy": correct / max(samples, 1),
-            "all_nonfinite": nonfinite == micro_steps and micro_steps > 0,
-        }
-        self.reset()
-        return values
 
 
 def train(config: Config, env: ProcessEnv | None = None,
@@ -192,7 +134,8 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
     ckpt_cfg = parts.config.checkpoint
     ckpt_every = ckpt_cfg.every_steps or max(1, round((ckpt_cfg.every_epochs or 1e9)
                                                       * parts.steps_per_epoch))
-    metrics = RunningMetrics(parts.device)
+    task = parts.task
+    metrics = RunningMetrics(parts.device, task)
     interval = Interval()
     params = [p for p in parts.model.parameters() if p.requires_grad]
     parts.model.train()
@@ -205,20 +148,19 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
             for micro in range(cfg.grad_accum_steps):
                 waited = time.perf_counter()
                 with region("data_wait"):
-                    images, labels = _next_batch(batches)
+                    host_batch = _next_batch(batches)
                 clock.data_wait_seconds += time.perf_counter() - waited
                 with region("h2d_copy"):
-                    images, labels = parts.batcher(images, labels)
-                    targets = labels
-                    if parts.mixing is not None:
-                        images, targets = parts.mixing(images, labels)
+                    batch = task.to_device(host_batch, training=True)
                 with parts.gradient_sync(micro == cfg.grad_accum_steps - 1):
                     with region("forward"), parts.precision.autocast():
-                        logits = parts.forward(images)
-                        loss = parts.criterion(logits, targets)
+                        outputs = parts.forward(batch.inputs)
+                        loss = task.loss(outputs, batch)
                     with region("backward"):
                         parts.precision.backward(loss / cfg.grad_accum_steps)
-                metrics.add(loss.detach(), logits.detach(), labels)
+                with torch.no_grad():
+                    sums = task.sums(outputs.detach(), batch, loss.detach())
+                metrics.add(loss.detach(), sums, batch.labels.shape[0])
             with region("optimizer"):
                 parts.precision.step(parts.optimizer, params, parts.config.optim.grad_clip_norm)
                 parts.scheduler.step()
@@ -226,7 +168,7 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
                 if parts.ema is not None:
                     parts.ema.update()
             progress.step += 1
-            interval.images += parts.global_batch_size
+            interval.samples += parts.global_batch_size
             # ---- read back, evaluate, checkpoint: only at intervals ----
             last = progress.step == parts.total_steps
             if progress.step % cfg.log_every == 0 or last:
@@ -287,7 +229,7 @@ def _finish_saving(parts: Parts) -> None:
 def _start_epoch(parts: Parts, step: int):
     """Point the sampler at this epoch (and, on resume, at the first unseen batch)."""
     epoch, step_in_epoch = divmod(step, parts.steps_per_epoch)
-    size = image_size_for_epoch(parts.config.data, epoch)
+    size = image_size_for_epoch(parts.config.data, epoch)  # images; tokens ignore it
     parts.data.train_sampler.set_epoch(epoch, size,
                                        start=step_in_epoch * parts.global_batch_size)
     return epoch, iter(parts.data.train_loader)
@@ -305,20 +247,25 @@ def _log_interval(parts: Parts, progress: Progress, metrics: RunningMetrics,
     """Read back the interval's figures (summed over ranks), check for NaN, report."""
     seconds = time.perf_counter() - interval.start
     waited = clock.data_wait_seconds - interval.wait_mark
-    steps = interval.images // parts.global_batch_size  # the last interval may be shorter
+    steps = interval.samples // parts.global_batch_size  # the last interval may be shorter
     per_rank = parts.distributed.gather([seconds, waited])
+    values = metrics.read(parts.distributed)
     clock.train_seconds += seconds
     if not interval.first:
         clock.steady_seconds += seconds
-        clock.steady_images += interval.images
+        clock.steady_samples += interval.samples
+        clock.steady_units += values["units"]
         totals = clock.rank_seconds or [0.0] * len(per_rank)
         clock.rank_seconds = [total + mine for total, (mine, _) in zip(totals, per_rank)]
         clock.rank_steps += steps
-    values = metrics.read(parts.distributed)
-    images_per_second = interval.images / seconds
+    unit = parts.task.unit
+    rates = {"samples_per_second": interval.samples / seconds,
+             f"{unit}_per_second": values["units"] / seconds}
     data_wait = waited / seconds
-    interval.start, interval.images, interval.first = time.perf_counter(), 0, False
+    interval.start, interval.samples, interval.first = time.perf_counter(), 0, False
     interval.wait_mark = clock.data_wait_seconds
+    if "padding_fraction" in values:
+        clock.padding_fraction = values["padding_fraction"]
 
     lr = parts.optimizer.param_groups[0]["lr"]
     if values.pop("all_nonfinite"):
@@ -335,56 +282,30 @@ def _log_interval(parts: Parts, progress: Progress, metrics: RunningMetrics,
     else:
         progress.nan_intervals, progress.nan_since_step = 0, None
     record = {"loss": values["loss"], "train_accuracy": values["accuracy"], "lr": lr,
-              "epoch": progress.step / parts.steps_per_epoch, "images_per_second":
-              images_per_second, "data_wait_fraction": data_wait}
+              "epoch": progress.step / parts.steps_per_epoch, **rates,
+              "data_wait_fraction": data_wait}
+    if "padding_fraction" in values:
+        record["padding_fraction"] = values["padding_fraction"]
     if len(per_rank) > 1:
         record["rank_step_seconds"] = [r[0] / steps for r in per_rank]
         record["rank_data_wait_fraction"] = [r[1] / r[0] if r[0] else 0.0 for r in per_rank]
     telemetry.record("train", progress.step, record)
+    short = {"images": "img", "tokens": "tok"}.get(unit, unit)
     telemetry.show(progress.step, f"epoch {epoch}  loss {values['loss']:.4f}  "
-                                  f"{images_per_second:,.0f} img/s  data wait {data_wait:.0%}")
-
-
-@torch.no_grad()
-def evaluate(parts: Parts, model: nn.Module, stopper: Stopper | None = None) -> float | None:
-    """Top-1 accuracy on the validation set, every sample counted once over all ranks; None
-    when a stop (signal or deadline) was agreed on midway: a long evaluation must not eat the
-    grace time before Slurm's SIGKILL.
-
-    Every rank runs the same number of batches (the sampler pads with repeats, which FSDP's
-    collectives need); the repeats at the end of a rank's share are left out of the count."""
-    model.eval()
-    counts = torch.zeros(2, device=parts.device, dtype=torch.long)  # correct, total
-    real = parts.data.val_sampler.real_count
-    seen = 0
-    try:
-        for images, labels in parts.data.val_loader:
-            if stopper is not None and stopper.check() is not None:
-                return None
-            keep = max(0, min(labels.shape[0], real - seen))
-            seen += labels.shape[0]
-            images, labels = parts.batcher(images, labels)
-            with parts.precision.autocast():
-                logits = model(images)
-            counts[0] += (logits[:keep].argmax(dim=1) == labels[:keep]).sum()
-            counts[1] += keep
-    finally:
-        model.train()
-    correct, total = parts.distributed.sum_(counts).tolist()
-    return correct / max(total, 1)
+                                  f"{rates[unit + '_per_second']:,.0f} {short}/s  "
+                                  f"data wait {data_wait:.0%}")
 
 
 def _evaluate_and_record(parts: Parts, progress: Progress, telemetry: Telemetry,
                          stopper: Stopper | None = None) -> None:
-    accuracy = evaluate(parts, parts.forward, stopper)
-    if accuracy is None:
+    values = evaluate(parts, parts.forward, stopper)
+    if values is None:
         telemetry.message(f"step {progress.step}: evaluation cut short to stop in time")
         return
-    progress.final_val_accuracy = accuracy
-    progress.best_val_accuracy = max(accuracy, progress.best_val_accuracy or 0.0)
-    values = {"val_accuracy": accuracy, "epoch": progress.step / parts.steps_per_epoch}
+    keep_best(progress, values)
     if parts.ema is not None:
-        values["val_accuracy_ema"] = evaluate(parts, parts.ema.module)
-    telemetry.record("eval", progress.step, values)
-    telemetry.message(f"step {progress.step}: val_accuracy {accuracy:.4f}"
-                      + (f"  (EMA {values['val_accuracy_ema']:.4f})" if parts.ema else ""))
+        values.update({f"{k}_ema": v for k, v in evaluate(parts, parts.ema.module).items()})
+    telemetry.record("eval", progress.step, {**values,
+                                             "epoch": progress.step / parts.steps_per_epoch})
+    telemetry.message(f"step {progress.step}: " + "  ".join(
+        f"{name} {value:.4f}" for name, value in values.items()))

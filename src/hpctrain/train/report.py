@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import platform
 import resource
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 import torch
 
 from hpctrain import __version__
+from hpctrain.train.mfu import model_flops_utilisation
 from hpctrain.train.parallel import straggler
 
 
@@ -21,8 +23,9 @@ def banner(parts, resume_from: Path | None) -> str:
                                            else ""),
         f"  device {p.device} ({p.device_name}), precision {p.precision}, channels_last "
         f"{p.channels_last}, compile {p.compile}, cudnn.benchmark {p.cudnn_benchmark}",
-        f"  model {c.model.name}, data {c.data.dataset} ({len(parts.data.train_loader.dataset)}"
-        f" train / {len(parts.data.val_loader.dataset)} val, {parts.data.num_classes} classes, "
+        f"  task {parts.task.name}, model {c.model.name} ({parameters(parts.model) / 1e6:.2f} M "
+        f"parameters), data {c.data.dataset} ({len(parts.data.train_loader.dataset)} train / "
+        f"{len(parts.data.val_loader.dataset)} val {_samples(parts)}, "
         f"{parts.data.num_workers} workers per process)",
         f"  global batch {parts.global_batch_size} (batch {parts.batch_size} x "
         f"{parts.world_size} process(es) x accumulation {c.train.grad_accum_steps}), "
@@ -38,6 +41,21 @@ def banner(parts, resume_from: Path | None) -> str:
     return "\n".join(lines)
 
 
+def parameters(model: torch.nn.Module) -> int:
+    """Trainable parameters, each counted once (tied weights share one)."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()
+                                   if p.requires_grad}.values())
+
+
+def _samples(parts) -> str:
+    data = parts.data
+    if data.vocab_size is not None:
+        tokens = parts.config.data.tokens
+        return (f"{tokens.batching} of up to {tokens.seq_len} tokens, vocabulary "
+                f"{data.vocab_size:,}")
+    return f"images, {data.num_classes} classes"
+
+
 def oom_advice(parts, step: int) -> str:
     c = parts.config
     half = max(1, parts.batch_size // 2)
@@ -49,7 +67,10 @@ def oom_advice(parts, step: int) -> str:
         tips.append("precision=bf16 (half-size activations)")
     if parts.world_size > 1 and parts.distributed.strategy == "ddp":
         tips.append("parallel.strategy=fsdp (shard parameters, gradients and optimiser state)")
-    tips.append(f"a smaller data.image_size (now {c.data.image_size})")
+    if parts.data.vocab_size is not None:
+        tips.append(f"a shorter data.tokens.seq_len (now {c.data.tokens.seq_len})")
+    else:
+        tips.append(f"a smaller data.image_size (now {c.data.image_size})")
     return (f"CUDA out of memory at step {step} with train.batch_size={parts.batch_size} "
             f"per device on {parts.plan.device_name} ({c.model.name}, precision "
             f"{parts.plan.precision}). Any of these lowers the peak:\n  " + "\n  ".join(tips))
@@ -65,18 +86,18 @@ def summary(parts, progress, clock, status: str) -> dict:
     """The end-of-run figures. Time and device-hours cover the whole run: the jobs before
     this one (as their last checkpoint recorded) and this one."""
     job_seconds = time.perf_counter() - clock.started
-    if clock.steady_seconds > 0:
-        images_per_second = clock.steady_images / clock.steady_seconds
-    else:
-        images_per_second = (progress.step * parts.global_batch_size
-                             / clock.train_seconds) if clock.train_seconds else None
+    samples_per_second, units_per_second = _rates(parts, progress, clock)
     peak, peak_kind = _peak_memory(parts.device)
     rank_step = [s / clock.rank_steps for s in clock.rank_seconds] if clock.rank_steps else []
+    images = parts.task.unit == "images"
     return {
         "status": status,
+        "task": parts.task.name,
         "best_val_accuracy": progress.best_val_accuracy,
         "final_val_accuracy": progress.final_val_accuracy,
-        "images_per_second": images_per_second,
+        "images_per_second": samples_per_second if images else None,
+        "samples_per_second": samples_per_second,
+        **({} if images else _language_figures(parts, progress, clock, units_per_second)),
         "data_wait_fraction": (clock.data_wait_seconds / clock.train_seconds
                                if clock.train_seconds else None),
         "peak_memory_bytes": peak,
@@ -105,6 +126,35 @@ def summary(parts, progress, clock, status: str) -> dict:
         "slurm_job_id": parts.distributed.env.job_id,
         "run_dir": str(parts.run_dir),
     }
+
+
+def _rates(parts, progress, clock) -> tuple[float | None, float | None]:
+    """Samples and task units (images, tokens) per second: steady (after the first interval)
+    when the run had one, else over all training time."""
+    if clock.steady_seconds > 0:
+        return (clock.steady_samples / clock.steady_seconds,
+                clock.steady_units / clock.steady_seconds)
+    if not clock.train_seconds:
+        return None, None
+    samples = progress.step * parts.global_batch_size / clock.train_seconds
+    per_sample = parts.config.data.tokens.seq_len if parts.task.unit == "tokens" else 1
+    return samples, samples * per_sample
+
+
+def _language_figures(parts, progress, clock, tokens_per_second) -> dict:
+    best_loss = progress.best_val_loss
+    figures = {
+        "tokens_per_second": tokens_per_second,
+        "best_val_loss": best_loss,
+        "best_val_perplexity": math.exp(min(best_loss, 700.0)) if best_loss is not None
+        else None,
+        "final_eval": progress.final_eval,
+        "padding_fraction": clock.padding_fraction,
+        "parameters": parameters(parts.model),
+        "mfu": model_flops_utilisation(parameters(parts.model), tokens_per_second,
+                                       parts.world_size, parts.plan),
+    }
+    return figures
 
 
 def software() -> dict:

@@ -45,6 +45,8 @@ class Progress:
     step: int = 0
     best_val_accuracy: float | None = None
     final_val_accuracy: float | None = None
+    best_val_loss: float | None = None  # language models
+    final_eval: dict = field(default_factory=dict)  # the last evaluation's val_* figures
     last_good_checkpoint: str | None = None
     nan_intervals: int = 0
     nan_since_step: int | None = None

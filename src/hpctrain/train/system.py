@@ -80,7 +80,9 @@ def plan_system(config: Config, device_setting: str | None = None) -> SystemPlan
     device = resolve_device(device_setting or config.device)
     on_gpu = device.type == "cuda"
     precision = resolve_precision(config.precision, device)
-    channels_last = on_gpu if config.channels_last == "auto" else config.channels_last
+    # channels_last lays out 4-D image tensors; token models have none
+    channels_last = (on_gpu and config.data.kind == "images") if config.channels_last == \
+        "auto" else config.channels_last
     # compile pays for itself on GPUs (fused kernels, fewer launches); on CPU the compile time
     # dominates short runs, so auto leaves it off there.
     compile_ = (on_gpu and _has_triton()) if config.compile == "auto" else config.compile

@@ -145,8 +145,11 @@ def write_summary(run_dir: Path, summary: dict) -> str | None:
 
 
 SUMMARY_ROWS = [
-    ("status", "{}"), ("best_val_accuracy", "{:.4f}"), ("final_val_accuracy", "{:.4f}"),
-    ("images_per_second", "{:,.1f}"), ("data_wait_fraction", "{:.1%}"),
+    ("status", "{}"), ("task", "{}"), ("best_val_accuracy", "{:.4f}"),
+    ("final_val_accuracy", "{:.4f}"), ("best_val_loss", "{:.4f}"),
+    ("best_val_perplexity", "{:.3f}"), ("images_per_second", "{:,.1f}"),
+    ("tokens_per_second", "{:,.0f}"), ("samples_per_second", "{:,.1f}"),
+    ("padding_fraction", "{:.1%}"), ("mfu", "{:.1%}"), ("data_wait_fraction", "{:.1%}"),
     ("peak_memory_bytes", "bytes"), ("wall_seconds", "{:,.1f}"), ("steps", "{}"),
     ("epochs", "{:.2f}"), ("global_batch_size", "{}"), ("effective_lr", "{:.4g}"),
     ("device", "{}"), ("world_size", "{}"), ("strategy", "{}"), ("precision", "{}"),
@@ -157,6 +160,8 @@ SUMMARY_ROWS = [
 def print_summary(summary: dict, run_dir: Path) -> None:
     table = Table(title=f"hpctrain run: {run_dir}", show_header=False)
     for key, fmt in SUMMARY_ROWS:
+        if key not in summary:  # another task's figure
+            continue
         value = summary.get(key)
         if value is None:
             text = "-"

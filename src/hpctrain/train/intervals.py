@@ -1,0 +1,81 @@
+"""The loop's bookkeeping between read-backs: the run's clock, the logging interval under way,
+and the task's figures summed on the device.
+
+Nothing here waits for the device inside a step: `RunningMetrics.add` only adds device tensors;
+`read()`, once per logging interval, is the one synchronisation, and sums over all ranks.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from hpctrain.train.tasks import Task
+
+
+@dataclass
+class Clock:
+    """Training time (evaluation and checkpointing excluded) and time spent waiting for data."""
+
+    started: float = field(default_factory=time.perf_counter)
+    train_seconds: float = 0.0
+    data_wait_seconds: float = 0.0
+    steady_seconds: float = 0.0  # after the first logging interval (warm-up, compilation)
+    steady_samples: int = 0
+    steady_units: float = 0.0  # what the task's throughput counts (images, tokens)
+    rank_seconds: list[float] = field(default_factory=list)  # steady time per rank (rank 0)
+    rank_steps: int = 0
+    stop_seconds: float | None = None  # from a stop signal to its checkpoint, when one came
+    padding_fraction: float | None = None  # of the last interval, when the task pads
+
+
+@dataclass
+class Interval:
+    """The logging interval under way: when it started, what it trained, how long it waited."""
+
+    start: float = field(default_factory=time.perf_counter)
+    samples: int = 0
+    wait_mark: float = 0.0  # clock.data_wait_seconds at the start
+    first: bool = True  # the first interval holds warm-up (and compilation): not steady
+
+
+class RunningMetrics:
+    """The loss per micro-step and the task's sums, kept on the device."""
+
+    def __init__(self, device: torch.device, task: Task):
+        self.device, self.task = device, task
+        self.reset()
+
+    def reset(self) -> None:
+        # loss, non-finite count, then the task's sums
+        # float64: token counts pass float32's exact integers (2**24) within an interval
+        self.sums = torch.zeros(2 + len(self.task.sum_names), device=self.device,
+                                dtype=torch.float64)
+        self.samples = 0
+        self.micro_steps = 0
+
+    def add(self, loss: torch.Tensor, task_sums: torch.Tensor, samples: int) -> None:
+        finite = torch.isfinite(loss)
+        self.sums += torch.cat([torch.stack([torch.where(finite, loss, 0.0), ~finite]),
+                                task_sums.to(self.sums.dtype)])
+        self.samples += samples
+        self.micro_steps += 1
+
+    def read(self, distributed) -> dict:
+        """Sums over all ranks since the last read, then reset: `loss` (the mean over finite
+        micro-steps), `all_nonfinite`, `units` (what throughput counts) and the task's
+        metrics."""
+        counts = torch.tensor([self.samples, self.micro_steps], device=self.device)
+        totals = distributed.sum_(torch.cat([self.sums, counts.to(self.sums.dtype)]))
+        loss_sum, nonfinite, *task_sums, samples, micro_steps = totals.tolist()
+        sums = dict(zip(self.task.sum_names, task_sums))
+        finite_steps = micro_steps - nonfinite
+        values = {**self.task.values(sums),
+                  "loss": loss_sum / finite_steps if finite_steps else math.nan,
+                  "all_nonfinite": nonfinite == micro_steps and micro_steps > 0,
+                  "units": sums[self.task.unit_sum] if self.task.unit_sum else samples}
+        self.reset()
+        return values

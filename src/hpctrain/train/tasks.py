@@ -1,0 +1,162 @@
+"""The task: what the loop does with a batch, the one place where images and tokens differ.
+
+A task is a record of four functions and two names, not a class hierarchy:
+- `to_device(batch, training)`: the loader's batch on the device as a `Batch` (normalised,
+  laid out, mixed for images; inputs and shifted targets for tokens);
+- `loss(outputs, batch)`: the training objective;
+- `sums(outputs, batch, loss)`: the figures to accumulate, as one device vector (counts and
+  sums only, so micro-steps, intervals and ranks add up; nothing is read back per step);
+- `values(sums)`: those sums read back as named metrics (accuracy, perplexity, ...).
+`unit` names what throughput counts (images, tokens) and `unit_sum` which sum counts it (None:
+the samples are the unit). Evaluation runs the same functions in eval mode.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from timm.loss import SoftTargetCrossEntropy
+from torch import nn
+
+from hpctrain.data.mixing import build_mixing
+from hpctrain.data.tokens import IGNORE
+
+
+@dataclass
+class Batch:
+    inputs: torch.Tensor
+    targets: torch.Tensor  # what the loss compares with (soft labels under mixing)
+    labels: torch.Tensor  # what the metrics compare with
+
+    def first(self, rows: int) -> Batch:
+        """The first `rows` samples (evaluation leaves out the sampler's padding repeats)."""
+        return Batch(self.inputs[:rows], self.targets[:rows], self.labels[:rows])
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    unit: str  # what throughput counts: images | tokens
+    sum_names: tuple[str, ...]
+    unit_sum: str | None
+    to_device: Callable[[object, bool], Batch]
+    loss: Callable[[torch.Tensor, Batch], torch.Tensor]
+    sums: Callable[[torch.Tensor, Batch, torch.Tensor], torch.Tensor]
+    values: Callable[[dict], dict]
+
+
+# ---- image classification -------------------------------------------------------------------
+
+def image_classification(batcher, augment, num_classes: int, label_smoothing: float,
+                         batch_size: int) -> Task:
+    """Top-1 accuracy; mixup/CutMix (soft targets) in training when the recipe asks."""
+    mixing = build_mixing(augment, num_classes, label_smoothing, batch_size)
+    soft, hard = SoftTargetCrossEntropy(), nn.CrossEntropyLoss(label_smoothing=label_smoothing)
+
+    def loss(logits, batch: Batch) -> torch.Tensor:  # soft targets come from mixing
+        return (soft if batch.targets.dim() == 2 else hard)(logits, batch.targets)
+
+    def to_device(batch, training: bool) -> Batch:
+        images, labels = batcher(*batch)
+        if training and mixing is not None:
+            mixed, targets = mixing(images, labels)
+            return Batch(mixed, targets, labels)
+        return Batch(images, labels, labels)
+
+    def sums(logits, batch: Batch, loss) -> torch.Tensor:
+        correct = (logits.argmax(dim=1) == batch.labels).sum()
+        return torch.stack([correct, torch.tensor(len(batch.labels), device=correct.device)])
+
+    return Task("image_classification", "images", ("correct", "samples"), None, to_device,
+                loss, sums,
+                lambda s: {"accuracy": s["correct"] / max(s["samples"], 1)})
+
+
+# ---- language modelling ---------------------------------------------------------------------
+
+def language_modeling(device: torch.device, answer: tuple[int, int] | None) -> Task:
+    """Next-token prediction: loss per token, perplexity, token accuracy, the share of padding,
+    and, where the data marks answers (`answer` = (start id, end id): the tokens after start
+    up to and including end), the share of answers predicted entirely right."""
+
+    def to_device(batch, training: bool) -> Batch:
+        if not isinstance(batch, torch.Tensor):  # documents: (padded ids, their lengths)
+            ids, lengths = batch
+            ids = ids.to(device, non_blocking=True).long()
+            lengths = lengths.to(device, non_blocking=True)
+            targets = ids[:, 1:].clone()
+            positions = torch.arange(targets.shape[1], device=device)
+            targets[positions[None, :] >= (lengths[:, None] - 1)] = IGNORE
+            return Batch(ids[:, :-1], targets, targets)
+        ids = batch.to(device, non_blocking=True).long()  # blocks: nothing is padding
+        return Batch(ids[:, :-1], ids[:, 1:], ids[:, 1:])
+
+    def loss(logits, batch: Batch) -> torch.Tensor:
+        return F.cross_entropy(logits.flatten(0, 1).float(), batch.targets.flatten(),
+                               ignore_index=IGNORE)
+
+    def sums(logits, batch: Batch, loss) -> torch.Tensor:
+        real = batch.targets != IGNORE
+        tokens = real.sum()
+        predicted = logits.argmax(dim=-1)
+        right = (predicted == batch.targets) & real
+        answers = answer_sums(batch.inputs, batch.targets, right, answer) if answer else \
+            torch.zeros(2, device=logits.device)
+        return torch.cat([torch.stack([loss.float() * tokens, right.sum(), tokens,
+                                       torch.tensor(real.numel(), device=logits.device)]),
+                          answers.float()])
+
+    def values(s: dict) -> dict:
+        tokens = max(s["tokens"], 1)
+        result = {"loss": s["loss_sum"] / tokens,
+                  "perplexity": math.exp(min(s["loss_sum"] / tokens, 700.0)),
+                  "accuracy": s["right"] / tokens,
+                  "padding_fraction": 1 - s["tokens"] / max(s["positions"], 1)}
+        if answer is not None:
+            result["answer_accuracy"] = s["answers_right"] / max(s["answers"], 1)
+        return result
+
+    return Task("language_modeling", "tokens",
+                ("loss_sum", "right", "tokens", "positions", "answers_right", "answers"),
+                "tokens", to_device, loss, sums, values)
+
+
+def answer_sums(inputs: torch.Tensor, targets: torch.Tensor, right: torch.Tensor,
+                answer: tuple[int, int]) -> torch.Tensor:
+    """[answers entirely right, answers] in a batch, on the device.
+
+    The answer of a row's problem is every target after an input `start` token up to the target
+    `end` token. For each target that ends an answer, its span's wrong predictions are counted
+    as the difference of a running count of wrong answer tokens at its end and just before its
+    start. An answer cut off by the end of a row is not counted."""
+    start, end = answer
+    positions = torch.arange(inputs.shape[1], device=inputs.device).expand_as(inputs)
+    last_start = torch.where(inputs == start, positions, -1).cummax(dim=1).values
+    last_end = torch.where(inputs == end, positions, -1).cummax(dim=1).values
+    inside = last_start > last_end  # the target at this position belongs to an answer
+    wrong = torch.cumsum((inside & ~right).int(), dim=1)
+    closes = inside & (targets == end)
+    before = torch.where(last_start > 0, wrong.gather(1, (last_start - 1).clamp(min=0)), 0)
+    perfect = closes & (wrong == before)
+    return torch.stack([perfect.sum(), closes.sum()])
+
+
+def check_vocabulary(model: nn.Module, vocab_size: int, seq_len: int, name: str) -> None:
+    """A model whose vocabulary or context is smaller than the data's, said before training
+    (on the device it would be an index error deep inside the embedding or attention)."""
+    from hpctrain.errors import ConfigError
+
+    model_vocab = getattr(model, "vocab_size", None)
+    if model_vocab is not None and model_vocab < vocab_size:
+        raise ConfigError(f"model {name} has a vocabulary of {model_vocab} but the token data "
+                          f"holds ids up to {vocab_size - 1}: drop model.kwargs.vocab_size "
+                          "(the data's vocabulary is used), or pack with the model's tokenizer")
+    context = getattr(model, "context", None)
+    if context is not None and seq_len > context:
+        raise ConfigError(f"data.tokens.seq_len={seq_len} is longer than the context of "
+                          f"{name} ({context} tokens): lower data.tokens.seq_len, or set "
+                          f"model.kwargs.context={seq_len}")
