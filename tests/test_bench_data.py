@@ -39,7 +39,7 @@ def test_a_packed_recipe_reports_its_decoder(image_folder, tmp_path, run_cli, ti
 
 def bench(loader: float, model: float | None, dataset="imagefolder", ratio=0.9) -> DataBench:
     best = Setting(4, 2, loader)
-    return DataBench("r", dataset, 64, 224, 8, 1, "pil", 500.0, [best], best, best,
+    return DataBench("r", dataset, "image", 64, 224, 8, 1, "pil", 500.0, [best], best, best,
                      loader / ratio, ratio, model, None if model is None else
                      max(0.0, 1 - loader / model))
 
