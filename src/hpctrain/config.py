@@ -78,7 +78,8 @@ class ArithmeticConfig(Section):
     num_train: int = Field(200_000, ge=10, description="training documents (problems, drawn "
                            "with repeats from those not held out)")
     num_val: int = Field(2000, ge=10, description="distinct held-out problems")
-    max_operand: int = Field(99, ge=2, le=9999)
+    max_operand: int = Field(99, ge=2, le=999, description="every problem up to it is "
+                             "written out once: 999 makes 1 M per operation")
     operations: str = Field("+-", pattern=r"^[+*-]+$")
     seed: int = 0
     cache_dir: str = Field("~/.cache/hpctrain",

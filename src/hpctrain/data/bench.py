@@ -17,7 +17,6 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 
-import torch
 from torch.utils.data import DataLoader
 
 from hpctrain.config import Config, load_config
@@ -83,7 +82,7 @@ def loader_rate(dataset, batch_size: int, image_size: int, workers: int, prefetc
             if started is None:
                 started = time.perf_counter()
                 continue
-            images += len(batch if isinstance(batch, torch.Tensor) else batch[0])
+            images += batch_size  # drop_last: every batch is whole
             elapsed = time.perf_counter() - started
             if elapsed >= seconds:
                 return images / elapsed
@@ -104,17 +103,20 @@ def decode_rate(dataset, seconds: float) -> float | None:
     return count / (time.perf_counter() - started)
 
 
-def model_rate(config: Config, num_classes: int, steps: int) -> float:
-    """Steady images/s of the recipe's training step on synthetic data of the same shape,
-    with the loader's waiting taken out."""
+def model_rate(config: Config, num_classes: int | None, steps: int) -> float:
+    """Steady samples/s of the recipe's training step, with the loader's waiting taken out:
+    on synthetic images of the same shape, or on the recipe's own tokens (reading tokens costs
+    next to nothing)."""
     from hpctrain.train.loop import train
 
-    batch = config.train.global_batch_size or (config.train.batch_size
-                                               * config.train.grad_accum_steps)
-    data = config.data.model_copy(update=dict(
-        dataset="synthetic", path=None, cache="off", num_classes=None,
-        synthetic=config.data.synthetic.model_copy(update=dict(
-            num_train=batch * (steps + 1), num_val=batch, num_classes=num_classes))))
+    data = config.data
+    if data.kind == "images":
+        batch = config.train.global_batch_size or (config.train.batch_size
+                                                   * config.train.grad_accum_steps)
+        data = data.model_copy(update=dict(
+            dataset="synthetic", path=None, cache="off", num_classes=None,
+            synthetic=data.synthetic.model_copy(update=dict(
+                num_train=batch * (steps + 1), num_val=batch, num_classes=num_classes))))
     with tempfile.TemporaryDirectory(prefix="hpctrain-bench-") as out:
         trial = config.model_copy(update=dict(
             data=data, output_dir=out, run_name="bench-model", resume=None,
@@ -123,22 +125,6 @@ def model_rate(config: Config, num_classes: int, steps: int) -> float:
                 max_steps=steps, epochs=1, log_every=max(1, steps // 5),
                 eval_every_epochs=1e6))))
         with contextlib.redirect_stdout(sys.stderr):  # keep stdout for the report
-            summary = train(trial)
-    return summary["samples_per_second"] / max(1e-9, 1 - summary["data_wait_fraction"])
-
-
-def token_model_rate(config: Config, steps: int) -> float:
-    """Steady samples/s of the recipe's training step on its own token data (reading tokens
-    costs next to nothing), with the loader's waiting taken out."""
-    from hpctrain.train.loop import train
-
-    with tempfile.TemporaryDirectory(prefix="hpctrain-bench-") as out:
-        trial = config.model_copy(update=dict(
-            output_dir=out, run_name="bench-model", resume=None, tensorboard=False,
-            train=config.train.model_copy(update=dict(
-                max_steps=steps, epochs=1, log_every=max(1, steps // 5),
-                eval_every_epochs=1e6))))
-        with contextlib.redirect_stdout(sys.stderr):
             summary = train(trial)
     return summary["samples_per_second"] / max(1e-9, 1 - summary["data_wait_fraction"])
 
@@ -177,8 +163,7 @@ def bench_data(recipe: str | None, overrides: list[str], workers: list[int] | No
         report.ceiling = report.decode_one_core * min(max(1, report.best.num_workers), cores)
         report.ratio = report.best.samples_per_second / report.ceiling
     if with_model:
-        report.model_samples_per_second = token_model_rate(config, model_steps) if tokens \
-            else model_rate(config, num_classes, model_steps)
+        report.model_samples_per_second = model_rate(config, num_classes, model_steps)
         report.starved_fraction = max(
             0.0, 1 - report.best.samples_per_second / report.model_samples_per_second)
     report.advice = advise(report, config)

@@ -136,11 +136,13 @@ def padding_of(lengths: np.ndarray, batches: list[list[int]]) -> float:
 
 
 def pad_collate(samples: list[tuple[torch.Tensor, int]], pad_id: int = 0,
-                multiple_of: int = 8) -> dict[str, torch.Tensor | float]:
+                multiple_of: int = 8, shift: int = 0) -> dict[str, torch.Tensor | float]:
     """Pad a batch to its own longest sequence (rounded up to `multiple_of`, which tensor cores
-    want): tokens, mask (True on real tokens), lengths, labels and the padding fraction."""
+    want): tokens, mask (True on real tokens), lengths, labels and the padding fraction.
+    `shift`: a language model's input is all but the last token, so with shift=1 that input,
+    the width less one, is the multiple."""
     lengths = torch.tensor([len(tokens) for tokens, _ in samples])
-    width = -(-int(lengths.max()) // multiple_of) * multiple_of
+    width = -(-(int(lengths.max()) - shift) // multiple_of) * multiple_of + shift
     tokens = torch.full((len(samples), width), pad_id, dtype=torch.int32)
     for row, (sequence, _) in enumerate(samples):
         tokens[row, :len(sequence)] = sequence

@@ -24,6 +24,7 @@ Two ways to batch:
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Annotated
@@ -33,6 +34,7 @@ import torch
 from pydantic import Field, StringConstraints, ValidationError
 from torch.utils.data import Dataset
 
+from hpctrain.data.sequences import pad_collate
 from hpctrain.data.shards import FileName, IndexEntry, Sha256, StrictModel, file_sha256
 from hpctrain.errors import DataError
 
@@ -252,12 +254,5 @@ class TokenDocuments(Dataset):
         return self.split.checked(ids, f"{self.split.shards[int(shard)].name} at {begin}"), 0
 
 
-def pad_documents(samples: list[tuple[torch.Tensor, int]], multiple_of: int = 8):
-    """A batch of documents padded to its longest, so that the model's input (all but the last
-    token) is a multiple of `multiple_of` long (tensor cores want it): (ids, lengths)."""
-    lengths = torch.tensor([len(ids) for ids, _ in samples])
-    width = -(-(int(lengths.max()) - 1) // multiple_of) * multiple_of + 1
-    ids = torch.zeros((len(samples), width), dtype=torch.int32)
-    for row, (sequence, _) in enumerate(samples):
-        ids[row, :len(sequence)] = sequence
-    return ids, lengths
+# a batch of documents padded to its longest, the model's input length a multiple of 8
+pad_documents = functools.partial(pad_collate, shift=1)

@@ -50,11 +50,10 @@ def build_model(name: str, num_classes: int | None, kwargs: dict | None = None,
             if model_name not in BUILTIN:
                 raise _unknown(source, model_name, list(BUILTIN))
             factory = BUILTIN[model_name]
-            if vocab_size is not None and "vocab_size" not in inspect.signature(
-                    factory).parameters:
-                raise _not_for_tokens(name)
             facts = _facts_taken(factory, {"num_classes": num_classes,
                                            "vocab_size": vocab_size})
+            if vocab_size is not None and "vocab_size" not in facts:
+                raise _not_for_tokens(name)
             return factory(**{**facts, **kwargs})
         if vocab_size is not None:
             raise _not_for_tokens(name)

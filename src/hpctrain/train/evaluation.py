@@ -36,7 +36,7 @@ def evaluate(parts, model: nn.Module, stopper=None) -> dict | None:
             if keep:
                 kept = batch.first(keep)
                 loss = task.loss(outputs[:keep], kept)
-                sums += task.sums(outputs[:keep], kept, loss).to(sums.dtype)
+                sums += task.sums(outputs[:keep], kept, loss, False).to(sums.dtype)
     finally:
         model.train()
     totals = parts.distributed.sum_(sums).tolist()

@@ -4,8 +4,9 @@ Read it top to bottom: `train()` builds the parts (build.py) and hands them to `
 whose inner loop is the training step. The task (tasks.py: images or tokens) moves a batch to
 the device and says what the loss and the metrics are; the loop is the same for every task.
 Inside the step nothing waits for the device: the loss and the task's sums accumulate in device
-tensors (intervals.py) and are read back, summed over all ranks, once per logging interval. Across processes the only per-step collectives are the
-gradient reduction (DDP/FSDP) and one tiny CPU-side stop flag (preemption.py).
+tensors (intervals.py) and are read back, summed over all ranks, once per logging interval.
+Across processes the only per-step collectives are the gradient reduction (DDP/FSDP) and one
+tiny CPU-side stop flag (preemption.py).
 """
 
 from __future__ import annotations
@@ -159,7 +160,7 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
                     with region("backward"):
                         parts.precision.backward(loss / cfg.grad_accum_steps)
                 with torch.no_grad():
-                    sums = task.sums(outputs.detach(), batch, loss.detach())
+                    sums = task.sums(outputs, batch, loss, True)
                 metrics.add(loss.detach(), sums, batch.labels.shape[0])
             with region("optimizer"):
                 parts.precision.step(parts.optimizer, params, parts.config.optim.grad_clip_norm)

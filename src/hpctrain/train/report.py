@@ -143,18 +143,17 @@ def _rates(parts, progress, clock) -> tuple[float | None, float | None]:
 
 def _language_figures(parts, progress, clock, tokens_per_second) -> dict:
     best_loss = progress.best_val_loss
-    figures = {
+    count = parameters(parts.model)
+    return {
         "tokens_per_second": tokens_per_second,
         "best_val_loss": best_loss,
         "best_val_perplexity": math.exp(min(best_loss, 700.0)) if best_loss is not None
         else None,
         "final_eval": progress.final_eval,
         "padding_fraction": clock.padding_fraction,
-        "parameters": parameters(parts.model),
-        "mfu": model_flops_utilisation(parameters(parts.model), tokens_per_second,
-                                       parts.world_size, parts.plan),
+        "parameters": count,
+        "mfu": model_flops_utilisation(count, tokens_per_second, parts.world_size, parts.plan),
     }
-    return figures
 
 
 def software() -> dict:

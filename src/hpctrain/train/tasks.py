@@ -4,8 +4,9 @@ A task is a record of four functions and two names, not a class hierarchy:
 - `to_device(batch, training)`: the loader's batch on the device as a `Batch` (normalised,
   laid out, mixed for images; inputs and shifted targets for tokens);
 - `loss(outputs, batch)`: the training objective;
-- `sums(outputs, batch, loss)`: the figures to accumulate, as one device vector (counts and
-  sums only, so micro-steps, intervals and ranks add up; nothing is read back per step);
+- `sums(outputs, batch, loss, training)`: the figures to accumulate, as one device vector
+  (counts and sums only, so micro-steps, intervals and ranks add up; nothing is read back per
+  step); what only evaluation reports is left at zero in training;
 - `values(sums)`: those sums read back as named metrics (accuracy, perplexity, ...).
 `unit` names what throughput counts (images, tokens) and `unit_sum` which sum counts it (None:
 the samples are the unit). Evaluation runs the same functions in eval mode.
@@ -24,6 +25,7 @@ from torch import nn
 
 from hpctrain.data.mixing import build_mixing
 from hpctrain.data.tokens import IGNORE
+from hpctrain.errors import ConfigError
 
 
 @dataclass
@@ -45,7 +47,7 @@ class Task:
     unit_sum: str | None
     to_device: Callable[[object, bool], Batch]
     loss: Callable[[torch.Tensor, Batch], torch.Tensor]
-    sums: Callable[[torch.Tensor, Batch, torch.Tensor], torch.Tensor]
+    sums: Callable[[torch.Tensor, Batch, torch.Tensor, bool], torch.Tensor]
     values: Callable[[dict], dict]
 
 
@@ -67,9 +69,9 @@ def image_classification(batcher, augment, num_classes: int, label_smoothing: fl
             return Batch(mixed, targets, labels)
         return Batch(images, labels, labels)
 
-    def sums(logits, batch: Batch, loss) -> torch.Tensor:
+    def sums(logits, batch: Batch, loss, training: bool) -> torch.Tensor:
         correct = (logits.argmax(dim=1) == batch.labels).sum()
-        return torch.stack([correct, torch.tensor(len(batch.labels), device=correct.device)])
+        return torch.stack([correct, correct.new_full((), len(batch.labels))])
 
     return Task("image_classification", "images", ("correct", "samples"), None, to_device,
                 loss, sums,
@@ -84,10 +86,9 @@ def language_modeling(device: torch.device, answer: tuple[int, int] | None) -> T
     up to and including end), the share of answers predicted entirely right."""
 
     def to_device(batch, training: bool) -> Batch:
-        if not isinstance(batch, torch.Tensor):  # documents: (padded ids, their lengths)
-            ids, lengths = batch
-            ids = ids.to(device, non_blocking=True).long()
-            lengths = lengths.to(device, non_blocking=True)
+        if isinstance(batch, dict):  # documents, padded (sequences.pad_collate)
+            ids = batch["tokens"].to(device, non_blocking=True).long()
+            lengths = batch["lengths"].to(device, non_blocking=True)
             targets = ids[:, 1:].clone()
             positions = torch.arange(targets.shape[1], device=device)
             targets[positions[None, :] >= (lengths[:, None] - 1)] = IGNORE
@@ -99,16 +100,16 @@ def language_modeling(device: torch.device, answer: tuple[int, int] | None) -> T
         return F.cross_entropy(logits.flatten(0, 1).float(), batch.targets.flatten(),
                                ignore_index=IGNORE)
 
-    def sums(logits, batch: Batch, loss) -> torch.Tensor:
+    def sums(logits, batch: Batch, loss, training: bool) -> torch.Tensor:
         real = batch.targets != IGNORE
         tokens = real.sum()
-        predicted = logits.argmax(dim=-1)
-        right = (predicted == batch.targets) & real
-        answers = answer_sums(batch.inputs, batch.targets, right, answer) if answer else \
-            torch.zeros(2, device=logits.device)
+        right = (logits.argmax(dim=-1) == batch.targets) & real
+        graded = answer is not None and not training  # answers: an evaluation figure
+        answers = answer_sums(batch.inputs, batch.targets, right, answer) if graded else \
+            tokens.new_zeros(2)
         return torch.cat([torch.stack([loss.float() * tokens, right.sum(), tokens,
-                                       torch.tensor(real.numel(), device=logits.device)]),
-                          answers.float()])
+                                       tokens.new_full((), real.numel())]),
+                          answers]).float()
 
     def values(s: dict) -> dict:
         tokens = max(s["tokens"], 1)
@@ -116,7 +117,7 @@ def language_modeling(device: torch.device, answer: tuple[int, int] | None) -> T
                   "perplexity": math.exp(min(s["loss_sum"] / tokens, 700.0)),
                   "accuracy": s["right"] / tokens,
                   "padding_fraction": 1 - s["tokens"] / max(s["positions"], 1)}
-        if answer is not None:
+        if answer is not None and s["answers"]:
             result["answer_accuracy"] = s["answers_right"] / max(s["answers"], 1)
         return result
 
@@ -148,8 +149,6 @@ def answer_sums(inputs: torch.Tensor, targets: torch.Tensor, right: torch.Tensor
 def check_vocabulary(model: nn.Module, vocab_size: int, seq_len: int, name: str) -> None:
     """A model whose vocabulary or context is smaller than the data's, said before training
     (on the device it would be an index error deep inside the embedding or attention)."""
-    from hpctrain.errors import ConfigError
-
     model_vocab = getattr(model, "vocab_size", None)
     if model_vocab is not None and model_vocab < vocab_size:
         raise ConfigError(f"model {name} has a vocabulary of {model_vocab} but the token data "
