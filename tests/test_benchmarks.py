@@ -31,6 +31,10 @@ CASES = [
      [r"\| \(b\) hpctrain analysis \| [\d.]+ \|", r"\(b\)/\(a\): time"]),
     ("stop_latency.py", ["--widths", "8,8"],
      [r"^8,8\s+[\d.]+\s+[\d.]+\s+0\.\d+"]),
+    ("host_memory.py", ["--recipes", "pointnet", "--steps", "2", "--set=data.num_workers=0",
+                        "--set=data.shapes3d.num_train=40", "--set=data.shapes3d.num_val=10",
+                        "--set=data.points.num_points=64", "--set=train.batch_size=4"],
+     [r"^pointnet\s+glibc default\s+[\d.]+\s+1\.00", r"^pointnet\s+kept \(hpctrain\)\s+[\d.]+"]),
     ("data_pipeline.py", ["--images", "48", "--workers", "1", "--batch", "8"],
      [r"\(b\) WebDataset, same tars\s+\d+", r"\(c\) hpctrain shards\s+\d+\s+1\.00",
       r"\(d\) decode-only limit\s+\d+"]),
@@ -46,7 +50,7 @@ def test_every_benchmark_script_has_a_smoke_case():
 @pytest.mark.parametrize("script, arguments, expected", CASES,
                          ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
 def test_a_benchmark_runs_at_a_tiny_size(script, arguments, expected, tmp_path):
-    if script in ("data_pipeline.py", "stop_latency.py"):
+    if script in ("data_pipeline.py", "stop_latency.py", "host_memory.py"):
         arguments = [*arguments, "--cache-dir", str(tmp_path)]
     done = subprocess.run([sys.executable, str(BENCHMARKS / script), *arguments],
                           capture_output=True, text=True, timeout=600, cwd=tmp_path)

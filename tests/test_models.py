@@ -67,3 +67,24 @@ def test_activation_checkpointing_uses_timm_and_refuses_blockless_models():
     assert model.grad_checkpointing
     with pytest.raises(ConfigError, match="no block of a known type"):
         enable_activation_checkpointing(nn.Sequential(nn.Linear(2, 2)), "mlp")
+
+
+def test_a_timm_model_of_fixed_input_size_is_built_for_the_data():
+    model = build_model("timm:swin_tiny_patch4_window7_224", num_classes=3, image_sizes=(128,))
+    assert model.eval()(torch.randn(1, 3, 128, 128)).shape == (1, 3)
+
+
+@pytest.mark.parametrize("kwargs, sizes, message", [
+    ({}, (128, 160), r"takes images of one fixed size \(224 px\), but this recipe feeds it "
+                     r"\[128, 160\] px"),
+    ({"img_size": 224}, (128,), "model.kwargs.img_size=224 but data.image_size=128"),
+])
+def test_sizes_a_fixed_size_model_cannot_take_are_refused(kwargs, sizes, message):
+    with pytest.raises(ConfigError, match=message):
+        build_model("timm:vit_tiny_patch16_224", num_classes=3, kwargs=kwargs, image_sizes=sizes)
+
+
+def test_a_run_that_feeds_a_fixed_size_model_several_sizes_is_exit_2(run_cli, tiny):
+    code, _, err = run_cli("run", "default", *tiny(
+        "model.name=timm:swin_tiny_patch4_window7_224", "data.val_image_size=32"))
+    assert code == 2 and "takes images of one fixed size" in err and "Traceback" not in err

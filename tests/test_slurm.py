@@ -391,6 +391,23 @@ def test_logs_follow_prints_until_the_job_ends(slurm_cluster, home, run_cli, tin
     assert job.state == "COMPLETED"
 
 
+@pytest.mark.slurm
+def test_language_model_and_point_cloud_recipes_run_as_jobs(slurm_cluster, home, tmp_path):
+    common = [f"output_dir={tmp_path / 'runs'}", "tensorboard=false", "data.num_workers=0",
+              "train.max_steps=4", "train.log_every=2"]
+    lm = submit("tiny-lm", [*common, "run_name=lm", f"data.arithmetic.cache_dir={tmp_path}",
+                            "data.arithmetic.num_train=2000", "train.batch_size=8"],
+                gpus=1, time_limit="10")
+    points = submit("pointnet", [*common, "run_name=points", f"data.shapes3d.cache_dir={tmp_path}",
+                                 "data.shapes3d.num_train=40", "data.shapes3d.num_val=10",
+                                 "data.points.num_points=64", "train.batch_size=4"],
+                    gpus=1, time_limit="10")
+    for job, task in ((lm, "language_modeling"), (points, "point_cloud_classification")):
+        assert job.wait(timeout=240, poll=1) == "COMPLETED", job.logs(err=True)[-3000:]
+        summary = json.loads((job.run_dir / "summary.json").read_text())
+        assert (summary["task"], summary["steps"], summary["launcher"]) == (task, 4, "slurm")
+
+
 def test_the_job_ledger_skips_lines_that_are_not_records(home, capsys):
     from hpctrain.cluster.jobs import ledger_path
 

@@ -86,6 +86,43 @@ class ArithmeticConfig(Section):
                            description="where the generated corpus is kept between runs")
 
 
+class Shapes3dConfig(Section):
+    """The built-in point clouds of 3D primitives (data.dataset=shapes3d)."""
+
+    num_train: int = Field(5000, ge=10)
+    num_val: int = Field(1000, ge=10)
+    seed: int = 0
+    cache_dir: str = Field("~/.cache/hpctrain",
+                           description="where the generated dataset is kept between runs")
+
+
+class PointsConfig(Section):
+    """Point-cloud data: the points per cloud, and how training perturbs the clouds (on the
+    device, each cloud drawn anew)."""
+
+    num_points: int = Field(1024, ge=16, description="points per cloud fed to the model")
+    up_axis: Literal["auto", "x", "y", "z"] = Field(
+        "auto", description="the axis rotations turn about; auto: y for ModelNet's HDF5 "
+        "files (PointNet's convention), z otherwise")
+    rotate: bool = Field(True, description="turn each cloud by a random angle about the up "
+                         "axis")
+    scale: tuple[float, float] = Field((0.8, 1.25), description="each cloud scaled by a "
+                                       "factor drawn from this range")
+    jitter_sigma: float = Field(0.01, ge=0, description="Gaussian noise on every point")
+    jitter_clip: float = Field(0.05, gt=0)
+    dropout_max: float = Field(0.875, ge=0, lt=1, description="each cloud loses a random "
+                               "share of its points up to this (replaced by its first point)")
+    cache_dir: str = Field("~/.cache/hpctrain", description="ModelNet meshes: where their "
+                           "sampled clouds are kept between runs")
+
+    @model_validator(mode="after")
+    def _scale_range(self):
+        lo, hi = self.scale
+        if not 0 < lo <= hi:
+            raise ValueError(f"scale must satisfy 0 < min <= max, got {self.scale}")
+        return self
+
+
 class AugmentConfig(Section):
     random_resized_crop: bool = True
     crop_scale: tuple[float, float] = (0.08, 1.0)
@@ -119,11 +156,13 @@ class ProgressiveConfig(Section):
 
 class DataConfig(Section):
     dataset: Literal["shapes", "imagefolder", "shards", "synthetic", "tokens",
-                     "arithmetic"] = "shapes"
+                     "arithmetic", "shapes3d", "modelnet"] = "shapes"
     path: str | None = Field(None, description="imagefolder: its root (with train/ and val/, "
                                                "or class folders and a val_fraction); shards: "
                                                "the folder written by hpctrain pack; tokens: "
-                                               "the one written by hpctrain pack --tokens")
+                                               "the one written by hpctrain pack --tokens; "
+                                               "modelnet: ModelNet's .off class folders or "
+                                               "HDF5 files")
     decode: Literal["cpu", "gpu"] = Field("cpu", description="shards: where JPEGs are "
                                           "decoded; gpu: batched nvJPEG on the device")
     cache: str = Field("off", description="shards: copy the pack once per node to local "
@@ -149,15 +188,19 @@ class DataConfig(Section):
     synthetic: SyntheticConfig = SyntheticConfig()
     tokens: TokensConfig = TokensConfig()
     arithmetic: ArithmeticConfig = ArithmeticConfig()
+    points: PointsConfig = PointsConfig()
+    shapes3d: Shapes3dConfig = Shapes3dConfig()
 
     @property
     def kind(self) -> str:
-        """What the samples are: images or tokens."""
-        return "tokens" if self.dataset in TOKEN_DATASETS else "images"
+        """What the samples are: images, tokens or points."""
+        if self.dataset in TOKEN_DATASETS:
+            return "tokens"
+        return "points" if self.dataset in POINT_DATASETS else "images"
 
     @model_validator(mode="after")
     def _needs_path(self):
-        if self.dataset in ("imagefolder", "shards", "tokens") and not self.path:
+        if self.dataset in ("imagefolder", "shards", "tokens", "modelnet") and not self.path:
             raise ValueError(f"dataset '{self.dataset}' needs data.path (for example "
                              "data.path=/scratch/imagenet)")
         for name, value, off in (("decode", self.decode, "cpu"), ("cache", self.cache, "off")):
@@ -171,15 +214,18 @@ class DataConfig(Section):
 
 
 TOKEN_DATASETS = ("tokens", "arithmetic")
-TASK_OF_DATA = {"images": "image_classification", "tokens": "language_modeling"}
+POINT_DATASETS = ("shapes3d", "modelnet")
+TASK_OF_DATA = {"images": "image_classification", "tokens": "language_modeling",
+                "points": "point_cloud_classification"}
 
 
 class TaskConfig(Section):
     """What is learned from the data; `task: NAME` in a recipe is short for `task.name`."""
 
-    name: Literal["auto", "image_classification", "language_modeling"] = Field(
-        "auto", description="auto: from data.dataset (token data: language_modeling, images: "
-        "image_classification)")
+    name: Literal["auto", "image_classification", "language_modeling",
+                  "point_cloud_classification"] = Field(
+        "auto", description="auto: from data.dataset (token data: language_modeling, point "
+        "clouds: point_cloud_classification, images: image_classification)")
 
 
 class ModelConfig(Section):

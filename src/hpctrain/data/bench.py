@@ -41,7 +41,7 @@ class Setting:
 class DataBench:
     recipe: str
     dataset: str
-    unit: str  # what a sample is: image | block | document
+    unit: str  # what a sample is: image | block | document | cloud
     batch_size: int
     image_size: int
     cores: int
@@ -105,8 +105,8 @@ def decode_rate(dataset, seconds: float) -> float | None:
 
 def model_rate(config: Config, num_classes: int | None, steps: int) -> float:
     """Steady samples/s of the recipe's training step, with the loader's waiting taken out:
-    on synthetic images of the same shape, or on the recipe's own tokens (reading tokens costs
-    next to nothing)."""
+    on synthetic images of the same shape, or on the recipe's own tokens or clouds (reading
+    them costs next to nothing)."""
     from hpctrain.train.loop import train
 
     data = config.data
@@ -138,11 +138,13 @@ def bench_data(recipe: str | None, overrides: list[str], workers: list[int] | No
         train_set, num_classes = token_datasets(config.data)[0], None
     else:
         train_set, _, num_classes = build_datasets(config.data, config.seed)
+    unit = {"tokens": config.data.tokens.batching[:-1], "points": "cloud"}.get(
+        config.data.kind, "image")
     cores = max(1, usable_cpus() // processes_per_node)
     batch = config.train.batch_size
     report = DataBench(
         recipe=config.name, dataset=config.data.dataset,
-        unit=config.data.tokens.batching[:-1] if tokens else "image", batch_size=batch,
+        unit=unit, batch_size=batch,
         image_size=config.data.image_size, cores=cores, processes_per_node=processes_per_node,
         decoder=(jpeg_decoder() if isinstance(train_set, ShardDataset) else
                  "pil" if isinstance(train_set, ImageFolderDataset) else None),

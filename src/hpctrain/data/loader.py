@@ -20,7 +20,11 @@ from torch.utils.data import DataLoader, Dataset
 from hpctrain.config import DataConfig
 from hpctrain.data.datasets import ImageFolderDataset, SyntheticDataset, image_folder_splits
 from hpctrain.data.device_decode import EncodedBatch, collate_encoded, decode_batch
+from hpctrain.data.modelnet import PointSplits, read_modelnet
+from hpctrain.data.modelnet import classes as modelnet_classes
+from hpctrain.data.modelnet import layout as modelnet_layout
 from hpctrain.data.node_cache import node_local_pack
+from hpctrain.data.points import PointClouds, check_clouds
 from hpctrain.data.arithmetic import ANSWER_START, ensure_arithmetic
 from hpctrain.data.sampling import EpochSampler
 from hpctrain.data.sequences import LengthBucketSampler
@@ -28,6 +32,8 @@ from hpctrain.data.shard_dataset import ShardDataset
 from hpctrain.data.shards import Pack
 from hpctrain.data.shapes import CLASSES as SHAPE_CLASSES
 from hpctrain.data.shapes import ensure_shapes
+from hpctrain.data.shapes3d import CLASSES as SHAPES3D_CLASSES
+from hpctrain.data.shapes3d import ensure_shapes3d
 from hpctrain.data.tokens import TokenBlocks, TokenDocuments, TokenPack, pad_documents
 from hpctrain.data.worker_signals import SignalSafeLoader
 from hpctrain.errors import DataError, DeviceError
@@ -76,6 +82,16 @@ def image_size_for_epoch(data: DataConfig, epoch: int) -> int:
     return max(p.multiple_of, int(round(size / p.multiple_of)) * p.multiple_of)
 
 
+def image_sizes(data: DataConfig) -> tuple[int, ...]:
+    """Every image size a run feeds the model: training (each epoch's, under progressive
+    resizing) and validation; none for tokens and points."""
+    if data.kind != "images":
+        return ()
+    epochs = range(data.progressive.end_epoch + 1) if data.progressive.enabled else [0]
+    return tuple(sorted({*(image_size_for_epoch(data, e) for e in epochs),
+                         data.val_image_size or data.image_size}))
+
+
 def _split(samples: list, fraction: float, seed: int) -> tuple[list, list]:
     order = list(range(len(samples)))
     random.Random(seed).shuffle(order)
@@ -112,6 +128,8 @@ def build_datasets(data: DataConfig, seed: int) -> tuple[Dataset, Dataset, int]:
         assert num_classes == len(SHAPE_CLASSES)
     elif data.dataset == "shards":
         return _check_classes(data, *_shard_datasets(data, seed))
+    elif data.kind == "points":
+        return _check_classes(data, *_point_datasets(data))
     else:
         num_classes, train, val = _image_folder_samples(Path(data.path).expanduser(),
                                                         data.val_fraction, seed)
@@ -139,6 +157,49 @@ def _shard_datasets(data: DataConfig, seed: int) -> tuple[Dataset, Dataset, int]
             len(packed.classes))
 
 
+def point_splits(data: DataConfig) -> PointSplits:
+    """The clouds of the built-in shapes3d (made on first use) or of ModelNet at data.path."""
+    if data.dataset == "shapes3d":
+        s = data.shapes3d
+        folder = ensure_shapes3d(Path(s.cache_dir).expanduser(), s.seed, s.num_train,
+                                 s.num_val, data.points.num_points)
+        return PointSplits(list(SHAPES3D_CLASSES),
+                           *({split: np.load(folder / f"{split}_{what}.npy", mmap_mode="r")
+                              for split in ("train", "val")} for what in ("points", "labels")))
+    return read_modelnet(Path(data.path), data.points.num_points,
+                         Path(data.points.cache_dir).expanduser())
+
+
+def point_classes(data: DataConfig) -> int:
+    """The number of classes of point-cloud data, without reading the clouds."""
+    if data.dataset == "shapes3d":
+        return len(SHAPES3D_CLASSES)
+    return len(modelnet_classes(Path(data.path).expanduser()))
+
+
+def _point_datasets(data: DataConfig) -> tuple[Dataset, Dataset, int]:
+    splits = point_splits(data)
+    where = data.path or "shapes3d"
+    for split, points in splits.points.items():
+        check_clouds(points, f"{where} ({split} split)", data.points.num_points)
+        if len(points) == 0:
+            raise DataError(f"data.path: {where} has no clouds in its {split} split")
+    make = lambda split: PointClouds(splits.points[split], splits.labels[split],
+                                     data.points.num_points)
+    return make("train"), make("val"), len(splits.classes)
+
+
+def up_axis(data: DataConfig) -> int:
+    """The index of the axis that point clouds turn about: ModelNet's HDF5 files (PointNet's
+    convention) have y up, the meshes and shapes3d z."""
+    axis = data.points.up_axis
+    if axis == "auto":
+        hdf5 = data.dataset == "modelnet" and modelnet_layout(Path(data.path).expanduser()) \
+            == "hdf5"
+        axis = "y" if hdf5 else "z"
+    return "xyz".index(axis)
+
+
 def _check_classes(data: DataConfig, train: Dataset, val: Dataset, num_classes: int):
     if data.num_classes is not None and data.num_classes != num_classes:
         raise DataError(f"data.num_classes={data.num_classes}, but the {data.dataset} data "
@@ -163,7 +224,11 @@ def build_data(data: DataConfig, batch_size: int, seed: int, device: torch.devic
                           f"run is on {device}: set data.decode=cpu")
     workers = resolve_num_workers(data.num_workers, processes_per_node)
     pin = device.type == "cuda" if data.pin_memory == "auto" else data.pin_memory
-    common = dict(num_workers=workers, pin_memory=pin, stop_signals=stop_signals)
+    # the loaders' own generator: making an iterator draws a seed for its workers, which from
+    # torch's global generator would shift the draws of dropout and device augmentation when a
+    # resumed run makes its iterator at another moment than the uninterrupted one did
+    common = dict(num_workers=workers, pin_memory=pin, stop_signals=stop_signals,
+                  generator=torch.Generator().manual_seed(seed))
     if workers > 0:
         common.update(persistent_workers=data.persistent_workers,
                       prefetch_factor=data.prefetch_factor)

@@ -175,6 +175,13 @@ def _activation_options(base: Estimate, config: Config,
                              base.batch_size)
             options.append(_option([f"data.tokens.seq_len={lower}"], short,
                                    f"{lower / size:.0%} of the tokens per sample"))
+    elif config.data.kind == "points":
+        fewer = config.data.points.num_points // 2
+        if fewer >= 16:
+            sparse = estimate(_variant(config, ("data.points.num_points", fewer)), base.target,
+                              base.batch_size)
+            options.append(_option([f"data.points.num_points={fewer}"], sparse,
+                                   "half the points per cloud"))
     elif lower < size:
         small = estimate(_variant(config, ("data.image_size", lower)), base.target,
                          base.batch_size)

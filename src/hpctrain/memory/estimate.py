@@ -168,6 +168,13 @@ def output_width(config: Config) -> tuple[int, str | None]:
             return 50304, f"vocabulary assumed 50,304 ({err})"
     if data.num_classes:
         return data.num_classes, None
+    if data.kind == "points":
+        from hpctrain.data.loader import point_classes
+
+        try:
+            return point_classes(data), None
+        except UserError as err:
+            return 40, f"number of classes assumed 40 ({err}); set data.num_classes"
     if data.dataset == "synthetic":
         return data.synthetic.num_classes, None
     from hpctrain.data.loader import SHAPE_CLASSES, build_datasets
@@ -189,15 +196,28 @@ def input_size(config: Config) -> int:
 
 
 def input_shape(config: Config) -> tuple[int, ...]:
-    """One sample's shape: (channels, height, width), or (tokens,)."""
+    """One sample's shape: (channels, height, width), (tokens,) or (points, 3)."""
     if config.data.kind == "tokens":
         return (config.data.tokens.seq_len,)
+    if config.data.kind == "points":
+        return (config.data.points.num_points, 3)
     size = input_size(config)
     return (3, size, size)
 
 
 def _token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+def _classification_loss(label_smoothing: float):
+    """Cross-entropy; a model that returns (logits, regulariser) (PointNet) adds the second."""
+    criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
+
+    def loss(outputs, targets: torch.Tensor) -> torch.Tensor:
+        if isinstance(outputs, tuple):
+            return criterion(outputs[0], targets) + outputs[1]
+        return criterion(outputs, targets)
+    return loss
 
 
 def step_spec(config: Config, target: Target, width: int) -> StepSpec:
@@ -207,9 +227,13 @@ def step_spec(config: Config, target: Target, width: int) -> StepSpec:
     optim_device = torch.device(target.device)
     lr = scaled_lr(config.optim, per_device_batch(config, target.world_size)[1])
 
+    from hpctrain.data.loader import image_sizes
+
     def build() -> nn.Module:
         model = build_model(config.model.name, None if tokens else width, config.model.kwargs,
-                            vocab_size=width if tokens else None)
+                            vocab_size=width if tokens else None,
+                            points=config.data.kind == "points",
+                            image_sizes=image_sizes(config.data))
         if config.model.activation_checkpointing:
             model = enable_activation_checkpointing(model, config.model.name)
         return model
@@ -221,8 +245,7 @@ def step_spec(config: Config, target: Target, width: int) -> StepSpec:
         return (torch.randn(batch, *shape, device=device),
                 torch.randint(0, width, (batch,), device=device))
 
-    criterion = _token_loss if tokens else \
-        nn.CrossEntropyLoss(label_smoothing=config.train.label_smoothing)
+    criterion = _token_loss if tokens else _classification_loss(config.train.label_smoothing)
     return StepSpec(build, make_batch,
                     lambda model: build_optimizer(model, config.optim, lr, optim_device),
                     criterion, target.precision, target.device, config.optim.grad_clip_norm)

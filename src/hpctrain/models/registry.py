@@ -12,9 +12,10 @@ import inspect
 from torch import nn
 
 from hpctrain.errors import ConfigError
-from hpctrain.models import gpt, small
+from hpctrain.models import gpt, pointnet, small
 
 BUILTIN = {"resnet_small": small.resnet_small, "tiny_cnn": small.tiny_cnn,
+           "pointnet": pointnet.pointnet, "pointnet_small": pointnet.pointnet_small,
            **gpt.named_sizes()}
 
 
@@ -26,9 +27,28 @@ def _unknown(source: str, name: str, known: list[str]) -> ConfigError:
 
 def _not_for_tokens(name: str) -> ConfigError:
     gpts = [n for n in BUILTIN if n.startswith("gpt_")]
-    return ConfigError(f"model.name {name} is an image model, but the data is tokens "
+    return ConfigError(f"model.name {name} is not a language model, but the data is tokens "
                        f"(language modelling): use a language model, hpctrain:{gpts[0]} to "
                        f"hpctrain:{gpts[-1]}")
+
+
+POINT_MODELS = ("pointnet", "pointnet_small")
+
+
+def _wrong_kind(name: str, points: bool) -> ConfigError:
+    if points:
+        return ConfigError(f"model.name {name} does not take point clouds, but the data is "
+                           f"point clouds: use {' or '.join('hpctrain:' + n for n in POINT_MODELS)}")
+    return ConfigError(f"model.name {name} is a point-cloud model, but the data is images: "
+                       "use an image model (hpctrain:resnet_small, timm:NAME, torchvision:NAME)")
+
+
+def check_takes_points(name: str, points: bool) -> None:
+    """Point clouds for a point-cloud model, images for the others: said before any data is
+    read (the wrong one fails deep inside the first forward pass)."""
+    source, _, model_name = name.rpartition(":")
+    if (source in ("", "hpctrain") and model_name in POINT_MODELS) != points:
+        raise _wrong_kind(name, points)
 
 
 def _facts_taken(factory, facts: dict) -> dict:
@@ -37,14 +57,44 @@ def _facts_taken(factory, facts: dict) -> dict:
     return {k: v for k, v in facts.items() if k in parameters and v is not None}
 
 
+def _sized_for(model_name: str, kwargs: dict, image_sizes: tuple[int, ...]) -> dict:
+    """timm models made for one input size (ViT, Swin, ...) are built for the data's size
+    ({"img_size": size}), where timm would stop the first forward pass with an assertion; a
+    recipe that feeds such a model several sizes is refused."""
+    from timm.models import get_pretrained_cfg
+
+    cfg = get_pretrained_cfg(model_name)
+    sizes = sorted(set(image_sizes))
+    if cfg is None or not cfg.fixed_input_size or not sizes:
+        return {}
+    made_for = kwargs.get("img_size", cfg.input_size[-1])
+    if len(sizes) > 1:
+        raise ConfigError(f"model.name timm:{model_name} takes images of one fixed size "
+                          f"({made_for} px), but this recipe feeds it {sizes} px "
+                          "(data.image_size, data.val_image_size, progressive resizing): use "
+                          "one size, or a convolutional model")
+    if sizes[0] == made_for:
+        return {}
+    if "img_size" in kwargs:
+        raise ConfigError(f"model.kwargs.img_size={made_for} but data.image_size="
+                          f"{sizes[0]}: timm:{model_name} takes one fixed size; make them "
+                          "equal")
+    return {"img_size": sizes[0]}
+
+
 def build_model(name: str, num_classes: int | None, kwargs: dict | None = None,
-                vocab_size: int | None = None) -> nn.Module:
+                vocab_size: int | None = None, points: bool = False,
+                image_sizes: tuple[int, ...] = ()) -> nn.Module:
     """The model `name`, sized for the data: its classes, or its vocabulary for a language
-    model (model.kwargs may set a larger vocabulary, never a smaller one)."""
+    model (model.kwargs may set a larger vocabulary, never a smaller one). `points`: the data
+    is point clouds, which only point-cloud models take. `image_sizes`: every size the run
+    feeds an image model (a model of fixed input size is built for it)."""
     kwargs = dict(kwargs or {})
     source, _, model_name = name.rpartition(":")
     if source == "" and model_name in BUILTIN:
         source = "hpctrain"
+    if vocab_size is None:
+        check_takes_points(name, points)
     try:
         if source == "hpctrain":
             if model_name not in BUILTIN:
@@ -70,8 +120,16 @@ def build_model(name: str, num_classes: int | None, kwargs: dict | None = None,
 
             if not timm.is_model(model_name):
                 raise _unknown("timm", model_name, timm.list_models())
-            return timm.create_model(model_name, pretrained=False, num_classes=num_classes,
-                                     **kwargs)
+            sized = _sized_for(model_name, kwargs, image_sizes)
+            try:
+                return timm.create_model(model_name, pretrained=False,
+                                         num_classes=num_classes, **kwargs, **sized)
+            except (TypeError, ValueError, AssertionError, RuntimeError) as err:
+                if not sized:
+                    raise
+                raise ConfigError(f"model.name {name} takes images of one fixed size and "
+                                  f"cannot be built for {sized['img_size']} px ({err}); set "
+                                  f"data.image_size to the size it was made for") from None
     except (TypeError, ValueError) as err:  # a bad entry in model.kwargs
         raise ConfigError(f"model.kwargs {kwargs} do not fit {name}: {err}") from None
     raise ConfigError(f"model.name {name!r}: unknown source {source!r}; use torchvision:NAME, "

@@ -16,10 +16,10 @@ from torch import nn
 from hpctrain.cluster.environment import ProcessEnv, detect
 from hpctrain.cluster.job import job_end_time
 from hpctrain.config import Config
-from hpctrain.data.loader import DataBundle, DeviceBatcher, build_data
+from hpctrain.data.loader import DataBundle, DeviceBatcher, build_data, image_sizes, up_axis
 from hpctrain.errors import DataError
 from hpctrain.models.checkpointing import enable_activation_checkpointing
-from hpctrain.models.registry import build_model
+from hpctrain.models.registry import build_model, check_takes_points
 from hpctrain.train import parallel
 from hpctrain.train.checkpoint import Checkpointer
 from hpctrain.train.optim import WeightEma, build_optimizer, build_scheduler, scaled_lr
@@ -28,7 +28,8 @@ from hpctrain.train.precision import Precision
 from hpctrain.train.preemption import deadline_at
 from hpctrain.train.run_dir import RunPlace, resolve_run
 from hpctrain.train.system import SystemPlan, apply_global_switches, plan_system
-from hpctrain.train.tasks import Task, check_vocabulary, image_classification, language_modeling
+from hpctrain.train.tasks import (Task, check_vocabulary, image_classification,
+                                  language_modeling, point_cloud_classification)
 
 
 @dataclass
@@ -84,6 +85,18 @@ def _on_rank0(distributed: Distributed, make):
     return value
 
 
+def _task(config: Config, data: DataBundle, device: torch.device, plan: SystemPlan,
+          batch_size: int) -> Task:
+    if config.task_name == "language_modeling":
+        return language_modeling(device, data.answer)
+    if config.task_name == "point_cloud_classification":
+        return point_cloud_classification(device, config.data.points, up_axis(config.data),
+                                          config.train.label_smoothing)
+    return image_classification(
+        DeviceBatcher(device, config.data.mean, config.data.std, plan.channels_last),
+        config.data.augment, data.num_classes, config.train.label_smoothing, batch_size)
+
+
 def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
     """All parts of a run; `env` defaults to the environment this process was started in."""
     env = env or detect()
@@ -93,6 +106,8 @@ def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
     device = torch.device(plan.device)
     batch_size, global_batch = parallel.per_device_batch(config, env.world_size)
     parallel.check_layout(config, strategy, device, plan.precision)
+    if config.data.kind != "tokens":
+        check_takes_points(config.model.name, config.data.kind == "points")
 
     distributed = parallel.start(config, env, strategy, device)
     apply_global_switches(plan, config.seed)
@@ -105,7 +120,8 @@ def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
 
     # ---- the model, then its distributed wrapper ----
     model = build_model(config.model.name, data.num_classes, config.model.kwargs,
-                        vocab_size=data.vocab_size)
+                        vocab_size=data.vocab_size, points=config.data.kind == "points",
+                        image_sizes=image_sizes(config.data))
     if data.vocab_size is not None:
         check_vocabulary(model, data.vocab_size, config.data.tokens.seq_len, config.model.name)
     if config.model.activation_checkpointing:
@@ -125,12 +141,7 @@ def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
                         f"has {len(data.train_loader.dataset)}; lower train.batch_size, "
                         "train.global_batch_size or train.grad_accum_steps")
     total_steps = train_cfg.max_steps or math.ceil(train_cfg.epochs * steps_per_epoch)
-    if config.task_name == "language_modeling":
-        task = language_modeling(device, data.answer)
-    else:
-        task = image_classification(
-            DeviceBatcher(device, config.data.mean, config.data.std, plan.channels_last),
-            config.data.augment, data.num_classes, train_cfg.label_smoothing, batch_size)
+    task = _task(config, data, device, plan, batch_size)
     optimizer = build_optimizer(model, config.optim, lr, device)
     scheduler = build_scheduler(optimizer, config.schedule, total_steps, steps_per_epoch)
     return Parts(

@@ -230,7 +230,7 @@ def _finish_saving(parts: Parts) -> None:
 def _start_epoch(parts: Parts, step: int):
     """Point the sampler at this epoch (and, on resume, at the first unseen batch)."""
     epoch, step_in_epoch = divmod(step, parts.steps_per_epoch)
-    size = image_size_for_epoch(parts.config.data, epoch)  # images; tokens ignore it
+    size = image_size_for_epoch(parts.config.data, epoch)  # images; tokens and points ignore it
     parts.data.train_sampler.set_epoch(epoch, size,
                                        start=step_in_epoch * parts.global_batch_size)
     return epoch, iter(parts.data.train_loader)

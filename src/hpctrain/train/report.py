@@ -53,6 +53,9 @@ def _samples(parts) -> str:
         tokens = parts.config.data.tokens
         return (f"{tokens.batching} of up to {tokens.seq_len} tokens, vocabulary "
                 f"{data.vocab_size:,}")
+    if parts.task.unit == "clouds":
+        return f"clouds of {parts.config.data.points.num_points} points, " \
+               f"{data.num_classes} classes"
     return f"images, {data.num_classes} classes"
 
 
@@ -97,7 +100,8 @@ def summary(parts, progress, clock, status: str) -> dict:
         "final_val_accuracy": progress.final_val_accuracy,
         "images_per_second": samples_per_second if images else None,
         "samples_per_second": samples_per_second,
-        **({} if images else _language_figures(parts, progress, clock, units_per_second)),
+        **(_language_figures(parts, progress, clock, units_per_second)
+           if parts.task.unit == "tokens" else {}),
         "data_wait_fraction": (clock.data_wait_seconds / clock.train_seconds
                                if clock.train_seconds else None),
         "peak_memory_bytes": peak,

@@ -103,3 +103,31 @@ def apply_global_switches(plan: SystemPlan, seed: int) -> None:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
     torch.manual_seed(seed)
+    if plan.device == "cpu":
+        keep_freed_host_memory()
+
+
+HOST_MMAP_THRESHOLD = 1 << 30  # blocks up to 1 GiB are reused from the heap
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (malloc.h)
+
+
+def keep_freed_host_memory() -> bool:
+    """Training on the CPU: let glibc keep freed blocks for the next step.
+
+    glibc hands a freed block above its mmap threshold (dynamic, at most 32 MiB) back to the
+    kernel, so every step's large activations come back as fresh pages that the kernel must
+    fault in and zero: PointNet on two cores spent as much time in the kernel as in its own
+    code, and ran at half its speed (docs/benchmarks.md). A threshold of 1 GiB (and no
+    trimming below it) keeps them in the heap; the resident memory then stays at the step's
+    peak, which a training process reaches every step anyway. Returns whether it applied
+    (not on a C library without mallopt, nor where it refuses the value)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        mallopt = libc.mallopt
+    except (OSError, AttributeError, TypeError):
+        return False
+    return bool(mallopt(M_MMAP_THRESHOLD, HOST_MMAP_THRESHOLD)) and \
+        bool(mallopt(M_TRIM_THRESHOLD, HOST_MMAP_THRESHOLD))

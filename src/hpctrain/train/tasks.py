@@ -1,4 +1,5 @@
-"""The task: what the loop does with a batch, the one place where images and tokens differ.
+"""The task: what the loop does with a batch, the one place where images, tokens and point
+clouds differ.
 
 A task is a record of four functions and two names, not a class hierarchy:
 - `to_device(batch, training)`: the loader's batch on the device as a `Batch` (normalised,
@@ -8,7 +9,7 @@ A task is a record of four functions and two names, not a class hierarchy:
   (counts and sums only, so micro-steps, intervals and ranks add up; nothing is read back per
   step); what only evaluation reports is left at zero in training;
 - `values(sums)`: those sums read back as named metrics (accuracy, perplexity, ...).
-`unit` names what throughput counts (images, tokens) and `unit_sum` which sum counts it (None:
+`unit` names what throughput counts (images, tokens, clouds) and `unit_sum` which sum counts it (None:
 the samples are the unit). Evaluation runs the same functions in eval mode.
 """
 
@@ -24,6 +25,7 @@ from timm.loss import SoftTargetCrossEntropy
 from torch import nn
 
 from hpctrain.data.mixing import build_mixing
+from hpctrain.data.points import perturb
 from hpctrain.data.tokens import IGNORE
 from hpctrain.errors import ConfigError
 
@@ -42,7 +44,7 @@ class Batch:
 @dataclass(frozen=True)
 class Task:
     name: str
-    unit: str  # what throughput counts: images | tokens
+    unit: str  # what throughput counts: images | tokens | clouds
     sum_names: tuple[str, ...]
     unit_sum: str | None
     to_device: Callable[[object, bool], Batch]
@@ -69,13 +71,46 @@ def image_classification(batcher, augment, num_classes: int, label_smoothing: fl
             return Batch(mixed, targets, labels)
         return Batch(images, labels, labels)
 
-    def sums(logits, batch: Batch, loss, training: bool) -> torch.Tensor:
-        correct = (logits.argmax(dim=1) == batch.labels).sum()
-        return torch.stack([correct, correct.new_full((), len(batch.labels))])
-
     return Task("image_classification", "images", ("correct", "samples"), None, to_device,
-                loss, sums,
-                lambda s: {"accuracy": s["correct"] / max(s["samples"], 1)})
+                loss, top1_sums, top1_accuracy)
+
+
+def top1_sums(logits, batch: Batch, loss, training: bool) -> torch.Tensor:
+    correct = (logits.argmax(dim=1) == batch.labels).sum()
+    return torch.stack([correct, correct.new_full((), len(batch.labels))])
+
+
+def top1_accuracy(sums: dict) -> dict:
+    return {"accuracy": sums["correct"] / max(sums["samples"], 1)}
+
+
+# ---- point-cloud classification -------------------------------------------------------------
+
+def point_cloud_classification(device: torch.device, augment, up_axis: int,
+                               label_smoothing: float) -> Task:
+    """Top-1 accuracy over clouds (batch, points, 3), perturbed on the device in training
+    (data.points). A model that returns (logits, regulariser) while training, as PointNet does
+    with its feature transform's, has the regulariser added to the loss."""
+    hard = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
+
+    def to_device(batch, training: bool) -> Batch:
+        points, labels = (t.to(device, non_blocking=True) for t in batch)
+        if training:
+            points = perturb(points, augment, up_axis)
+        return Batch(points, labels, labels)
+
+    def loss(outputs, batch: Batch) -> torch.Tensor:
+        if isinstance(outputs, tuple):
+            logits, regulariser = outputs
+            return hard(logits, batch.targets) + regulariser
+        return hard(outputs, batch.targets)
+
+    def sums(outputs, batch: Batch, loss, training: bool) -> torch.Tensor:
+        logits = outputs[0] if isinstance(outputs, tuple) else outputs
+        return top1_sums(logits, batch, loss, training)
+
+    return Task("point_cloud_classification", "clouds", ("correct", "samples"), None,
+                to_device, loss, sums, top1_accuracy)
 
 
 # ---- language modelling ---------------------------------------------------------------------
