@@ -457,3 +457,58 @@ def test_a_held_out_share_that_leaves_nothing_to_train_on_is_refused(tmp_path, r
                            f"data.arithmetic.cache_dir={tmp_path}", f"output_dir={tmp_path}")
     assert code == 2 and "data.arithmetic.num_val=16 leaves no problem for training" in err
     assert "Traceback" not in err
+
+
+# ---- Hugging Face transformers causal LMs from a local config -------------------------------
+
+@pytest.fixture(scope="module")
+def hf_config(tmp_path_factory) -> Path:
+    """A one-layer Llama config saved as a user would (nothing downloaded)."""
+    from transformers import LlamaConfig
+
+    folder = tmp_path_factory.mktemp("llama")
+    LlamaConfig(num_hidden_layers=1, hidden_size=64, intermediate_size=128,
+                num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128,
+                vocab_size=320, bos_token_id=None, eos_token_id=None).save_pretrained(folder)
+    return folder
+
+
+HF_LM = [o for o in LM if not o.startswith("model.")]  # the data and training of LM
+
+
+def test_a_transformers_causal_lm_trains_from_a_local_config(tmp_path, run_cli, lm_cache,
+                                                             hf_config):
+    code, out, err = run_cli("run", "tiny-lm", *HF_LM, f"data.arithmetic.cache_dir={lm_cache}",
+                             f"output_dir={tmp_path}", "run_name=hf", "train.max_steps=60",
+                             "train.log_every=10", "train.batch_size=16",
+                             f"model.name=hf:{hf_config}", "model.kwargs.num_hidden_layers=2")
+    assert code == 0, err[-2000:]
+    summary = json.loads((tmp_path / "hf" / "summary.json").read_text())
+    train = train_records(tmp_path / "hf")
+    assert summary["task"] == "language_modeling" and summary["steps"] == 60
+    assert train[-1]["loss"] < train[0]["loss"] - 1.0, [r["loss"] for r in train]
+    assert "(0.12 M parameters)" in out + err  # two layers, as model.kwargs asked
+
+
+@pytest.mark.parametrize("override, why", [
+    ("model.kwargs.vocab_size=100", "has a vocabulary of 100 but the token data holds ids up "
+                                    "to 256"),
+    ("model.kwargs.max_position_embeddings=16", "is longer than the context of hf:"),
+    ("model.kwargs.n_layers=2", "model.kwargs.n_layers: the llama config has no field"),
+    ("model.name=hf:/nonexistent", "no config.json there"),
+])
+def test_a_transformers_model_that_cannot_take_the_data_is_refused(tmp_path, run_cli, lm_cache,
+                                                                   hf_config, override, why):
+    code, _, err = run_cli("run", "tiny-lm", *HF_LM, f"data.arithmetic.cache_dir={lm_cache}",
+                           f"output_dir={tmp_path}", "train.max_steps=2",
+                           f"model.name=hf:{hf_config}", override)
+    assert code == 2 and why in err and "Traceback" not in err, err[-2000:]
+
+
+def test_memory_predicts_a_transformers_model_the_cpu_measures(run_cli, hf_config):
+    code, out, err = run_cli("memory", "tiny-lm", f"model.name=hf:{hf_config}", "device=cpu",
+                             "--gpu-memory", "8GiB", "train.batch_size=16", "--measure",
+                             "--json")
+    assert code == 0, err
+    measured = json.loads(out)["measured"]
+    assert abs(measured["relative_error"]) <= 0.1 and abs(measured["peak_relative_error"]) <= 0.1

@@ -1,4 +1,5 @@
-"""Resolve a model name to a module: `torchvision:NAME`, `timm:NAME` or `hpctrain:NAME`.
+"""Resolve a model name to a module: `torchvision:NAME`, `timm:NAME`, `hpctrain:NAME`, or
+`hf:PATH` (a transformers causal LM from a local config).
 
 A bare name is looked up among the built-in nets first, then timm. Weights are never
 downloaded (compute nodes have no internet): models start from random initialisation.
@@ -12,7 +13,7 @@ import inspect
 from torch import nn
 
 from hpctrain.errors import ConfigError
-from hpctrain.models import gpt, pointnet, small
+from hpctrain.models import gpt, huggingface, pointnet, small
 
 BUILTIN = {"resnet_small": small.resnet_small, "tiny_cnn": small.tiny_cnn,
            "pointnet": pointnet.pointnet, "pointnet_small": pointnet.pointnet_small,
@@ -90,6 +91,12 @@ def build_model(name: str, num_classes: int | None, kwargs: dict | None = None,
     is point clouds, which only point-cloud models take. `image_sizes`: every size the run
     feeds an image model (a model of fixed input size is built for it)."""
     kwargs = dict(kwargs or {})
+    if name.startswith("hf:"):
+        if vocab_size is None:
+            raise ConfigError(f"model.name {name} is a language model, but the data is "
+                              f"{'point clouds' if points else 'images'}: give it token data "
+                              "(data.dataset=tokens or arithmetic)")
+        return huggingface.causal_lm(name[3:], kwargs)
     source, _, model_name = name.rpartition(":")
     if source == "" and model_name in BUILTIN:
         source = "hpctrain"
@@ -133,4 +140,4 @@ def build_model(name: str, num_classes: int | None, kwargs: dict | None = None,
     except (TypeError, ValueError) as err:  # a bad entry in model.kwargs
         raise ConfigError(f"model.kwargs {kwargs} do not fit {name}: {err}") from None
     raise ConfigError(f"model.name {name!r}: unknown source {source!r}; use torchvision:NAME, "
-                      f"timm:NAME or hpctrain:NAME (built-in: {', '.join(BUILTIN)})")
+                      f"timm:NAME, hpctrain:NAME (built-in: {', '.join(BUILTIN)}) or hf:PATH")
