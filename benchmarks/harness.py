@@ -35,10 +35,15 @@ def make_batches(count: int, batch_size: int, image_size: int, num_classes: int,
     return batches
 
 
-def hpctrain_parts(overrides: list[str], output_dir: str) -> Parts:
-    config = load_config("default", [f"output_dir={output_dir}", "data.dataset=synthetic",
-                                     "data.num_workers=0", "tensorboard=false", *overrides])
+def recipe_parts(recipe: str, overrides: list[str], output_dir: str) -> Parts:
+    config = load_config(recipe, [f"output_dir={output_dir}", "data.num_workers=0",
+                                  "tensorboard=false", *overrides])
     return build_parts(config)
+
+
+def hpctrain_parts(overrides: list[str], output_dir: str) -> Parts:
+    """The default recipe's parts on synthetic images."""
+    return recipe_parts("default", ["data.dataset=synthetic", *overrides], output_dir)
 
 
 def with_batches(parts: Parts, batches: list) -> Parts:

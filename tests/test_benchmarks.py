@@ -31,6 +31,8 @@ CASES = [
      [r"\| \(b\) hpctrain analysis \| [\d.]+ \|", r"\(b\)/\(a\): time"]),
     ("stop_latency.py", ["--widths", "8,8"],
      [r"^8,8\s+[\d.]+\s+[\d.]+\s+0\.\d+"]),
+    ("lm_overhead.py", ["--batch-size", "4", "--seq-len", "16", "--steps", "2", "--rounds", "2"],
+     [r"hand-written nanoGPT\s+[\d.]+\s+\d+\s+1\.000", r"^hpctrain\s+[\d.]+\s+\d+\s+[\d.]+"]),
     ("host_memory.py", ["--recipes", "pointnet", "--steps", "2", "--set=data.num_workers=0",
                         "--set=data.shapes3d.num_train=40", "--set=data.shapes3d.num_val=10",
                         "--set=data.points.num_points=64", "--set=train.batch_size=4"],
@@ -50,7 +52,7 @@ def test_every_benchmark_script_has_a_smoke_case():
 @pytest.mark.parametrize("script, arguments, expected", CASES,
                          ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
 def test_a_benchmark_runs_at_a_tiny_size(script, arguments, expected, tmp_path):
-    if script in ("data_pipeline.py", "stop_latency.py", "host_memory.py"):
+    if script in ("data_pipeline.py", "stop_latency.py", "host_memory.py", "lm_overhead.py"):
         arguments = [*arguments, "--cache-dir", str(tmp_path)]
     done = subprocess.run([sys.executable, str(BENCHMARKS / script), *arguments],
                           capture_output=True, text=True, timeout=600, cwd=tmp_path)
