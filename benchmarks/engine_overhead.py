@@ -18,7 +18,8 @@ import time
 import torch
 from torch import nn
 
-from harness import hpctrain_parts, make_batches, median_ms, time_hpctrain, with_batches
+from harness import (alternate, hpctrain_parts, make_batches, median_ms, time_hpctrain,
+                     with_batches)
 
 
 def hand_written_loop(model, batches, steps, lr, precision, device, channels_last) -> float:
@@ -75,14 +76,11 @@ def main() -> None:
         time_hpctrain(parts, 3)  # warm-up, both sides
         hand_written_loop(hand_model, batches, 3, 0.2, parts.plan.precision, parts.device,
                           channels_last)
-        ours, hand = [], []
-        run_hand = lambda: hand.append(hand_written_loop(  # noqa: E731
-            hand_model, batches, args.steps, 0.2, parts.plan.precision, parts.device,
-            channels_last))
-        run_ours = lambda: ours.append(time_hpctrain(parts, args.steps))  # noqa: E731
-        for round_ in range(args.rounds):  # ABBA order: drift hits both sides alike
-            for run in ((run_hand, run_ours) if round_ % 2 == 0 else (run_ours, run_hand)):
-                run()
+        hand, ours = alternate(
+            args.rounds,
+            lambda: hand_written_loop(hand_model, batches, args.steps, 0.2,
+                                      parts.plan.precision, parts.device, channels_last),
+            lambda: time_hpctrain(parts, args.steps))
     if args.verbose:
         print("hand", [round(x * 1e3, 1) for x in hand])
         print("ours", [round(x * 1e3, 1) for x in ours])

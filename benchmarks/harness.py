@@ -72,5 +72,15 @@ def time_hpctrain(parts: Parts, steps: int) -> float:
     return seconds / steps
 
 
+def alternate(rounds: int, reference, ours) -> tuple[list[float], list[float]]:
+    """Seconds per step of `reference()` and `ours()`, round by round in ABBA order, so that
+    machine drift hits both sides alike."""
+    timings = {reference: [], ours: []}
+    for round_ in range(rounds):
+        for run in ((reference, ours) if round_ % 2 == 0 else (ours, reference)):
+            timings[run].append(run())
+    return timings[reference], timings[ours]
+
+
 def median_ms(samples: list[float]) -> float:
     return statistics.median(samples) * 1e3

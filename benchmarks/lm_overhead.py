@@ -22,7 +22,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from harness import median_ms, recipe_parts, time_hpctrain, with_batches
+from harness import alternate, median_ms, recipe_parts, time_hpctrain, with_batches
 
 VOCAB = 257  # the byte-level vocabulary of the built-in corpus
 
@@ -88,15 +88,11 @@ def main() -> None:
         warmup = max(1, args.steps // 10)
         time_hpctrain(parts, 3)  # warm-up (and compilation), both sides
         hand_written_loop(hand_model, batches, 3, lr, precision, device, warmup)
-        ours, hand = [], []
-        for round_ in range(args.rounds):  # ABBA order: drift hits both sides alike
-            order = ("hand", "ours") if round_ % 2 == 0 else ("ours", "hand")
-            for side in order:
-                if side == "hand":
-                    hand.append(hand_written_loop(hand_model, batches, args.steps, lr,
-                                                  precision, device, warmup))
-                else:
-                    ours.append(time_hpctrain(parts, args.steps))
+        hand, ours = alternate(
+            args.rounds,
+            lambda: hand_written_loop(hand_model, batches, args.steps, lr, precision, device,
+                                      warmup),
+            lambda: time_hpctrain(parts, args.steps))
     tokens = args.batch_size * args.seq_len
     print(f"lm_overhead: {args.model}, {args.seq_len} tokens x batch {args.batch_size}, "
           f"{precision}, compile {parts.plan.compile}, device {parts.plan.device_name}, "

@@ -222,6 +222,7 @@ def test_a_folder_that_is_not_modelnet_says_what_it_expects(tmp_path, run_cli):
     ("model.name=hpctrain:resnet_small", "does not take point clouds"),
     ("data.dataset=shapes", "is a point-cloud model, but the data is images"),
     ("task=language_modeling", "cannot learn from data.dataset=shapes3d"),
+    ("model.name=hf:/some/llama", "is a language model, but the data is point clouds"),
 ])
 def test_a_model_or_task_that_does_not_fit_point_clouds_is_refused(tmp_path, run_cli,
                                                                    points_cache, override, why):

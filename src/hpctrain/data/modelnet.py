@@ -18,13 +18,13 @@ import hashlib
 import json
 import multiprocessing
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from hpctrain.data.points import check_clouds, normalise, sample_on_faces
+from hpctrain.data.generated import generate_once
+from hpctrain.data.points import check_clouds, fan, normalise, sample_on_faces
 from hpctrain.errors import DataError
 from hpctrain.progress import progress_bar
 
@@ -139,18 +139,17 @@ def read_off(path: Path) -> tuple[np.ndarray, np.ndarray]:
         start = 4
         vertices = np.array(tokens[start:start + 3 * n_vertices], dtype=np.float64)
         vertices = vertices.reshape(n_vertices, 3)
-        faces, at = [], start + 3 * n_vertices
+        polygons, at = [], start + 3 * n_vertices
         for _ in range(n_faces):
             corners = int(tokens[at])
-            face = [int(t) for t in tokens[at + 1:at + 1 + corners]]
-            if len(face) != corners:
+            polygons.append([int(t) for t in tokens[at + 1:at + 1 + corners]])
+            if len(polygons[-1]) != corners:
                 raise ValueError("a face is cut off")
-            faces += [(face[0], face[i], face[i + 1]) for i in range(1, corners - 1)]
             at += 1 + corners
     except (ValueError, IndexError) as err:
         raise DataError(f"{path}: the OFF file is malformed ({err}); its counts, vertices or "
                         "faces do not add up") from None
-    faces = np.array(faces, dtype=np.int64).reshape(-1, 3)
+    faces = np.array(fan(polygons), dtype=np.int64).reshape(-1, 3)
     if not np.isfinite(vertices).all():
         raise DataError(f"{path}: vertex coordinates that are not finite (NaN or inf)")
     if len(faces) == 0 or faces.min() < 0 or faces.max() >= n_vertices:
@@ -188,37 +187,28 @@ def read_off_folders(root: Path, num_points: int, cache_dir: Path) -> PointSplit
         [FORMAT_VERSION, str(root.resolve()), num_points,
          [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for found in files.values()
           for p, _ in found]]).encode()).hexdigest()[:16]
-    folder = Path(cache_dir).expanduser() / f"modelnet-off-{listing}"
-    if not (folder / "complete.json").exists():
-        _sample_folders(files, num_points, folder)
+    folder = generate_once(Path(cache_dir).expanduser() / f"modelnet-off-{listing}",
+                           lambda tmp: _sample_folders(files, num_points, tmp))
     return PointSplits(names,
                        {s: np.load(folder / f"{s}_points.npy", mmap_mode="r") for s in SPLITS},
                        {s: np.load(folder / f"{s}_labels.npy") for s in SPLITS})
 
 
-def _sample_folders(files: dict, num_points: int, folder: Path) -> None:
-    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+def _sample_folders(files: dict, num_points: int, out: Path) -> dict:
+    """Every split's meshes sampled into `out` (with one pool of processes for all, when
+    there are enough meshes to pay for starting it)."""
     total = sum(len(found) for found in files.values())
-    with progress_bar("sampling the ModelNet meshes", total=total) as advance:
+    with contextlib.ExitStack() as stack, \
+            progress_bar("sampling the ModelNet meshes", total=total) as advance:
+        pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(
+            os.cpu_count() or 1)) if total >= PARALLEL_FROM else None
         for split, found in files.items():
             jobs = [(str(path), num_points, index) for index, (path, _) in enumerate(found)]
             clouds = []
-            with contextlib.ExitStack() as stack:
-                sample = map
-                if total >= PARALLEL_FROM:
-                    pool = stack.enter_context(
-                        multiprocessing.get_context("spawn").Pool(os.cpu_count() or 1))
-                    sample = lambda f, jobs: pool.imap(f, jobs, chunksize=16)
-                for cloud in sample(_sample_mesh, jobs):
-                    clouds.append(cloud)
-                    advance(1)
-            np.save(tmp / f"{split}_points.npy", np.stack(clouds))
-            np.save(tmp / f"{split}_labels.npy", np.array([lab for _, lab in found]))
-    (tmp / "complete.json").write_text(json.dumps({"meshes": total}))
-    if (folder / "complete.json").exists():  # another process finished first
-        shutil.rmtree(tmp)
-        return
-    shutil.rmtree(folder, ignore_errors=True)
-    tmp.rename(folder)
+            for cloud in (pool.imap(_sample_mesh, jobs, chunksize=16) if pool else
+                          map(_sample_mesh, jobs)):
+                clouds.append(cloud)
+                advance(1)
+            np.save(out / f"{split}_points.npy", np.stack(clouds))
+            np.save(out / f"{split}_labels.npy", np.array([lab for _, lab in found]))
+    return {"meshes": total}

@@ -17,6 +17,12 @@ from torch.utils.data import Dataset
 from hpctrain.errors import DataError
 
 
+def fan(polygons) -> list[tuple[int, int, int]]:
+    """Convex polygons (corner indices) as triangles sharing each polygon's first corner."""
+    return [(face[0], face[i], face[i + 1]) for face in polygons
+            for i in range(1, len(face) - 1)]
+
+
 def sample_on_faces(vertices: np.ndarray, faces: np.ndarray, count: int,
                     rng: np.random.Generator) -> np.ndarray:
     """`count` points uniformly on the surface of a triangle mesh: a face drawn with

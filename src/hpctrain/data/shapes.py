@@ -10,16 +10,15 @@ Every image is a pure function of (seed, split, index), so the set is identical 
 
 from __future__ import annotations
 
-import json
 import math
 import multiprocessing
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
 
+from hpctrain.data.generated import generate_once
 from hpctrain.progress import progress_bar
 
 CLASSES = (
@@ -125,35 +124,26 @@ def _write_range(job: tuple) -> int:
 
 
 def ensure_shapes(root: Path, seed: int, num_train: int, num_val: int, size: int) -> Path:
-    """Generate the dataset under `root` once and return its folder.
-
-    The folder name encodes every parameter, and a marker file is written last, so an
-    interrupted generation is redone rather than trusted.
-    """
+    """Generate the dataset under `root` once (generated.py) and return its folder, whose
+    name encodes every parameter."""
     folder = Path(root) / f"shapes-v{FORMAT_VERSION}-s{seed}-n{num_train}-{num_val}-px{size}"
-    marker = folder / "complete.json"
-    if marker.exists():
-        return folder
-    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    for split in ("train", "val"):
-        for name in CLASSES:
-            (tmp / split / name).mkdir(parents=True, exist_ok=True)
-    jobs = [(tmp, seed, split, start, min(start + 500, n), size)
-            for split, n in (("train", num_train), ("val", num_val))
-            for start in range(0, n, 500)]
-    with progress_bar("generating the shapes dataset", total=num_train + num_val) as advance:
-        if num_train + num_val < PARALLEL_FROM:
-            for job in jobs:
-                advance(_write_range(job))
-        else:
-            with multiprocessing.get_context("spawn").Pool(os.cpu_count() or 1) as pool:
-                for done in pool.imap_unordered(_write_range, jobs):
-                    advance(done)
-    (tmp / "complete.json").write_text(json.dumps({"classes": CLASSES, "seed": seed}))
-    if marker.exists():  # another process finished first: keep theirs
-        shutil.rmtree(tmp)
-        return folder
-    shutil.rmtree(folder, ignore_errors=True)  # an interrupted earlier generation
-    tmp.rename(folder)
-    return folder
+
+    def make(tmp: Path) -> dict:
+        for split in ("train", "val"):
+            for name in CLASSES:
+                (tmp / split / name).mkdir(parents=True, exist_ok=True)
+        jobs = [(tmp, seed, split, start, min(start + 500, n), size)
+                for split, n in (("train", num_train), ("val", num_val))
+                for start in range(0, n, 500)]
+        with progress_bar("generating the shapes dataset",
+                          total=num_train + num_val) as advance:
+            if num_train + num_val < PARALLEL_FROM:
+                for job in jobs:
+                    advance(_write_range(job))
+            else:
+                with multiprocessing.get_context("spawn").Pool(os.cpu_count() or 1) as pool:
+                    for done in pool.imap_unordered(_write_range, jobs):
+                        advance(done)
+        return {"classes": CLASSES, "seed": seed}
+
+    return generate_once(folder, make)

@@ -10,15 +10,13 @@ identical everywhere; it is generated once into the cache as two .npy arrays per
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import shutil
 from pathlib import Path
 
 import numpy as np
 
-from hpctrain.data.points import normalise, sample_on_faces
+from hpctrain.data.generated import generate_once
+from hpctrain.data.points import fan, normalise, sample_on_faces
 from hpctrain.progress import progress_bar
 
 CLASSES = ("sphere", "hemisphere", "capsule", "cylinder", "cone", "torus",
@@ -48,10 +46,8 @@ def _arc(radius: float, start: float, stop: float, centre: float = 0.0, steps: i
 
 
 def _polyhedron(vertices, polygons) -> tuple[np.ndarray, np.ndarray]:
-    """A mesh from corners and faces given as corner indices (each face fanned into
-    triangles)."""
-    faces = [(face[0], face[i], face[i + 1]) for face in polygons for i in range(1, len(face) - 1)]
-    return np.array(vertices, dtype=np.float64), np.array(faces)
+    """A mesh from corners and faces given as corner indices."""
+    return np.array(vertices, dtype=np.float64), np.array(fan(polygons))
 
 
 CUBE = [(x, y, z) for x in (-1, 1) for y in (-1, 1) for z in (-1, 1)]  # corner i: bits x y z
@@ -117,30 +113,23 @@ def render(seed: int, split: str, index: int, num_points: int) -> tuple[np.ndarr
 
 def ensure_shapes3d(root: Path, seed: int, num_train: int, num_val: int,
                     num_points: int) -> Path:
-    """Generate the dataset under `root` once and return its folder (train_points.npy,
-    train_labels.npy, val_..., complete.json written last, so an interrupted generation is
-    redone rather than trusted)."""
+    """Generate the dataset under `root` once (generated.py) and return its folder:
+    train_points.npy, train_labels.npy, val_points.npy, val_labels.npy."""
     folder = Path(root) / (f"shapes3d-v{FORMAT_VERSION}-s{seed}-n{num_train}-{num_val}"
                            f"-p{num_points}")
-    if (folder / "complete.json").exists():
-        return folder
-    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    with progress_bar("generating the shapes3d dataset", total=num_train + num_val) as advance:
-        for split, count in (("train", num_train), ("val", num_val)):
-            points = np.empty((count, num_points, 3), dtype=np.float32)
-            labels = np.empty(count, dtype=np.int64)
-            for i in range(count):
-                points[i], labels[i] = render(seed, split, i, num_points)
-                if i % 500 == 499 or i == count - 1:
-                    advance(i % 500 + 1)
-            np.save(tmp / f"{split}_points.npy", points)
-            np.save(tmp / f"{split}_labels.npy", labels)
-    (tmp / "complete.json").write_text(json.dumps({"classes": CLASSES, "seed": seed}))
-    if (folder / "complete.json").exists():  # another process finished first: keep theirs
-        shutil.rmtree(tmp)
-        return folder
-    shutil.rmtree(folder, ignore_errors=True)
-    tmp.rename(folder)
-    return folder
+
+    def make(tmp: Path) -> dict:
+        with progress_bar("generating the shapes3d dataset",
+                          total=num_train + num_val) as advance:
+            for split, count in (("train", num_train), ("val", num_val)):
+                points = np.empty((count, num_points, 3), dtype=np.float32)
+                labels = np.empty(count, dtype=np.int64)
+                for i in range(count):
+                    points[i], labels[i] = render(seed, split, i, num_points)
+                    if i % 500 == 499 or i == count - 1:
+                        advance(i % 500 + 1)
+                np.save(tmp / f"{split}_points.npy", points)
+                np.save(tmp / f"{split}_labels.npy", labels)
+        return {"classes": CLASSES, "seed": seed}
+
+    return generate_once(folder, make)

@@ -25,6 +25,7 @@ from hpctrain.models.registry import build_model
 from hpctrain.train.optim import build_optimizer, scaled_lr
 from hpctrain.train.parallel import bf16_parameters, per_device_batch
 from hpctrain.train.system import resolve_precision
+from hpctrain.train.tasks import with_regulariser
 
 CONTEXT_BYTES = 512 * 2**20  # CUDA context, cuBLAS/cuDNN handles, NCCL: outside torch's count
 ALLOCATOR_OVERHEAD = 0.10  # caching-allocator blocks reserved but not allocated, at the peak
@@ -209,17 +210,6 @@ def _token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
-def _classification_loss(label_smoothing: float):
-    """Cross-entropy; a model that returns (logits, regulariser) (PointNet) adds the second."""
-    criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
-
-    def loss(outputs, targets: torch.Tensor) -> torch.Tensor:
-        if isinstance(outputs, tuple):
-            return criterion(outputs[0], targets) + outputs[1]
-        return criterion(outputs, targets)
-    return loss
-
-
 def step_spec(config: Config, target: Target, width: int) -> StepSpec:
     """The recipe's step; `width`: its classes or its vocabulary (output_width)."""
     shape = input_shape(config)
@@ -245,7 +235,8 @@ def step_spec(config: Config, target: Target, width: int) -> StepSpec:
         return (torch.randn(batch, *shape, device=device),
                 torch.randint(0, width, (batch,), device=device))
 
-    criterion = _token_loss if tokens else _classification_loss(config.train.label_smoothing)
+    criterion = _token_loss if tokens else with_regulariser(
+        nn.CrossEntropyLoss(label_smoothing=config.train.label_smoothing))
     return StepSpec(build, make_batch,
                     lambda model: build_optimizer(model, config.optim, lr, optim_device),
                     criterion, target.precision, target.device, config.optim.grad_clip_norm)

@@ -44,12 +44,19 @@ def _wrong_kind(name: str, points: bool) -> ConfigError:
                        "use an image model (hpctrain:resnet_small, timm:NAME, torchvision:NAME)")
 
 
-def check_takes_points(name: str, points: bool) -> None:
-    """Point clouds for a point-cloud model, images for the others: said before any data is
-    read (the wrong one fails deep inside the first forward pass)."""
+def check_model_takes(name: str, kind: str) -> None:
+    """A model for the data's kind (images, points; tokens are checked against the model's
+    vocabulary when it is built), said before any data is read: the wrong one fails deep
+    inside the first forward pass."""
+    if kind == "tokens":
+        return
+    if name.startswith("hf:"):
+        raise ConfigError(f"model.name {name} is a language model, but the data is "
+                          f"{'point clouds' if kind == 'points' else 'images'}: give it token "
+                          "data (data.dataset=tokens or arithmetic)")
     source, _, model_name = name.rpartition(":")
-    if (source in ("", "hpctrain") and model_name in POINT_MODELS) != points:
-        raise _wrong_kind(name, points)
+    if (source in ("", "hpctrain") and model_name in POINT_MODELS) != (kind == "points"):
+        raise _wrong_kind(name, kind == "points")
 
 
 def _facts_taken(factory, facts: dict) -> dict:
@@ -91,17 +98,13 @@ def build_model(name: str, num_classes: int | None, kwargs: dict | None = None,
     is point clouds, which only point-cloud models take. `image_sizes`: every size the run
     feeds an image model (a model of fixed input size is built for it)."""
     kwargs = dict(kwargs or {})
+    check_model_takes(name, "tokens" if vocab_size is not None else
+                      "points" if points else "images")
     if name.startswith("hf:"):
-        if vocab_size is None:
-            raise ConfigError(f"model.name {name} is a language model, but the data is "
-                              f"{'point clouds' if points else 'images'}: give it token data "
-                              "(data.dataset=tokens or arithmetic)")
         return huggingface.causal_lm(name[3:], kwargs)
     source, _, model_name = name.rpartition(":")
     if source == "" and model_name in BUILTIN:
         source = "hpctrain"
-    if vocab_size is None:
-        check_takes_points(name, points)
     try:
         if source == "hpctrain":
             if model_name not in BUILTIN:

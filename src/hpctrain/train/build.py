@@ -19,7 +19,7 @@ from hpctrain.config import Config
 from hpctrain.data.loader import DataBundle, DeviceBatcher, build_data, image_sizes, up_axis
 from hpctrain.errors import DataError
 from hpctrain.models.checkpointing import enable_activation_checkpointing
-from hpctrain.models.registry import build_model, check_takes_points
+from hpctrain.models.registry import build_model, check_model_takes
 from hpctrain.train import parallel
 from hpctrain.train.checkpoint import Checkpointer
 from hpctrain.train.optim import WeightEma, build_optimizer, build_scheduler, scaled_lr
@@ -106,8 +106,7 @@ def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
     device = torch.device(plan.device)
     batch_size, global_batch = parallel.per_device_batch(config, env.world_size)
     parallel.check_layout(config, strategy, device, plan.precision)
-    if config.data.kind != "tokens":
-        check_takes_points(config.model.name, config.data.kind == "points")
+    check_model_takes(config.model.name, config.data.kind)
 
     distributed = parallel.start(config, env, strategy, device)
     apply_global_switches(plan, config.seed)

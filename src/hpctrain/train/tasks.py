@@ -100,17 +100,28 @@ def point_cloud_classification(device: torch.device, augment, up_axis: int,
         return Batch(points, labels, labels)
 
     def loss(outputs, batch: Batch) -> torch.Tensor:
-        if isinstance(outputs, tuple):
-            logits, regulariser = outputs
-            return hard(logits, batch.targets) + regulariser
-        return hard(outputs, batch.targets)
+        return with_regulariser(hard)(outputs, batch.targets)
 
     def sums(outputs, batch: Batch, loss, training: bool) -> torch.Tensor:
-        logits = outputs[0] if isinstance(outputs, tuple) else outputs
-        return top1_sums(logits, batch, loss, training)
+        return top1_sums(logits_of(outputs), batch, loss, training)
 
     return Task("point_cloud_classification", "clouds", ("correct", "samples"), None,
                 to_device, loss, sums, top1_accuracy)
+
+
+def logits_of(outputs) -> torch.Tensor:
+    """The logits of a model that returns them alone or as (logits, regulariser)."""
+    return outputs[0] if isinstance(outputs, tuple) else outputs
+
+
+def with_regulariser(criterion: Callable) -> Callable:
+    """`criterion(outputs, targets)`, plus the regulariser of a model that returns
+    (logits, regulariser) while training (PointNet's feature transform)."""
+    def loss(outputs, targets: torch.Tensor) -> torch.Tensor:
+        if isinstance(outputs, tuple):
+            return criterion(outputs[0], targets) + outputs[1]
+        return criterion(outputs, targets)
+    return loss
 
 
 # ---- language modelling ---------------------------------------------------------------------
