@@ -72,14 +72,14 @@ def time_hpctrain(parts: Parts, steps: int) -> float:
     return seconds / steps
 
 
-def alternate(rounds: int, reference, ours) -> tuple[list[float], list[float]]:
-    """Seconds per step of `reference()` and `ours()`, round by round in ABBA order, so that
-    machine drift hits both sides alike."""
-    timings = {reference: [], ours: []}
+def alternate(rounds: int, *runs) -> list[list[float]]:
+    """Seconds per step of each of `runs`, round by round, forwards then backwards (ABBA),
+    so that machine drift hits every side alike."""
+    timings = {run: [] for run in runs}
     for round_ in range(rounds):
-        for run in ((reference, ours) if round_ % 2 == 0 else (ours, reference)):
+        for run in (runs if round_ % 2 == 0 else runs[::-1]):
             timings[run].append(run())
-    return timings[reference], timings[ours]
+    return [timings[run] for run in runs]
 
 
 def median_ms(samples: list[float]) -> float:

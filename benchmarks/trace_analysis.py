@@ -9,17 +9,21 @@ so that peak memory is the process's own:
 Prints seconds and peak resident memory, and the ratio of (b) to (a).
 
 With --hta PYTHON (an interpreter where HolisticTraceAnalysis is installed), it also runs
-HTA's temporal breakdown and idle-time breakdown on a small GPU trace and prints them beside
-ours: the two must agree within 2 percentage points.
+HTA's temporal breakdown and idle-time breakdown on three small generated GPU traces, or on
+the recorded ones given with --trace, and prints them beside ours: the two must agree within
+2 percentage points.
 
     python benchmarks/trace_analysis.py --megabytes 500
     python benchmarks/trace_analysis.py --megabytes 50 --hta /tmp/htavenv/bin/python
+    python benchmarks/trace_analysis.py --megabytes 0 --hta PYTHON \
+        --trace runs/default-.../profile/rank-0.json.gz      # a trace recorded on a GPU
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -95,17 +99,36 @@ HTA_SCRIPT = textwrap.dedent("""
 """)
 
 
-def compare_with_hta(python: str, scratch: Path) -> None:
-    """HTA's and our temporal and idle breakdowns, side by side, on three GPU patterns."""
+def generated_traces(scratch: Path) -> list[Path]:
+    """Three GPU patterns, 6 steps each, one folder per trace (HTA reads a folder)."""
+    traces = []
+    for name in ("sync_bound", "launch_bound", "exposed_communication"):
+        (scratch / name).mkdir()
+        traces.append(scratch / name / "rank-0.json.gz")
+        write_trace(traces[-1], SCENARIOS[name][0], 6, rank=0, world_size=1)
+    return traces
+
+
+def recorded_traces(paths: list[str], scratch: Path) -> list[Path]:
+    """Each recorded trace copied alone into a folder of its own, for HTA."""
+    traces = []
+    for index, path in enumerate(map(Path, paths)):
+        folder = scratch / f"{index}:{path.name}"  # the folder names the trace's row
+        folder.mkdir()
+        traces.append(folder / path.name)
+        shutil.copyfile(path, traces[-1])
+    return traces
+
+
+def compare_with_hta(python: str, traces: list[Path]) -> None:
+    """HTA's and our temporal and idle breakdowns, side by side."""
     from hpctrain.profiling.analysis import analyse
     from hpctrain.profiling.collect import collect
 
     print("\n| trace | figure | HTA | hpctrain | difference (points) |\n|---|---|---|---|---|")
-    for name in ("sync_bound", "launch_bound", "exposed_communication"):
-        folder = scratch / name
-        folder.mkdir()
-        write_trace(folder / "rank-0.json.gz", SCENARIOS[name][0], 6, rank=0, world_size=1)
-        ours = analyse(collect(folder / "rank-0.json.gz"))
+    for trace in traces:
+        name, folder = trace.parent.name, trace.parent
+        ours = analyse(collect(trace))
         result = subprocess.run([python, "-c", HTA_SCRIPT, str(folder)], capture_output=True,
                                 text=True)
         if result.returncode != 0:
@@ -128,29 +151,38 @@ def compare_with_hta(python: str, scratch: Path) -> None:
                   f"{100 * (mine - theirs):+.1f} |")
 
 
+def time_big_trace(trace: Path, megabytes: float) -> None:
+    """(a) and (b) on a generated trace of `megabytes`, each in a fresh process."""
+    started = time.perf_counter()
+    steps = generate(trace, megabytes)
+    size = trace.stat().st_size / 1e6
+    print(f"generated {size:,.0f} MB, {steps} steps in {time.perf_counter() - started:.0f} s")
+    baseline = measure(BASELINE, trace)
+    ours = measure(HPCTRAIN, trace)
+    print("\n| reader | seconds | peak memory (MB) | peak memory / trace size |\n"
+          "|---|---|---|---|")
+    for name, row in (("(a) json.load alone", baseline), ("(b) hpctrain analysis", ours)):
+        print(f"| {name} | {row['seconds']:.1f} | {row['peak_mb']:,.0f} | "
+              f"{row['peak_mb'] / size:.2f} |")
+    print(f"\n(b)/(a): time {ours['seconds'] / baseline['seconds']:.2f}x, "
+          f"peak memory {ours['peak_mb'] / baseline['peak_mb']:.2f}x")
+    trace.unlink()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--megabytes", type=float, default=500)
+    parser.add_argument("--megabytes", type=float, default=500,
+                        help="size of the generated trace to time (0: none)")
     parser.add_argument("--hta", metavar="PYTHON", help="an interpreter with HTA installed")
+    parser.add_argument("--trace", action="append", default=[],
+                        help="a recorded trace to compare with HTA (repeatable)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
-        trace = Path(scratch) / "big.json"
-        started = time.perf_counter()
-        steps = generate(trace, args.megabytes)
-        size = trace.stat().st_size / 1e6
-        print(f"generated {size:,.0f} MB, {steps} steps in {time.perf_counter() - started:.0f} s")
-        baseline = measure(BASELINE, trace)
-        ours = measure(HPCTRAIN, trace)
-        print("\n| reader | seconds | peak memory (MB) | peak memory / trace size |\n"
-              "|---|---|---|---|")
-        for name, row in (("(a) json.load alone", baseline), ("(b) hpctrain analysis", ours)):
-            print(f"| {name} | {row['seconds']:.1f} | {row['peak_mb']:,.0f} | "
-                  f"{row['peak_mb'] / size:.2f} |")
-        print(f"\n(b)/(a): time {ours['seconds'] / baseline['seconds']:.2f}x, "
-              f"peak memory {ours['peak_mb'] / baseline['peak_mb']:.2f}x")
-        trace.unlink()
+        if args.megabytes > 0:
+            time_big_trace(Path(scratch) / "big.json", args.megabytes)
         if args.hta:
-            compare_with_hta(args.hta, Path(scratch))
+            compare_with_hta(args.hta, recorded_traces(args.trace, Path(scratch))
+                             if args.trace else generated_traces(Path(scratch)))
 
 
 if __name__ == "__main__":

@@ -25,12 +25,18 @@ CASES = [
      [r"\| resnet18 \| 16 \| bf16 \| yes \| .* \| [\d.]+ \|", r"worst relative error"]),
     ("memory_accuracy.py", ["--predict-only", "--models", "gpt"],
      [r"\| gpt \| 4 \| bf16 \| yes \| [\d.]+ \w+ \| [\d.]+ \w+ \| [\d.]+ \|"]),
-    ("sequence_padding.py", ["--sequences", "2000", "--workers", "1"],
-     [r"length-bucketed \(hpctrain\)\s+[\d.]+%"]),
+    ("sequence_padding.py", ["--documents", "300", "--batch-size", "4", "--seq-len", "256",
+                             "--workers", "1", "--seconds", "0.2"],
+     [r"^blocks \(hpctrain's default\)\s+1\.000\s+1\.000\s+[\d,]+",
+      r"^documents, length-bucketed \(hpctrain\)\s+1\.\d+\s+[\d.]+\s+[\d,]+",
+      r"^documents padded to the context\s+[\d.]+\s+[\d.]+\s*$"]),
     ("trace_analysis.py", ["--megabytes", "2"],
      [r"\| \(b\) hpctrain analysis \| [\d.]+ \|", r"\(b\)/\(a\): time"]),
     ("stop_latency.py", ["--widths", "8,8"],
      [r"^8,8\s+[\d.]+\s+[\d.]+\s+0\.\d+"]),
+    ("lightning_step.py", [*TINY_IMAGES, "--batch-size", "8", "--steps", "2", "--rounds", "2"],
+     [r"^Lightning Trainer\s+[\d.]+\s+\d+\s+1\.000", r"^hpctrain\s+[\d.]+\s+\d+\s+[\d.]+",
+      r"^hand-written PyTorch\s+[\d.]+\s+\d+\s+[\d.]+"]),
     ("lm_overhead.py", ["--batch-size", "4", "--seq-len", "16", "--steps", "2", "--rounds", "2"],
      [r"hand-written nanoGPT\s+[\d.]+\s+\d+\s+1\.000", r"^hpctrain\s+[\d.]+\s+\d+\s+[\d.]+"]),
     ("host_memory.py", ["--recipes", "pointnet", "--steps", "2", "--set=data.num_workers=0",
@@ -52,7 +58,8 @@ def test_every_benchmark_script_has_a_smoke_case():
 @pytest.mark.parametrize("script, arguments, expected", CASES,
                          ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
 def test_a_benchmark_runs_at_a_tiny_size(script, arguments, expected, tmp_path):
-    if script in ("data_pipeline.py", "stop_latency.py", "host_memory.py", "lm_overhead.py"):
+    if script in ("data_pipeline.py", "stop_latency.py", "host_memory.py", "lm_overhead.py",
+                  "sequence_padding.py"):
         arguments = [*arguments, "--cache-dir", str(tmp_path)]
     done = subprocess.run([sys.executable, str(BENCHMARKS / script), *arguments],
                           capture_output=True, text=True, timeout=600, cwd=tmp_path)
