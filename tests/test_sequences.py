@@ -1,41 +1,22 @@
-"""Variable-length sequences: unpadded token storage, length-bucketed batches (also split over
-ranks), dynamic padding and its reported fraction."""
+"""Variable-length sequences: length-bucketed batches (also split over ranks), dynamic padding
+and its reported fraction, a token pack's documents through DataLoader workers."""
+
+import json
 
 import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from hpctrain.data.sequences import (LengthBucketSampler, TokenDataset, pad_collate,
-                                     padding_of, write_tokens)
-from hpctrain.errors import DataError
+from hpctrain.data.sequences import LengthBucketSampler, pad_collate, padding_of
+from hpctrain.data.token_pack import TokenPackOptions, pack_tokens
+from hpctrain.data.tokenizer import BYTE_EOS
+from hpctrain.data.tokens import TokenDocuments, TokenPack, pad_documents
 
 
 @pytest.fixture
 def lengths():
     return np.random.default_rng(0).integers(5, 500, size=2000)
-
-
-@pytest.fixture
-def stored(tmp_path, lengths):
-    sequences = [np.arange(n, dtype=np.int32) + i for i, n in enumerate(lengths)]
-    write_tokens(tmp_path / "tokens", sequences, [i % 3 for i in range(len(lengths))])
-    return tmp_path / "tokens"
-
-
-def test_sequences_come_back_unpadded_and_exact(stored, lengths):
-    dataset = TokenDataset(stored)
-    assert len(dataset) == 2000 and dataset.lengths.tolist() == lengths.tolist()
-    tokens, label = dataset[7]
-    assert tokens.tolist() == list(range(7, 7 + lengths[7])) and label == 1
-    assert (stored / "tokens.npy").stat().st_size < 4 * lengths.sum() + 200  # no padding
-
-
-def test_a_damaged_token_store_is_named(stored):
-    data = (stored / "tokens.npy").read_bytes()
-    (stored / "tokens.npy").write_bytes(data[:len(data) // 2])
-    with pytest.raises(DataError, match="tokens.npy is truncated or damaged"):
-        TokenDataset(stored)
 
 
 def test_bucketed_batches_cover_the_epoch_once_with_little_padding(lengths):
@@ -70,10 +51,25 @@ def test_pad_collate_pads_to_the_batch_and_reports_the_padding():
     assert batch["padding_fraction"] == pytest.approx(1 - 13 / 32)
 
 
-def test_a_dataloader_with_workers_delivers_every_token(stored, lengths):
-    dataset = TokenDataset(stored)
-    sampler = LengthBucketSampler(dataset.lengths, batch_size=64, seed=0)
-    loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=pad_collate, num_workers=2)
-    real = [int(batch["mask"].sum()) for batch in loader]
-    assert sum(real) == sum(int(lengths[i]) for b in sampler for i in b)
-    assert padding_of(dataset.lengths, sampler.batches()) == sampler.padding_fraction()
+def test_a_dataloader_with_workers_delivers_every_token_of_a_packs_documents(tmp_path,
+                                                                             lengths):
+    for split, part in (("train", lengths[:600]), ("val", lengths[:2])):
+        (tmp_path / "src" / split).mkdir(parents=True)
+        (tmp_path / "src" / split / "d.jsonl").write_text(
+            "".join(json.dumps({"text": chr(97 + i % 26) * n}) + "\n"
+                    for i, n in enumerate(part)))
+    pack_tokens(tmp_path / "src", tmp_path / "pack", TokenPackOptions(), workers=1,
+                log=lambda _: None)
+    documents = TokenDocuments(TokenPack(tmp_path / "pack").split("train"), seq_len=512,
+                               eos_id=BYTE_EOS)
+    sampler = LengthBucketSampler(documents.lengths, batch_size=16, seed=0)
+    loader = DataLoader(documents, batch_sampler=sampler, collate_fn=pad_documents,
+                        num_workers=2)
+    delivered = list(loader)
+    assert len(delivered) == len(sampler) == 600 // 16  # no piece here is cut: 600 samples
+    for batch, indices in zip(delivered, sampler, strict=True):
+        for row, index in enumerate(indices):  # each row: its document, unpadded, in order
+            real = batch["tokens"][row][batch["mask"][row]]
+            assert real.tolist() == documents[index][0].tolist()
+            assert real.tolist() == [BYTE_EOS, *[97 + index % 26] * lengths[index], BYTE_EOS]
+    assert padding_of(documents.lengths, sampler.batches()) == sampler.padding_fraction() < 0.1

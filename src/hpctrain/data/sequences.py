@@ -1,4 +1,5 @@
-"""Variable-length sequences: token ids stored unpadded, batched by length, padded per batch.
+"""Variable-length sequences (a token pack's documents, tokens.py): batched by length, padded
+per batch.
 
 Padding every sequence to the longest of the dataset wastes most of a step on short data; random
 batches padded to their own longest still waste a third or more. Here a seeded shuffle is cut
@@ -7,81 +8,13 @@ the batch order is shuffled again: neighbours in a batch have similar lengths (l
 while every epoch still mixes the whole dataset. Distributed, each rank takes every
 world_size-th batch of the same global list, so the ranks never share a sample and all run the
 same number of steps.
-
-Storage (`write_tokens`): one flat `tokens.npy` (int32, all sequences back to back) and an
-`index.npy` of (start, length, label), memory-mapped by each worker; both are written under
-temporary names and renamed.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterable
-from pathlib import Path
-
 import numpy as np
 import torch
-from torch.utils.data import Dataset, Sampler
-
-from hpctrain.errors import DataError
-
-TOKEN_INDEX_DTYPE = np.dtype([("start", "<u8"), ("length", "<u4"), ("label", "<i4")])
-
-
-def write_tokens(dst: Path, sequences: Iterable[np.ndarray], labels: Iterable[int]) -> int:
-    """Store `sequences` (1-D integer arrays) unpadded in `dst`; returns their number."""
-    dst.mkdir(parents=True, exist_ok=True)
-    parts, records, start = [], [], 0
-    for tokens, label in zip(sequences, labels, strict=True):
-        tokens = np.asarray(tokens, dtype=np.int32)
-        parts.append(tokens)
-        records.append((start, len(tokens), label))
-        start += len(tokens)
-    for name, array in (("tokens.npy", np.concatenate(parts) if parts else
-                         np.zeros(0, np.int32)),
-                        ("index.npy", np.array(records, dtype=TOKEN_INDEX_DTYPE))):
-        partial = dst / f".{name}.partial"
-        with open(partial, "wb") as handle:
-            np.save(handle, array, allow_pickle=False)
-        os.replace(partial, dst / name)
-    return len(records)
-
-
-class TokenDataset(Dataset):
-    """(token ids, label) from a folder written by `write_tokens`; maps lazily per worker."""
-
-    def __init__(self, root: Path | str):
-        self.root = Path(root)
-        for name in ("tokens.npy", "index.npy"):
-            if not (self.root / name).is_file():
-                raise DataError(f"{self.root} holds no token data ({name} is missing); write "
-                                "it with hpctrain.data.sequences.write_tokens")
-        index = np.load(self.root / "index.npy")
-        self.lengths = index["length"].astype(np.int64)
-        try:
-            stored = len(np.load(self.root / "tokens.npy", mmap_mode="r"))
-        except ValueError as err:  # numpy: the file is shorter than its header says
-            raise DataError(f"{self.root}/tokens.npy is truncated or damaged ({err}); write "
-                            "the token data again") from None
-        needed = int((index["start"] + index["length"]).max()) if len(index) else 0
-        if needed > stored:
-            raise DataError(f"{self.root}/tokens.npy holds {stored} tokens but index.npy "
-                            f"points up to {needed}: the two files do not belong together")
-        self._tokens = self._index = None
-
-    def __getstate__(self):
-        return {**self.__dict__, "_tokens": None, "_index": None}
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    def __getitem__(self, position: int) -> tuple[torch.Tensor, int]:
-        if self._tokens is None:
-            self._tokens = np.load(self.root / "tokens.npy", mmap_mode="r")
-            self._index = np.load(self.root / "index.npy", mmap_mode="r")
-        start, length, label = self._index[position]
-        tokens = self._tokens[int(start):int(start) + int(length)]
-        return torch.from_numpy(np.array(tokens)), int(label)
+from torch.utils.data import Sampler
 
 
 class LengthBucketSampler(Sampler[list[int]]):
