@@ -3,6 +3,7 @@ two-node Slurm cluster started by the suite (slurm_cluster.py), plus the generat
 
 import json
 import re
+import shutil
 import site
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from hpctrain.cluster.profiles import get_profile
 from hpctrain.cluster.sbatch import JobRequest, render
 from hpctrain.errors import ConfigError
 from hpctrain.train.checkpoint import list_checkpoints
+from hpctrain.train.safe_checkpoint import read_meta
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -276,6 +278,27 @@ def test_dry_run_prints_the_script_and_submits_nothing(run_cli, tiny, home, tmp_
     assert plan("default", tiny("run_name=dry"), 8, "2:00:00")[0].run_dir.name == "dry"
 
 
+def test_submit_with_resume_continues_that_run_from_that_checkpoint(run_cli, tiny, home,
+                                                                      tmp_path):
+    """`resume=` a checkpoint: the job lives in its run directory and starts from it; the
+    job's own continuations take the newest checkpoint (before, resume=auto overrode it and
+    the job started from scratch in a new folder)."""
+    checkpoint = tmp_path / "old-run" / "checkpoints" / "step_00000040"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "meta.json").write_text(json.dumps({"step": 40, "world_size": 1}))
+    request, script = plan("default", tiny(f"resume={checkpoint}"), 1, "10")
+    assert request.run_dir == tmp_path / "old-run"
+    assert f"[ $(( ${{SLURM_RESTART_COUNT:-0}} + ${{HPCTRAIN_RESTARTS:-0}} )) -eq 0 ] && " \
+        f"resume={checkpoint}" in script
+    assert "run_name=old-run" in script and script.count('"resume=$resume"') == 1
+    assert f"resume={checkpoint} " not in script.split("srun ", 1)[1]  # only via $resume
+    assert plan("default", tiny(f"resume={tmp_path / 'old-run'}"), 1, "10")[0].run_dir == \
+        tmp_path / "old-run"
+    code, _, err = run_cli("submit", "default", *tiny(f"resume={tmp_path}"), "--gpus", "1",
+                           "--time", "10", "--dry-run")
+    assert code == 2 and f"resume={tmp_path}: no checkpoint there" in err
+
+
 def final_weights(run_dir: Path) -> dict:
     from hpctrain.train.checkpoint import read_checkpoint
 
@@ -370,17 +393,26 @@ def test_a_job_that_could_never_start_is_refused_with_the_fix(slurm_cluster, hom
 
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_the_default_recipe_on_two_nodes_reaches_the_single_process_accuracy(
-        slurm_cluster, home, tmp_path, default_shapes_cache):
-    """2 nodes x 2 tasks, gloo on CPU: the README's default run, submitted."""
-    job = submit("default", [f"output_dir={tmp_path / 'runs'}", "run_name=default-2x2",
+def test_a_single_process_default_run_resumed_on_two_nodes_finishes_at_its_accuracy(
+        slurm_cluster, home, tmp_path, default_shapes_cache, default_recipe_run):
+    """2 nodes x 2 tasks, gloo on CPU: the README's default run, stopped after epoch 6 on one
+    process, goes on as a submitted job over 4 processes on 2 nodes (the global batch, 128, is
+    split 4 x 32) and ends as accurate as the uninterrupted single-process run."""
+    _, single = default_recipe_run
+    copy = tmp_path / "runs" / "default-2x2"
+    shutil.copytree(Path(single["run_dir"]), copy)
+    sixth_epoch = list_checkpoints(copy / "checkpoints")[0]
+    assert read_meta(sixth_epoch)["step"] == 6 * single["steps"] // 8
+    job = submit("default", [f"output_dir={tmp_path / 'runs'}", f"resume={sixth_epoch}",
                              f"data.shapes.cache_dir={default_shapes_cache}",
                              "tensorboard=false"], gpus=4, nodes=2, time_limit="30",
                  cpus_per_gpu=2)  # the emulated nodes have 8 CPUs, not the profile's 2 x 8
-    assert job.wait(timeout=1200, poll=2) == "COMPLETED", job.logs(err=True)[-3000:]
-    summary = json.loads((job.run_dir / "summary.json").read_text())
+    assert job.wait(timeout=900, poll=2) == "COMPLETED", job.logs(err=True)[-3000:]
+    summary = json.loads((copy / "summary.json").read_text())
     assert (summary["world_size"], summary["global_batch_size"]) == (4, 128)
+    assert summary["steps"] == single["steps"]
     assert summary["best_val_accuracy"] >= 0.95, summary
+    assert abs(summary["final_val_accuracy"] - single["final_val_accuracy"]) < 0.02
 
 
 @pytest.mark.slurm

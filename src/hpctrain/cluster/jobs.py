@@ -229,10 +229,32 @@ def plan(recipe: str | None, overrides: list[str], gpus: int, time_limit: str,
     _check_places(name, options)
     run_name = config.run_name or name or f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = (Path(config.output_dir).expanduser() / run_name).absolute()
+    resume_from = None
+    if config.resume not in (None, "auto"):
+        run_dir, resume_from = _resumed_place(config.resume, bool(elements))
     request = JobRequest(gpus=gpus, time=time_limit, run_dir=run_dir, recipe=recipe,
-                         overrides=[o for o in overrides if not o.startswith("run_name=")],
-                         job_name=name, sweep=elements, **options)
+                         overrides=[o for o in overrides
+                                    if not o.startswith(("run_name=", "resume="))],
+                         job_name=name, sweep=elements, resume_from=resume_from, **options)
     return request, render(request, get_profile(cluster))
+
+
+def _resumed_place(resume: str, sweep: bool) -> tuple[Path, str | None]:
+    """(the run directory the job continues, the checkpoint its first start resumes from:
+    None for a run directory, whose newest checkpoint is taken), checked now rather than after
+    the queue. The job's own continuations take the newest checkpoint, as always."""
+    from hpctrain.train.checkpoint import META, list_checkpoints
+
+    if sweep:
+        raise ConfigError(f"resume={resume} with --sweep: a sweep's elements are new runs; "
+                          "submit the run to continue without --sweep")
+    target = Path(resume).expanduser().absolute()
+    if (target / META).is_file():  # one checkpoint folder: run_dir/checkpoints/step_N
+        return target.parent.parent, str(target)
+    if not list_checkpoints(target / "checkpoints"):
+        raise ConfigError(f"resume={resume}: no checkpoint there; give a run directory with "
+                          "checkpoints/ or one checkpoint folder (checkpoints/step_N)")
+    return target, None
 
 
 def _check_places(job_name: str | None, options: dict) -> None:

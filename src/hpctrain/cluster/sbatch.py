@@ -48,6 +48,7 @@ class JobRequest:
     extra_sbatch: list[str] = field(default_factory=list)
     max_requeues: int = 20
     sweep: list[list[str]] = field(default_factory=list)  # per array element: its overrides
+    resume_from: str | None = None  # a checkpoint the first start resumes (then: the newest)
 
 
 def time_seconds(text: str) -> int:
@@ -219,8 +220,16 @@ def _command(request: JobRequest, run_dir: Path, own_environment: bool) -> list[
             lines.append(f"    {index}) ELEMENT=({quoted}) ;;")
         lines += ["esac", ""]
         where = [f"output_dir={run_dir}"]
+    resume = ["resume=auto"]
+    if request.resume_from:  # this checkpoint on the first start; a continuation: the newest
+        lines += ["resume=auto",
+                  '[ $(( ${SLURM_RESTART_COUNT:-0} + ${HPCTRAIN_RESTARTS:-0} )) -eq 0 ] && '
+                  f'resume={shlex.quote(request.resume_from)}', ""]
+        resume = []
     command = " ".join(shlex.quote(str(a)) for a in [
-        *arguments, *where, "resume=auto", f"preemption.max_requeues={request.max_requeues}"])
+        *arguments, *where, *resume, f"preemption.max_requeues={request.max_requeues}"])
+    if request.resume_from:
+        command += ' "resume=$resume"'
     if request.sweep:
         command += ' "${ELEMENT[@]}" run_name="element-$SLURM_ARRAY_TASK_ID"'
     if request.sweep:  # an element continues alone, as a one-element array of the same index
