@@ -21,7 +21,8 @@ def test_registry_resolves_each_source_with_num_classes(name):
     ("torchvision:resnet51", "torchvision has no model 'resnet51'"),
     ("timm:resnett18", "timm has no model 'resnett18'"),
     ("hpctrain:big", "hpctrain has no model 'big'"),
-    ("keras:resnet50", "unknown source 'keras'"),
+    ("keras:resnet50", "keras:resnet50 does not import: ModuleNotFoundError: No module "
+     "named 'keras'; is it installed"),
 ])
 def test_unknown_models_are_explained(name, message):
     with pytest.raises(ConfigError, match=message):

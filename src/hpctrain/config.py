@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from hpctrain import user_code
 from hpctrain.errors import ConfigError
 
 Auto = Literal["auto"]
@@ -230,7 +231,9 @@ class TaskConfig(Section):
 
 class ModelConfig(Section):
     name: str = Field("hpctrain:resnet_small",
-                      description="torchvision:NAME, timm:NAME or hpctrain:NAME")
+                      description="torchvision:NAME, timm:NAME, hpctrain:NAME, hf:PATH, or "
+                      "your own factory: package.module:build or path/to/file.py:build (a "
+                      "relative path is read from the recipe's folder)")
     kwargs: dict[str, Any] = Field(default_factory=dict,
                                    description="extra keyword arguments for the constructor")
     activation_checkpointing: bool = False
@@ -498,14 +501,32 @@ def _explain(err: ValidationError, source: str) -> ConfigError:
     return ConfigError(f"invalid configuration ({source}):\n  " + "\n  ".join(lines))
 
 
+CODE_KEYS = ("model.name",)  # the recipe keys that may name user code (user_code.py)
+
+
+def _absolute_code_paths(tree: dict, folder: Path) -> None:
+    """A `file.py:name` in the recipe is read from the recipe's folder (on the command line,
+    from the current directory), and kept absolute from here on."""
+    for key in CODE_KEYS:
+        *parents, leaf = key.split(".")
+        section = tree
+        for part in parents:
+            section = section.get(part) if isinstance(section, dict) else None
+        if isinstance(section, dict) and isinstance(section.get(leaf), str):
+            section[leaf] = user_code.absolute(section[leaf], folder)
+
+
 def load_config(recipe: str | None = None, overrides: list[str] = ()) -> Config:
     """Resolve a recipe (path or shipped name, default 'default') plus overrides."""
     path = _recipe_path(recipe or "default")
     tree = read_yaml_mapping(path)
     tree.setdefault("name", path.stem)
+    _absolute_code_paths(tree, path.parent)
     overridden = set()
     for text in overrides:
         keys, value = parse_override(text)
+        if ".".join(keys) in CODE_KEYS and isinstance(value, str):
+            value = user_code.absolute(value, Path.cwd())
         _set_dotted(tree, keys, value, text)
         overridden.add(".".join(keys))
     if "train.batch_size" in overridden and "train.global_batch_size" not in overridden:

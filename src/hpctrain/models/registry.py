@@ -1,5 +1,6 @@
-"""Resolve a model name to a module: `torchvision:NAME`, `timm:NAME`, `hpctrain:NAME`, or
-`hf:PATH` (a transformers causal LM from a local config).
+"""Resolve a model name to a module: `torchvision:NAME`, `timm:NAME`, `hpctrain:NAME`,
+`hf:PATH` (a transformers causal LM from a local config), or the user's own factory
+(`package.module:build` or `path/to/file.py:build`, user_code.py).
 
 A bare name is looked up among the built-in nets first, then timm. Weights are never
 downloaded (compute nodes have no internet): models start from random initialisation.
@@ -12,6 +13,7 @@ import inspect
 
 from torch import nn
 
+from hpctrain import user_code
 from hpctrain.errors import ConfigError
 from hpctrain.models import gpt, huggingface, pointnet, small
 
@@ -47,7 +49,10 @@ def _wrong_kind(name: str, points: bool) -> ConfigError:
 def check_model_takes(name: str, kind: str) -> None:
     """A model for the data's kind (images, points; tokens are checked against the model's
     vocabulary when it is built), said before any data is read: the wrong one fails deep
-    inside the first forward pass."""
+    inside the first forward pass. User code is imported here, so that it fails early too."""
+    if user_code.is_code_reference(name):
+        user_code.load(name, "model.name")  # it imports; what it takes, its first batch tells
+        return
     if kind == "tokens":
         return
     if name.startswith("hf:"):
@@ -63,6 +68,25 @@ def _facts_taken(factory, facts: dict) -> dict:
     """The facts of the data (num_classes, vocab_size) that `factory` has a parameter for."""
     parameters = inspect.signature(factory).parameters
     return {k: v for k, v in facts.items() if k in parameters and v is not None}
+
+
+def user_model(name: str, num_classes: int | None, kwargs: dict, vocab_size: int | None,
+               image_sizes: tuple[int, ...]) -> nn.Module:
+    """The user's factory called with model.kwargs and the facts of the data it asks for by
+    parameter name: num_classes, vocab_size, image_size (when the run feeds one size)."""
+    factory = user_code.load(name, "model.name")
+    facts = {"num_classes": num_classes, "vocab_size": vocab_size}
+    if image_sizes:
+        if len(set(image_sizes)) > 1 and "image_size" in _facts_taken(factory, {"image_size": 0}):
+            raise ConfigError(f"model.name {name} takes one image_size, but this recipe feeds "
+                              f"it {sorted(set(image_sizes))} px (data.image_size, "
+                              "data.val_image_size, progressive resizing): use one size")
+        facts["image_size"] = image_sizes[0]
+    model = user_code.call_factory(factory, "model.name", name, facts, kwargs)
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"model.name {name} returned a {type(model).__name__}, not a "
+                          "torch.nn.Module: the factory must return the model itself")
+    return model
 
 
 def _sized_for(model_name: str, kwargs: dict, image_sizes: tuple[int, ...]) -> dict:
@@ -102,6 +126,8 @@ def build_model(name: str, num_classes: int | None, kwargs: dict | None = None,
                       "points" if points else "images")
     if name.startswith("hf:"):
         return huggingface.causal_lm(name[3:], kwargs)
+    if user_code.is_code_reference(name):
+        return user_model(name, num_classes, kwargs, vocab_size, image_sizes)
     source, _, model_name = name.rpartition(":")
     if source == "" and model_name in BUILTIN:
         source = "hpctrain"
@@ -125,22 +151,19 @@ def build_model(name: str, num_classes: int | None, kwargs: dict | None = None,
                 raise _unknown(source, model_name, known)
             return torchvision.models.get_model(model_name, weights=None,
                                                 num_classes=num_classes, **kwargs)
-        if source in ("timm", ""):
-            import timm
+        import timm  # timm:NAME, or a bare name that is not built in
 
-            if not timm.is_model(model_name):
-                raise _unknown("timm", model_name, timm.list_models())
-            sized = _sized_for(model_name, kwargs, image_sizes)
-            try:
-                return timm.create_model(model_name, pretrained=False,
-                                         num_classes=num_classes, **kwargs, **sized)
-            except (TypeError, ValueError, AssertionError, RuntimeError) as err:
-                if not sized:
-                    raise
-                raise ConfigError(f"model.name {name} takes images of one fixed size and "
-                                  f"cannot be built for {sized['img_size']} px ({err}); set "
-                                  f"data.image_size to the size it was made for") from None
+        if not timm.is_model(model_name):
+            raise _unknown("timm", model_name, timm.list_models())
+        sized = _sized_for(model_name, kwargs, image_sizes)
+        try:
+            return timm.create_model(model_name, pretrained=False,
+                                     num_classes=num_classes, **kwargs, **sized)
+        except (TypeError, ValueError, AssertionError, RuntimeError) as err:
+            if not sized:
+                raise
+            raise ConfigError(f"model.name {name} takes images of one fixed size and "
+                              f"cannot be built for {sized['img_size']} px ({err}); set "
+                              f"data.image_size to the size it was made for") from None
     except (TypeError, ValueError) as err:  # a bad entry in model.kwargs
         raise ConfigError(f"model.kwargs {kwargs} do not fit {name}: {err}") from None
-    raise ConfigError(f"model.name {name!r}: unknown source {source!r}; use torchvision:NAME, "
-                      f"timm:NAME, hpctrain:NAME (built-in: {', '.join(BUILTIN)}) or hf:PATH")
