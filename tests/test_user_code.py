@@ -4,6 +4,7 @@ the culprit named)."""
 
 from __future__ import annotations
 
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -138,3 +139,162 @@ def test_hpctrain_run_exits_2_naming_the_file(tmp_path, tiny, run_cli):
     assert code == 2
     assert "nets_exit.py:x does not import: ModuleNotFoundError: No module named " \
         "'no_such_dependency' (at nets_exit.py:2)" in err
+
+
+DATA = '''
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+
+class Stripes(Dataset):
+    """Class k: grey level 40 + 80 k; uint8 (H, W, 3) images, or float (3, H, W) ones."""
+
+    classes = ["two", "three", "four"]
+
+    def __init__(self, count, image_size, seed, floats=False):
+        self.count, self.size, self.seed, self.floats = count, image_size, seed, floats
+
+    def __len__(self):
+        return self.count
+
+    def __getitem__(self, index):
+        label = index % 3
+        image = np.full((self.size, self.size, 3), 40 + 80 * label, np.uint8)
+        if self.floats:
+            return torch.from_numpy(image).permute(2, 0, 1).float() / 255 - 0.5, label
+        return image, label
+
+
+def make(image_size, seed, count=96, floats=False):
+    return Stripes(count, image_size, seed, floats), Stripes(24, image_size, seed + 1, floats)
+
+
+def as_dict(image_size, seed):
+    train, val = make(image_size, seed)
+    return {"train": train, "val": val}
+
+
+class Clouds(Dataset):
+    classes = ["flat", "tall"]
+
+    def __len__(self):
+        return 32
+
+    def __getitem__(self, index):
+        points = torch.rand(64, 3, generator=torch.Generator().manual_seed(index))
+        points[:, 2] *= 0.1 if index % 2 == 0 else 3.0
+        return points, index % 2
+
+
+def clouds():
+    return Clouds(), Clouds()
+'''
+
+
+@pytest.mark.parametrize("factory, floats", [("make", False), ("as_dict", False),
+                                             ("make", True)])
+def test_a_dataset_factory_trains_with_hpctrain_run(tmp_path, tiny, run_cli, factory, floats):
+    """uint8 (H, W, 3) samples are normalised on the device; float (3, H, W) ones are taken as
+    they are; two DataLoader workers import the file."""
+    path = write(tmp_path, "stripes_data.py", DATA)
+    overrides = [o for o in tiny("run_name=stripes", "data.num_workers=2", "train.epochs=2")
+                 if not o.startswith("data.shapes")]
+    code, out, err = run_cli("run", "default", *overrides, f"data.dataset={path}:{factory}",
+                             *(["data.kwargs.floats=true"] if floats else []))
+    assert code == 0, err
+    summary = yaml.safe_load((tmp_path / "runs" / "stripes" / "summary.json").read_text())
+    assert "3 classes" in out and summary["steps"] == 2 * (96 // 16)
+    assert summary["final_val_accuracy"] > 0.5  # chance: 1/3
+
+
+def test_a_point_cloud_factory_trains_pointnet(tmp_path, tiny, run_cli):
+    path = write(tmp_path, "cloud_data.py", DATA)
+    overrides = [o for o in tiny("run_name=clouds", "train.batch_size=8")
+                 if not o.startswith(("data.shapes", "model.name"))]
+    code, out, err = run_cli("run", "default", *overrides, f"data.dataset={path}:clouds",
+                             "task=point_cloud_classification",
+                             "model.name=hpctrain:pointnet_small")
+    assert code == 0, err
+    summary = yaml.safe_load((tmp_path / "runs" / "clouds" / "summary.json").read_text())
+    assert summary["task"] == "point_cloud_classification" and "2 classes" in out
+
+
+BAD_DATA = DATA + '''
+def one():
+    return Stripes(8, 16, 0)
+
+
+def numbers():
+    return 5, 6
+
+
+def empty():
+    return Stripes(0, 16, 0), Stripes(4, 16, 0)
+
+
+class Unlabelled(Stripes):
+    classes = None
+
+
+def no_classes():
+    return Unlabelled(8, 16, 0), Unlabelled(8, 16, 0)
+
+
+class Grey(Stripes):
+    def __getitem__(self, index):
+        image, label = super().__getitem__(index)
+        return (image[:, :, 0] if index == 4 else image), label
+
+
+def grey():
+    return Grey(8, 16, 0), Grey(8, 16, 0)
+
+
+class Labelled(Stripes):
+    def __getitem__(self, index):
+        return super().__getitem__(index)[0], 7
+
+
+def big_labels():
+    return Labelled(8, 16, 0), Labelled(8, 16, 0)
+
+
+class Broken(Stripes):
+    def __getitem__(self, index):
+        raise FileNotFoundError(f"/data/img_{index}.png")
+
+
+def broken():
+    return Broken(8, 16, 0), Broken(8, 16, 0)
+
+
+def stream():
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            yield from ()
+    return Stream(), Stream()
+'''
+
+
+@pytest.mark.parametrize("factory, message", [
+    ("one", r"returned a Stripes; return the training and validation datasets"),
+    ("numbers", r"returned a int for train, not a map-style torch.utils.data.Dataset"),
+    ("empty", r"the train dataset of .*:empty is empty"),
+    ("no_classes", r"how many classes\? .* set data.num_classes=N"),
+    ("grey", r"train sample 4: its image is a ndarray of shape \(16, 16\) and dtype uint8; "
+             r"expected \(image, label\): a uint8 \(H, W, 3\) image"),
+    ("big_labels", r"train sample 0: its label is 7, outside 0..2 \(3 classes\)"),
+    ("broken", r"train sample 0 cannot be read: FileNotFoundError: /data/img_0.png "
+               r"\(at bad_data.py:\d+\)"),
+    ("stream", r"returned an IterableDataset for train"),
+])
+def test_a_dataset_that_does_not_fit_is_explained(tmp_path, tiny, run_cli, factory, message):
+    path = write(tmp_path, "bad_data.py", BAD_DATA)
+    code, _, err = run_cli("run", "default", *tiny(f"data.dataset={path}:{factory}"))
+    assert code == 2 and re.search(message, err), err
+
+
+def test_an_unknown_builtin_dataset_name_is_explained(run_cli):
+    code, _, err = run_cli("run", "default", "data.dataset=shape")
+    assert code == 2 and "did you mean 'shapes'?" in err and "path/to/file.py:make" in err

@@ -19,6 +19,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
@@ -155,9 +156,17 @@ class ProgressiveConfig(Section):
     multiple_of: int = Field(32, ge=1)
 
 
+BUILTIN_DATASETS = ("shapes", "imagefolder", "shards", "synthetic", "tokens", "arithmetic",
+                    "shapes3d", "modelnet")
+
+
 class DataConfig(Section):
-    dataset: Literal["shapes", "imagefolder", "shards", "synthetic", "tokens",
-                     "arithmetic", "shapes3d", "modelnet"] = "shapes"
+    dataset: str = Field("shapes", description=f"{', '.join(BUILTIN_DATASETS)}, or your own "
+                         "factory returning (train, val) Datasets: package.module:make or "
+                         "path/to/file.py:make (a relative path is read from the recipe's "
+                         "folder)")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="your dataset factory's "
+                                   "keyword arguments")
     path: str | None = Field(None, description="imagefolder: its root (with train/ and val/, "
                                                "or class folders and a val_fraction); shards: "
                                                "the folder written by hpctrain pack; tokens: "
@@ -192,9 +201,28 @@ class DataConfig(Section):
     points: PointsConfig = PointsConfig()
     shapes3d: Shapes3dConfig = Shapes3dConfig()
 
+    _kind_of_user_data: str = PrivateAttr("images")  # set by Config, from the task
+
+    @field_validator("dataset")
+    @classmethod
+    def _known_dataset(cls, value: str) -> str:
+        if value in BUILTIN_DATASETS or user_code.is_code_reference(value):
+            return value
+        hint = difflib.get_close_matches(value, BUILTIN_DATASETS, n=1)
+        raise ValueError(f"expected one of {', '.join(BUILTIN_DATASETS)}"
+                         + (f" (did you mean {hint[0]!r}?)" if hint else "")
+                         + ", or your own factory: package.module:make or path/to/file.py:make")
+
+    @property
+    def from_user_code(self) -> bool:
+        return user_code.is_code_reference(self.dataset)
+
     @property
     def kind(self) -> str:
-        """What the samples are: images, tokens or points."""
+        """What the samples are: images, tokens or points (your own data: what the task
+        learns from, images unless `task` says otherwise)."""
+        if self.from_user_code:
+            return self._kind_of_user_data
         if self.dataset in TOKEN_DATASETS:
             return "tokens"
         return "points" if self.dataset in POINT_DATASETS else "images"
@@ -382,6 +410,14 @@ class Config(Section):
     @model_validator(mode="after")
     def _task_fits_data(self):
         task = self.task.name
+        if self.data.from_user_code:
+            kind = {t: k for k, t in TASK_OF_DATA.items()}.get(task, "images")
+            if kind == "tokens":
+                raise ValueError(f"data.dataset={self.data.dataset}: your own datasets train "
+                                 "image and point-cloud classifiers so far; for language "
+                                 "modelling pack the text with hpctrain pack --tokens")
+            self.data._kind_of_user_data = kind
+            return self
         if task != "auto" and task != TASK_OF_DATA[self.data.kind]:
             raise ValueError(f"task {task} cannot learn from data.dataset={self.data.dataset} "
                              f"({self.data.kind}); use task=auto, or data that fits the task")
@@ -501,7 +537,7 @@ def _explain(err: ValidationError, source: str) -> ConfigError:
     return ConfigError(f"invalid configuration ({source}):\n  " + "\n  ".join(lines))
 
 
-CODE_KEYS = ("model.name",)  # the recipe keys that may name user code (user_code.py)
+CODE_KEYS = ("model.name", "data.dataset")  # the recipe keys that may name user code (user_code.py)
 
 
 def _absolute_code_paths(tree: dict, folder: Path) -> None:

@@ -39,7 +39,7 @@ def absolute(reference: str, folder: Path) -> str:
     return f"{(folder / target).resolve()}:{attribute}"
 
 
-def _why(err: BaseException) -> str:
+def why(err: BaseException) -> str:
     """The exception's last line and where in the user's code it was raised."""
     frames = [(f.filename, f.lineno) for f in traceback.extract_tb(err.__traceback__)
               if "importlib" not in f.filename and f.filename != __file__]
@@ -77,7 +77,7 @@ def _module_of(target: str, what: str, reference: str):
         if isinstance(err, ModuleNotFoundError) and err.name == name.split(".")[0]:
             hint = (f"; is it installed in this environment or on PYTHONPATH? (the model "
                     f"sources built in are {', '.join(s + ':' for s in MODEL_SOURCES)})")
-        raise ConfigError(f"{what}: {reference} does not import: {_why(err)}{hint}") from None
+        raise ConfigError(f"{what}: {reference} does not import: {why(err)}{hint}") from None
 
 
 def load(reference: str, what: str) -> Any:
@@ -109,4 +109,4 @@ def call_factory(factory, what: str, reference: str, facts: dict, kwargs: dict):
     try:
         return factory(**given, **kwargs)
     except (Exception, SystemExit) as err:
-        raise ConfigError(f"{what}: {reference}({arguments}) failed: {_why(err)}") from None
+        raise ConfigError(f"{what}: {reference}({arguments}) failed: {why(err)}") from None

@@ -35,6 +35,7 @@ from hpctrain.data.shapes import ensure_shapes
 from hpctrain.data.shapes3d import CLASSES as SHAPES3D_CLASSES
 from hpctrain.data.shapes3d import ensure_shapes3d
 from hpctrain.data.tokens import TokenBlocks, TokenDocuments, TokenPack, pad_documents
+from hpctrain.data.user_datasets import user_datasets
 from hpctrain.data.worker_signals import SignalSafeLoader
 from hpctrain.errors import DataError, DeviceError
 
@@ -116,6 +117,8 @@ def _image_folder_samples(root: Path, val_fraction: float | None, seed: int):
 
 
 def build_datasets(data: DataConfig, seed: int) -> tuple[Dataset, Dataset, int]:
+    if data.from_user_code:
+        return user_datasets(data, seed)
     if data.dataset == "synthetic":
         s = data.synthetic
         return (SyntheticDataset(s.num_train, s.num_classes, seed),
@@ -313,10 +316,12 @@ class DeviceBatcher:
 
     def __call__(self, images: torch.Tensor | EncodedBatch, labels: torch.Tensor):
         """NHWC uint8 (or an EncodedBatch, decoded here) in; NCHW float out (NHWC in memory,
-        which is channels_last)."""
+        which is channels_last). Float NCHW images (your own dataset's, already normalised)
+        are only moved and laid out."""
         if isinstance(images, EncodedBatch):
             images = decode_batch(images, self.device)
-        images = images.to(self.device, non_blocking=True).permute(0, 3, 1, 2)
+        images = images.to(self.device, non_blocking=True)
         labels = labels.to(self.device, non_blocking=True)
-        images = images.float().mul_(self.scale).sub_(self.shift)
+        if images.dtype == torch.uint8:
+            images = images.permute(0, 3, 1, 2).float().mul_(self.scale).sub_(self.shift)
         return images.contiguous(memory_format=self.memory_format), labels

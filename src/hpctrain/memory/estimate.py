@@ -169,7 +169,7 @@ def output_width(config: Config) -> tuple[int, str | None]:
             return 50304, f"vocabulary assumed 50,304 ({err})"
     if data.num_classes:
         return data.num_classes, None
-    if data.kind == "points":
+    if data.kind == "points" and not data.from_user_code:
         from hpctrain.data.loader import point_classes
 
         try:
