@@ -4,6 +4,7 @@ the culprit named)."""
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import textwrap
@@ -298,3 +299,57 @@ def test_a_dataset_that_does_not_fit_is_explained(tmp_path, tiny, run_cli, facto
 def test_an_unknown_builtin_dataset_name_is_explained(run_cli):
     code, _, err = run_cli("run", "default", "data.dataset=shape")
     assert code == 2 and "did you mean 'shapes'?" in err and "path/to/file.py:make" in err
+
+
+FOCAL = Path(__file__).resolve().parent.parent / "examples" / "csv_images" / "focal.py"
+
+
+def test_a_loss_and_metrics_of_your_own_are_trained_with_and_reported(tmp_path, tiny, run_cli):
+    code, _, err = run_cli("run", "default", *tiny("run_name=focal", "train.epochs=2"),
+                           f"task.loss={FOCAL}:focal_loss",
+                           f"task.metrics.top2={FOCAL}:top2_correct")
+    assert code == 0, err
+    records = [json.loads(line) for line in
+               (tmp_path / "runs" / "focal" / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert train and all(r["train_accuracy"] <= r["train_top2"] <= 1 for r in train)
+    assert evals and all(r["val_accuracy"] <= r["val_top2"] <= 1 for r in evals)
+
+
+def test_the_loss_of_your_own_is_the_one_trained_and_recorded(tmp_path, tiny, run_cli):
+    path = write(tmp_path, "shifted.py", """
+        import torch.nn.functional as F
+
+        def shifted(logits, targets):  # the same gradients as cross-entropy, 100 higher
+            return F.cross_entropy(logits, targets) + 100
+        """)
+    code, _, err = run_cli("run", "default", *tiny("run_name=shifted", f"task.loss={path}:shifted"))
+    assert code == 0, err
+    records = [json.loads(line) for line in
+               (tmp_path / "runs" / "shifted" / "metrics.jsonl").read_text().splitlines()]
+    assert all(100 < r["loss"] < 110 for r in records if r["kind"] == "train")
+
+
+def test_a_loss_that_is_not_one_number_is_explained(tmp_path, tiny, run_cli):
+    path = write(tmp_path, "losses.py", """
+        import torch.nn.functional as F
+
+        def per_sample(logits, targets):
+            return F.cross_entropy(logits, targets, reduction="none")
+        """)
+    code, _, err = run_cli("run", "default", *tiny(f"task.loss={path}:per_sample"))
+    assert code == 2
+    assert f"task.loss {path}:per_sample returned a tensor of shape (16,): return one number " \
+        "as a 0-d tensor" in err
+
+
+@pytest.mark.parametrize("override, message", [
+    ("task.loss=cross_entropy", "task.loss = 'cross_entropy': Value error, expected your own "
+     "function"),
+    ("task.metrics.accuracy=m.py:f", "metric name 'accuracy': use a Python identifier other "
+     "than loss, accuracy"),
+])
+def test_loss_and_metric_settings_are_checked(run_cli, override, message):
+    code, _, err = run_cli("run", "default", override)
+    assert code == 2 and message in err, err

@@ -255,6 +255,36 @@ class TaskConfig(Section):
                   "point_cloud_classification"] = Field(
         "auto", description="auto: from data.dataset (token data: language_modeling, point "
         "clouds: point_cloud_classification, images: image_classification)")
+    loss: str | None = Field(None, description="your own loss instead of the task's: "
+                             "module:fn or path/to/file.py:fn, fn(outputs, targets) -> a 0-d "
+                             "tensor")
+    metrics: dict[str, str] = Field(default_factory=dict, description="your own metrics: "
+                                    "name -> module:fn, fn(outputs, labels) -> the batch's "
+                                    "sum; reported per sample as name and val_name")
+
+    @field_validator("loss")
+    @classmethod
+    def _loss_is_code(cls, value):
+        if value is not None and not user_code.is_code_reference(value):
+            raise ValueError("expected your own function: package.module:fn or "
+                             "path/to/file.py:fn")
+        return value
+
+    @field_validator("metrics")
+    @classmethod
+    def _metrics_are_code(cls, value: dict):
+        for name, reference in value.items():
+            if not name.isidentifier() or name in RESERVED_METRICS:
+                raise ValueError(f"metric name {name!r}: use a Python identifier other than "
+                                 f"{', '.join(RESERVED_METRICS)}")
+            if not user_code.is_code_reference(reference):
+                raise ValueError(f"metric {name}: {reference!r} is not package.module:fn or "
+                                 "path/to/file.py:fn")
+        return value
+
+
+RESERVED_METRICS = ("loss", "accuracy", "perplexity", "padding_fraction", "answer_accuracy",
+                    "lr", "epoch", "step")
 
 
 class ModelConfig(Section):
@@ -537,7 +567,8 @@ def _explain(err: ValidationError, source: str) -> ConfigError:
     return ConfigError(f"invalid configuration ({source}):\n  " + "\n  ".join(lines))
 
 
-CODE_KEYS = ("model.name", "data.dataset")  # the recipe keys that may name user code (user_code.py)
+CODE_KEYS = ("model.name", "data.dataset", "task.loss", "task.metrics.*")  # may name user
+# code (user_code.py); ".*": every value of that mapping
 
 
 def _absolute_code_paths(tree: dict, folder: Path) -> None:
@@ -548,8 +579,11 @@ def _absolute_code_paths(tree: dict, folder: Path) -> None:
         section = tree
         for part in parents:
             section = section.get(part) if isinstance(section, dict) else None
-        if isinstance(section, dict) and isinstance(section.get(leaf), str):
-            section[leaf] = user_code.absolute(section[leaf], folder)
+        if not isinstance(section, dict):
+            continue
+        for name in (list(section) if leaf == "*" else [leaf]):
+            if isinstance(section.get(name), str):
+                section[name] = user_code.absolute(section[name], folder)
 
 
 def load_config(recipe: str | None = None, overrides: list[str] = ()) -> Config:
@@ -561,7 +595,8 @@ def load_config(recipe: str | None = None, overrides: list[str] = ()) -> Config:
     overridden = set()
     for text in overrides:
         keys, value = parse_override(text)
-        if ".".join(keys) in CODE_KEYS and isinstance(value, str):
+        if isinstance(value, str) and (".".join(keys) in CODE_KEYS or
+                                       ".".join(keys[:-1]) + ".*" in CODE_KEYS):
             value = user_code.absolute(value, Path.cwd())
         _set_dotted(tree, keys, value, text)
         overridden.add(".".join(keys))

@@ -30,6 +30,7 @@ from hpctrain.train.run_dir import RunPlace, resolve_run
 from hpctrain.train.system import SystemPlan, apply_global_switches, plan_system
 from hpctrain.train.tasks import (Task, check_vocabulary, image_classification,
                                   language_modeling, point_cloud_classification)
+from hpctrain.train.user_functions import with_user_functions
 
 
 @dataclass
@@ -140,7 +141,7 @@ def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
                         f"has {len(data.train_loader.dataset)}; lower train.batch_size, "
                         "train.global_batch_size or train.grad_accum_steps")
     total_steps = train_cfg.max_steps or math.ceil(train_cfg.epochs * steps_per_epoch)
-    task = _task(config, data, device, plan, batch_size)
+    task = with_user_functions(_task(config, data, device, plan, batch_size), config.task)
     optimizer = build_optimizer(model, config.optim, lr, device)
     scheduler = build_scheduler(optimizer, config.schedule, total_steps, steps_per_epoch)
     return Parts(

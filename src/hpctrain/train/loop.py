@@ -287,6 +287,7 @@ def _log_interval(parts: Parts, progress: Progress, metrics: RunningMetrics,
               "data_wait_fraction": data_wait}
     if "padding_fraction" in values:
         record["padding_fraction"] = values["padding_fraction"]
+    record.update({f"train_{name}": values[name] for name in parts.task.own_metrics})
     if len(per_rank) > 1:
         record["rank_step_seconds"] = [r[0] / steps for r in per_rank]
         record["rank_data_wait_fraction"] = [r[1] / r[0] if r[0] else 0.0 for r in per_rank]

@@ -51,6 +51,7 @@ class Task:
     loss: Callable[[torch.Tensor, Batch], torch.Tensor]
     sums: Callable[[torch.Tensor, Batch, torch.Tensor, bool], torch.Tensor]
     values: Callable[[dict], dict]
+    own_metrics: tuple[str, ...] = ()  # the recipe's task.metrics, recorded in training too
 
 
 # ---- image classification -------------------------------------------------------------------
