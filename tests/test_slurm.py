@@ -459,3 +459,46 @@ def test_extra_sbatch_takes_a_directive_that_starts_with_a_dash(run_cli, tiny, h
                              "--extra-sbatch", "--mail-type=END")
     assert code == 0, err
     assert "#SBATCH --mail-type=END\n" in out
+
+
+USER_MODEL = """
+from torch import nn
+
+def build(num_classes, width=4):
+    return nn.Sequential(nn.Conv2d(3, width, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(width, num_classes))
+"""
+
+
+def test_submit_checks_that_user_code_imports_and_runs_it_from_the_submit_directory(
+        run_cli, tiny, home, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "user_net.py").write_text(USER_MODEL)
+    code, out, err = run_cli("submit", "default", *tiny("run_name=mine"),
+                             "model.name=user_net.py:build", "--gpus", "1", "--time", "10",
+                             "--dry-run")
+    assert code == 0, err
+    assert f"#SBATCH --chdir={tmp_path}\n" in out
+    assert f"export PYTHONPATH={tmp_path}${{PYTHONPATH:+:$PYTHONPATH}}" in out
+    (tmp_path / "broken_net.py").write_text("import torch\nimport not_installed_here\n")
+    code, _, err = run_cli("submit", "default", *tiny("run_name=broken"),
+                           "model.name=broken_net.py:build", "--gpus", "1", "--time", "10",
+                           "--dry-run")
+    assert code == 2
+    assert "model.name: " in err and "broken_net.py:build does not import: " \
+        "ModuleNotFoundError: No module named 'not_installed_here' (at broken_net.py:2) " \
+        f"[checked at submission with {sys.executable}, the job's python]" in err
+
+
+@pytest.mark.slurm
+def test_a_job_trains_a_model_named_by_module_from_the_submit_directory(
+        slurm_cluster, home, tmp_path, monkeypatch, tiny):
+    (tmp_path / "userpkg").mkdir()
+    (tmp_path / "userpkg" / "__init__.py").write_text("")
+    (tmp_path / "userpkg" / "nets.py").write_text(USER_MODEL)
+    monkeypatch.chdir(tmp_path)
+    job = submit("default", tiny("run_name=usercode", "model.name=userpkg.nets:build",
+                                 "train.max_steps=4"), gpus=1, time_limit="10")
+    assert job.wait(timeout=240, poll=1) == "COMPLETED", job.logs(err=True)[-3000:]
+    summary = json.loads((job.run_dir / "summary.json").read_text())
+    assert summary["steps"] == 4 and "userpkg.nets:build" in job.logs()

@@ -353,3 +353,23 @@ def test_a_loss_that_is_not_one_number_is_explained(tmp_path, tiny, run_cli):
 def test_loss_and_metric_settings_are_checked(run_cli, override, message):
     code, _, err = run_cli("run", "default", override)
     assert code == 2 and message in err, err
+
+
+def test_bench_data_and_memory_take_your_own_model_and_data(tmp_path, tiny, run_cli):
+    data = write(tmp_path, "verb_data.py", DATA)
+    nets = write(tmp_path, "verb_nets.py", NETS)
+    own = [f"data.dataset={data}:make", f"model.name={nets}:SmallNet", "data.image_size=16",
+           "data.num_workers=0"]
+    code, out, err = run_cli("bench", "data", "default", *own, "train.batch_size=16",
+                             "--workers", "1", "--prefetch", "2", "--seconds", "0.3")
+    assert code == 0, err
+    assert re.search(r"^\s+1\s+2\s+[\d,]+\s+<- best", out, re.MULTILINE), out
+    # a training set smaller than one batch: before, the timing loop never ended
+    code, _, err = run_cli("bench", "data", "default", *own, "train.batch_size=128",
+                           "--workers", "1", "--seconds", "0.3")
+    assert code == 2 and "the training set has 96 samples, fewer than one batch of " \
+        "train.batch_size=128" in err
+    code, out, err = run_cli("memory", "default", *own, "device=cpu", "--gpu-memory", "8GiB",
+                             "--measure", "train.batch_size=8")
+    assert code == 0, err
+    assert "verb_nets.py:SmallNet" in out and "measured" in out

@@ -571,6 +571,23 @@ CODE_KEYS = ("model.name", "data.dataset", "task.loss", "task.metrics.*")  # may
 # code (user_code.py); ".*": every value of that mapping
 
 
+def code_references(config: "Config") -> list[tuple[str, str]]:
+    """(recipe key, reference) for every piece of user code the configuration names."""
+    tree, found = config.model_dump(), []
+    for key in CODE_KEYS:
+        *parents, leaf = key.split(".")
+        section = tree
+        for part in parents:
+            section = section.get(part) if isinstance(section, dict) else None
+        if not isinstance(section, dict):
+            continue
+        for name in (list(section) if leaf == "*" else [leaf]):
+            value = section.get(name)
+            if isinstance(value, str) and user_code.is_code_reference(value):
+                found.append((".".join([*parents, name]), value))
+    return found
+
+
 def _absolute_code_paths(tree: dict, folder: Path) -> None:
     """A `file.py:name` in the recipe is read from the recipe's folder (on the command line,
     from the current directory), and kept absolute from here on."""

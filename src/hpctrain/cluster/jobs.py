@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from pathlib import Path
 from hpctrain.cluster import slurm
 from hpctrain.cluster.profiles import Profile, get_profile
 from hpctrain.cluster.sbatch import LEDGER, JobRequest, layout, render
-from hpctrain.config import load_config, plain_name
+from hpctrain.config import code_references, load_config, plain_name
 from hpctrain.errors import ConfigError
 from hpctrain.readers import json_mapping
 
@@ -232,11 +233,42 @@ def plan(recipe: str | None, overrides: list[str], gpus: int, time_limit: str,
     resume_from = None
     if config.resume not in (None, "auto"):
         run_dir, resume_from = _resumed_place(config.resume, bool(elements))
+    references = code_references(config)
+    if references:
+        check_user_code(references, options.get("venv"))
     request = JobRequest(gpus=gpus, time=time_limit, run_dir=run_dir, recipe=recipe,
                          overrides=[o for o in overrides
                                     if not o.startswith(("run_name=", "resume="))],
-                         job_name=name, sweep=elements, resume_from=resume_from, **options)
+                         job_name=name, sweep=elements, resume_from=resume_from,
+                         workdir=Path.cwd(), user_code=bool(references), **options)
     return request, render(request, get_profile(cluster))
+
+
+_IMPORT_CHECK = """
+import json, sys
+from hpctrain.user_code import load
+for key, reference in json.loads(sys.argv[1]):
+    load(reference, key)
+"""
+
+
+def check_user_code(references: list[tuple[str, str]], venv: str | None) -> None:
+    """The user code the recipe names imports now, with the job's python (the --venv's, else
+    this one) from this directory, as the job will: a missing module or a syntax error is
+    exit 2 at submission, not a failed job after the queue."""
+    python = str(Path(venv).expanduser() / "bin" / "python") if venv else sys.executable
+    try:
+        done = subprocess.run([python, "-c", _IMPORT_CHECK, json.dumps(references)],
+                              capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        raise ConfigError(f"the user code of this recipe did not import within 10 minutes "
+                          f"({python})") from None
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines() or ["(no output)"]
+        message = next((line.removeprefix("hpctrain.errors.ConfigError: ") for line in
+                        reversed(lines) if "ConfigError" in line), lines[-1])
+        raise ConfigError(f"{message} [checked at submission with {python}, the job's "
+                          "python]")
 
 
 def _resumed_place(resume: str, sweep: bool) -> tuple[Path, str | None]:

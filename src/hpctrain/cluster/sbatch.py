@@ -49,6 +49,8 @@ class JobRequest:
     max_requeues: int = 20
     sweep: list[list[str]] = field(default_factory=list)  # per array element: its overrides
     resume_from: str | None = None  # a checkpoint the first start resumes (then: the newest)
+    workdir: Path | None = None  # where the job runs: the submit directory
+    user_code: bool = False  # the recipe names user code: the workdir goes on PYTHONPATH
 
 
 def time_seconds(text: str) -> int:
@@ -146,6 +148,8 @@ def render(request: JobRequest, profile: Profile) -> str:
         if value:
             directives.append((option, _safe(f"--{option}", value)))
     log = "slurm-%A_%a" if request.sweep else "slurm-%j"
+    if request.workdir:  # where relative paths and your modules are found, as at submission
+        directives.append(("chdir", _safe("the submit directory", request.workdir)))
     if request.sweep:
         directives.append(("array", f"0-{len(request.sweep) - 1}"))
     directives += [
@@ -213,6 +217,9 @@ def _command(request: JobRequest, run_dir: Path, own_environment: bool) -> list[
                  *request.overrides]
     where = [f"output_dir={run_dir.parent}", f"run_name={run_dir.name}"]
     lines = []
+    if request.user_code and request.workdir:  # package.module:fn from the submit directory
+        lines += [f"export PYTHONPATH={shlex.quote(str(request.workdir))}"
+                  "${PYTHONPATH:+:$PYTHONPATH}", ""]
     if request.sweep:  # one run directory per element, inside the sweep's directory
         lines.append('case "$SLURM_ARRAY_TASK_ID" in')
         for index, element in enumerate(request.sweep):

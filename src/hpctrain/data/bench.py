@@ -25,6 +25,8 @@ from hpctrain.data.loader import build_datasets, collate_for, token_datasets, us
 from hpctrain.data.sampling import EpochSampler
 from hpctrain.data.shard_dataset import ShardDataset, jpeg_decoder
 from hpctrain.data.tokens import pad_documents
+from hpctrain.errors import DataError
+from hpctrain.train.parallel import per_device_batch
 
 GOOD_ENOUGH = 0.95  # the smallest setting within 5 % of the best is the one to use
 HEADROOM = 1.2  # a loader less than 20 % faster than the model stalls it on a slow batch
@@ -71,6 +73,9 @@ def loader_rate(dataset, batch_size: int, image_size: int, workers: int, prefetc
                 seconds: float, seed: int = 0, collate_fn=None) -> float:
     """Images per second of a training DataLoader, timed from its first batch (worker start-up
     excluded) for `seconds`, over as many shuffled epochs as that takes."""
+    if len(dataset) < batch_size:  # no whole batch: the epochs below would never end
+        raise DataError(f"the training set has {len(dataset)} samples, fewer than one batch "
+                        f"of train.batch_size={batch_size}; lower the batch size")
     sampler = EpochSampler(len(dataset), image_size, shuffle=True, seed=seed)
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
                         prefetch_factor=prefetch if workers else None, drop_last=True,
@@ -141,7 +146,7 @@ def bench_data(recipe: str | None, overrides: list[str], workers: list[int] | No
     unit = {"tokens": config.data.tokens.batching[:-1], "points": "cloud"}.get(
         config.data.kind, "image")
     cores = max(1, usable_cpus() // processes_per_node)
-    batch = config.train.batch_size
+    batch = per_device_batch(config, 1)[0]  # one process's micro-batch (global_batch_size)
     report = DataBench(
         recipe=config.name, dataset=config.data.dataset,
         unit=unit, batch_size=batch,
