@@ -571,36 +571,31 @@ CODE_KEYS = ("model.name", "data.dataset", "task.loss", "task.metrics.*")  # may
 # code (user_code.py); ".*": every value of that mapping
 
 
-def code_references(config: "Config") -> list[tuple[str, str]]:
-    """(recipe key, reference) for every piece of user code the configuration names."""
-    tree, found = config.model_dump(), []
+def _code_slots(tree: dict):
+    """(section, name, recipe key) of every CODE_KEYS place in a recipe's tree."""
     for key in CODE_KEYS:
         *parents, leaf = key.split(".")
         section = tree
         for part in parents:
             section = section.get(part) if isinstance(section, dict) else None
-        if not isinstance(section, dict):
-            continue
-        for name in (list(section) if leaf == "*" else [leaf]):
-            value = section.get(name)
-            if isinstance(value, str) and user_code.is_code_reference(value):
-                found.append((".".join([*parents, name]), value))
-    return found
+        if isinstance(section, dict):
+            for name in (list(section) if leaf == "*" else [leaf]):
+                yield section, name, ".".join([*parents, name])
+
+
+def code_references(config: "Config") -> list[tuple[str, str]]:
+    """(recipe key, reference) for every piece of user code the configuration names."""
+    return [(key, section[name]) for section, name, key in _code_slots(config.model_dump())
+            if isinstance(section.get(name), str) and
+            user_code.is_code_reference(section[name])]
 
 
 def _absolute_code_paths(tree: dict, folder: Path) -> None:
     """A `file.py:name` in the recipe is read from the recipe's folder (on the command line,
     from the current directory), and kept absolute from here on."""
-    for key in CODE_KEYS:
-        *parents, leaf = key.split(".")
-        section = tree
-        for part in parents:
-            section = section.get(part) if isinstance(section, dict) else None
-        if not isinstance(section, dict):
-            continue
-        for name in (list(section) if leaf == "*" else [leaf]):
-            if isinstance(section.get(name), str):
-                section[name] = user_code.absolute(section[name], folder)
+    for section, name, _ in _code_slots(tree):
+        if isinstance(section.get(name), str):
+            section[name] = user_code.absolute(section[name], folder)
 
 
 def load_config(recipe: str | None = None, overrides: list[str] = ()) -> Config:
