@@ -246,6 +246,7 @@ TOKEN_DATASETS = ("tokens", "arithmetic")
 POINT_DATASETS = ("shapes3d", "modelnet")
 TASK_OF_DATA = {"images": "image_classification", "tokens": "language_modeling",
                 "points": "point_cloud_classification"}
+KIND_OF_TASK = {task: kind for kind, task in TASK_OF_DATA.items()}
 
 
 class TaskConfig(Section):
@@ -441,7 +442,7 @@ class Config(Section):
     def _task_fits_data(self):
         task = self.task.name
         if self.data.from_user_code:
-            kind = {t: k for k, t in TASK_OF_DATA.items()}.get(task, "images")
+            kind = KIND_OF_TASK.get(task, "images")
             if kind == "tokens":
                 raise ValueError(f"data.dataset={self.data.dataset}: your own datasets train "
                                  "image and point-cloud classifiers so far; for language "

@@ -95,16 +95,21 @@ def load(reference: str, what: str) -> Any:
     return value
 
 
-def call_factory(factory, what: str, reference: str, facts: dict, kwargs: dict):
-    """`factory(**the facts it has a parameter for, **kwargs)`: facts of the data such as
-    num_classes, asked for by name. An exception it raises becomes a ConfigError naming the
-    recipe key, the arguments, the exception's last line and where it was raised."""
+def facts_taken(factory, facts: dict) -> dict:
+    """The facts of the data (num_classes, image_size, ...) that `factory` names as parameters
+    and that are known (not None)."""
     try:
         parameters = inspect.signature(factory).parameters
     except (TypeError, ValueError):  # a builtin without a signature: kwargs only
-        parameters = {}
-    given = {k: v for k, v in facts.items() if k in parameters and v is not None
-             and k not in kwargs}
+        return {}
+    return {k: v for k, v in facts.items() if k in parameters and v is not None}
+
+
+def call_factory(factory, what: str, reference: str, facts: dict, kwargs: dict):
+    """`factory(**the facts it names, **kwargs)`. An exception it raises becomes a
+    ConfigError naming the recipe key, the arguments, the exception's last line and where it
+    was raised."""
+    given = {k: v for k, v in facts_taken(factory, facts).items() if k not in kwargs}
     arguments = ", ".join(f"{k}={v!r}" for k, v in {**given, **kwargs}.items())
     try:
         return factory(**given, **kwargs)

@@ -9,7 +9,6 @@ downloaded (compute nodes have no internet): models start from random initialisa
 from __future__ import annotations
 
 import difflib
-import inspect
 
 from torch import nn
 
@@ -64,12 +63,6 @@ def check_model_takes(name: str, kind: str) -> None:
         raise _wrong_kind(name, kind == "points")
 
 
-def _facts_taken(factory, facts: dict) -> dict:
-    """The facts of the data (num_classes, vocab_size) that `factory` has a parameter for."""
-    parameters = inspect.signature(factory).parameters
-    return {k: v for k, v in facts.items() if k in parameters and v is not None}
-
-
 def user_model(name: str, num_classes: int | None, kwargs: dict, vocab_size: int | None,
                image_sizes: tuple[int, ...]) -> nn.Module:
     """The user's factory called with model.kwargs and the facts of the data it asks for by
@@ -77,7 +70,7 @@ def user_model(name: str, num_classes: int | None, kwargs: dict, vocab_size: int
     factory = user_code.load(name, "model.name")
     facts = {"num_classes": num_classes, "vocab_size": vocab_size}
     if image_sizes:
-        if len(set(image_sizes)) > 1 and "image_size" in _facts_taken(factory, {"image_size": 0}):
+        if len(set(image_sizes)) > 1 and user_code.facts_taken(factory, {"image_size": 0}):
             raise ConfigError(f"model.name {name} takes one image_size, but this recipe feeds "
                               f"it {sorted(set(image_sizes))} px (data.image_size, "
                               "data.val_image_size, progressive resizing): use one size")
@@ -136,8 +129,8 @@ def build_model(name: str, num_classes: int | None, kwargs: dict | None = None,
             if model_name not in BUILTIN:
                 raise _unknown(source, model_name, list(BUILTIN))
             factory = BUILTIN[model_name]
-            facts = _facts_taken(factory, {"num_classes": num_classes,
-                                           "vocab_size": vocab_size})
+            facts = user_code.facts_taken(factory, {"num_classes": num_classes,
+                                                    "vocab_size": vocab_size})
             if vocab_size is not None and "vocab_size" not in facts:
                 raise _not_for_tokens(name)
             return factory(**{**facts, **kwargs})

@@ -92,7 +92,7 @@ def point_cloud_classification(device: torch.device, augment, up_axis: int,
     """Top-1 accuracy over clouds (batch, points, 3), perturbed on the device in training
     (data.points). A model that returns (logits, regulariser) while training, as PointNet does
     with its feature transform's, has the regulariser added to the loss."""
-    hard = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
+    criterion = with_regulariser(nn.CrossEntropyLoss(label_smoothing=label_smoothing))
 
     def to_device(batch, training: bool) -> Batch:
         points, labels = (t.to(device, non_blocking=True) for t in batch)
@@ -101,7 +101,7 @@ def point_cloud_classification(device: torch.device, augment, up_axis: int,
         return Batch(points, labels, labels)
 
     def loss(outputs, batch: Batch) -> torch.Tensor:
-        return with_regulariser(hard)(outputs, batch.targets)
+        return criterion(outputs, batch.targets)
 
     def sums(outputs, batch: Batch, loss, training: bool) -> torch.Tensor:
         return top1_sums(logits_of(outputs), batch, loss, training)
