@@ -1,3 +1,16 @@
-"""hpctrain: train deep-learning models on GPU supercomputers, fast and explained."""
+"""hpctrain: train deep-learning models on GPU supercomputers, fast and explained.
+
+From Python: `hpctrain.fit(model, train_data, val_data)` and `hpctrain.load_config(...)`
+(api.py); they are imported on first use, so that the command line starts without torch.
+"""
 
 __version__ = "0.1.0"
+__all__ = ["fit", "load_config"]
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        from hpctrain import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'hpctrain' has no attribute {name!r}")

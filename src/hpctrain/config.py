@@ -599,23 +599,50 @@ def _absolute_code_paths(tree: dict, folder: Path) -> None:
             section[name] = user_code.absolute(section[name], folder)
 
 
-def load_config(recipe: str | None = None, overrides: list[str] = ()) -> Config:
-    """Resolve a recipe (path or shipped name, default 'default') plus overrides."""
-    path = _recipe_path(recipe or "default")
+def load_config(recipe: str | Path | None = None, overrides: list[str] = (),
+                settings: dict | None = None) -> Config:
+    """Resolve a recipe (path or shipped name, default 'default'), then `settings` (Python
+    values, nested {"train": {"epochs": 3}} or dotted {"train.epochs": 3}), then overrides
+    (`key=value` text, as on the command line): the later wins."""
+    path = _recipe_path(str(recipe or "default"))
     tree = read_yaml_mapping(path)
     tree.setdefault("name", path.stem)
     _absolute_code_paths(tree, path.parent)
-    overridden = set()
-    for text in overrides:
-        keys, value = parse_override(text)
+    changes = _settings(settings) + [(*parse_override(text), text) for text in overrides]
+    return _validated(tree, changes, f"recipe {path}")
+
+
+def from_defaults(overrides: list[str] = (), settings: dict | None = None) -> Config:
+    """hpctrain's defaults (the fields' own, no recipe), then settings and overrides as for
+    load_config: the base of a script that brings its own model and data."""
+    changes = _settings(settings) + [(*parse_override(text), text) for text in overrides]
+    return _validated({}, changes, "hpctrain's defaults")
+
+
+def with_settings(config: Config, settings: dict) -> Config:
+    """`config` with `settings` (as for load_config) applied and validated again."""
+    return _validated(config.model_dump(mode="json"), _settings(settings), "the configuration")
+
+
+def _settings(settings: dict | None) -> list[tuple[list[str], Any, str]]:
+    return [(key.split("."), value, f"{key}={value!r}")
+            for key, value in flatten(settings or {}).items()]
+
+
+def _validated(tree: dict, changes: list[tuple[list[str], Any, str]], source: str) -> Config:
+    """`tree` with the changes (keys, value, as told) applied, as a Config. A file path that
+    names user code is read from the current directory; a per-device train.batch_size
+    replaces the recipe's global one."""
+    for keys, value, text in changes:
         if isinstance(value, str) and (".".join(keys) in CODE_KEYS or
                                        ".".join(keys[:-1]) + ".*" in CODE_KEYS):
             value = user_code.absolute(value, Path.cwd())
         _set_dotted(tree, keys, value, text)
-        overridden.add(".".join(keys))
-    if "train.batch_size" in overridden and "train.global_batch_size" not in overridden:
+    changed = {".".join(keys) for keys, _, _ in changes}
+    if "train.batch_size" in changed and "train.global_batch_size" not in changed:
         tree.get("train", {}).pop("global_batch_size", None)  # the per-device batch asked for
-    source = f"recipe {path}" + (f" with overrides {' '.join(overrides)}" if overrides else "")
+    if changes:
+        source += " with overrides " + " ".join(text for _, _, text in changes)
     try:
         return Config.model_validate(tree)
     except ValidationError as err:

@@ -7,6 +7,9 @@ forkserver children; fork inherits it) and torchrun children (which load the rec
 then import it the same way, and what it defines pickles by reference. A relative file path is
 made absolute when the recipe is loaded (config.absolute_code_paths), so the run directory's
 config.yaml, torchrun children and Slurm jobs all name the same file.
+
+`given:NAME` names an object handed to `hpctrain.fit` in this process (api.py): the run's
+config.yaml records what it was, but only the script that made it can make it again.
 """
 
 from __future__ import annotations
@@ -22,6 +25,18 @@ from typing import Any
 from hpctrain.errors import ConfigError
 
 MODEL_SOURCES = ("torchvision", "timm", "hpctrain", "hf")
+GIVEN = "given"
+_given: dict[str, Any] = {}  # reference -> a factory of what was handed to hpctrain.fit
+
+
+def given(label: str) -> str:
+    """The reference `given:label` of an object handed to hpctrain.fit."""
+    return f"{GIVEN}:{label}"
+
+
+def give(reference: str, factory) -> None:
+    """From now on in this process, `load(reference)` is `factory`."""
+    _given[reference] = factory
 
 
 def is_code_reference(name: str) -> bool:
@@ -84,6 +99,13 @@ def load(reference: str, what: str) -> Any:
     """The object `reference` names; ConfigError naming `what` (the recipe key) when its
     module does not import or has no such attribute."""
     target, _, attribute = reference.rpartition(":")
+    if target == GIVEN:
+        if reference not in _given:
+            raise ConfigError(f"{what}: {reference} was handed to hpctrain.fit() by the "
+                              "script that made this run, and only that script can make it "
+                              "again: run the script (with resume=auto to continue the run), "
+                              "or name a factory (package.module:build, path/to/file.py:build)")
+        return _given[reference]
     value = _module_of(target, what, reference)
     for part in attribute.split("."):
         if not hasattr(value, part):

@@ -93,7 +93,7 @@ def image_sizes(data: DataConfig) -> tuple[int, ...]:
                          data.val_image_size or data.image_size}))
 
 
-def _split(samples: list, fraction: float, seed: int) -> tuple[list, list]:
+def hold_out(samples: list, fraction: float, seed: int) -> tuple[list, list]:
     order = list(range(len(samples)))
     random.Random(seed).shuffle(order)
     n_val = max(1, round(len(samples) * fraction))
@@ -113,7 +113,7 @@ def _image_folder_samples(root: Path, val_fraction: float | None, seed: int):
                             "data.val_fraction=0.1 to hold out part of train/")
         raise DataError(f"data.path: {root} has no train/ and val/ folders; set "
                         "data.val_fraction=0.1 to hold out part of it for validation")
-    return (len(classes), *_split(splits["train"], val_fraction, seed))
+    return (len(classes), *hold_out(splits["train"], val_fraction, seed))
 
 
 def build_datasets(data: DataConfig, seed: int) -> tuple[Dataset, Dataset, int]:
@@ -155,7 +155,7 @@ def _shard_datasets(data: DataConfig, seed: int) -> tuple[Dataset, Dataset, int]
         raise DataError(f"data.path: pack {packed.root} has no val split; set "
                         "data.val_fraction=0.1 to hold out part of train, or pack a source "
                         "with train/ and val/")
-    train_rows, val_rows = _split(list(range(len(train.index))), data.val_fraction, seed)
+    train_rows, val_rows = hold_out(list(range(len(train.index))), data.val_fraction, seed)
     return (make(train, np.array(train_rows), True), make(train, np.array(val_rows), False),
             len(packed.classes))
 

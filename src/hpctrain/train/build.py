@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from hpctrain import user_code
 from hpctrain.cluster.environment import ProcessEnv, detect
 from hpctrain.cluster.job import job_end_time
 from hpctrain.config import Config
@@ -129,6 +130,8 @@ def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
     model = parallel.convert_batchnorm(model, config, strategy)
     memory_format = torch.channels_last if plan.channels_last else torch.preserve_format
     model = model.to(device=device, memory_format=memory_format)
+    if user_code.is_code_reference(config.model.name):  # hpctrain's own are seeded alike
+        distributed.same_weights(model)
     wrapped = parallel.wrap_model(model, distributed, config, device, plan.precision)
     forward = torch.compile(wrapped, mode=config.compile_mode) if plan.compile else wrapped
 

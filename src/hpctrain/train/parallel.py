@@ -93,6 +93,14 @@ class Distributed:
             for buffer in model.buffers():
                 dist.broadcast(buffer, src=0)
 
+    def same_weights(self, model: nn.Module) -> None:
+        """FSDP: rank 0's parameters and buffers on every rank before sharding (DDP does it
+        itself). A user's model or factory may draw its initial weights without a common
+        seed; each rank would then keep a shard of a different initialisation."""
+        if self.active and self.strategy == "fsdp":
+            for tensor in [*model.parameters(), *model.buffers()]:
+                dist.broadcast(tensor.data, src=0)
+
     def barrier(self) -> None:
         if self.active:
             dist.barrier(group=self.control)

@@ -1,0 +1,133 @@
+"""hpctrain from Python: `hpctrain.fit(model, train_data, val_data)` in a script or a notebook.
+
+fit trains on the same engine as `hpctrain run` and writes the same run directory; the model
+and datasets you hand it take the place of `model.name` and `data.dataset` (the run's
+config.yaml records them as `given:ClassName`). The script is the entry point under torchrun
+and srun: every process runs it, builds its own model and datasets, and fit finds its rank from
+the launcher (DDP/FSDP as configured). A preemption signal or the time limit saves a
+checkpoint and ends the process with exit status 75, as `hpctrain run` does; the same command
+with `resume=auto` continues the run.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import threading
+import time
+from pathlib import Path
+
+from torch import nn
+from torch.utils.data import Dataset
+
+from hpctrain import config as configuration
+from hpctrain import user_code
+from hpctrain.config import Config
+from hpctrain.errors import ConfigError, Preempted
+
+
+def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
+                **settings) -> Config:
+    """The typed configuration: a recipe (a shipped name or a .yaml path; none: hpctrain's
+    defaults, the fields' own, named after the running script), then `settings` as keyword
+    arguments (sections as dicts, `train={"epochs": 3}`, or dotted keys,
+    `**{"train.epochs": 3}`), then `overrides`, `key=value` strings as on the command line
+    (`sys.argv[1:]`), which win."""
+    if isinstance(overrides, str):
+        raise ConfigError(f"overrides: give a list of key=value strings, not the string "
+                          f"{overrides!r}")
+    if recipe is not None:
+        return configuration.load_config(recipe, list(overrides), settings)
+    return configuration.from_defaults(list(overrides), {"name": _script_name(), **settings})
+
+
+def _script_name() -> str:
+    """The running script's name (`train_cifar` for train_cifar.py): a run made by fit is
+    continued by resume=auto from the same script, not from another one; `fit` in a notebook."""
+    script = getattr(sys.modules.get("__main__"), "__file__", None)
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(script).stem).strip(".-") if script else ""
+    return stem or "fit"
+
+
+def fit(model: nn.Module, train_data: Dataset, val_data: Dataset | None = None,
+        config: Config | str | Path | None = None, **overrides) -> dict | None:
+    """Train `model` on `train_data`, evaluating on `val_data`; the run's summary (as in
+    summary.json) on rank 0, None on the other ranks.
+
+    `config`: a Config (`hpctrain.load_config`), a recipe name or path, or None for
+    hpctrain's defaults (not the shapes recipe `hpctrain run` trains); `overrides` as keyword arguments, as for load_config
+    (`fit(model, data, precision="bf16", train={"epochs": 3})`). The samples are those a
+    recipe's `data.dataset` factory returns (data/user_datasets.py): (uint8 HWC or normalised
+    float CHW image, label) or ((N, 3) points, label); the number of classes is
+    `data.num_classes` or the dataset's `classes`/`num_classes`. Without `val_data`,
+    data.val_fraction (0.1 when unset) of `train_data` is held out for validation, the same
+    samples on every rank and every restart.
+
+    Raises a UserError (ConfigError, DataError, ...; `.exit_code` as the command line's) for
+    bad input, and SystemExit(75) when a stop signal or the time limit saved the run early.
+    """
+    started = time.perf_counter()
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"fit(model=...): a torch.nn.Module, not a {type(model).__name__}")
+    for what, data in (("train_data", train_data), ("val_data", val_data)):
+        if data is not None and not hasattr(data, "__getitem__"):
+            raise ConfigError(f"fit({what}=...): a torch.utils.data.Dataset, not a "
+                              f"{type(data).__name__}")
+    references = {"model.name": user_code.given(type(model).__name__),
+                  "data.dataset": user_code.given(type(train_data).__name__),
+                  "model.kwargs": {}, "data.kwargs": {}}  # nothing to pass them to
+    settings = {**overrides, **references}
+    config = configuration.with_settings(config, settings) if isinstance(config, Config) \
+        else load_config(config, **settings)
+    if val_data is None:
+        train_data, val_data = _held_out(train_data, config)
+    user_code.give(references["model.name"], lambda: model)
+    user_code.give(references["data.dataset"], lambda: (train_data, val_data))
+    return _train(config, started)
+
+
+class _Part(Dataset):
+    """Some samples of a dataset, keeping what says its number of classes."""
+
+    def __init__(self, dataset: Dataset, indices: list[int]):
+        self.dataset, self.indices = dataset, indices
+        for attribute in ("classes", "num_classes"):
+            if hasattr(dataset, attribute):
+                setattr(self, attribute, getattr(dataset, attribute))
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, index):
+        return self.dataset[self.indices[index]]
+
+
+def _held_out(train_data: Dataset, config: Config) -> tuple[Dataset, Dataset]:
+    from hpctrain.data.loader import hold_out
+
+    fraction = config.data.val_fraction or 0.1
+    train, val = hold_out(list(range(len(train_data))), fraction, config.seed)
+    return _Part(train_data, train), _Part(train_data, val)
+
+
+def _train(config: Config, started: float) -> dict | None:
+    from hpctrain.train.loop import train
+    from hpctrain.train.preemption import catch_early, release_early
+    from hpctrain.train.telemetry import print_summary
+
+    listening = threading.current_thread() is threading.main_thread()  # signals: main only
+    if listening:
+        catch_early()
+    try:
+        summary = train(config, started=started)
+    except Preempted as stop:
+        if not stop.quiet:
+            print(f"hpctrain: {stop} Run the same command again with resume=auto to continue; "
+                  f"exit status {stop.exit_code} means 'requeue me'.", file=sys.stderr)
+        raise SystemExit(stop.exit_code) from None
+    finally:
+        if listening:
+            release_early()
+    if summary is not None:
+        print_summary(summary, summary["run_dir"])
+    return summary
