@@ -143,6 +143,8 @@ def test_hpctrain_run_exits_2_naming_the_file(tmp_path, tiny, run_cli):
 
 
 DATA = '''
+import os
+
 import numpy as np
 import torch
 from torch.utils.data import Dataset
@@ -153,8 +155,14 @@ class Stripes(Dataset):
 
     classes = ["two", "three", "four"]
 
-    def __init__(self, count, image_size, seed, floats=False):
+    def __init__(self, count, image_size, seed, floats=False, mark=None):
         self.count, self.size, self.seed, self.floats = count, image_size, seed, floats
+        self.mark = mark
+
+    def __setstate__(self, state):  # in a worker started by spawn or forkserver, not fork
+        self.__dict__.update(state)
+        if self.mark:
+            open(f"{self.mark}/unpickled-{os.getpid()}", "w").close()
 
     def __len__(self):
         return self.count
@@ -167,12 +175,13 @@ class Stripes(Dataset):
         return image, label
 
 
-def make(image_size, seed, count=96, floats=False):
-    return Stripes(count, image_size, seed, floats), Stripes(24, image_size, seed + 1, floats)
+def make(image_size, seed, count=96, floats=False, mark=None):
+    return (Stripes(count, image_size, seed, floats, mark),
+            Stripes(24, image_size, seed + 1, floats, mark))
 
 
-def as_dict(image_size, seed):
-    train, val = make(image_size, seed)
+def as_dict(image_size, seed, mark=None):
+    train, val = make(image_size, seed, mark=mark)
     return {"train": train, "val": val}
 
 
@@ -193,20 +202,27 @@ def clouds():
 '''
 
 
-@pytest.mark.parametrize("factory, floats", [("make", False), ("as_dict", False),
-                                             ("make", True)])
-def test_a_dataset_factory_trains_with_hpctrain_run(tmp_path, tiny, run_cli, factory, floats):
+@pytest.mark.parametrize("factory, floats, start", [
+    ("make", False, "spawn"), ("as_dict", False, "forkserver"), ("make", True, "fork")])
+def test_a_dataset_factory_trains_with_hpctrain_run(tmp_path, tiny, run_cli, factory, floats,
+                                                    start):
     """uint8 (H, W, 3) samples are normalised on the device; float (3, H, W) ones are taken as
-    they are; two DataLoader workers import the file."""
+    they are; two DataLoader workers import the file, forked, spawned or from a forkserver."""
     path = write(tmp_path, "stripes_data.py", DATA)
-    overrides = [o for o in tiny("run_name=stripes", "data.num_workers=2", "train.epochs=2")
+    overrides = [o for o in tiny("run_name=stripes", "data.num_workers=2", "train.epochs=2",
+                                 f"data.worker_start={start}")
                  if not o.startswith("data.shapes")]
+    marks = tmp_path / "marks"
+    marks.mkdir()
     code, out, err = run_cli("run", "default", *overrides, f"data.dataset={path}:{factory}",
+                             f"data.kwargs.mark={marks}",
                              *(["data.kwargs.floats=true"] if floats else []))
     assert code == 0, err
     summary = yaml.safe_load((tmp_path / "runs" / "stripes" / "summary.json").read_text())
     assert "3 classes" in out and summary["steps"] == 2 * (96 // 16)
     assert summary["final_val_accuracy"] > 0.5  # chance: 1/3
+    workers = {mark.name for mark in marks.iterdir()}
+    assert len(workers) == (0 if start == "fork" else 4)  # 2 for train, 2 for val
 
 
 def test_a_point_cloud_factory_trains_pointnet(tmp_path, tiny, run_cli):

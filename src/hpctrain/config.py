@@ -190,6 +190,9 @@ class DataConfig(Section):
     num_workers: int | Auto = "auto"
     prefetch_factor: int = Field(4, ge=1)
     persistent_workers: bool = True
+    worker_start: Literal["auto", "fork", "forkserver", "spawn"] = Field(
+        "auto", description="how DataLoader workers start; auto: Python's default (fork on "
+        "Linux before 3.14), spawn or forkserver for code that must not be forked")
     pin_memory: bool | Auto = "auto"
     on_bad_image: Literal["skip", "fail"] = "skip"
     augment: AugmentConfig = AugmentConfig()

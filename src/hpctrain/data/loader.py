@@ -234,6 +234,8 @@ def build_data(data: DataConfig, batch_size: int, seed: int, device: torch.devic
     if workers > 0:
         common.update(persistent_workers=data.persistent_workers,
                       prefetch_factor=data.prefetch_factor)
+        if data.worker_start != "auto":
+            common["multiprocessing_context"] = data.worker_start
     if data.kind == "tokens":
         return _token_data(data, batch_size, seed, rank, world_size, common)
     train_set, val_set, num_classes = build_datasets(data, seed)
