@@ -47,6 +47,16 @@ def not_a_model(num_classes):
 
 def fails(num_classes):
     raise ValueError("width must be even")
+
+
+class Branchy(SmallNet):
+    """It branches on a value of its activations, which a fake tensor does not have."""
+
+    def forward(self, images):
+        features = self.features(images)
+        if features.mean().item() > 1e6:
+            features = features / 2
+        return self.head(features)
 '''
 
 
@@ -68,7 +78,8 @@ def write(folder: Path, name: str, text: str) -> Path:
     return folder / name
 
 
-def test_a_model_file_next_to_the_recipe_trains_with_hpctrain_run(tmp_path, tiny, run_cli):
+def test_a_model_file_next_to_the_recipe_trains_and_resumes_with_hpctrain_run(
+        tmp_path, tiny, run_cli, monkeypatch):
     write(tmp_path / "project" / "models", "nets_run.py", NETS)
     recipe = tmp_path / "project" / "recipe.yaml"
     recipe.write_text(yaml.safe_dump({"model": {"name": "models/nets_run.py:SmallNet",
@@ -81,6 +92,16 @@ def test_a_model_file_next_to_the_recipe_trains_with_hpctrain_run(tmp_path, tiny
     # the relative path was read from the recipe's folder, and is recorded absolute
     assert recorded == f"{tmp_path / 'project' / 'models' / 'nets_run.py'}:SmallNet"
     assert "nets_run.py:SmallNet" in out
+    # resumed from another directory: the recorded path still finds the file
+    first = json.loads((run / "summary.json").read_text())
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    code, out, err = run_cli("run", str(recipe), *overrides, "train.epochs=2", "resume=auto")
+    assert code == 0, err
+    summary = json.loads((run / "summary.json").read_text())
+    assert "resuming" in out and summary["restarts"] == 1
+    assert summary["steps"] == 2 * first["steps"]
 
 
 def test_the_factory_gets_the_facts_it_names_and_the_kwargs(tmp_path):
@@ -389,3 +410,20 @@ def test_bench_data_and_memory_take_your_own_model_and_data(tmp_path, tiny, run_
                              "--measure", "train.batch_size=8")
     assert code == 0, err
     assert "verb_nets.py:SmallNet" in out and "measured" in out
+    # a model that does not run on fake tensors is measured instead of predicted
+    code, out, err = run_cli("memory", "default", *own, f"model.name={nets}:Branchy",
+                             "device=cpu", "--gpu-memory", "8GiB", "train.batch_size=8")
+    assert code == 0, err
+    assert "the model does not run on fake tensors" in out and "measured on the CPU" in out
+
+
+def test_profile_takes_your_own_model_and_data(tmp_path, tiny, run_cli):
+    data = write(tmp_path, "profiled_data.py", DATA)
+    nets = write(tmp_path, "profiled_nets.py", NETS)
+    code, out, err = run_cli("profile", "default", *tiny(
+        f"data.dataset={data}:make", f"model.name={nets}:SmallNet", "train.batch_size=8"),
+        "--steps", "2", "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["ranks"][0]["steps"] == 2 and report["verdict"]["bound"]
+    assert Path(report["traces"][0]).is_file()
