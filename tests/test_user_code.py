@@ -4,6 +4,7 @@ the culprit named)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import sys
@@ -168,7 +169,9 @@ import os
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, IterableDataset
+
+import hpctrain
 
 
 class Stripes(Dataset):
@@ -220,6 +223,48 @@ class Clouds(Dataset):
 
 def clouds():
     return Clouds(), Clouds()
+
+
+class StripeStream(IterableDataset):
+    """Stripes read in order, in a different order each epoch; split into `files` pieces that
+    it shares out itself with hpctrain.shard, or (files=0) not split at all."""
+
+    classes = ["two", "three", "four"]
+
+    def __init__(self, count, image_size, files):
+        self.count, self.size, self.files, self.epoch = count, image_size, files, 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def __iter__(self):
+        order = torch.randperm(self.count, generator=torch.Generator().manual_seed(self.epoch))
+        if not self.files:
+            yield from (self.item(int(i)) for i in order)
+            return
+        per_file = self.count // self.files
+        for piece in hpctrain.shard(range(self.files)):
+            yield from (self.item(int(i)) for i in order[piece * per_file:][:per_file])
+
+    def item(self, index):
+        label = index % 3
+        noise = torch.randint(0, 30, (self.size, self.size, 3),
+                              generator=torch.Generator().manual_seed(index))
+        return (40 + 80 * label + noise).to(torch.uint8).numpy(), label
+
+
+class SizedStripeStream(StripeStream):
+    def __len__(self):
+        return self.count
+
+
+def stream(image_size, files=4, sized=True):
+    kind = SizedStripeStream if sized else StripeStream
+    return kind(96, image_size, files), Stripes(24, image_size, 1)
+
+
+def stream_for_val(image_size):
+    return Stripes(96, image_size, 0), StripeStream(24, image_size, 0)
 '''
 
 
@@ -307,11 +352,13 @@ def broken():
     return Broken(8, 16, 0), Broken(8, 16, 0)
 
 
-def stream():
-    class Stream(torch.utils.data.IterableDataset):
-        def __iter__(self):
-            yield from ()
-    return Stream(), Stream()
+class Dry(StripeStream):
+    def __iter__(self):
+        yield from ()
+
+
+def dry_stream():
+    return Dry(8, 16, 0), Stripes(4, 16, 0)
 '''
 
 
@@ -325,12 +372,85 @@ def stream():
     ("big_labels", r"train sample 0: its label is 7, outside 0..2 \(3 classes\)"),
     ("broken", r"train sample 0 cannot be read: FileNotFoundError: /data/img_0.png "
                r"\(at bad_data.py:\d+\)"),
-    ("stream", r"returned an IterableDataset for train"),
+    ("dry_stream", r"a pass over the stream gave worker 0 of 1 .* no items"),
+    ("stream_for_val", r"returned an IterableDataset for val; the validation set must be "
+                       r"map-style"),
 ])
 def test_a_dataset_that_does_not_fit_is_explained(tmp_path, tiny, run_cli, factory, message):
     path = write(tmp_path, "bad_data.py", BAD_DATA)
     code, _, err = run_cli("run", "default", *tiny(f"data.dataset={path}:{factory}"))
     assert code == 2 and re.search(message, err), err
+
+
+def stream_losses(run: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if r["kind"] == "train"}
+
+
+def test_a_stream_that_shares_itself_out_trains_and_resumes_exactly(tmp_path, tiny, run_cli):
+    """4 files over 2 workers (hpctrain.shard), 96 items a pass: 6 steps an epoch. Stopped
+    at step 4 and resumed, the run trains on as the uninterrupted one did: the skipped items
+    are those of the steps already trained, worker by worker."""
+    path = write(tmp_path, "stream_data.py", DATA)
+    base = [o for o in tiny("data.num_workers=2", "schedule.name=constant", "train.log_every=1")
+            if not o.startswith("data.shapes")] + [f"data.dataset={path}:stream"]
+    code, out, err = run_cli("run", "default", *base, "run_name=straight", "train.max_steps=10")
+    assert code == 0, err
+    assert "(96 train / 24 val" in out
+    straight = stream_losses(tmp_path / "runs" / "straight")
+    assert len(straight) == 10
+    code, _, err = run_cli("run", "default", *base, "run_name=stopped", "train.max_steps=4")
+    assert code == 0, err
+    code, out, err = run_cli("run", "default", *base, "run_name=stopped", "train.max_steps=10",
+                             "resume=auto")
+    assert code == 0 and "resuming" in out, err
+    resumed = stream_losses(tmp_path / "runs" / "stopped")
+    assert [resumed[step] for step in range(5, 11)] == \
+        pytest.approx([straight[step] for step in range(5, 11)], abs=1e-6)
+
+
+class Numbers(torch.utils.data.IterableDataset):
+    """0..23 as 4 files of 6, shared out by file (hpctrain.shard) or not at all."""
+
+    def __init__(self, by_file: bool):
+        self.by_file = by_file
+
+    def __iter__(self):
+        import hpctrain
+
+        if not self.by_file:
+            yield from range(24)
+            return
+        for piece in hpctrain.shard(range(4)):
+            yield from range(6 * piece, 6 * piece + 6)
+
+
+@pytest.mark.parametrize("by_file", [True, False])
+def test_the_processes_of_a_run_read_disjoint_shares_of_a_stream(by_file):
+    from hpctrain.data.streams import Stream
+
+    shares = [set(itertools.islice(Stream(Numbers(by_file), "numbers", rank, 2, 1), 12))
+              for rank in (0, 1)]
+    assert shares[0].isdisjoint(shares[1]) and shares[0] | shares[1] == set(range(24))
+    assert (shares[0] == {0, 1, 2, 3, 4, 5, 12, 13, 14, 15, 16, 17}) == by_file
+
+
+def test_a_stream_without_a_length_runs_train_max_steps_shared_item_by_item(tmp_path, tiny,
+                                                                           run_cli):
+    path = write(tmp_path, "plain_stream.py", DATA)
+    base = [o for o in tiny("data.num_workers=2", "run_name=plain")
+            if not o.startswith("data.shapes")] + [f"data.dataset={path}:stream",
+                                                   "data.kwargs={files: 0, sized: false}"]
+    code, _, err = run_cli("run", "default", *base)
+    assert code == 2 and "is a stream without a length (no __len__): set train.max_steps" in err
+    code, _, err = run_cli("run", "default", *base, "train.max_steps=15")
+    assert code == 0, err
+    summary = json.loads((tmp_path / "runs" / "plain" / "summary.json").read_text())
+    assert summary["steps"] == 15 and summary["final_val_accuracy"] > 0.5
+    code, out, err = run_cli("bench", "data", "default", *base, "--workers", "1",
+                             "--prefetch", "2", "--seconds", "0.3")
+    assert code == 0, err
+    assert re.search(r"^\s+1\s+2\s+[\d,]+", out, re.MULTILINE), out
 
 
 def test_an_unknown_builtin_dataset_name_is_explained(run_cli):

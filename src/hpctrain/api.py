@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from torch import nn
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, IterableDataset
 
 from hpctrain import config as configuration
 from hpctrain import user_code
@@ -104,6 +104,10 @@ class _Part(Dataset):
 
 def _held_out(train_data: Dataset, config: Config) -> tuple[Dataset, Dataset]:
     from hpctrain.data.loader import hold_out
+
+    if isinstance(train_data, IterableDataset):
+        raise ConfigError("fit(): train_data is a stream (an IterableDataset), which has no "
+                          "samples to hold out: give val_data, a map-style Dataset")
 
     fraction = config.data.val_fraction or 0.1
     train, val = hold_out(list(range(len(train_data))), fraction, config.seed)

@@ -11,19 +11,21 @@ real `hpctrain run` machinery: precision, channels_last, compile) and compares t
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 from hpctrain.config import Config, load_config
 from hpctrain.data.datasets import ImageFolderDataset
 from hpctrain.data.loader import build_datasets, collate_for, token_datasets, usable_cpus
 from hpctrain.data.sampling import EpochSampler
 from hpctrain.data.shard_dataset import ShardDataset, jpeg_decoder
+from hpctrain.data.streams import Stream
 from hpctrain.data.tokens import pad_documents
 from hpctrain.errors import DataError
 from hpctrain.train.parallel import per_device_batch
@@ -72,26 +74,37 @@ def worker_grid(cores: int) -> list[int]:
 def loader_rate(dataset, batch_size: int, image_size: int, workers: int, prefetch: int,
                 seconds: float, seed: int = 0, collate_fn=None) -> float:
     """Images per second of a training DataLoader, timed from its first batch (worker start-up
-    excluded) for `seconds`, over as many shuffled epochs as that takes."""
+    excluded) for `seconds`, over as many shuffled epochs (or passes over a stream) as that
+    takes."""
+    options = dict(batch_size=batch_size, num_workers=workers, drop_last=True,
+                   prefetch_factor=prefetch if workers else None, collate_fn=collate_fn)
+    if isinstance(dataset, IterableDataset):  # your own stream: read pass after pass
+        loader = DataLoader(Stream(dataset, "the stream", 0, 1, batch_size), **options)
+        return _rate(iter(loader), batch_size, seconds)
     if len(dataset) < batch_size:  # no whole batch: the epochs below would never end
         raise DataError(f"the training set has {len(dataset)} samples, fewer than one batch "
                         f"of train.batch_size={batch_size}; lower the batch size")
     sampler = EpochSampler(len(dataset), image_size, shuffle=True, seed=seed)
-    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
-                        prefetch_factor=prefetch if workers else None, drop_last=True,
-                        persistent_workers=workers > 0, collate_fn=collate_fn)
-    started, images, epoch = None, 0, 0
-    while True:
-        sampler.set_epoch(epoch, image_size)
-        for batch in loader:
-            if started is None:
-                started = time.perf_counter()
-                continue
-            images += batch_size  # drop_last: every batch is whole
-            elapsed = time.perf_counter() - started
-            if elapsed >= seconds:
-                return images / elapsed
-        epoch += 1
+    loader = DataLoader(dataset, sampler=sampler, persistent_workers=workers > 0, **options)
+
+    def epochs():
+        for epoch in itertools.count():
+            sampler.set_epoch(epoch, image_size)
+            yield from loader
+
+    return _rate(epochs(), batch_size, seconds)
+
+
+def _rate(batches, batch_size: int, seconds: float) -> float:
+    """Samples per second of `batches` (endless), from the first one on."""
+    next(batches)
+    started, samples = time.perf_counter(), 0
+    for _ in batches:
+        samples += batch_size  # drop_last: every batch is whole
+        elapsed = time.perf_counter() - started
+        if elapsed >= seconds:
+            return samples / elapsed
+    raise AssertionError("the batches are endless")
 
 
 def decode_rate(dataset, seconds: float) -> float | None:

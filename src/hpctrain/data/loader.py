@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from hpctrain.config import DataConfig
 from hpctrain.data.datasets import ImageFolderDataset, SyntheticDataset, image_folder_splits
@@ -29,6 +29,7 @@ from hpctrain.data.arithmetic import ANSWER_START, ensure_arithmetic
 from hpctrain.data.sampling import EpochSampler
 from hpctrain.data.sequences import LengthBucketSampler
 from hpctrain.data.shard_dataset import ShardDataset
+from hpctrain.data.streams import Stream
 from hpctrain.data.shards import Pack
 from hpctrain.data.shapes import CLASSES as SHAPE_CLASSES
 from hpctrain.data.shapes import ensure_shapes
@@ -43,7 +44,7 @@ from hpctrain.errors import DataError, DeviceError
 @dataclass
 class DataBundle:
     train_loader: DataLoader
-    train_sampler: EpochSampler | LengthBucketSampler
+    train_sampler: EpochSampler | LengthBucketSampler | Stream  # each has set_epoch
     val_loader: DataLoader
     val_sampler: EpochSampler
     num_classes: int | None  # images
@@ -239,20 +240,26 @@ def build_data(data: DataConfig, batch_size: int, seed: int, device: torch.devic
     if data.kind == "tokens":
         return _token_data(data, batch_size, seed, rank, world_size, common)
     train_set, val_set, num_classes = build_datasets(data, seed)
+    common["collate_fn"] = collate_for(data)
+    shard = dict(rank=rank, world_size=world_size)
+    val_sampler = EpochSampler(len(val_set), data.val_image_size or data.image_size,
+                               shuffle=False, pad=True, **shard)
+    val_loader = SignalSafeLoader(val_set, batch_size=batch_size * 2, sampler=val_sampler,
+                                  drop_last=False, **common)
+    if isinstance(train_set, IterableDataset):  # your own stream (streams.py)
+        stream = Stream(train_set, data.dataset, rank, world_size, batch_size)
+        # fresh workers each epoch: they take the stream's epoch and skip with them
+        train_loader = SignalSafeLoader(stream, batch_size=batch_size, drop_last=True,
+                                        **{**common, "persistent_workers": False})
+        return DataBundle(train_loader, stream, val_loader, val_sampler, num_classes, workers)
     if len(train_set) < batch_size * world_size:
         raise DataError(f"the training set has {len(train_set)} samples, fewer than one batch "
                         f"(train.batch_size={batch_size} x {world_size} processes); lower the "
                         "batch size")
-    common["collate_fn"] = collate_for(data)
-    shard = dict(rank=rank, world_size=world_size)
     train_sampler = EpochSampler(len(train_set), data.image_size, shuffle=True, seed=seed,
                                  **shard)
-    val_sampler = EpochSampler(len(val_set), data.val_image_size or data.image_size,
-                               shuffle=False, pad=True, **shard)
     train_loader = SignalSafeLoader(train_set, batch_size=batch_size, sampler=train_sampler,
-                              drop_last=True, **common)
-    val_loader = SignalSafeLoader(val_set, batch_size=batch_size * 2, sampler=val_sampler,
-                            drop_last=False, **common)
+                                    drop_last=True, **common)
     return DataBundle(train_loader, train_sampler, val_loader, val_sampler, num_classes, workers)
 
 

@@ -27,7 +27,8 @@ from torch.utils.data import Dataset, IterableDataset
 
 from hpctrain import user_code
 from hpctrain.config import DataConfig
-from hpctrain.errors import DataError
+from hpctrain.data.streams import first_items
+from hpctrain.errors import DataError, UserError
 
 
 class ByIndex(Dataset):
@@ -54,7 +55,9 @@ def user_datasets(data: DataConfig, seed: int) -> tuple[Dataset, Dataset, int]:
     num_classes = data.num_classes or _classes_of(train, reference)
     for split, dataset in (("train", train), ("val", val)):
         check_samples(dataset, split, reference, data.kind, num_classes)
-    return ByIndex(train), ByIndex(val), num_classes
+    # a stream is wrapped where the loader is made (streams.py): it needs the layout
+    return train if isinstance(train, IterableDataset) else ByIndex(train), ByIndex(val), \
+        num_classes
 
 
 def _train_and_val(made, reference: str) -> tuple[Dataset, Dataset]:
@@ -66,9 +69,12 @@ def _train_and_val(made, reference: str) -> tuple[Dataset, Dataset]:
                         "{'train': ..., 'val': ...}")
     for split, dataset in zip(("train", "val"), made):
         if isinstance(dataset, IterableDataset):
-            raise DataError(f"data.dataset: {reference} returned an IterableDataset for "
-                            f"{split}; only map-style datasets (__getitem__ and __len__) are "
-                            "taken so far")
+            if split == "val":
+                raise DataError(f"data.dataset: {reference} returned an IterableDataset for "
+                                "val; the validation set must be map-style (__getitem__ and "
+                                "__len__: evaluation counts every sample once over all "
+                                "processes); a training stream is fine")
+            continue
         if not (hasattr(dataset, "__getitem__") and isinstance(dataset, Sized)):
             raise DataError(f"data.dataset: {reference} returned {_what(dataset)} for {split}, "
                             "not a map-style torch.utils.data.Dataset (__getitem__ and "
@@ -129,14 +135,9 @@ EXPECTED = {"images": "(image, label): a uint8 (H, W, 3) image, or a float (3, H
 
 
 def check_samples(dataset, split: str, reference: str, kind: str, num_classes: int) -> None:
-    """A few samples (first, middle, last) of `dataset` fit the task, or a DataError naming
-    the first bad index, what it holds and what is expected."""
-    for index in sorted({0, len(dataset) // 2, len(dataset) - 1}):
-        try:
-            sample = dataset[index]
-        except Exception as err:  # the user's __getitem__
-            raise DataError(f"data.dataset: {reference}: {split} sample {index} cannot be "
-                            f"read: {user_code.why(err)}") from None
+    """A few samples (first, middle, last; a stream's first three) of `dataset` fit the task,
+    or a DataError naming the first bad index, what it holds and what is expected."""
+    for index, sample in _some_samples(dataset, split, reference):
         if not (isinstance(sample, (tuple, list)) and len(sample) == 2):
             problem = f"it is {_what(sample)}, not a pair"
         else:
@@ -144,3 +145,23 @@ def check_samples(dataset, split: str, reference: str, kind: str, num_classes: i
         if problem:
             raise DataError(f"data.dataset: {reference}: {split} sample {index}: {problem}; "
                             f"expected {EXPECTED[kind]}")
+
+
+def _some_samples(dataset, split: str, reference: str):
+    """(index, sample) for a few samples; a DataError when the user's code cannot read one."""
+    if isinstance(dataset, IterableDataset):
+        try:
+            yield from enumerate(first_items(dataset, 3, reference))
+        except UserError:
+            raise
+        except Exception as err:  # the user's __iter__
+            raise DataError(f"data.dataset: {reference}: the {split} stream cannot be read: "
+                            f"{user_code.why(err)}") from None
+        return
+    for index in sorted({0, len(dataset) // 2, len(dataset) - 1}):
+        try:
+            sample = dataset[index]
+        except Exception as err:  # the user's __getitem__
+            raise DataError(f"data.dataset: {reference}: {split} sample {index} cannot be "
+                            f"read: {user_code.why(err)}") from None
+        yield index, sample

@@ -18,7 +18,8 @@ from hpctrain.cluster.environment import ProcessEnv, detect
 from hpctrain.cluster.job import job_end_time
 from hpctrain.config import Config
 from hpctrain.data.loader import DataBundle, DeviceBatcher, build_data, image_sizes, up_axis
-from hpctrain.errors import DataError
+from hpctrain.data.streams import Stream
+from hpctrain.errors import ConfigError, DataError
 from hpctrain.models.checkpointing import enable_activation_checkpointing
 from hpctrain.models.registry import build_model, check_model_takes
 from hpctrain.train import parallel
@@ -138,6 +139,11 @@ def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
     # ---- optimiser and schedule, sized by the global batch ----
     train_cfg = config.train
     lr = scaled_lr(config.optim, global_batch)
+    if isinstance(data.train_sampler, Stream) and not data.train_sampler.sized:
+        if not train_cfg.max_steps:
+            raise ConfigError(f"data.dataset: {config.data.dataset} is a stream without a "
+                              "length (no __len__): set train.max_steps, the run's length")
+        data.train_sampler.set_run_length(train_cfg.max_steps * train_cfg.grad_accum_steps)
     steps_per_epoch = len(data.train_loader) // train_cfg.grad_accum_steps
     if steps_per_epoch == 0:
         raise DataError(f"one optimiser step needs {global_batch} samples but the training set "
