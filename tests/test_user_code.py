@@ -265,6 +265,27 @@ def stream(image_size, files=4, sized=True):
 
 def stream_for_val(image_size):
     return Stripes(96, image_size, 0), StripeStream(24, image_size, 0)
+
+
+class Counting(Dataset):
+    """Blocks of ids counting up modulo 16 from a start of their own: each next id is the
+    last one plus one. `wrong`: float blocks, as a tokenizer's output mistaken for ids."""
+
+    vocab_size = 16
+
+    def __init__(self, count, seq_len, wrong=False):
+        self.count, self.seq_len, self.wrong = count, seq_len, wrong
+
+    def __len__(self):
+        return self.count
+
+    def __getitem__(self, index):
+        ids = (torch.arange(self.seq_len + 1) + index) % 16
+        return ids.float() if self.wrong else ids
+
+
+def counting(seq_len, wrong=False):
+    return Counting(128, seq_len, wrong), Counting(32, seq_len, wrong)
 '''
 
 
@@ -451,6 +472,36 @@ def test_a_stream_without_a_length_runs_train_max_steps_shared_item_by_item(tmp_
                              "--prefetch", "2", "--seconds", "0.3")
     assert code == 0, err
     assert re.search(r"^\s+1\s+2\s+[\d,]+", out, re.MULTILINE), out
+
+
+def test_token_blocks_of_your_own_train_a_language_model(tmp_path, run_cli):
+    """Blocks of seq_len + 1 ids from a factory (given seq_len); the vocabulary from the
+    dataset; hpctrain's GPT built for it."""
+    path = write(tmp_path, "counting.py", DATA)
+    common = [f"data.dataset={path}:counting", "task=language_modeling",
+              "data.tokens.seq_len=16", "model.name=hpctrain:gpt_tiny", "model.kwargs.width=32",
+              "model.kwargs.layers=1", "optim.name=adamw", "optim.lr=0.01",
+              "schedule.name=constant", "data.num_workers=0", "tensorboard=false",
+              f"output_dir={tmp_path / 'runs'}", "train.batch_size=16", "train.epochs=3",
+              "train.log_every=8"]
+    code, out, err = run_cli("run", "default", *common, "run_name=counting")
+    assert code == 0, err
+    summary = json.loads((tmp_path / "runs" / "counting" / "summary.json").read_text())
+    assert summary["task"] == "language_modeling" and summary["steps"] == 3 * 128 // 16
+    assert summary["best_val_perplexity"] < 4  # a uniform guess: 16
+    code, _, err = run_cli("run", "default", *common, "data.kwargs.wrong=true")
+    assert code == 2 and "train sample 0: it is a Tensor of shape (17,) and dtype " \
+        "torch.float32; expected a block of data.tokens.seq_len + 1 = 17 integer token ids" in err
+    code, _, err = run_cli("run", "default", *common, "data.tokens.vocab_size=8")
+    assert code == 2 and "holds id 15, outside 0..7 (a vocabulary of 8)" in err
+    code, out, err = run_cli("memory", "default", *common, "device=cpu", "--gpu-memory",
+                             "8GiB", "--json")
+    assert code == 0, err
+    estimate = json.loads(out)["estimate"]
+    assert not any("assumed" in note for note in estimate["notes"])  # the data's vocabulary
+    code, out, err = run_cli("bench", "data", "default", *common, "--workers", "1",
+                             "--prefetch", "2", "--seconds", "0.3")
+    assert code == 0, err
 
 
 def test_an_unknown_builtin_dataset_name_is_explained(run_cli):

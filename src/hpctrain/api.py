@@ -55,13 +55,12 @@ def fit(model: nn.Module, train_data: Dataset, val_data: Dataset | None = None,
     summary.json) on rank 0, None on the other ranks.
 
     `config`: a Config (`hpctrain.load_config`), a recipe name or path, or None for
-    hpctrain's defaults (not the shapes recipe `hpctrain run` trains); `overrides` as keyword arguments, as for load_config
-    (`fit(model, data, precision="bf16", train={"epochs": 3})`). The samples are those a
-    recipe's `data.dataset` factory returns (data/user_datasets.py): (uint8 HWC or normalised
-    float CHW image, label) or ((N, 3) points, label); the number of classes is
-    `data.num_classes` or the dataset's `classes`/`num_classes`. Without `val_data`,
-    data.val_fraction (0.1 when unset) of `train_data` is held out for validation, the same
-    samples on every rank and every restart.
+    hpctrain's defaults (not the shapes recipe `hpctrain run` trains); `overrides` as keyword
+    arguments, as for load_config (`fit(model, data, precision="bf16", train={"epochs": 3})`).
+    The datasets are those a recipe's `data.dataset` factory returns (data/user_datasets.py):
+    samples of images, point clouds or token blocks, and the training set may be a stream
+    (data/streams.py). Without `val_data`, data.val_fraction (0.1 when unset) of `train_data`
+    is held out for validation, the same samples on every rank and every restart.
 
     Raises a UserError (ConfigError, DataError, ...; `.exit_code` as the command line's) for
     bad input, and SystemExit(75) when a stop signal or the time limit saved the run early.
@@ -87,11 +86,11 @@ def fit(model: nn.Module, train_data: Dataset, val_data: Dataset | None = None,
 
 
 class _Part(Dataset):
-    """Some samples of a dataset, keeping what says its number of classes."""
+    """Some samples of a dataset, keeping what says its number of classes or vocabulary."""
 
     def __init__(self, dataset: Dataset, indices: list[int]):
         self.dataset, self.indices = dataset, indices
-        for attribute in ("classes", "num_classes"):
+        for attribute in ("classes", "num_classes", "vocab_size"):
             if hasattr(dataset, attribute):
                 setattr(self, attribute, getattr(dataset, attribute))
 

@@ -72,6 +72,8 @@ class TokensConfig(Section):
         "padding); documents: one sample per document, batched by length and padded per batch")
     bucket_pool_batches: int = Field(50, ge=1, description="documents: batches sorted by "
                                      "length together (more: less padding, less randomness)")
+    vocab_size: int | None = Field(None, ge=2, description="your own token data: its "
+                                   "vocabulary (None: the training dataset's vocab_size)")
 
 
 class ArithmeticConfig(Section):
@@ -446,10 +448,11 @@ class Config(Section):
         task = self.task.name
         if self.data.from_user_code:
             kind = KIND_OF_TASK.get(task, "images")
-            if kind == "tokens":
-                raise ValueError(f"data.dataset={self.data.dataset}: your own datasets train "
-                                 "image and point-cloud classifiers so far; for language "
-                                 "modelling pack the text with hpctrain pack --tokens")
+            if kind == "tokens" and self.data.tokens.batching != "blocks":
+                raise ValueError(f"data.dataset={self.data.dataset}: your own token data comes "
+                                 "as blocks of data.tokens.seq_len + 1 ids; "
+                                 "data.tokens.batching=documents reads a token pack's "
+                                 "documents: set data.tokens.batching=blocks")
             self.data._kind_of_user_data = kind
             return self
         if task != "auto" and task != TASK_OF_DATA[self.data.kind]:

@@ -152,7 +152,7 @@ def bench_data(recipe: str | None, overrides: list[str], workers: list[int] | No
                model_steps: int = 30, processes_per_node: int = 1) -> DataBench:
     config = load_config(recipe, overrides)
     tokens = config.data.kind == "tokens"
-    if tokens:
+    if tokens and not config.data.from_user_code:
         train_set, num_classes = token_datasets(config.data)[0], None
     else:
         train_set, _, num_classes = build_datasets(config.data, config.seed)

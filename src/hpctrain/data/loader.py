@@ -237,9 +237,12 @@ def build_data(data: DataConfig, batch_size: int, seed: int, device: torch.devic
                       prefetch_factor=data.prefetch_factor)
         if data.worker_start != "auto":
             common["multiprocessing_context"] = data.worker_start
-    if data.kind == "tokens":
+    if data.kind == "tokens" and not data.from_user_code:
         return _token_data(data, batch_size, seed, rank, world_size, common)
     train_set, val_set, num_classes = build_datasets(data, seed)
+    # your own token data: blocks of ids, stacked; the third figure is the vocabulary
+    num_classes, vocab_size = (None, num_classes) if data.kind == "tokens" else \
+        (num_classes, None)
     common["collate_fn"] = collate_for(data)
     shard = dict(rank=rank, world_size=world_size)
     val_sampler = EpochSampler(len(val_set), data.val_image_size or data.image_size,
@@ -251,7 +254,8 @@ def build_data(data: DataConfig, batch_size: int, seed: int, device: torch.devic
         # fresh workers each epoch: they take the stream's epoch and skip with them
         train_loader = SignalSafeLoader(stream, batch_size=batch_size, drop_last=True,
                                         **{**common, "persistent_workers": False})
-        return DataBundle(train_loader, stream, val_loader, val_sampler, num_classes, workers)
+        return DataBundle(train_loader, stream, val_loader, val_sampler, num_classes, workers,
+                          vocab_size)
     if len(train_set) < batch_size * world_size:
         raise DataError(f"the training set has {len(train_set)} samples, fewer than one batch "
                         f"(train.batch_size={batch_size} x {world_size} processes); lower the "
@@ -260,7 +264,8 @@ def build_data(data: DataConfig, batch_size: int, seed: int, device: torch.devic
                                  **shard)
     train_loader = SignalSafeLoader(train_set, batch_size=batch_size, sampler=train_sampler,
                                     drop_last=True, **common)
-    return DataBundle(train_loader, train_sampler, val_loader, val_sampler, num_classes, workers)
+    return DataBundle(train_loader, train_sampler, val_loader, val_sampler, num_classes, workers,
+                      vocab_size)
 
 
 def token_pack_of(data: DataConfig) -> TokenPack:

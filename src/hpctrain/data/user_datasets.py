@@ -2,7 +2,8 @@
 
 The factory returns the training and validation `torch.utils.data.Dataset`s, as a pair or as
 {"train": ..., "val": ...}; `data.kwargs` are passed to it, and so are the facts it names as
-parameters: `path` (data.path), `image_size`, `num_points`, `seed`. Map-style datasets take
+parameters: `path` (data.path), `image_size`, `num_points`, `seq_len`, `seed`. The training
+set may also be a stream (an IterableDataset, streams.py). Map-style datasets take
 hpctrain's sampler (an epoch-seeded order, split over ranks, resumed mid-epoch at the exact
 batch); randomness inside your `__getitem__` comes from the worker's torch seed, so a resumed
 run sees the same samples in the same batches, but not bitwise the same augmentations.
@@ -12,7 +13,9 @@ holds and what the task expects):
 - image classification: (image, label); the image a uint8 (H, W, 3) tensor or array, which
   hpctrain normalises on the device as for its own data (data.mean, data.std), or a float
   (3, H, W) tensor already normalised, used as it is;
-- point-cloud classification: (points, label), the points a float (N, 3) tensor or array.
+- point-cloud classification: (points, label), the points a float (N, 3) tensor or array;
+- language modelling: a block of data.tokens.seq_len + 1 integer token ids (1-D), below the
+  vocabulary's size: data.tokens.vocab_size, or the training dataset's `vocab_size`.
 The label is an integer below the number of classes: `data.num_classes`, or the dataset's
 `classes` (a list) or `num_classes`.
 """
@@ -48,13 +51,16 @@ def user_datasets(data: DataConfig, seed: int) -> tuple[Dataset, Dataset, int]:
     """(train, val, number of classes) from the factory data.dataset names, checked."""
     reference = data.dataset
     factory = user_code.load(reference, "data.dataset")
+    tokens = data.kind == "tokens"
     facts = {"path": data.path, "image_size": data.image_size, "seed": seed,
-             "num_points": data.points.num_points if data.kind == "points" else None}
+             "num_points": data.points.num_points if data.kind == "points" else None,
+             "seq_len": data.tokens.seq_len if tokens else None}
     made = user_code.call_factory(factory, "data.dataset", reference, facts, data.kwargs)
     train, val = _train_and_val(made, reference)
-    num_classes = data.num_classes or _classes_of(train, reference)
+    num_classes = _vocabulary_of(train, data, reference) if tokens else \
+        data.num_classes or _classes_of(train, reference)
     for split, dataset in (("train", train), ("val", val)):
-        check_samples(dataset, split, reference, data.kind, num_classes)
+        check_samples(dataset, split, reference, data.kind, num_classes, data.tokens.seq_len)
     # a stream is wrapped where the loader is made (streams.py): it needs the layout
     return train if isinstance(train, IterableDataset) else ByIndex(train), ByIndex(val), \
         num_classes
@@ -93,6 +99,15 @@ def _classes_of(dataset, reference: str) -> int:
                     "no `classes` list or `num_classes`; set data.num_classes=N")
 
 
+def _vocabulary_of(dataset, data: DataConfig, reference: str) -> int:
+    if data.tokens.vocab_size:
+        return data.tokens.vocab_size
+    if isinstance(getattr(dataset, "vocab_size", None), int):
+        return dataset.vocab_size
+    raise DataError(f"data.dataset: {reference}: how large is the vocabulary? The training "
+                    "dataset has no `vocab_size`; set data.tokens.vocab_size=N")
+
+
 def _what(value) -> str:
     if isinstance(value, (torch.Tensor, np.ndarray)):
         return f"a {type(value).__name__} of shape {tuple(value.shape)} and dtype {value.dtype}"
@@ -129,22 +144,41 @@ def _problem(inputs, label, kind: str, num_classes: int) -> str | None:
     return None
 
 
+def _token_problem(ids, seq_len: int, vocab_size: int) -> str | None:
+    """What is wrong with one block of token ids, or None."""
+    dtype = _torch_dtype(ids) if isinstance(ids, (torch.Tensor, np.ndarray)) else None
+    if dtype is None or dtype.is_floating_point or dtype == torch.bool or \
+            tuple(ids.shape) != (seq_len + 1,):
+        return f"it is {_what(ids)}"
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= vocab_size:
+        return f"it holds id {low if low < 0 else high}, outside 0..{vocab_size - 1} " \
+               f"(a vocabulary of {vocab_size})"
+    return None
+
+
 EXPECTED = {"images": "(image, label): a uint8 (H, W, 3) image, or a float (3, H, W) one "
                       "already normalised, and an integer label",
-            "points": "(points, label): float points of shape (N, 3) and an integer label"}
+            "points": "(points, label): float points of shape (N, 3) and an integer label",
+            "tokens": "a block of data.tokens.seq_len + 1 = {} integer token ids (a 1-D tensor "
+                      "or array): the model reads the first seq_len and predicts the last"}
 
 
-def check_samples(dataset, split: str, reference: str, kind: str, num_classes: int) -> None:
+def check_samples(dataset, split: str, reference: str, kind: str, num_classes: int,
+                  seq_len: int = 0) -> None:
     """A few samples (first, middle, last; a stream's first three) of `dataset` fit the task,
-    or a DataError naming the first bad index, what it holds and what is expected."""
+    or a DataError naming the first bad index, what it holds and what is expected.
+    `num_classes`: the vocabulary's size for tokens."""
     for index, sample in _some_samples(dataset, split, reference):
-        if not (isinstance(sample, (tuple, list)) and len(sample) == 2):
+        if kind == "tokens":
+            problem = _token_problem(sample, seq_len, num_classes)
+        elif not (isinstance(sample, (tuple, list)) and len(sample) == 2):
             problem = f"it is {_what(sample)}, not a pair"
         else:
             problem = _problem(*sample, kind, num_classes)
         if problem:
             raise DataError(f"data.dataset: {reference}: {split} sample {index}: {problem}; "
-                            f"expected {EXPECTED[kind]}")
+                            f"expected {EXPECTED[kind].format(seq_len + 1)}")
 
 
 def _some_samples(dataset, split: str, reference: str):

@@ -158,7 +158,10 @@ def output_width(config: Config) -> tuple[int, str | None]:
     """The model's output width (classes, or a language model's vocabulary), without reading
     a large dataset when it can be avoided; and a note when it had to be assumed."""
     data = config.data
-    if data.kind == "tokens":
+    if data.kind == "tokens" and data.from_user_code:  # your own: said, or read below
+        if data.tokens.vocab_size:
+            return data.tokens.vocab_size, None
+    elif data.kind == "tokens":
         if data.dataset == "arithmetic":
             return BYTE_EOS + 1, None  # byte-level: no need to generate the corpus
         from hpctrain.data.tokens import TokenPack
