@@ -291,7 +291,7 @@ def test_profile_and_bench_data_take_a_point_cloud_recipe(tmp_path, run_cli, poi
 @pytest.mark.slow
 def test_the_pointnet_recipe_tells_the_shapes_apart(tmp_path_factory):
     """The README's promise: `hpctrain run pointnet` classifies at least 90 % of held-out
-    clouds right, with nothing downloaded (about 8 minutes on two CPU cores)."""
+    clouds right, with nothing downloaded (about 4 minutes on two CPU cores)."""
     from conftest import run_installed
 
     out = tmp_path_factory.mktemp("pointnet")
