@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -109,3 +110,25 @@ def test_a_fit_script_stops_on_a_preemption_signal_with_75_and_resume_auto_finis
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["restarts"] == 1
     assert summary["steps"] == stopped["steps"] + 3
+
+
+@pytest.mark.slurm
+def test_a_fit_script_runs_under_srun_on_two_nodes(slurm_cluster, csv_data, tmp_path):
+    """The script is the entry point under srun as under torchrun: one task per node, each
+    finds its rank and the rendezvous from Slurm's variables."""
+    script = EXAMPLES / "csv_images" / "fit_csv.py"
+    command = " ".join([sys.executable, str(script), str(csv_data), f"output_dir={tmp_path}",
+                        "run_name=srun", "data.image_size=16", "train.global_batch_size=16",
+                        "train.max_steps=6", "tensorboard=false", "data.num_workers=0"])
+    log = tmp_path / "job.out"
+    job = subprocess.run(["sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=1",
+                          f"--chdir={tmp_path}", "-o", str(log), "--wrap", f"srun {command}"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    deadline = time.monotonic() + 300
+    while subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout:
+        assert time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.5)  # (sbatch --wait polls at growing intervals: 30 s more here)
+    assert (tmp_path / "srun" / "summary.json").exists(), log.read_text()[-3000:]
+    summary = json.loads((tmp_path / "srun" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["steps"] == 6
+    assert log.read_text().count("best validation accuracy") == 1  # rank 0 only

@@ -23,7 +23,7 @@ class CsvImages(Dataset):
     def __getitem__(self, index):
         path, label = self.rows[index]
         image = Image.open(path).convert("RGB").resize((self.size, self.size))
-        return np.asarray(image), label  # uint8 (H, W, 3): hpctrain normalises it on the GPU
+        return np.array(image), label  # uint8 (H, W, 3): hpctrain normalises it on the GPU
 
 
 def make(path, image_size):
