@@ -95,6 +95,8 @@ def image_sizes(data: DataConfig) -> tuple[int, ...]:
 
 
 def hold_out(samples: list, fraction: float, seed: int) -> tuple[list, list]:
+    """(kept, held out): `fraction` of `samples` (at least one) drawn by `seed`, the same on
+    every rank and every restart; each part in the samples' order."""
     order = list(range(len(samples)))
     random.Random(seed).shuffle(order)
     n_val = max(1, round(len(samples) * fraction))
