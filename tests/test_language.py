@@ -293,7 +293,7 @@ def test_two_processes_train_a_language_model_as_one_does(tmp_path, lm_cache):
 @pytest.mark.slow
 def test_the_tiny_lm_recipe_learns_to_add(tmp_path_factory):
     """The README's promise: `hpctrain run tiny-lm` gets at least 90 % of held-out answers
-    entirely right, with nothing downloaded (about 5 to 7 minutes on two CPU cores)."""
+    entirely right, with nothing downloaded (about 3 minutes on two CPU cores)."""
     from conftest import run_installed
 
     out = tmp_path_factory.mktemp("tiny-lm")
