@@ -124,9 +124,7 @@ def _train(config: Config, started: float) -> dict | None:
     try:
         summary = train(config, started=started)
     except Preempted as stop:
-        if not stop.quiet:
-            print(f"hpctrain: {stop} Run the same command again with resume=auto to continue; "
-                  f"exit status {stop.exit_code} means 'requeue me'.", file=sys.stderr)
+        stop.tell()
         raise SystemExit(stop.exit_code) from None
     finally:
         if listening:

@@ -624,9 +624,7 @@ def _dispatch(args) -> int:
         print(f"hpctrain: error: {err}", file=sys.stderr)
         return err.exit_code
     except Preempted as stop:
-        if not stop.quiet:
-            print(f"hpctrain: {stop} Run the same command again (resume=auto) to continue; "
-                  f"exit status {stop.exit_code} means 'requeue me'.", file=sys.stderr)
+        stop.tell()
         return stop.exit_code
     except KeyboardInterrupt:
         print("hpctrain: interrupted", file=sys.stderr)

@@ -614,25 +614,26 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] = (),
     tree = read_yaml_mapping(path)
     tree.setdefault("name", path.stem)
     _absolute_code_paths(tree, path.parent)
-    changes = _settings(settings) + [(*parse_override(text), text) for text in overrides]
-    return _validated(tree, changes, f"recipe {path}")
+    return _validated(tree, _changes(settings, overrides), f"recipe {path}")
 
 
 def from_defaults(overrides: list[str] = (), settings: dict | None = None) -> Config:
     """hpctrain's defaults (the fields' own, no recipe), then settings and overrides as for
     load_config: the base of a script that brings its own model and data."""
-    changes = _settings(settings) + [(*parse_override(text), text) for text in overrides]
-    return _validated({}, changes, "hpctrain's defaults")
+    return _validated({}, _changes(settings, overrides), "hpctrain's defaults")
 
 
 def with_settings(config: Config, settings: dict) -> Config:
     """`config` with `settings` (as for load_config) applied and validated again."""
-    return _validated(config.model_dump(mode="json"), _settings(settings), "the configuration")
+    return _validated(config.model_dump(mode="json"), _changes(settings), "the configuration")
 
 
-def _settings(settings: dict | None) -> list[tuple[list[str], Any, str]]:
-    return [(key.split("."), value, f"{key}={value!r}")
-            for key, value in flatten(settings or {}).items()]
+def _changes(settings: dict | None, overrides: list[str] = ()) -> list[tuple[list[str], Any,
+                                                                          str]]:
+    """(keys, value, as told) of Python settings, then of key=value overrides."""
+    return [*((key.split("."), value, f"{key}={value!r}")
+              for key, value in flatten(settings or {}).items()),
+            *((*parse_override(text), text) for text in overrides)]
 
 
 def _validated(tree: dict, changes: list[tuple[list[str], Any, str]], source: str) -> Config:

@@ -5,6 +5,8 @@ CLI prints its message, never a traceback, and exits with its ``exit_code``. Any
 that escapes is a bug and keeps its traceback.
 """
 
+import sys
+
 
 class UserError(Exception):
     """Bad usage, configuration or input: exit code 2."""
@@ -50,3 +52,9 @@ class Preempted(Exception):
         super().__init__(message)
         self.requeue = requeue  # False after SIGTERM: scancel, or Slurm requeues by itself
         self.quiet = False  # on ranks other than 0: rank 0 tells
+
+    def tell(self) -> None:
+        """What happened and what to do, on stderr (rank 0 only)."""
+        if not self.quiet:
+            print(f"hpctrain: {self} Run the same command again (resume=auto) to continue; "
+                  f"exit status {self.exit_code} means 'requeue me'.", file=sys.stderr)

@@ -51,9 +51,8 @@ class Stream(IterableDataset):
         self.dataset, self.reference = dataset, reference
         self.rank, self.world_size, self.batch_size = rank, world_size, batch_size
         self.epoch, self.skip_batches = 0, 0
-        self.sized = hasattr(dataset, "__len__")
-        self.batches_per_epoch = (len(dataset) // (world_size * batch_size)) if self.sized \
-            else None  # per rank; unsized: set_run_length
+        self.batches_per_epoch = (len(dataset) // (world_size * batch_size)) if \
+            hasattr(dataset, "__len__") else None  # per rank; unsized: set_run_length
 
     def set_run_length(self, batches: int) -> None:
         """An unsized stream: one epoch of `batches` batches per rank (the whole run)."""

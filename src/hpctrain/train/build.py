@@ -139,7 +139,7 @@ def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
     # ---- optimiser and schedule, sized by the global batch ----
     train_cfg = config.train
     lr = scaled_lr(config.optim, global_batch)
-    if isinstance(data.train_sampler, Stream) and not data.train_sampler.sized:
+    if isinstance(data.train_sampler, Stream) and data.train_sampler.batches_per_epoch is None:
         if not train_cfg.max_steps:
             raise ConfigError(f"data.dataset: {config.data.dataset} is a stream without a "
                               "length (no __len__): set train.max_steps, the run's length")

@@ -23,9 +23,9 @@ from hpctrain.errors import ConfigError
 from hpctrain.train.tasks import Batch, Task
 
 
-def _checked_scalar(value, what: str, reference: str) -> torch.Tensor:
+def _check_scalar(value, what: str, reference: str) -> None:
     if isinstance(value, torch.Tensor) and value.dim() == 0:
-        return value
+        return
     shape = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) \
         else f"a {type(value).__name__}"
     raise ConfigError(f"{what} {reference} returned {shape}: return one number as a 0-d "
@@ -43,12 +43,14 @@ def with_user_functions(task: Task, config: TaskConfig) -> Task:
 
 def _user_loss(reference: str):
     fn = user_code.load(reference, "task.loss")
-    checked = []
+    checked = False
 
     def loss(outputs, batch: Batch) -> torch.Tensor:
+        nonlocal checked
         value = fn(outputs, batch.targets)
         if not checked:  # once: a shape check costs nothing, but once is enough
-            checked.append(_checked_scalar(value, "task.loss", reference))
+            _check_scalar(value, "task.loss", reference)
+            checked = True
         return value
     return loss
 
@@ -56,13 +58,15 @@ def _user_loss(reference: str):
 def _with_metrics(task: Task, metrics: dict[str, str]) -> Task:
     functions = {name: user_code.load(reference, f"task.metrics.{name}")
                  for name, reference in metrics.items()}
-    checked = []
+    checked = False
 
     def sums(outputs, batch: Batch, loss, training: bool) -> torch.Tensor:
+        nonlocal checked
         own = [fn(outputs, batch.labels) for fn in functions.values()]
         if not checked:
-            checked.extend(_checked_scalar(value, f"task.metrics.{name}", metrics[name])
-                           for name, value in zip(functions, own))
+            for name, value in zip(functions, own):
+                _check_scalar(value, f"task.metrics.{name}", metrics[name])
+            checked = True
         return torch.cat([task.sums(outputs, batch, loss, training).double(),
                           torch.stack([value.detach().double() for value in own])])
 
