@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 from torch import nn
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, IterableDataset
 
 import hpctrain
 from hpctrain import user_code
@@ -36,11 +36,22 @@ class Levels(Dataset):
     def __len__(self):
         return len(self.labels)
 
+    def as_stream(self) -> IterableDataset:
+        return Stream(self)
+
     def __getitem__(self, index):
         image = np.clip(40 + 80 * self.labels[index] + self.noise[index], 0, 255)
         if index == self.bad_index:
             image = image[:, :, :1]  # one channel where three are expected
         return image.astype(np.uint8), int(self.labels[index])
+
+
+class Stream(IterableDataset):
+    def __init__(self, dataset: Dataset):
+        self.dataset = dataset
+
+    def __iter__(self):
+        return (self.dataset[i] for i in range(len(self.dataset)))
 
 
 def tiny_net() -> nn.Module:
@@ -125,6 +136,8 @@ def test_a_run_is_named_after_the_running_script(monkeypatch):
      "train.epoch"),
     (lambda: hpctrain.load_config(overrides="train.epochs=3"), ConfigError,
      "give a list of key=value strings"),
+    (lambda: hpctrain.fit(tiny_net(), Levels(10, 0).as_stream()), ConfigError,
+     "fit(): train_data is a stream (an IterableDataset), which has no samples to hold out"),
     (lambda: hpctrain.fit(tiny_net(), Levels(40, 0), Levels(20, 1, bad_index=10),
                           data={"num_workers": 0}),
      DataError, "data.dataset: given:Levels: val sample 10: its image is a ndarray of shape "

@@ -286,6 +286,14 @@ class Counting(Dataset):
 
 def counting(seq_len, wrong=False):
     return Counting(128, seq_len, wrong), Counting(32, seq_len, wrong)
+
+
+class Nameless(Counting):
+    vocab_size = None
+
+
+def nameless(seq_len):
+    return Nameless(128, seq_len), Nameless(32, seq_len)
 '''
 
 
@@ -380,6 +388,15 @@ class Dry(StripeStream):
 
 def dry_stream():
     return Dry(8, 16, 0), Stripes(4, 16, 0)
+
+
+class Cut(StripeStream):
+    def __iter__(self):
+        raise ConnectionError("the object store is unreachable")
+
+
+def cut_stream():
+    return Cut(8, 16, 0), Stripes(4, 16, 0)
 '''
 
 
@@ -394,6 +411,8 @@ def dry_stream():
     ("broken", r"train sample 0 cannot be read: FileNotFoundError: /data/img_0.png "
                r"\(at bad_data.py:\d+\)"),
     ("dry_stream", r"a pass over the stream gave worker 0 of 1 .* no items"),
+    ("cut_stream", r"the train stream cannot be read: ConnectionError: the object store is "
+                   r"unreachable \(at bad_data.py:\d+\)"),
     ("stream_for_val", r"returned an IterableDataset for val; the validation set must be "
                        r"map-style"),
 ])
@@ -494,6 +513,14 @@ def test_token_blocks_of_your_own_train_a_language_model(tmp_path, run_cli):
         "torch.float32; expected a block of data.tokens.seq_len + 1 = 17 integer token ids" in err
     code, _, err = run_cli("run", "default", *common, "data.tokens.vocab_size=8")
     assert code == 2 and "holds id 15, outside 0..7 (a vocabulary of 8)" in err
+    code, _, err = run_cli("run", "default", *common, "data.kwargs.seq_len=20")
+    assert code == 2 and "train sample 0: it is a Tensor of shape (21,) and dtype " \
+        "torch.int64; expected a block of data.tokens.seq_len + 1 = 17" in err
+    code, _, err = run_cli("run", "default", *common, f"data.dataset={path}:nameless")
+    assert code == 2 and "how large is the vocabulary? The training dataset has no " \
+        "`vocab_size`; set data.tokens.vocab_size=N" in err
+    code, _, err = run_cli("run", "default", *common, "data.tokens.batching=documents")
+    assert code == 2 and "your own token data comes as blocks" in err
     code, out, err = run_cli("memory", "default", *common, "device=cpu", "--gpu-memory",
                              "8GiB", "--json")
     assert code == 0, err
