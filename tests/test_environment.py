@@ -9,6 +9,7 @@ from hpctrain.cluster.job import job_end_time
 from hpctrain.config import load_config
 from hpctrain.errors import ConfigError, DeviceError
 from hpctrain.train import parallel
+from hpctrain.train.layout import Layout, resolve_layout
 
 
 def test_host_lists_expand_like_slurm():
@@ -77,27 +78,28 @@ def test_global_batch_splits_or_says_what_divides():
 
 
 def test_strategy_choice_and_refusals():
-    assert parallel.resolve_strategy(load_config("default", []), layout(1)) == "none"
-    assert parallel.resolve_strategy(load_config("default", []), layout(2)) == "ddp"
+    assert resolve_layout(load_config("default", []), layout(1)).strategy == "none"
+    assert resolve_layout(load_config("default", []), layout(2)).strategy == "ddp"
     fsdp = load_config("default", ["parallel.strategy=fsdp"])
-    assert parallel.resolve_strategy(fsdp, layout(1)) == "none"  # nothing to shard over
+    assert resolve_layout(fsdp, layout(1)).strategy == "none"  # nothing to shard over
     with pytest.raises(ConfigError, match="each would train its own copy"):
-        parallel.resolve_strategy(load_config("default", ["parallel.strategy=none"]), layout(2))
+        resolve_layout(load_config("default", ["parallel.strategy=none"]), layout(2))
     cpu = torch.device("cpu")
+    ddp, sharded = Layout(2, strategy="ddp"), Layout(2, strategy="fsdp")
     with pytest.raises(ConfigError, match="sync_batchnorm"):
-        parallel.check_layout(load_config("default", ["parallel.sync_batchnorm=true"]), "ddp",
+        parallel.check_layout(load_config("default", ["parallel.sync_batchnorm=true"]), ddp,
                               cpu, "fp32")
     with pytest.raises(ConfigError, match="nothing to offload"):
-        parallel.check_layout(load_config("default", ["parallel.cpu_offload=true"]), "fsdp",
+        parallel.check_layout(load_config("default", ["parallel.cpu_offload=true"]), sharded,
                               cpu, "fp32")
     with pytest.raises(ConfigError, match="precision=bf16"):
-        parallel.check_layout(load_config("default", []), "fsdp", cpu, "fp16")
+        parallel.check_layout(load_config("default", []), sharded, cpu, "fp16")
     with pytest.raises(ConfigError, match="nccl needs GPUs"):
-        parallel.check_layout(load_config("default", ["parallel.backend=nccl"]), "ddp", cpu,
+        parallel.check_layout(load_config("default", ["parallel.backend=nccl"]), ddp, cpu,
                               "fp32")
     with pytest.raises(ConfigError, match="static_graph.*grad_accum_steps"):
         parallel.check_layout(load_config("default", ["parallel.static_graph=true",
-                                                      "train.grad_accum_steps=2"]), "ddp",
+                                                      "train.grad_accum_steps=2"]), ddp,
                               cpu, "fp32")
 
 

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from test_distributed import TOLERANCE, launch
 
 from hpctrain.data import token_pack
 from hpctrain.data.arithmetic import problems
@@ -272,22 +271,6 @@ def test_a_language_model_resumes_bitwise(tmp_path, run_cli, lm_cache, batching)
     if batching == "documents":
         assert 0 < json.loads((tmp_path / "resumed" / "summary.json").read_text())[
             "padding_fraction"] < 1
-
-
-@pytest.mark.distributed
-def test_two_processes_train_a_language_model_as_one_does(tmp_path, lm_cache):
-    common = [*LM, f"data.arithmetic.cache_dir={lm_cache}", f"output_dir={tmp_path}",
-              "train.max_steps=20", "train.log_every=1", "train.global_batch_size=16",
-              "train.eval_every_epochs=100"]
-    for nproc, name in ((1, "one"), (2, "two")):
-        done = launch(nproc, [*common, f"run_name={name}"], recipe="tiny-lm")
-        assert done.returncode == 0, done.stderr[-3000:]
-    one, two = train_records(tmp_path / "one"), train_records(tmp_path / "two")
-    assert [r["step"] for r in two] == list(range(1, 21))
-    for a, b in zip(one, two, strict=True):
-        assert abs(a["loss"] - b["loss"]) <= TOLERANCE, f"step {a['step']}"
-    assert [r["val_loss"] for r in train_records(tmp_path / "one", "eval")] == pytest.approx(
-        [r["val_loss"] for r in train_records(tmp_path / "two", "eval")], abs=TOLERANCE)
 
 
 @pytest.mark.slow

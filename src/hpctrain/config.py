@@ -358,8 +358,28 @@ class CheckpointConfig(Section):
 
 
 class ParallelConfig(Section):
+    data: int | Auto = Field("auto", description="processes in the data dimension (each a "
+                             "share of the batch); auto: the world size / (tensor x pipeline)")
+    tensor: int = Field(1, ge=1, description="processes that split each layer's matrices "
+                        "(tensor parallelism, within one node)")
+    pipeline: int = Field(1, ge=1, description="processes that each hold a run of the "
+                          "model's blocks (pipeline parallelism)")
     strategy: Literal["auto", "none", "ddp", "fsdp"] = Field(
-        "auto", description="auto: ddp with more than one process, none with one")
+        "auto", description="the data dimension: auto is ddp with more than one process and "
+        "only data parallelism, fsdp with tensor or pipeline parallelism, none with one")
+    sequence_parallel: bool = Field(False, description="tensor parallelism: the norms and the "
+                                    "residual stream split over the sequence too (less memory "
+                                    "for activations)")
+    tensor_plan: dict[str, Literal["colwise", "rowwise"]] = Field(
+        default_factory=dict, description="tensor parallelism for a model without a built-in "
+        "plan: module-name patterns (fnmatch, e.g. 'layers.*.fc1') -> colwise or rowwise")
+
+    @field_validator("data")
+    @classmethod
+    def _at_least_one(cls, value):
+        if value != "auto" and value < 1:
+            raise ValueError(f"{value} is not a number of processes: give 1 or more, or auto")
+        return value
     backend: Literal["auto", "nccl", "gloo"] = "auto"
     timeout_seconds: float = Field(600, gt=0, description="how long a collective may wait "
                                                           "for the other ranks")

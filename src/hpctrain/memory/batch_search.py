@@ -33,6 +33,7 @@ from hpctrain.memory.estimate import Target, output_width, step_spec
 from hpctrain.memory.simulate import run_steps
 from hpctrain.memory.tracker import LiveMemory
 from hpctrain.train import parallel
+from hpctrain.train.layout import resolve_layout
 from hpctrain.train.system import resolve_device
 
 
@@ -69,7 +70,11 @@ class _Runner:
 
     def __init__(self, config: Config, target: Target, env: ProcessEnv, steps: int):
         self.config, self.steps = config, steps
-        self.strategy = parallel.resolve_strategy(config, env)
+        layout = resolve_layout(config, env)
+        if layout.model_parallel:
+            raise ConfigError("--find-batch-size searches data-parallel layouts only; drop "
+                              "parallel.tensor and parallel.pipeline for the search")
+        self.strategy = layout.strategy
         self.device = resolve_device(parallel.local_device(config.device, env))
         if self.device.type != target.device:
             raise ConfigError(
@@ -77,8 +82,8 @@ class _Runner:
                 "GPU node, or search for a CPU process with device=cpu --gpu-memory SIZE")
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
-        parallel.check_layout(config, self.strategy, self.device, target.precision)
-        self.distributed = parallel.start(config, env, self.strategy, self.device)
+        parallel.check_layout(config, layout, self.device, target.precision)
+        self.distributed = parallel.start(config, env, layout, self.device)
         self.spec = step_spec(config, target, output_width(config)[0])
         self.limit = None
         if self.device.type == "cuda":

@@ -18,7 +18,7 @@ from hpctrain.errors import ConfigError
 
 BLOCK_TYPES = {
     "BasicBlock", "Bottleneck",               # torchvision ResNets
-    "ResidualBlock",                          # hpctrain built-ins
+    "ResidualBlock", "Block",                 # hpctrain built-ins (Block: the GPT's)
     "EncoderBlock",                           # torchvision ViT
     "InvertedResidual", "MBConv", "FusedMBConv", "CNBlock",  # MobileNet, EfficientNet, ConvNeXt
     "TransformerEncoderLayer", "TransformerDecoderLayer",    # torch.nn transformers

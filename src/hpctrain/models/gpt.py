@@ -61,18 +61,31 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 class SelfAttention(nn.Module):
+    """Causal self-attention. Queries, keys and values are three projections rather than one
+    fused one, so that a column-wise split over tensor-parallel ranks gives each rank whole
+    heads; the shapes below are read from the tensors (`-1`), which then hold only this
+    rank's heads."""
+
     def __init__(self, shape: GPTShape):
         super().__init__()
-        self.heads = shape.heads
-        self.qkv = nn.Linear(shape.width, 3 * shape.width, bias=False)
+        self.head_dim = shape.head_dim
+        self.q = nn.Linear(shape.width, shape.width, bias=False)
+        self.k = nn.Linear(shape.width, shape.width, bias=False)
+        self.v = nn.Linear(shape.width, shape.width, bias=False)
         self.out = nn.Linear(shape.width, shape.width, bias=False)
+        cos, sin = rotary_tables(shape.context, shape.head_dim)
+        # not in the state dict: derived from the shape, and the same at any precision. Each
+        # block holds its own, so that a block is a whole stage of computation (pipelines)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        batch, time, width = x.shape
-        q, k, v = self.qkv(x).view(batch, time, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, time = x.shape[:2]
+        q, k, v = (proj(x).view(batch, time, -1, self.head_dim).transpose(1, 2)
+                   for proj in (self.q, self.k, self.v))
+        q, k = rotate(q, self.cos, self.sin), rotate(k, self.cos, self.sin)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.out(y.transpose(1, 2).reshape(batch, time, width))
+        return self.out(y.transpose(1, 2).reshape(batch, time, -1))
 
 
 class MLP(nn.Module):
@@ -93,8 +106,8 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(shape.width)
         self.mlp = MLP(shape.width)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention(self.norm1(x), cos, sin)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.norm1(x))
         return x + self.mlp(self.norm2(x))
 
 
@@ -112,10 +125,6 @@ class GPT(nn.Module):
         self.norm = nn.LayerNorm(shape.width)
         self.head = nn.Linear(shape.width, vocab_size, bias=False)
         self.head.weight = self.embed.weight  # tied
-        cos, sin = rotary_tables(shape.context, shape.head_dim)
-        # not in the state dict: derived from the shape, and the same at any precision
-        self.register_buffer("cos", cos, persistent=False)
-        self.register_buffer("sin", sin, persistent=False)
         self.apply(self._init)
         for block in self.blocks:  # GPT-2's scaling of the residual projections by depth
             for layer in (block.attention.out, block.mlp.down):
@@ -133,7 +142,7 @@ class GPT(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.embed(tokens)
         for block in self.blocks:
-            x = block(x, self.cos, self.sin)
+            x = block(x)
         return self.head(self.norm(x))
 
 

@@ -1,5 +1,6 @@
 """Build everything a run needs from one Config and the process environment, in order:
-layout checks, process group, run directory, data, model (wrapped for DDP/FSDP), optimiser.
+layout checks, process group, run directory, data, model (split for tensor parallelism,
+wrapped for DDP/FSDP), optimiser.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from hpctrain.data.streams import Stream
 from hpctrain.errors import ConfigError, DataError
 from hpctrain.models.checkpointing import enable_activation_checkpointing
 from hpctrain.models.registry import build_model, check_model_takes
-from hpctrain.train import parallel
+from hpctrain.train import parallel, tensor_parallel
 from hpctrain.train.checkpoint import Checkpointer
+from hpctrain.train.layout import resolve_layout
 from hpctrain.train.optim import WeightEma, build_optimizer, build_scheduler, scaled_lr
 from hpctrain.train.parallel import Distributed
 from hpctrain.train.precision import Precision
@@ -100,25 +102,39 @@ def _task(config: Config, data: DataBundle, device: torch.device, plan: SystemPl
         config.data.augment, data.num_classes, config.train.label_smoothing, batch_size)
 
 
+def _sketch(config: Config) -> nn.Module:
+    """The model on the meta device (no memory, no data needed): its shape, to check a
+    tensor-parallel split before any process group exists."""
+    tokens = config.task_name == "language_modeling"
+    with torch.device("meta"):
+        return build_model(config.model.name, None if tokens else 10, config.model.kwargs,
+                           vocab_size=256 if tokens else None,
+                           points=config.data.kind == "points",
+                           image_sizes=image_sizes(config.data))
+
+
 def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
     """All parts of a run; `env` defaults to the environment this process was started in."""
     env = env or detect()
     # ---- decide and check the layout before any process group exists ----
-    strategy = parallel.resolve_strategy(config, env)
+    layout = resolve_layout(config, env)
     plan = plan_system(config, parallel.local_device(config.device, env))
     device = torch.device(plan.device)
-    batch_size, global_batch = parallel.per_device_batch(config, env.world_size)
-    parallel.check_layout(config, strategy, device, plan.precision)
+    batch_size, global_batch = parallel.per_device_batch(config, layout.data)
+    parallel.check_layout(config, layout, device, plan.precision)
     check_model_takes(config.model.name, config.data.kind)
+    if layout.tensor > 1 and not user_code.is_code_reference(config.model.name):
+        tensor_parallel.checked_plan(_sketch(config), config, layout.tensor)
+    strategy = layout.strategy
 
-    distributed = parallel.start(config, env, strategy, device)
+    distributed = parallel.start(config, env, layout, device)
     apply_global_switches(plan, config.seed)
     place = _on_rank0(distributed, lambda: resolve_run(config))
     job_end = _on_rank0(distributed, lambda: job_end_time(env.job_id, os.environ)
                         if env.job_id and config.preemption.deadline == "auto" else None)
     with distributed.node_leader_first():  # one rank per node fills the dataset cache
-        data = build_data(config.data, batch_size, config.seed, device, env.rank,
-                          env.world_size, env.local_world_size, (config.preemption.signal,))
+        data = build_data(config.data, batch_size, config.seed, device, distributed.data_rank,
+                          layout.data, env.local_world_size, (config.preemption.signal,))
 
     # ---- the model, then its distributed wrapper ----
     model = build_model(config.model.name, data.num_classes, config.model.kwargs,
@@ -126,13 +142,14 @@ def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
                         image_sizes=image_sizes(config.data))
     if data.vocab_size is not None:
         check_vocabulary(model, data.vocab_size, config.data.tokens.seq_len, config.model.name)
-    if config.model.activation_checkpointing:
-        model = enable_activation_checkpointing(model, config.model.name)
     model = parallel.convert_batchnorm(model, config, strategy)
     memory_format = torch.channels_last if plan.channels_last else torch.preserve_format
     model = model.to(device=device, memory_format=memory_format)
     if user_code.is_code_reference(config.model.name):  # hpctrain's own are seeded alike
         distributed.same_weights(model)
+    model = parallel.split_tensors(model, distributed, config)
+    if config.model.activation_checkpointing:
+        model = enable_activation_checkpointing(model, config.model.name)
     wrapped = parallel.wrap_model(model, distributed, config, device, plan.precision)
     forward = torch.compile(wrapped, mode=config.compile_mode) if plan.compile else wrapped
 
@@ -157,7 +174,8 @@ def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
         config=config, plan=plan, device=device, distributed=distributed, place=place,
         data=data, model=model, forward=forward,
         gradient_sync=parallel.gradient_sync(forward), optimizer=optimizer,
-        scheduler=scheduler, precision=Precision(plan.precision, device),
+        scheduler=scheduler,
+        precision=Precision(plan.precision, device, distributed.clip_function()),
         ema=WeightEma(model, config.optim.ema.decay) if config.optim.ema.enabled else None,
         task=task,
         checkpointer=Checkpointer(place.run_dir / "checkpoints", config.checkpoint.keep_last,

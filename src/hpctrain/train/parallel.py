@@ -1,8 +1,9 @@
-"""Data parallelism: the process group, DDP or FSDP2, and the few collectives the loop needs.
+"""The process group, the model's distributed form (DDP, FSDP2, tensor parallelism on a
+DeviceMesh), and the few collectives the loop needs.
 
-Everything is decided once, at build, from the config and the process environment. The layout
-is checked before the process group starts, because a wrong layout (more ranks than GPUs, a
-global batch that does not divide) otherwise shows up as a hang in the first collective.
+Everything is decided once, at build, from the config and the process environment (layout.py).
+The layout is checked before the process group starts, because a wrong layout (more ranks than
+GPUs, a global batch that does not divide) otherwise shows up as a hang in the first collective.
 
 Besides the training group (NCCL on GPUs, gloo on CPU) a small gloo group carries the
 CPU-side agreements: the per-step stop flag and the timings gathered at logging intervals.
@@ -28,15 +29,24 @@ from hpctrain.config import Config
 from hpctrain.data.loader import usable_cpus
 from hpctrain.errors import ConfigError, DeviceError, RunFailed
 from hpctrain.models.checkpointing import is_block
+from hpctrain.train import grad_norm, tensor_parallel
+from hpctrain.train.layout import Layout
 
 
 @dataclass
 class Distributed:
     env: ProcessEnv
-    strategy: str  # none | ddp | fsdp
+    layout: Layout
     control: object | None = None  # the gloo group for CPU-side agreements
     checkpoints: object | None = None  # the gloo group for checkpoint collectives
     hosts: tuple[str, ...] = ()
+    # (pipeline, replicate, shard, tensor) when one model copy spans several processes; the
+    # data dimension is `replicate` under ddp and `shard` under fsdp, the other one is 1
+    mesh: object | None = None
+
+    @property
+    def strategy(self) -> str:  # the data dimension: none | ddp | fsdp
+        return self.layout.strategy
 
     @property
     def rank(self) -> int:
@@ -54,11 +64,44 @@ class Distributed:
     def active(self) -> bool:
         return self.env.world_size > 1
 
+    @property
+    def data_rank(self) -> int:
+        """Which share of each batch this rank trains on (ranks of one tensor-parallel group
+        share theirs)."""
+        return self.layout.coordinates(self.rank)[1]
+
+    @property
+    def reports(self) -> bool:
+        """Whether this rank's figures count: one rank per data share (the first of its
+        tensor-parallel group, which all compute the same loss)."""
+        return self.layout.coordinates(self.rank)[2] == 0
+
     def sum_(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Sum `tensor` over ranks in place (on its device, in the training group)."""
+        """Sum `tensor` (figures of this rank's data) over ranks in place, each data share
+        counted once (on its device, in the training group)."""
         if self.active:
+            if not self.reports:
+                tensor.zero_()
             dist.all_reduce(tensor)
         return tensor
+
+    def clip_function(self):
+        """How to clip gradients: torch's clip_grad_norm_, or a norm over the pieces of a
+        model copy spread over several processes."""
+        if not self.layout.model_parallel:
+            return torch.nn.utils.clip_grad_norm_
+        per_stage = self.layout.data * self.layout.tensor
+        return lambda parameters, max_norm: grad_norm.clip_(list(parameters), max_norm,
+                                                            per_stage)
+
+    def weights_norm(self, model: nn.Module) -> torch.Tensor:
+        """The norm of all the model's weights, the same on every rank (collective under
+        sharding)."""
+        params = [p.detach() for p in model.parameters()]
+        if self.layout.model_parallel:
+            return grad_norm.total_norm(params, self.layout.data * self.layout.tensor)
+        norm = torch.nn.utils.get_total_norm(params)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
     def any(self, flag: int) -> int:
         """The largest of the ranks' small integer flags (0 = nothing to report)."""
@@ -119,18 +162,6 @@ class Distributed:
             yield
 
 
-def resolve_strategy(config: Config, env: ProcessEnv) -> str:
-    wanted = config.parallel.strategy
-    if env.world_size == 1:
-        return "none"
-    if wanted == "none":
-        raise ConfigError(
-            f"parallel.strategy=none, but {env.world_size} processes were started "
-            f"({env.launcher}): each would train its own copy. Use parallel.strategy=ddp (or "
-            "auto), or start one process.")
-    return "ddp" if wanted == "auto" else wanted
-
-
 def local_device(setting: str, env: ProcessEnv) -> str:
     """This rank's device: cuda:LOCAL_RANK when the node's GPUs are all visible, cuda:0 when
     the launcher gave each task its own GPU (srun --gpus-per-task)."""
@@ -148,25 +179,26 @@ def local_device(setting: str, env: ProcessEnv) -> str:
         "(CUDA_VISIBLE_DEVICES, --gpus-per-node)")
 
 
-def per_device_batch(config: Config, world_size: int) -> tuple[int, int]:
-    """(per-device micro-batch, global batch) for this many processes."""
+def per_device_batch(config: Config, data_size: int) -> tuple[int, int]:
+    """(per-device micro-batch, global batch) for this many shares of the data (processes,
+    unless tensor or pipeline parallelism groups them)."""
     train = config.train
-    per_step = world_size * train.grad_accum_steps
+    per_step = data_size * train.grad_accum_steps
     if train.global_batch_size is None:
         return train.batch_size, train.batch_size * per_step
     if train.global_batch_size % per_step:
         low = max(per_step, train.global_batch_size // per_step * per_step)
         raise ConfigError(
             f"train.global_batch_size={train.global_batch_size} does not divide among "
-            f"{world_size} process(es) x {train.grad_accum_steps} accumulation step(s); use a "
-            f"multiple of {per_step} (e.g. {low} or {low + per_step}) or change "
-            "train.grad_accum_steps")
+            f"{data_size} process(es) of the data dimension x {train.grad_accum_steps} "
+            f"accumulation step(s); use a multiple of {per_step} (e.g. {low} or "
+            f"{low + per_step}) or change train.grad_accum_steps")
     return train.global_batch_size // per_step, train.global_batch_size
 
 
-def check_layout(config: Config, strategy: str, device: torch.device, precision: str) -> None:
+def check_layout(config: Config, layout: Layout, device: torch.device, precision: str) -> None:
     """Refuse what cannot work, before any process group exists."""
-    p = config.parallel
+    p, strategy = config.parallel, layout.strategy
     if p.backend == "nccl" and device.type != "cuda":
         raise ConfigError("parallel.backend=nccl needs GPUs; on CPU use gloo (or auto)")
     if p.static_graph and strategy == "ddp" and config.train.grad_accum_steps > 1:
@@ -190,12 +222,27 @@ def check_layout(config: Config, strategy: str, device: torch.device, precision:
         if p.sync_batchnorm:
             raise ConfigError("parallel.sync_batchnorm=true applies to ddp only; set it to "
                               "false with parallel.strategy=fsdp")
+    if layout.model_parallel:
+        named = f"parallel.tensor={layout.tensor}"
+        if precision == "fp16":
+            raise ConfigError(f"{named} with precision=fp16 is not supported: use "
+                              "precision=bf16 (no loss scaling needed)")
+        if config.optim.ema.enabled:
+            raise ConfigError(f"optim.ema.enabled=true is not supported with {named} yet; "
+                              "switch EMA off")
+        if p.sync_batchnorm:
+            raise ConfigError(f"parallel.sync_batchnorm=true applies to data parallelism "
+                              f"alone; set it to false with {named}")
+        if config.optim.name in ("lars", "lamb"):
+            raise ConfigError(f"optim.name={config.optim.name} scales each layer's step by "
+                              f"its whole norm, which {named} splits; use adamw or sgd")
 
 
-def start(config: Config, env: ProcessEnv, strategy: str, device: torch.device) -> Distributed:
-    """Join the process group (nothing to do for one process)."""
+def start(config: Config, env: ProcessEnv, layout: Layout, device: torch.device) -> Distributed:
+    """Join the process group (nothing to do for one process), and lay the ranks out on a
+    DeviceMesh when one model copy spans several of them."""
     if env.world_size == 1:
-        return Distributed(env, strategy, hosts=(env.hostname,))
+        return Distributed(env, layout, hosts=(env.hostname,))
     if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
         # srun sets no thread count: without this each process would use every core
         torch.set_num_threads(max(1, usable_cpus() // env.local_world_size))
@@ -215,19 +262,39 @@ def start(config: Config, env: ProcessEnv, strategy: str, device: torch.device) 
     checkpoints = dist.new_group(backend="gloo", timeout=timeout)
     hosts: list = [None] * env.world_size
     dist.all_gather_object(hosts, env.hostname, group=control)
-    return Distributed(env, strategy, control, checkpoints, tuple(hosts))
+    mesh = None
+    if layout.model_parallel:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        ddp = layout.strategy == "ddp"
+        mesh = init_device_mesh(
+            device.type, (layout.pipeline, layout.data if ddp else 1,
+                          1 if ddp else layout.data, layout.tensor),
+            mesh_dim_names=("pipeline", "replicate", "shard", "tensor"))
+    return Distributed(env, layout, control, checkpoints, tuple(hosts), mesh)
+
+
+def split_tensors(model: nn.Module, distributed: Distributed, config: Config) -> nn.Module:
+    """Tensor parallelism: `model`'s matrices split over its tensor-parallel group, in place
+    (before activation checkpointing and FSDP wrap the blocks)."""
+    tensor = distributed.layout.tensor
+    if tensor == 1:
+        return model
+    plan = tensor_parallel.checked_plan(model, config, tensor)
+    return tensor_parallel.apply(model, distributed.mesh["tensor"], plan,
+                                 config.parallel.sequence_parallel)
 
 
 def wrap_model(model: nn.Module, distributed: Distributed, config: Config,
                device: torch.device, precision: str) -> nn.Module:
     """The module the training step calls: DDP around `model`, or `model` sharded in place."""
     p = config.parallel
-    if distributed.strategy == "ddp":
+    if distributed.strategy == "ddp" and distributed.mesh is None:
         return nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None,
             bucket_cap_mb=p.bucket_cap_mb, gradient_as_bucket_view=p.gradient_as_bucket_view,
             static_graph=p.static_graph)
-    if distributed.strategy == "fsdp":
+    if distributed.strategy in ("ddp", "fsdp"):  # ddp here: FSDP2 replicating, on the mesh
         from torch.distributed.fsdp import (
             CPUOffloadPolicy,
             MixedPrecisionPolicy,
@@ -239,6 +306,8 @@ def wrap_model(model: nn.Module, distributed: Distributed, config: Config,
             if bf16_parameters(model, precision) else MixedPrecisionPolicy()
         options = dict(mp_policy=mixed, reshard_after_forward=p.reshard_after_forward,
                        offload_policy=CPUOffloadPolicy() if p.cpu_offload else OffloadPolicy())
+        if distributed.mesh is not None:
+            options["mesh"] = distributed.mesh["replicate", "shard"]
         for block in [m for m in model.modules() if is_block(m)]:
             fully_shard(block, **options)
         fully_shard(model, **options)

@@ -8,6 +8,7 @@ code with Tensor Core matmuls, switched on globally in system.py.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import torch
 
@@ -15,8 +16,12 @@ AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 class Precision:
-    def __init__(self, name: str, device: torch.device):
+    def __init__(self, name: str, device: torch.device,
+                 clip: Callable = torch.nn.utils.clip_grad_norm_):
+        """`clip(parameters, max_norm)`: torch's, or grad_norm.clip_ when one model copy spans
+        several processes."""
         self.name = name
+        self.clip = clip
         self.device_type = device.type
         self.dtype = AUTOCAST_DTYPES.get(name)
         self.scaler = torch.amp.GradScaler(device.type) if name == "fp16" else None
@@ -34,12 +39,12 @@ class Precision:
         if self.scaler:
             if clip_norm:
                 self.scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(parameters, clip_norm)
+                self.clip(parameters, clip_norm)
             self.scaler.step(optimizer)
             self.scaler.update()
             return
         if clip_norm:
-            torch.nn.utils.clip_grad_norm_(parameters, clip_norm)
+            self.clip(parameters, clip_norm)
         optimizer.step()
 
     def state_dict(self) -> dict:

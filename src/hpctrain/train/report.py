@@ -28,13 +28,14 @@ def banner(parts, resume_from: Path | None) -> str:
         f"{len(parts.data.val_loader.dataset)} val {_samples(parts)}, "
         f"{parts.data.num_workers} workers per process)",
         f"  global batch {parts.global_batch_size} (batch {parts.batch_size} x "
-        f"{parts.world_size} process(es) x accumulation {c.train.grad_accum_steps}), "
+        f"{parts.distributed.layout.data} process(es) x accumulation "
+        f"{c.train.grad_accum_steps}), "
         f"{parts.total_steps} steps, {c.optim.name} effective lr {parts.effective_lr:.4g} "
         f"({c.optim.lr_scaling} scaling)",
     ]
     if env.world_size > 1:
         lines.append(f"  {env.world_size} processes ({env.launcher}, {env.num_nodes} node(s) x "
-                     f"{env.local_world_size}), strategy {parts.distributed.strategy}")
+                     f"{env.local_world_size}), {parts.distributed.layout.describe()}")
     if parts.deadline is not None:
         lines.append("  will save and stop at " + time.strftime(
             "%Y-%m-%d %H:%M:%S", time.localtime(parts.deadline)) + " (before the time limit)")
@@ -117,6 +118,8 @@ def summary(parts, progress, clock, status: str) -> dict:
         "device": parts.plan.device_name,
         "world_size": parts.world_size,
         "strategy": parts.distributed.strategy,
+        "layout": {dimension: getattr(parts.distributed.layout, dimension)
+                   for dimension in ("data", "tensor", "pipeline")},
         "launcher": parts.distributed.env.launcher,
         "precision": parts.plan.precision,
         "device_hours": progress.device_hours + job_seconds * parts.world_size / 3600,

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import torch
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.tensor import DTensor
 
 from hpctrain.config import Config, flatten
 from hpctrain.errors import ConfigError
@@ -71,10 +70,7 @@ def save(parts, progress: Progress, elapsed: float) -> bool:
     never replaces a good one); False when skipped. `elapsed`: seconds this job has run, added
     to the run's totals in the checkpoint. Collective: every rank reaches the same decision
     (replicated or all-reduced norm)."""
-    norm = torch.nn.utils.get_total_norm([p.detach() for p in parts.model.parameters()])
-    if isinstance(norm, DTensor):
-        norm = norm.full_tensor()
-    if not torch.isfinite(norm):
+    if not torch.isfinite(parts.distributed.weights_norm(parts.model)):
         return False
     parts.distributed.align_buffers(parts.model)
     totals = dataclasses.replace(

@@ -1,0 +1,102 @@
+"""How the processes of a run divide the work: the data, tensor and pipeline dimensions.
+
+`parallel.data x parallel.tensor x parallel.pipeline` processes make one run. Ranks are laid
+out pipeline-major and tensor-innermost, as torchtitan does it: the `tensor` consecutive ranks
+of a tensor-parallel group are started on one node by torchrun and srun alike, so the
+activations they exchange at every layer never leave the node. Everything here is decided
+from the configuration and the process environment alone, before any process group exists:
+a layout that cannot work is refused on every rank alike, with the sizes that would work,
+instead of hanging in the first collective.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hpctrain.cluster.environment import ProcessEnv
+from hpctrain.config import Config
+from hpctrain.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Layout:
+    data: int  # data-parallel replicas (or FSDP shards): each trains on its share of the batch
+    tensor: int = 1  # ranks that split each layer's matrices
+    pipeline: int = 1  # ranks that each hold a run of consecutive blocks
+    strategy: str = "none"  # the data dimension: none | ddp | fsdp
+
+    @property
+    def size(self) -> int:
+        return self.data * self.tensor * self.pipeline
+
+    @property
+    def model_parallel(self) -> bool:
+        """Whether one model copy spans several processes (then the run has a DeviceMesh)."""
+        return self.tensor > 1 or self.pipeline > 1
+
+    def coordinates(self, rank: int) -> tuple[int, int, int]:
+        """(pipeline stage, data index, tensor index) of `rank`."""
+        rest, tensor = divmod(rank, self.tensor)
+        stage, data = divmod(rest, self.data)
+        return stage, data, tensor
+
+    def describe(self) -> str:
+        parts = [f"data {self.data} ({self.strategy})" if self.data > 1 else None,
+                 f"tensor {self.tensor}" if self.tensor > 1 else None,
+                 f"pipeline {self.pipeline}" if self.pipeline > 1 else None]
+        return " x ".join(p for p in parts if p) or "one process"
+
+
+def _splits(world: int) -> str:
+    """The (tensor, pipeline) pairs that fit `world` processes, as settings."""
+    pairs = [(t, world // t) for t in range(1, world + 1) if world % t == 0]
+    return ", ".join(f"tensor={t} pipeline={p}" for t, p in pairs[:8])
+
+
+def resolve_layout(config: Config, env: ProcessEnv) -> Layout:
+    """The run's layout for the processes `env` says were started, or a ConfigError."""
+    p = config.parallel
+    world, per_copy = env.world_size, p.tensor * p.pipeline
+    named = f"parallel.tensor={p.tensor} x parallel.pipeline={p.pipeline}"
+    if p.data == "auto":
+        if world % per_copy:
+            raise ConfigError(
+                f"{named} is {per_copy} processes per model copy, but {world} process(es) were "
+                f"started ({env.launcher}): start a multiple of {per_copy}, or with {world} use "
+                f"one of: {_splits(world)}")
+        data = world // per_copy
+    else:
+        data = p.data
+        if data * per_copy != world:
+            fits = f"parallel.data={world // per_copy}" if world % per_copy == 0 else \
+                f"parallel.data=1 with one of: {_splits(world)}"
+            raise ConfigError(
+                f"parallel.data={data} x {named} is {data * per_copy} processes, but {world} "
+                f"were started ({env.launcher}): with {world} use {fits}, or parallel.data=auto")
+    if p.tensor > 1 and env.local_world_size % p.tensor:
+        divisors = [d for d in range(1, env.local_world_size + 1)
+                    if env.local_world_size % d == 0]
+        raise ConfigError(
+            f"parallel.tensor={p.tensor}: a tensor-parallel group exchanges activations at "
+            f"every layer and must sit on one node, but {env.hostname} runs "
+            f"{env.local_world_size} process(es); use parallel.tensor="
+            f"{' or '.join(map(str, divisors))}, or start a multiple of {p.tensor} processes "
+            "per node")
+    if p.pipeline > 1:
+        raise ConfigError("parallel.pipeline > 1: pipeline parallelism is not built yet "
+                          "(issue 19 is in progress); use parallel.tensor and parallel.data")
+    return Layout(data, p.tensor, p.pipeline, _strategy(config, env, data, per_copy > 1))
+
+
+def _strategy(config: Config, env: ProcessEnv, data: int, model_parallel: bool) -> str:
+    wanted = config.parallel.strategy
+    if data == 1:
+        return "none"
+    if wanted == "none":
+        raise ConfigError(
+            f"parallel.strategy=none, but {data} data-parallel copies of the model were "
+            f"started ({env.world_size} processes, {env.launcher}): each would train its own "
+            "copy. Use parallel.strategy=ddp, fsdp or auto, or start fewer processes.")
+    if wanted == "auto":
+        return "fsdp" if model_parallel else "ddp"
+    return wanted

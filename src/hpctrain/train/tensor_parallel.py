@@ -1,0 +1,180 @@
+"""Tensor parallelism: each layer's matrices split over the ranks of a tensor-parallel group,
+with PyTorch's DTensor and `parallelize_module`.
+
+Megatron's pairing: the first matrix of a pair is split column-wise (the attention's query, key
+and value projections; the MLP's up projection), so each rank computes whole heads or a slice
+of the hidden units on its own; the second is split row-wise (the attention's output, the MLP's
+down projection) and the ranks' partial results are summed, one all-reduce per pair forward
+and one backward. The token embedding is split over the vocabulary and the output layer
+column-wise, so their weights, tied in the GPT, are split alike.
+
+With `parallel.sequence_parallel` the norms and the residual stream between the blocks are
+split over the sequence as well: each all-reduce becomes a reduce-scatter plus an all-gather
+(the same traffic), and the activations outside the matrix products take 1/tensor the memory.
+
+A plan maps module-name patterns (fnmatch: `blocks.*.mlp.up`) to a style. The built-in GPT
+has its own; any other model takes `parallel.tensor_plan` of `colwise` and `rowwise` entries,
+which suits models whose layers read their shapes from the tensors they get.
+"""
+
+from __future__ import annotations
+
+from fnmatch import fnmatchcase
+
+from torch import nn
+
+from hpctrain.errors import ConfigError
+from hpctrain.models.gpt import GPT
+
+GPT_PLAN = {
+    "embed": "embedding",
+    "blocks.*.attention.[qkv]": "colwise",
+    "blocks.*.attention.out": "rowwise",
+    "blocks.*.mlp.up": "colwise",
+    "blocks.*.mlp.down": "rowwise",
+    "head": "output",
+}
+# with sequence parallelism: the norms work on a share of the sequence, and the inputs of the
+# attention and the MLP are gathered whole before their column-wise projections
+GPT_SEQUENCE_PLAN = {
+    "blocks.*.norm[12]": "norm",
+    "norm": "norm",
+    "blocks.*.attention": "gather",
+    "blocks.*.mlp": "gather",
+}
+
+
+def checked_plan(model: nn.Module, config, tensor: int) -> dict[str, str]:
+    """The plan for `model` (which may be a sketch on the meta device) under
+    parallel.tensor=`tensor`, or a ConfigError saying why the split cannot work."""
+    p = config.parallel
+    plan = plan_for(model, p.tensor_plan, p.sequence_parallel, config.model.name)
+    seq_len = config.data.tokens.seq_len if config.task_name == "language_modeling" else None
+    check(model, plan, tensor, p.sequence_parallel, seq_len)
+    return plan
+
+
+def plan_for(model: nn.Module, tensor_plan: dict[str, str], sequence_parallel: bool,
+             model_name: str) -> dict[str, str]:
+    """The plan (pattern -> style) for `model`: the built-in one, or the recipe's."""
+    if isinstance(model, GPT):
+        if tensor_plan:
+            raise ConfigError(f"parallel.tensor_plan: {model_name} has a built-in tensor-"
+                              "parallel plan; leave parallel.tensor_plan empty")
+        return {**GPT_PLAN, **(GPT_SEQUENCE_PLAN if sequence_parallel else {})}
+    if not tensor_plan:
+        raise ConfigError(
+            f"parallel.tensor > 1: {model_name} has no built-in tensor-parallel plan. Give one "
+            "as parallel.tensor_plan, module-name patterns mapped to colwise or rowwise, e.g. "
+            "{'layers.*.fc1': colwise, 'layers.*.fc2': rowwise}; the model's modules are: "
+            + ", ".join(_linear_names(model)[:12]))
+    if sequence_parallel:
+        raise ConfigError("parallel.sequence_parallel=true needs a built-in plan (the GPT); "
+                          "with parallel.tensor_plan set it to false")
+    return dict(tensor_plan)
+
+
+def _linear_names(model: nn.Module) -> list[str]:
+    return [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+
+
+def resolve(model: nn.Module, plan: dict[str, str]) -> dict[str, str]:
+    """Module name -> style for every module the plan's patterns match (the first pattern
+    that matches a module wins); a pattern that matches nothing is a ConfigError."""
+    chosen: dict[str, str] = {}
+    for pattern, style in plan.items():
+        names = [name for name, _ in model.named_modules()
+                 if name and fnmatchcase(name, pattern) and name not in chosen]
+        if not names:
+            raise ConfigError(f"parallel.tensor_plan: {pattern!r} matches no module of the "
+                              "model; its Linear layers are: "
+                              + ", ".join(_linear_names(model)[:12]))
+        chosen.update(dict.fromkeys(names, style))
+    return chosen
+
+
+def check(model: nn.Module, plan: dict[str, str], tensor: int, sequence_parallel: bool,
+          seq_len: int | None) -> None:
+    """Refuse a split that does not divide: heads, widths, the vocabulary, the sequence."""
+    if isinstance(model, GPT) and model.shape.heads % tensor:
+        raise ConfigError(
+            f"parallel.tensor={tensor} does not divide the model's {model.shape.heads} "
+            f"attention heads (each rank computes whole heads); use parallel.tensor="
+            f"{' or '.join(map(str, _divisors(model.shape.heads)))}")
+    for name, style in resolve(model, plan).items():
+        if style in ("norm", "gather"):
+            continue  # they split the sequence, checked below
+        module = model.get_submodule(name)
+        size, what = _split_size(module, style)
+        if size is None:
+            raise ConfigError(f"parallel.tensor_plan: {name} is a {type(module).__name__}; "
+                              f"{style} splits nn.Linear layers only")
+        if size % tensor:
+            raise ConfigError(
+                f"parallel.tensor={tensor} does not divide {name}'s {size} {what} ({style}); "
+                f"use parallel.tensor={' or '.join(map(str, _divisors(size)))}")
+    if sequence_parallel and seq_len is not None and seq_len % tensor:
+        raise ConfigError(
+            f"parallel.sequence_parallel=true splits each sequence over the {tensor} ranks, "
+            f"but data.tokens.seq_len={seq_len} does not divide; use a seq_len that is a "
+            f"multiple of {tensor}")
+
+
+def _split_size(module: nn.Module, style: str) -> tuple[int | None, str]:
+    if style == "embedding" and isinstance(module, nn.Embedding):
+        return module.num_embeddings, "vocabulary rows"
+    if style in ("colwise", "output") and isinstance(module, nn.Linear):
+        return module.out_features, "output features"
+    if style == "rowwise" and isinstance(module, nn.Linear):
+        return module.in_features, "input features"
+    return None, ""
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, min(n, 8) + 1) if n % d == 0]
+
+
+def apply(model: nn.Module, mesh, plan: dict[str, str], sequence_parallel: bool) -> nn.Module:
+    """Split `model` over the tensor-parallel `mesh` in place; weights tied before are tied
+    after (parallelize_module replaces each parameter by a DTensor of its own)."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    ties = _tied_parameters(model)
+    styles = {name: _style(style, sequence_parallel)
+              for name, style in resolve(model, plan).items()}
+    parallelize_module(model, mesh, styles)
+    for names in ties:
+        kept = model.get_parameter(names[0])
+        for name in names[1:]:
+            owner, _, attr = name.rpartition(".")
+            split = model.get_parameter(name)
+            if getattr(split, "placements", None) != getattr(kept, "placements", None):
+                raise ConfigError(f"the tied weights {names[0]} and {name} are split "
+                                  "differently by the tensor-parallel plan; give both the same "
+                                  "split (e.g. an embedding and a column-wise output layer)")
+            setattr(model.get_submodule(owner), attr, kept)
+    return model
+
+
+def _tied_parameters(model: nn.Module) -> list[list[str]]:
+    by_id: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        by_id.setdefault(id(param), []).append(name)
+    return [names for names in by_id.values() if len(names) > 1]
+
+
+def _style(name: str, sequence_parallel: bool):
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
+                                                   RowwiseParallel, SequenceParallel)
+
+    between = Shard(1) if sequence_parallel else Replicate()  # the residual stream's layout
+    return {
+        "colwise": lambda: ColwiseParallel(),
+        "rowwise": lambda: RowwiseParallel(output_layouts=between),
+        "embedding": lambda: RowwiseParallel(input_layouts=Replicate(), output_layouts=between),
+        "output": lambda: ColwiseParallel(input_layouts=between, output_layouts=Replicate()),
+        "norm": lambda: SequenceParallel(),
+        "gather": lambda: PrepareModuleInput(input_layouts=(Shard(1),),
+                                             desired_input_layouts=(Replicate(),)),
+    }[name]()

@@ -1,0 +1,149 @@
+"""One model copy over several processes: tensor parallelism alone and with FSDP on a 2-D
+mesh, real torchrun workers on gloo, against one process training the same steps.
+
+fp32 on CPU; TOLERANCE is for the order of float sums (a row-wise split adds the ranks' partial
+products, FSDP sums gradients over ranks, the gradient norm is a sum of per-rank squares).
+Gradient clipping is on, so the norm over DTensors of every kind takes part in each step.
+"""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpctrain.cli import main
+from hpctrain.train.checkpoint import list_checkpoints, read_checkpoint
+from test_distributed import launch, records, wait_for_step, worker_pid
+
+pytestmark = pytest.mark.distributed
+
+TOLERANCE = 1e-5
+STEPS = 20
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory):
+    out = tmp_path_factory.mktemp("model-parallel")
+    return out, [
+        f"output_dir={out / 'runs'}", f"data.arithmetic.cache_dir={out / 'cache'}",
+        "data.arithmetic.num_train=3000", "data.arithmetic.num_val=40",
+        "data.arithmetic.max_operand=30", "data.tokens.seq_len=32", "data.num_workers=0",
+        "model.kwargs.width=32", "model.kwargs.layers=2", "optim.lr=0.01",
+        "optim.grad_clip_norm=0.5", "precision=fp32", "tensorboard=false",
+        f"train.max_steps={STEPS}", "train.log_every=1", "train.global_batch_size=16",
+        "train.eval_every_epochs=100", "checkpoint.every_steps=10", "checkpoint.keep_last=5",
+    ]
+
+
+def run_ok(nproc: int, overrides: list[str], out: Path) -> Path:
+    done = launch(nproc, overrides, recipe="tiny-lm")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return out / "runs" / next(o.split("=", 1)[1] for o in overrides
+                               if o.startswith("run_name="))
+
+
+def same_losses(a: Path, b: Path, steps=range(1, STEPS + 1)) -> None:
+    ours = {r["step"]: r["loss"] for r in records(b, "train")}
+    assert sorted(ours) == list(range(1, STEPS + 1))  # each step logged once
+    for row in records(a, "train"):
+        if row["step"] in steps:
+            assert abs(row["loss"] - ours[row["step"]]) <= TOLERANCE, f"step {row['step']}"
+
+
+def same_weights(a: Path, b: Path) -> None:
+    mine = read_checkpoint(a / "checkpoints" / f"step_{STEPS:08d}")["model"]
+    theirs = read_checkpoint(b / "checkpoints" / f"step_{STEPS:08d}")["model"]
+    assert mine.keys() == theirs.keys()
+    worst = max((mine[k] - theirs[k]).abs().max().item() for k in mine)
+    assert worst <= TOLERANCE
+
+
+@pytest.fixture(scope="module")
+def one(lm):
+    out, overrides = lm
+    return run_ok(1, [*overrides, "run_name=one"], out)
+
+
+def test_tensor_parallel_on_two_processes_trains_as_one_through_a_preemption(lm, one):
+    """TP2 (no data dimension, each block's activations recomputed): each step's loss as one
+    process's; a SIGUSR1 to rank 1 at step 3 saves on both ranks and exits 75, and the resumed
+    run ends with one process's weights."""
+    out, overrides = lm
+    run = out / "runs" / "tp2"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node=2", "-m", "hpctrain", "run", "tiny-lm", *overrides,
+               "run_name=tp2", "parallel.tensor=2", "model.activation_checkpointing=true"]
+    agent = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    rank1 = worker_pid(agent.pid, 1)
+    wait_for_step(run, 3, agent)
+    os.kill(rank1, signal.SIGUSR1)
+    output, _ = agent.communicate(timeout=120)
+    assert "exitcode  : 75" in output or "exitcode: 75" in output, output[-3000:]
+    stopped = json.loads((run / "summary.json").read_text())
+    assert stopped["status"] == "preempted" and stopped["steps"] < STEPS
+    assert stopped["layout"] == {"data": 1, "tensor": 2, "pipeline": 1}
+    saved = list_checkpoints(run / "checkpoints")[-1]
+    assert {p.name for p in saved.glob("rng_*")} == {"rng_rank0.pt", "rng_rank1.pt"}
+
+    run_ok(2, [*overrides, "run_name=tp2", "parallel.tensor=2", "resume=auto",
+               "model.activation_checkpointing=true"], out)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["restarts"] == 1
+    same_losses(one, run)
+    same_weights(one, run)
+
+
+def test_fsdp_by_tensor_parallel_on_four_processes_trains_as_one_and_reshards(lm, one):
+    """FSDP2 x TP2 with sequence parallelism on a (data 2, tensor 2) mesh, the same losses as
+    one process; its step-10 checkpoint resumes on one process and on FSDP over 4 (DCP
+    reshards the DTensors), and both end with one process's weights."""
+    out, overrides = lm
+    both = run_ok(4, [*overrides, "run_name=dp2tp2", "parallel.tensor=2", "parallel.data=2",
+                      "parallel.strategy=fsdp", "parallel.sequence_parallel=true"], out)
+    same_losses(one, both)
+    summary = json.loads((both / "summary.json").read_text())
+    assert (summary["strategy"], summary["world_size"]) == ("fsdp", 4)
+    assert summary["layout"] == {"data": 2, "tensor": 2, "pipeline": 1}
+    for nproc, layout in ((1, []), (4, ["parallel.strategy=fsdp"])):
+        name = f"from-dp2tp2-on-{nproc}"
+        shutil.copytree(both, out / "runs" / name)
+        shutil.rmtree(out / "runs" / name / "checkpoints" / f"step_{STEPS:08d}")
+        resumed = run_ok(nproc, [*overrides, f"run_name={name}", "resume=auto", *layout], out)
+        same_losses(one, resumed, steps=range(11, STEPS + 1))
+        same_weights(one, resumed)
+
+
+# ---- layouts that cannot work: exit 2 before any process group, naming what would -------------
+
+@pytest.mark.parametrize("world, local, settings, message", [
+    (4, 4, ["parallel.tensor=3"], "is 3 processes per model copy, but 4 process.*tensor=2 "),
+    (4, 4, ["parallel.tensor=2", "parallel.data=3"], "with 4 use parallel.data=2"),
+    (4, 2, ["parallel.tensor=4"], "must sit on one node.*use parallel.tensor=1 or 2"),
+    (2, 2, ["parallel.tensor=2", "model.kwargs.heads=3", "model.kwargs.width=48"],
+     "does not divide the model's 3 attention heads"),
+    (2, 2, ["parallel.tensor=2", "parallel.sequence_parallel=true", "data.tokens.seq_len=31"],
+     "seq_len=31 does not divide"),
+    (2, 2, ["parallel.tensor=2", "precision=fp16"], "precision=bf16"),
+    (2, 2, ["parallel.tensor=2", "model.name=hpctrain:tiny_cnn", "data.dataset=shapes"],
+     "no built-in tensor-parallel plan.*parallel.tensor_plan"),
+    (2, 2, ["parallel.tensor=2", "model.name=hpctrain:tiny_cnn", "data.dataset=shapes",
+            "parallel.tensor_plan={'nothing.*': colwise}"], "'nothing.\\*' matches no module"),
+])
+def test_a_layout_that_cannot_work_is_refused_before_any_process_waits(
+        monkeypatch, capsys, world, local, settings, message):
+    """Rank 0 of a torchrun-like environment with no one else started: a refusal must come
+    before the rendezvous, which would otherwise wait for the missing ranks."""
+    for key, value in {"RANK": 0, "WORLD_SIZE": world, "LOCAL_RANK": 0,
+                       "LOCAL_WORLD_SIZE": local, "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": 1}.items():
+        monkeypatch.setenv(key, str(value))
+    code = main(["run", "tiny-lm", "output_dir=/nonexistent/never", *settings])
+    assert code == 2
+    assert re.search(message, capsys.readouterr().err)
