@@ -135,11 +135,12 @@ def test_validation_shards_cover_every_sample_once():
         assert sorted(counted) == list(range(41))
 
 
-@pytest.mark.parametrize("nproc", [1, 4])
+@pytest.mark.parametrize("nproc", [1])
 def test_checkpoint_saved_on_two_processes_resumes_on_another_count(common, two_processes,
                                                                     nproc):
-    """FSDP shards saved by 2 ranks, read back by 1 or 4 ranks: the continued run ends where
-    the uninterrupted 2-process run ended (within TOLERANCE; float sums differ in order)."""
+    """FSDP shards saved by 2 ranks, read back by 1 rank: the continued run ends where the
+    uninterrupted 2-process run ended (within TOLERANCE; float sums differ in order). Onto more
+    ranks: test_model_parallel's 2 x 2 mesh resumed on FSDP over 4."""
     out, overrides = common
     full = two_processes("fsdp")
     resumed = out / "runs" / f"resumed-on-{nproc}"

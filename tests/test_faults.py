@@ -209,7 +209,7 @@ def output_dir_read_only(world):
 
 
 def disk_fills_up(world):
-    disk = world.mount("disk", "size=256k")
+    disk = world.mount("disk", "size=512k")  # one checkpoint (~320 KiB) fits, two do not
     return ["run", "default", *world.tiny(f"output_dir={disk}", "run_name=full",
                                           "train.max_steps=4", "checkpoint.every_steps=1")]
 

@@ -1,5 +1,6 @@
 """One model copy over several processes: tensor parallelism alone and with FSDP on a 2-D
-mesh, real torchrun workers on gloo, against one process training the same steps.
+mesh, pipeline parallelism, real torchrun workers on gloo, against one process training the
+same steps.
 
 fp32 on CPU; TOLERANCE is for the order of float sums (a row-wise split adds the ranks' partial
 products, FSDP sums gradients over ranks, the gradient norm is a sum of per-rank squares).
@@ -70,15 +71,20 @@ def one(lm):
     return run_ok(1, [*overrides, "run_name=one"], out)
 
 
-def test_tensor_parallel_on_two_processes_trains_as_one_through_a_preemption(lm, one):
-    """TP2 (no data dimension, each block's activations recomputed): each step's loss as one
-    process's; a SIGUSR1 to rank 1 at step 3 saves on both ranks and exits 75, and the resumed
-    run ends with one process's weights."""
+@pytest.mark.parametrize("name, layout", [
+    ("tp2", ["parallel.tensor=2", "model.activation_checkpointing=true"]),
+    ("pp2-gpipe", ["parallel.pipeline=2", "parallel.schedule=gpipe",
+                   "parallel.microbatches=4"]),
+])
+def test_two_processes_train_as_one_through_a_preemption(lm, one, name, layout):
+    """TP2 (each block's activations recomputed) and PP2 under GPipe over 4 micro-batches:
+    each step's loss as one process's; a SIGUSR1 to rank 1 at step 3 saves on both ranks and
+    exits 75, and the resumed run ends with one process's weights."""
     out, overrides = lm
-    run = out / "runs" / "tp2"
+    run = out / "runs" / name
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node=2", "-m", "hpctrain", "run", "tiny-lm", *overrides,
-               "run_name=tp2", "parallel.tensor=2", "model.activation_checkpointing=true"]
+               f"run_name={name}", *layout]
     agent = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     rank1 = worker_pid(agent.pid, 1)
@@ -88,16 +94,35 @@ def test_tensor_parallel_on_two_processes_trains_as_one_through_a_preemption(lm,
     assert "exitcode  : 75" in output or "exitcode: 75" in output, output[-3000:]
     stopped = json.loads((run / "summary.json").read_text())
     assert stopped["status"] == "preempted" and stopped["steps"] < STEPS
-    assert stopped["layout"] == {"data": 1, "tensor": 2, "pipeline": 1}
+    tensor, pipeline = (2, 1) if name == "tp2" else (1, 2)
+    assert stopped["layout"] == {"data": 1, "tensor": tensor, "pipeline": pipeline}
     saved = list_checkpoints(run / "checkpoints")[-1]
     assert {p.name for p in saved.glob("rng_*")} == {"rng_rank0.pt", "rng_rank1.pt"}
 
-    run_ok(2, [*overrides, "run_name=tp2", "parallel.tensor=2", "resume=auto",
-               "model.activation_checkpointing=true"], out)
+    run_ok(2, [*overrides, f"run_name={name}", "resume=auto", *layout], out)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["restarts"] == 1
     same_losses(one, run)
     same_weights(one, run)
+
+
+def test_a_1f1b_pipeline_trains_as_one_and_its_checkpoint_resumes_on_one_process(lm, one):
+    """PP2 under 1F1B: the same losses (its evaluation too, sent through the stages); the
+    stages' step-10 checkpoint, each with its own blocks and its copy of the tied weight,
+    resumes on one process and ends with one process's weights."""
+    out, overrides = lm
+    piped = run_ok(2, [*overrides, "run_name=pp2-1f1b", "parallel.pipeline=2",
+                       "parallel.schedule=1f1b", "train.eval_every_epochs=0.01"], out)
+    same_losses(one, piped)
+    name = "from-pp2-on-1"
+    shutil.copytree(piped, out / "runs" / name)
+    shutil.rmtree(out / "runs" / name / "checkpoints" / f"step_{STEPS:08d}")
+    resumed = run_ok(1, [*overrides, f"run_name={name}", "resume=auto"], out)
+    same_losses(one, resumed, steps=range(11, STEPS + 1))
+    same_weights(one, resumed)
+    evaluated = records(piped, "eval")[-1]
+    assert evaluated["val_loss"] == pytest.approx(records(resumed, "eval")[-1]["val_loss"],
+                                                  abs=TOLERANCE)
 
 
 def test_fsdp_by_tensor_parallel_on_four_processes_trains_as_one_and_reshards(lm, one):
@@ -131,6 +156,14 @@ def test_fsdp_by_tensor_parallel_on_four_processes_trains_as_one_and_reshards(lm
     (2, 2, ["parallel.tensor=2", "parallel.sequence_parallel=true", "data.tokens.seq_len=31"],
      "seq_len=31 does not divide"),
     (2, 2, ["parallel.tensor=2", "precision=fp16"], "precision=bf16"),
+    (4, 4, ["parallel.pipeline=4"], "does not divide the model's 2 layers.*pipeline=1 or 2"),
+    (2, 2, ["parallel.pipeline=2", "parallel.microbatches=5"],
+     "microbatches=5 does not divide the per-device batch of 32"),
+    (2, 2, ["parallel.pipeline=2", "train.batch_size=1"], "1f1b needs at least as many"),
+    (2, 2, ["parallel.pipeline=2", "train.grad_accum_steps=2"], "micro-batches are the "
+     "accumulation"),
+    (2, 2, ["parallel.pipeline=2", "model.name=hpctrain:tiny_cnn", "data.dataset=shapes"],
+     "splits the built-in GPT into stages"),
     (2, 2, ["parallel.tensor=2", "model.name=hpctrain:tiny_cnn", "data.dataset=shapes"],
      "no built-in tensor-parallel plan.*parallel.tensor_plan"),
     (2, 2, ["parallel.tensor=2", "model.name=hpctrain:tiny_cnn", "data.dataset=shapes",

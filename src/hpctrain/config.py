@@ -367,6 +367,12 @@ class ParallelConfig(Section):
     strategy: Literal["auto", "none", "ddp", "fsdp"] = Field(
         "auto", description="the data dimension: auto is ddp with more than one process and "
         "only data parallelism, fsdp with tensor or pipeline parallelism, none with one")
+    microbatches: int | Auto = Field("auto", description="pipeline parallelism: micro-batches "
+                                     "per step (each rank's batch is split into them); auto: "
+                                     "4 x parallel.pipeline, or the most that divide the batch")
+    schedule: Literal["gpipe", "1f1b"] = Field(
+        "1f1b", description="pipeline parallelism: gpipe runs every micro-batch's forward, then "
+        "every backward; 1f1b alternates, holding fewer micro-batches' activations")
     sequence_parallel: bool = Field(False, description="tensor parallelism: the norms and the "
                                     "residual stream split over the sequence too (less memory "
                                     "for activations)")
@@ -374,11 +380,11 @@ class ParallelConfig(Section):
         default_factory=dict, description="tensor parallelism for a model without a built-in "
         "plan: module-name patterns (fnmatch, e.g. 'layers.*.fc1') -> colwise or rowwise")
 
-    @field_validator("data")
+    @field_validator("data", "microbatches")
     @classmethod
     def _at_least_one(cls, value):
         if value != "auto" and value < 1:
-            raise ValueError(f"{value} is not a number of processes: give 1 or more, or auto")
+            raise ValueError(f"{value} is too few: give 1 or more, or auto")
         return value
     backend: Literal["auto", "nccl", "gloo"] = "auto"
     timeout_seconds: float = Field(600, gt=0, description="how long a collective may wait "

@@ -215,9 +215,9 @@ def _model_parallel(base: Estimate, config: Config) -> Advice:
     one = _smallest_step(with_layout(base, config, 1, "none"), config)
     need = math.ceil(one.peak / base.target.usable())
     return Advice("model-parallel", f"nothing fits on {fmt_bytes(base.target.capacity)} "
-                  "devices even sharded over 1024 of them: split the layers (tensor or "
-                  f"pipeline parallelism) over at least {need} devices; hpctrain does not do "
-                  "that (torchtitan does)", [_option(
+                  "devices even sharded over 1024 of them: split the layers over at least "
+                  f"{need} devices with parallel.tensor (within a node) and parallel.pipeline; "
+                  "this estimate does not predict those layouts yet", [_option(
                       ["parallel.strategy=fsdp", "--gpus 1024", *_settings_of(one, config)],
                       with_layout(one, config, 1024, "fsdp"),
                       "the least hpctrain can hold per device")])

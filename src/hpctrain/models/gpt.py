@@ -5,7 +5,7 @@ residual stream), rotary position embeddings (no learned position table, so the 
 setting, not a weight shape), `F.scaled_dot_product_attention` (flash or memory-efficient
 kernels on GPUs), and the output layer tied to the token embedding. Written here rather than
 taken from `transformers` because the later parallelisms (tensor, pipeline) need a model whose
-blocks are plain modules in a list, and tests need one that builds in milliseconds.
+blocks are plain modules, and tests need one that builds in milliseconds.
 
 Sizes (`hpctrain:gpt_<size>`; parameters with the byte-level vocabulary, then with GPT-2's
 50,304): gpt_tiny 0.43 M (the tiny-lm recipe), gpt_mini 0.83 M, gpt_small 10.8 M / 29.9 M,
@@ -121,12 +121,14 @@ class GPT(nn.Module):
                              "even size")
         self.vocab_size, self.shape = vocab_size, shape
         self.embed = nn.Embedding(vocab_size, shape.width)
-        self.blocks = nn.ModuleList(Block(shape) for _ in range(shape.layers))
+        # a dict keyed by layer number: a pipeline stage keeps its own layers under their
+        # names (blocks.7.mlp.up on any stage), which checkpoints and resharding rely on
+        self.blocks = nn.ModuleDict({str(i): Block(shape) for i in range(shape.layers)})
         self.norm = nn.LayerNorm(shape.width)
         self.head = nn.Linear(shape.width, vocab_size, bias=False)
         self.head.weight = self.embed.weight  # tied
         self.apply(self._init)
-        for block in self.blocks:  # GPT-2's scaling of the residual projections by depth
+        for block in self.blocks.values():  # GPT-2's scaling of the residual projections
             for layer in (block.attention.out, block.mlp.down):
                 nn.init.normal_(layer.weight, std=0.02 / math.sqrt(2 * shape.layers))
 
@@ -140,10 +142,13 @@ class GPT(nn.Module):
         return self.shape.context
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.embed(tokens)
-        for block in self.blocks:
+        """A pipeline stage lacks the parts other stages hold (None): the first takes token
+        ids, the others the residual stream; the last returns logits, the others the
+        stream."""
+        x = self.embed(tokens) if self.embed is not None else tokens
+        for block in self.blocks.values():
             x = block(x)
-        return self.head(self.norm(x))
+        return self.head(self.norm(x)) if self.head is not None else x
 
 
 VOCAB_MULTIPLE = 64  # matrix sizes that are multiples of 64 run on full Tensor Core tiles

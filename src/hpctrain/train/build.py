@@ -5,6 +5,7 @@ wrapped for DDP/FSDP), optimiser.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Callable
@@ -23,16 +24,18 @@ from hpctrain.data.streams import Stream
 from hpctrain.errors import ConfigError, DataError
 from hpctrain.models.checkpointing import enable_activation_checkpointing
 from hpctrain.models.registry import build_model, check_model_takes
-from hpctrain.train import parallel, tensor_parallel
+from hpctrain.train import parallel, pipeline, tensor_parallel
 from hpctrain.train.checkpoint import Checkpointer
+from hpctrain.train.layout import microbatches as layout_microbatches
 from hpctrain.train.layout import resolve_layout
 from hpctrain.train.optim import WeightEma, build_optimizer, build_scheduler, scaled_lr
 from hpctrain.train.parallel import Distributed
+from hpctrain.train.pipeline import Pipeline
 from hpctrain.train.precision import Precision
 from hpctrain.train.preemption import deadline_at
 from hpctrain.train.run_dir import RunPlace, resolve_run
 from hpctrain.train.system import SystemPlan, apply_global_switches, plan_system
-from hpctrain.train.tasks import (Task, check_vocabulary, image_classification,
+from hpctrain.train.tasks import (Batch, Task, check_vocabulary, image_classification,
                                   language_modeling, point_cloud_classification)
 from hpctrain.train.user_functions import with_user_functions
 
@@ -55,6 +58,7 @@ class Parts:
     precision: Precision
     ema: WeightEma | None
     task: Task  # the batch on the device, the loss, the metrics
+    pipeline: Pipeline | None  # this rank's pipeline stage and schedule, under parallel.pipeline
     checkpointer: Checkpointer
     deadline: float | None  # Unix time at which to save and stop, or None
     steps_per_epoch: int
@@ -102,6 +106,13 @@ def _task(config: Config, data: DataBundle, device: torch.device, plan: SystemPl
         config.data.augment, data.num_classes, config.train.label_smoothing, batch_size)
 
 
+def _check_split(model: nn.Module, config: Config, layout) -> None:
+    if layout.pipeline > 1:
+        pipeline.check(model, layout.pipeline, config.model.name)
+    if layout.tensor > 1:
+        tensor_parallel.checked_plan(model, config, layout.tensor)
+
+
 def _sketch(config: Config) -> nn.Module:
     """The model on the meta device (no memory, no data needed): its shape, to check a
     tensor-parallel split before any process group exists."""
@@ -123,8 +134,9 @@ def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
     batch_size, global_batch = parallel.per_device_batch(config, layout.data)
     parallel.check_layout(config, layout, device, plan.precision)
     check_model_takes(config.model.name, config.data.kind)
-    if layout.tensor > 1 and not user_code.is_code_reference(config.model.name):
-        tensor_parallel.checked_plan(_sketch(config), config, layout.tensor)
+    if layout.model_parallel and not user_code.is_code_reference(config.model.name):
+        _check_split(_sketch(config), config, layout)
+    micro = layout_microbatches(config, layout, batch_size) if layout.pipeline > 1 else 1
     strategy = layout.strategy
 
     distributed = parallel.start(config, env, layout, device)
@@ -147,10 +159,17 @@ def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
     model = model.to(device=device, memory_format=memory_format)
     if user_code.is_code_reference(config.model.name):  # hpctrain's own are seeded alike
         distributed.same_weights(model)
+    if layout.model_parallel:  # the whole model (a sketch could not check your own code)
+        _check_split(model, config, layout)
+    if layout.pipeline > 1:
+        stage = layout.coordinates(env.rank)[0]
+        model = pipeline.cut_to_stage(model, stage, layout.pipeline)
     model = parallel.split_tensors(model, distributed, config)
     if config.model.activation_checkpointing:
         model = enable_activation_checkpointing(model, config.model.name)
     wrapped = parallel.wrap_model(model, distributed, config, device, plan.precision)
+    if layout.pipeline > 1 and plan.compile:  # the schedule calls the stage, not `forward`
+        plan = dataclasses.replace(plan, compile=False)
     forward = torch.compile(wrapped, mode=config.compile_mode) if plan.compile else wrapped
 
     # ---- optimiser and schedule, sized by the global batch ----
@@ -168,6 +187,12 @@ def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
                         "train.global_batch_size or train.grad_accum_steps")
     total_steps = train_cfg.max_steps or math.ceil(train_cfg.epochs * steps_per_epoch)
     task = with_user_functions(_task(config, data, device, plan, batch_size), config.task)
+    stages = None
+    if layout.pipeline > 1:
+        stages = pipeline.build(
+            wrapped, lambda outputs, targets: task.loss(outputs, Batch(None, targets, targets)),
+            layout, env.rank, device, config.parallel.schedule, micro,
+            distributed.mesh["pipeline"].get_group(), config.parallel.sequence_parallel)
     optimizer = build_optimizer(model, config.optim, lr, device)
     scheduler = build_scheduler(optimizer, config.schedule, total_steps, steps_per_epoch)
     return Parts(
@@ -175,9 +200,10 @@ def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
         data=data, model=model, forward=forward,
         gradient_sync=parallel.gradient_sync(forward), optimizer=optimizer,
         scheduler=scheduler,
-        precision=Precision(plan.precision, device, distributed.clip_function()),
+        precision=Precision(plan.precision, device,
+                            distributed.clip_function(stages.copies if stages else ())),
         ema=WeightEma(model, config.optim.ema.decay) if config.optim.ema.enabled else None,
-        task=task,
+        task=task, pipeline=stages,
         checkpointer=Checkpointer(place.run_dir / "checkpoints", config.checkpoint.keep_last,
                                   distributed, config.checkpoint.async_save),
         deadline=deadline_at(config.preemption, job_end),

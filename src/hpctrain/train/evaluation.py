@@ -32,8 +32,9 @@ def evaluate(parts, model: nn.Module, stopper=None) -> dict | None:
             keep = max(0, min(rows, real - seen))
             seen += rows
             with parts.precision.autocast():
-                outputs = model(batch.inputs)
-            if keep:
+                outputs = model(batch.inputs) if parts.pipeline is None else \
+                    parts.pipeline.forward(batch.inputs)
+            if keep and outputs is not None:  # a pipeline's output is on its last stage
                 kept = batch.first(keep)
                 loss = task.loss(outputs[:keep], kept)
                 sums += task.sums(outputs[:keep], kept, loss, False).to(sums.dtype)

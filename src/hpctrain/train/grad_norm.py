@@ -32,16 +32,30 @@ def total_norm(tensors: list[torch.Tensor], ranks_per_stage: int) -> torch.Tenso
     return squares.sqrt()
 
 
-def clip_(parameters: list[torch.nn.Parameter], max_norm: float,
-          ranks_per_stage: int) -> torch.Tensor:
+def clip_(parameters: list[torch.nn.Parameter], max_norm: float, ranks_per_stage: int,
+          copies: tuple = ()) -> torch.Tensor:
     """Scale the gradients so that their total norm is at most `max_norm` (as torch's
-    clip_grad_norm_ does); returns the norm before clipping."""
+    clip_grad_norm_ does); returns the norm before clipping. `copies`: parameters that
+    duplicate one held elsewhere (a pipeline's second copy of a tied weight), scaled but not
+    counted twice."""
+    settle_gradients(parameters)
     grads = [p.grad for p in parameters if p.grad is not None]
-    norm = total_norm(grads, ranks_per_stage)
+    skip = {id(p) for p in copies}
+    norm = total_norm([p.grad for p in parameters if p.grad is not None and id(p) not in skip],
+                      ranks_per_stage)
     scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
     if grads:
         torch._foreach_mul_([_local(g) for g in grads], scale)
     return norm
+
+
+def settle_gradients(parameters) -> None:
+    """Give each DTensor gradient its parameter's layout. Autograd may leave one otherwise (a
+    vocabulary-split embedding's gradient comes back whole, as partial sums), which the
+    optimiser would redistribute anyway; here the norm and the pieces must match the weights."""
+    for p in parameters:
+        if isinstance(p.grad, DTensor) and p.grad.placements != p.placements:
+            p.grad = p.grad.redistribute(p.device_mesh, p.placements)
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:

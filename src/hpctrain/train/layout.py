@@ -82,10 +82,27 @@ def resolve_layout(config: Config, env: ProcessEnv) -> Layout:
             f"{env.local_world_size} process(es); use parallel.tensor="
             f"{' or '.join(map(str, divisors))}, or start a multiple of {p.tensor} processes "
             "per node")
-    if p.pipeline > 1:
-        raise ConfigError("parallel.pipeline > 1: pipeline parallelism is not built yet "
-                          "(issue 19 is in progress); use parallel.tensor and parallel.data")
     return Layout(data, p.tensor, p.pipeline, _strategy(config, env, data, per_copy > 1))
+
+
+def microbatches(config: Config, layout: Layout, batch_size: int) -> int:
+    """Pipeline micro-batches per step: parallel.microbatches, or by default 4 per stage (the
+    bubble, (p - 1) / (m + p - 1), is then under a fifth), fewer where the per-device batch
+    does not split that far."""
+    wanted = config.parallel.microbatches
+    fits = [m for m in range(1, batch_size + 1) if batch_size % m == 0]
+    if wanted == "auto":
+        wanted = max(m for m in fits if m <= 4 * layout.pipeline)
+    elif batch_size % wanted:
+        raise ConfigError(f"parallel.microbatches={wanted} does not divide the per-device batch "
+                          f"of {batch_size}; use one of {', '.join(map(str, fits[:12]))}")
+    if wanted < layout.pipeline and config.parallel.schedule == "1f1b":
+        raise ConfigError(
+            f"parallel.schedule=1f1b needs at least as many micro-batches as stages "
+            f"({layout.pipeline}), but the per-device batch of {batch_size} gives {wanted}: "
+            "raise the batch (train.batch_size or train.global_batch_size), or use "
+            "parallel.schedule=gpipe")
+    return wanted
 
 
 def _strategy(config: Config, env: ProcessEnv, data: int, model_parallel: bool) -> str:

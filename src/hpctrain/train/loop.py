@@ -153,12 +153,18 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
                 clock.data_wait_seconds += time.perf_counter() - waited
                 with region("h2d_copy"):
                     batch = task.to_device(host_batch, training=True)
-                with parts.gradient_sync(micro == cfg.grad_accum_steps - 1):
-                    with region("forward"), parts.precision.autocast():
-                        outputs = parts.forward(batch.inputs)
-                        loss = task.loss(outputs, batch)
-                    with region("backward"):
-                        parts.precision.backward(loss / cfg.grad_accum_steps)
+                if parts.pipeline is not None:  # forward and backward over micro-batches
+                    with region("pipeline"):
+                        outputs, loss = parts.pipeline.train_step(batch, parts.precision)
+                    if outputs is None:
+                        continue  # not the last stage: the figures come from there
+                else:
+                    with parts.gradient_sync(micro == cfg.grad_accum_steps - 1):
+                        with region("forward"), parts.precision.autocast():
+                            outputs = parts.forward(batch.inputs)
+                            loss = task.loss(outputs, batch)
+                        with region("backward"):
+                            parts.precision.backward(loss / cfg.grad_accum_steps)
                 with torch.no_grad():
                     sums = task.sums(outputs, batch, loss, True)
                 metrics.add(loss.detach(), sums, batch.labels.shape[0])

@@ -73,8 +73,10 @@ class Distributed:
     @property
     def reports(self) -> bool:
         """Whether this rank's figures count: one rank per data share (the first of its
-        tensor-parallel group, which all compute the same loss)."""
-        return self.layout.coordinates(self.rank)[2] == 0
+        tensor-parallel group, which all compute the same loss, on the last pipeline stage,
+        the only one that has a loss)."""
+        stage, _, tensor = self.layout.coordinates(self.rank)
+        return tensor == 0 and stage == self.layout.pipeline - 1
 
     def sum_(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum `tensor` (figures of this rank's data) over ranks in place, each data share
@@ -85,14 +87,14 @@ class Distributed:
             dist.all_reduce(tensor)
         return tensor
 
-    def clip_function(self):
+    def clip_function(self, copies: tuple = ()):
         """How to clip gradients: torch's clip_grad_norm_, or a norm over the pieces of a
-        model copy spread over several processes."""
+        model copy spread over several processes (`copies`: see grad_norm.clip_)."""
         if not self.layout.model_parallel:
             return torch.nn.utils.clip_grad_norm_
         per_stage = self.layout.data * self.layout.tensor
         return lambda parameters, max_norm: grad_norm.clip_(list(parameters), max_norm,
-                                                            per_stage)
+                                                            per_stage, copies)
 
     def weights_norm(self, model: nn.Module) -> torch.Tensor:
         """The norm of all the model's weights, the same on every rank (collective under
@@ -223,7 +225,11 @@ def check_layout(config: Config, layout: Layout, device: torch.device, precision
             raise ConfigError("parallel.sync_batchnorm=true applies to ddp only; set it to "
                               "false with parallel.strategy=fsdp")
     if layout.model_parallel:
-        named = f"parallel.tensor={layout.tensor}"
+        named = f"parallel.tensor={layout.tensor}" if layout.pipeline == 1 else \
+            f"parallel.pipeline={layout.pipeline}"
+        if layout.pipeline > 1 and config.train.grad_accum_steps > 1:
+            raise ConfigError(f"{named}: the pipeline's micro-batches are the accumulation; "
+                              "set train.grad_accum_steps=1 and raise parallel.microbatches")
         if precision == "fp16":
             raise ConfigError(f"{named} with precision=fp16 is not supported: use "
                               "precision=bf16 (no loss scaling needed)")
@@ -276,13 +282,14 @@ def start(config: Config, env: ProcessEnv, layout: Layout, device: torch.device)
 
 def split_tensors(model: nn.Module, distributed: Distributed, config: Config) -> nn.Module:
     """Tensor parallelism: `model`'s matrices split over its tensor-parallel group, in place
-    (before activation checkpointing and FSDP wrap the blocks)."""
-    tensor = distributed.layout.tensor
-    if tensor == 1:
+    (after the split was checked on the whole model, before activation checkpointing and FSDP
+    wrap the blocks)."""
+    if distributed.layout.tensor == 1:
         return model
-    plan = tensor_parallel.checked_plan(model, config, tensor)
-    return tensor_parallel.apply(model, distributed.mesh["tensor"], plan,
-                                 config.parallel.sequence_parallel)
+    p = config.parallel
+    plan = tensor_parallel.plan_for(model, p.tensor_plan, p.sequence_parallel,
+                                    config.model.name)
+    return tensor_parallel.apply(model, distributed.mesh["tensor"], plan, p.sequence_parallel)
 
 
 def wrap_model(model: nn.Module, distributed: Distributed, config: Config,

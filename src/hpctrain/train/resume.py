@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state_dict,
+                                                     set_state_dict)
 
 from hpctrain.config import Config, flatten
 from hpctrain.errors import ConfigError
@@ -55,10 +56,16 @@ class Progress:
     changes: list = field(default_factory=list)  # [{"step", "settings"}] applied on resume
 
 
+# the optimiser's state and settings keyed by parameter name ("state.blocks.3.mlp.up.weight.
+# exp_avg"), not by position in a param group: pipeline stages hold different parameters in
+# their groups, and positions would collide in one checkpoint (torchtitan does the same)
+FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
 def tensor_state(parts) -> dict:
     """Model, optimiser (and EMA) state as DCP saves and loads it: keyed by parameter name,
     sharded under FSDP, so that any world size can read it back."""
-    model_state, optim_state = get_state_dict(parts.model, parts.optimizer)
+    model_state, optim_state = get_state_dict(parts.model, parts.optimizer, options=FLAT)
     state = {"model": model_state, "optim": optim_state}
     if parts.ema is not None:
         state["ema"] = parts.ema.state_dict()
@@ -145,7 +152,7 @@ def restore(parts, path: Path) -> tuple[Progress, list[str]]:
     try:
         meta, rng = parts.checkpointer.load(path, state)
         set_state_dict(parts.model, parts.optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optim"])
+                       optim_state_dict=state["optim"], options=FLAT)
     except (RuntimeError, AssertionError, KeyError, ValueError) as err:
         raise _not_loadable(path, err, changes) from None
     if parts.ema is not None:

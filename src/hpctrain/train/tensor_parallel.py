@@ -78,14 +78,15 @@ def _linear_names(model: nn.Module) -> list[str]:
     return [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
 
 
-def resolve(model: nn.Module, plan: dict[str, str]) -> dict[str, str]:
+def resolve(model: nn.Module, plan: dict[str, str], strict: bool = True) -> dict[str, str]:
     """Module name -> style for every module the plan's patterns match (the first pattern
-    that matches a module wins); a pattern that matches nothing is a ConfigError."""
+    that matches a module wins); with `strict`, a pattern that matches nothing is a
+    ConfigError (not so on a pipeline stage, which holds a part of the model)."""
     chosen: dict[str, str] = {}
     for pattern, style in plan.items():
         names = [name for name, _ in model.named_modules()
                  if name and fnmatchcase(name, pattern) and name not in chosen]
-        if not names:
+        if not names and strict:
             raise ConfigError(f"parallel.tensor_plan: {pattern!r} matches no module of the "
                               "model; its Linear layers are: "
                               + ", ".join(_linear_names(model)[:12]))
@@ -135,13 +136,14 @@ def _divisors(n: int) -> list[int]:
 
 
 def apply(model: nn.Module, mesh, plan: dict[str, str], sequence_parallel: bool) -> nn.Module:
-    """Split `model` over the tensor-parallel `mesh` in place; weights tied before are tied
-    after (parallelize_module replaces each parameter by a DTensor of its own)."""
+    """Split `model` (checked whole with checked_plan; here it may be a pipeline stage) over
+    the tensor-parallel `mesh` in place; weights tied before are tied after
+    (parallelize_module replaces each parameter by a DTensor of its own)."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     ties = _tied_parameters(model)
     styles = {name: _style(style, sequence_parallel)
-              for name, style in resolve(model, plan).items()}
+              for name, style in resolve(model, plan, strict=False).items()}
     parallelize_module(model, mesh, styles)
     for names in ties:
         kept = model.get_parameter(names[0])
