@@ -14,6 +14,7 @@ from PIL import Image
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from hpctrain.config import load_config
 from hpctrain.errors import ConfigError
 from hpctrain.memory.advice import advise
 from hpctrain.memory.estimate import estimate, resolve_target, with_layout
@@ -315,3 +316,51 @@ def test_bad_memory_input_exits_2_and_names_it(run_cli, tiny, tmp_path):
     assert code == 2 and "--gpu-memory" in err
     code, _, err = run_cli("memory", "default", *tiny(), "--world-size", "0")
     assert code == 2 and "--world-size 0" in err
+
+
+# ---- tensor and pipeline layouts ---------------------------------------------------------------
+
+GPT_ON_GPU = ["model.name=hpctrain:gpt_mini", "data.tokens.seq_len=256", "train.batch_size=16",
+              "optim.name=adamw", "precision=bf16"]
+
+
+def test_tensor_and_pipeline_layouts_split_states_and_activations_as_the_formulas_say():
+    config = load_config("tiny-lm", GPT_ON_GPU)
+    base = estimate(config, resolve_target(config, "80GB"))
+    info = base.info
+    assert 0.95 < info.split_parameters / info.parameters < 1  # all but the norms
+    assert info.tensor_sizes == (2, 4) and info.pipeline_sizes == (2, 4)  # 4 heads, 4 layers
+    tp = with_layout(base, config, 4, "none", tensor=4)
+    assert tp.rows["optimizer states"] == pytest.approx(
+        base.rows["optimizer states"] * (1 - 0.75 * info.split_parameters / info.parameters),
+        rel=1e-3)
+    # sequence parallelism splits every activation of a layer (Korthikanti et al.)
+    assert tp.rows["activations"] == pytest.approx(base.rows["activations"] / 4, rel=1e-3)
+    pp = with_layout(base, config, 2, "none", pipeline=2)  # 1F1B, 8 micro-batches
+    outside = info.parameters - info.block_parameters
+    assert pp.rows["parameters"] == pytest.approx(
+        base.rows["parameters"] * (info.block_parameters / 2 + outside) / info.parameters,
+        rel=1e-3)
+    assert pp.rows["activations"] == pytest.approx(base.rows["activations"] * 2 / (8 * 2),
+                                                   rel=1e-3)
+    both = with_layout(base, config, 16, "fsdp", tensor=2, pipeline=2)
+    assert both.target.data == 4 and both.peak < min(tp.peak, pp.peak) * 2
+    assert both.target.layout_settings() == ["parallel.tensor=2", "parallel.pipeline=2",
+                                             "parallel.sequence_parallel=true"]
+
+
+def test_advice_for_a_gpt_that_does_not_fit_names_a_layout_with_its_peak():
+    config = load_config("tiny-lm", GPT_ON_GPU)
+    base = estimate(config, resolve_target(config, "80GB"))
+    context = base.target.context  # one device falls short; half the model fits
+    capacity = int(context + (base.in_use - context) * 0.7)
+    small = estimate(config, resolve_target(config, f"{capacity}B"))
+    advice = advise(small, config)
+    assert not small.fits and advice.decision == "activations"
+    layouts = [o for o in advice.options if o.settings[0].startswith("parallel.")]
+    assert layouts and all(o.fits and o.in_use < small.in_use for o in layouts)
+    assert layouts[0].settings[-1] == "--gpus 2"  # the fewest devices that fit
+    named = with_layout(small, config, 2, "none",
+                        tensor=2 if "parallel.tensor=2" in layouts[0].settings else 1,
+                        pipeline=2 if "parallel.pipeline=2" in layouts[0].settings else 1)
+    assert layouts[0].in_use == named.in_use

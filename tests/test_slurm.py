@@ -278,6 +278,21 @@ def test_dry_run_prints_the_script_and_submits_nothing(run_cli, tiny, home, tmp_
     assert plan("default", tiny("run_name=dry"), 8, "2:00:00")[0].run_dir.name == "dry"
 
 
+def test_submit_sizes_a_model_parallel_job_for_its_layout(home, tmp_path):
+    """Whole model copies per job, and each tensor-parallel group on one node (the default
+    profile's nodes have 4 GPUs), refused before anything queues."""
+    layout = [f"output_dir={tmp_path}", "parallel.tensor=2", "parallel.pipeline=2"]
+    _, script = plan("tiny-lm", layout, 8, "10")
+    assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks-per-node=4" in script
+    with pytest.raises(ConfigError, match="--gpus 6: .* 4 GPUs per model copy; use --gpus 4 "
+                                          "or 8"):
+        plan("tiny-lm", layout, 6, "10")
+    with pytest.raises(ConfigError, match="parallel.tensor=8: a tensor-parallel group must "
+                                          "sit on one node, but this job puts 4"):
+        plan("tiny-lm", [f"output_dir={tmp_path}", "parallel.tensor=8",
+                         "model.kwargs.heads=8"], 8, "10")
+
+
 def test_submit_with_resume_continues_that_run_from_that_checkpoint(run_cli, tiny, home,
                                                                       tmp_path):
     """`resume=` a checkpoint: the job lives in its run directory and starts from it; the

@@ -312,7 +312,8 @@ def cmd_memory(args) -> int:
 
     config = load_config(args.recipe, args.overrides)
     env = detect()
-    world = env.world_size if args.world_size is None else args.world_size
+    per_copy = config.parallel.tensor * config.parallel.pipeline  # one model copy at least
+    world = max(env.world_size, per_copy) if args.world_size is None else args.world_size
     if world < 1:
         raise ConfigError(f"--world-size {world}: give 1 or more devices")
     target = resolve_target(config, args.gpu_memory, world)
@@ -320,6 +321,10 @@ def cmd_memory(args) -> int:
     counterpart = checkpointing_counterpart(est, config)
     advice = advise(est, config, counterpart)
     measured = search = None
+    if args.measure and per_copy > 1:
+        raise ConfigError("--measure runs one device's step, not a split model's; measure "
+                          "with parallel.tensor=1 parallel.pipeline=1 (and, to fit one GPU, "
+                          "model.activation_checkpointing=true)")
     if args.measure:
         from hpctrain.memory.measure import measure
 

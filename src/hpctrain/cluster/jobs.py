@@ -236,12 +236,32 @@ def plan(recipe: str | None, overrides: list[str], gpus: int, time_limit: str,
     references = code_references(config)
     if references:
         check_user_code(references, options.get("venv"))
+    profile = get_profile(cluster)
+    check_model_layout(config, gpus, options.get("nodes"), profile)
     request = JobRequest(gpus=gpus, time=time_limit, run_dir=run_dir, recipe=recipe,
                          overrides=[o for o in overrides
                                     if not o.startswith(("run_name=", "resume="))],
                          job_name=name, sweep=elements, resume_from=resume_from,
                          workdir=Path.cwd(), user_code=bool(references), **options)
-    return request, render(request, get_profile(cluster))
+    return request, render(request, profile)
+
+
+def check_model_layout(config, gpus: int, nodes: int | None, profile: Profile) -> None:
+    """A job whose GPUs cannot hold the recipe's tensor x pipeline layout is refused before
+    it queues: whole model copies, and each tensor-parallel group on one node."""
+    p = config.parallel
+    per_copy = p.tensor * p.pipeline
+    if gpus % per_copy:
+        low, high = max(per_copy, gpus // per_copy * per_copy), (gpus // per_copy + 1) * per_copy
+        raise ConfigError(
+            f"--gpus {gpus}: parallel.tensor={p.tensor} x parallel.pipeline={p.pipeline} is "
+            f"{per_copy} GPUs per model copy; use --gpus {low} or {high}")
+    per_node = layout(gpus, nodes, profile)[1]
+    if per_node % p.tensor:
+        raise ConfigError(
+            f"parallel.tensor={p.tensor}: a tensor-parallel group must sit on one node, but "
+            f"this job puts {per_node} GPU(s) on each node of {profile.name}; use --gpus that "
+            f"fill nodes with a multiple of {p.tensor} GPUs, or a smaller parallel.tensor")
 
 
 _IMPORT_CHECK = """

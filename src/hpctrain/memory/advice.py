@@ -5,8 +5,8 @@
   smallest sharding degree that fits;
 - the activations do not fit: activation checkpointing, gradient accumulation, bf16, a lower
   resolution, each with its predicted peak;
-- nothing fits even sharded and checkpointed at batch 1: tensor or pipeline parallelism, with
-  the number of devices needed.
+- a layout of tensor and pipeline parallelism (for models with a plan: the GPT) that fits
+  with the fewest devices, offered beside those, and the answer when nothing else fits.
 
 Every option is an hpctrain setting (or a `--gpus` for hpctrain submit) with its prediction.
 """
@@ -134,6 +134,9 @@ def advise(base: Estimate, config: Config, counterpart: Estimate | None = None) 
             sharded, extra = smallest_fsdp(small, config), _settings_of(small, config)
         if sharded is None:
             return _model_parallel(base, config)
+        split = split_layouts(base, config)
+        if split and split[0].fits and (not sharded.fits or extra):
+            return _split_advice(base, split)
         n = sharded.target.world_size
         return Advice("shard", f"the model states alone do not fit on one {cap} device: "
                       f"shard them with FSDP over {n} devices", [_option(
@@ -192,8 +195,40 @@ def _activation_options(base: Estimate, config: Config,
         n = sharded.target.world_size
         options.append(_option(["parallel.strategy=fsdp", f"--gpus {n}"], sharded,
                                f"model states split {n} ways leave room for activations"))
+    options.extend(_split_option(est) for est in split_layouts(base, config))
     options.sort(key=lambda o: (not o.fits, o.in_use))
     return advice
+
+
+def split_layouts(base: Estimate, config: Config) -> list[Estimate]:
+    """Layouts of tensor (within a node: up to 8) and pipeline parallelism that fit, fewest
+    devices first (tensor parallelism before pipelines at equal counts); or, when none fits,
+    the one that comes closest. Empty for a model without a plan or at such a layout already."""
+    info, target = base.info, base.target
+    if target.tensor * target.pipeline > 1 or not (info.tensor_sizes or info.pipeline_sizes):
+        return []
+    layouts = sorted(((t, p) for t in (1, *info.tensor_sizes) for p in
+                      (1, *info.pipeline_sizes) if t * p > 1), key=lambda tp: (tp[0] * tp[1],
+                                                                             tp[1]))
+    tried = [with_layout(base, config, t * p, "none", t, p) for t, p in layouts]
+    fitting = [est for est in tried if est.fits]
+    return fitting[:2] if fitting else [min(tried, key=lambda est: est.in_use)]
+
+
+def _split_option(est: Estimate) -> Option:
+    t = est.target
+    effect = " and ".join(part for part in (
+        f"each layer's matrices split over {t.tensor} GPUs of a node" if t.tensor > 1 else "",
+        f"the blocks cut into {t.pipeline} pipeline stages" if t.pipeline > 1 else "") if part)
+    return _option([*t.layout_settings(), f"--gpus {t.world_size}"], est, effect)
+
+
+def _split_advice(base: Estimate, layouts: list[Estimate]) -> Advice:
+    best = layouts[0].target
+    return Advice("model-parallel", f"the model does not fit on one "
+                  f"{fmt_bytes(base.target.capacity)} device at batch {base.batch_size}: split "
+                  f"it over {best.world_size} with {' '.join(best.layout_settings())}",
+                  [_split_option(est) for est in layouts])
 
 
 def _smallest_step(base: Estimate, config: Config) -> Estimate:
@@ -211,7 +246,11 @@ def _settings_of(small: Estimate, config: Config) -> list[str]:
 
 
 def _model_parallel(base: Estimate, config: Config) -> Advice:
-    """Even FSDP over 1024 devices does not fit: how many devices a split of the layers needs."""
+    """Even FSDP over 1024 devices does not fit: the layout that splits the layers, or how
+    many devices a split would need."""
+    split = split_layouts(base, config)
+    if split and split[0].fits:
+        return _split_advice(base, split)
     one = _smallest_step(with_layout(base, config, 1, "none"), config)
     need = math.ceil(one.peak / base.target.usable())
     return Advice("model-parallel", f"nothing fits on {fmt_bytes(base.target.capacity)} "

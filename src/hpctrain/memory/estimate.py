@@ -1,9 +1,18 @@
 """A recipe's predicted memory per device: the simulated step, then what the parallel layout
-changes (DDP's persistent gradient buckets, FSDP's shards and gathered parameters), then what
-the CUDA allocator and context add, against the device's capacity.
+changes (tensor and pipeline parallelism's split of the model, DDP's persistent gradient
+buckets, FSDP's shards and gathered parameters), then what the CUDA allocator and context add,
+against the device's capacity.
 
 The layout effects are computed, not simulated: one device's step is simulated once and the
-sharding arithmetic applied for any world size, so the advice can try many layouts for free.
+arithmetic applied for any layout, so the advice can try many layouts for free. For tensor and
+pipeline parallelism that arithmetic is:
+- model states: a pipeline stage holds 1/pipeline of the blocks plus what lies outside them
+  (the embedding or the output layer); tensor parallelism splits what its plan splits;
+- activations: Megatron-LM's accounting (Korthikanti et al., 2022) of a transformer layer's
+  34 bytes per token and width unit (flash attention): 24 of them are split by tensor
+  parallelism, the other 10 (norms, residual stream) only by sequence parallelism; a stage
+  holds its layers' activations for the micro-batches in flight: all m under GPipe,
+  min(p, m) under 1F1B (the first stage, the fullest).
 """
 
 from __future__ import annotations
@@ -41,7 +50,26 @@ class Target:
     capacity: int
     capacity_source: str
     world_size: int = 1
-    strategy: str = "none"  # none | ddp | fsdp
+    strategy: str = "none"  # none | ddp | fsdp: the data dimension
+    tensor: int = 1
+    pipeline: int = 1
+    sequence_parallel: bool = False
+    microbatches: int = 1  # pipeline micro-batches per step
+    schedule: str = "1f1b"
+
+    @property
+    def data(self) -> int:
+        """Devices in the data dimension (the FSDP sharding degree)."""
+        return self.world_size // (self.tensor * self.pipeline)
+
+    def layout_settings(self) -> list[str]:
+        """This layout as hpctrain settings (none for data parallelism alone)."""
+        settings = [f"parallel.tensor={self.tensor}"] if self.tensor > 1 else []
+        if self.pipeline > 1:
+            settings.append(f"parallel.pipeline={self.pipeline}")
+        if self.sequence_parallel and self.tensor > 1:
+            settings.append("parallel.sequence_parallel=true")
+        return settings
 
     @property
     def context(self) -> int:
@@ -64,6 +92,10 @@ class ModelInfo:
     trainable: int
     largest_unit: int  # parameters of the largest FSDP unit (a block, or the rest)
     bf16_gather: bool  # FSDP would gather bf16 copies
+    block_parameters: int = 0  # in the repeated blocks (what a pipeline divides)
+    split_parameters: int = 0  # in what the tensor-parallel plan splits (0: no plan)
+    tensor_sizes: tuple[int, ...] = ()  # tensor-parallel sizes the model's shapes allow
+    pipeline_sizes: tuple[int, ...] = ()  # pipeline sizes it allows (its blocks divide)
 
     def gradient_bytes(self) -> int:
         return self.trainable * 4
@@ -112,7 +144,8 @@ class Estimate:
         return {"recipe": self.recipe, "model": self.model, "batch_size": self.batch_size,
                 "input_shape": list(self.input_shape), "method": self.footprint.method,
                 "device": t.device, "precision": t.precision, "world_size": t.world_size,
-                "strategy": t.strategy, "capacity_bytes": t.capacity,
+                "strategy": t.strategy, "tensor": t.tensor, "pipeline": t.pipeline,
+                "capacity_bytes": t.capacity,
                 "capacity_source": t.capacity_source,
                 "activation_checkpointing": self.activation_checkpointing,
                 "parameters": self.info.parameters, "breakdown_bytes": self.rows,
@@ -146,12 +179,22 @@ def resolve_target(config: Config, gpu_memory: str | None, world_size: int = 1,
     else:
         raise ConfigError("device=cpu: give the memory a process may use with --gpu-memory "
                           "(for example --gpu-memory 8GiB)")
+    p = config.parallel
+    per_copy = p.tensor * p.pipeline
+    if world_size % per_copy:
+        raise ConfigError(f"--world-size {world_size} is not a multiple of parallel.tensor="
+                          f"{p.tensor} x parallel.pipeline={p.pipeline}")
     if strategy is None:
-        strategy = config.parallel.strategy
-        strategy = ("ddp" if world_size > 1 else "none") if strategy == "auto" else strategy
-    if world_size == 1:
+        strategy = p.strategy
+        if strategy == "auto":
+            strategy = "fsdp" if per_copy > 1 else "ddp"
+    if world_size == per_copy:
         strategy = "none"
-    return Target(device, precision, capacity, source, world_size, strategy)
+    micro = 1
+    if p.pipeline > 1:
+        micro = p.microbatches if p.microbatches != "auto" else 4 * p.pipeline
+    return Target(device, precision, capacity, source, world_size, strategy, p.tensor,
+                  p.pipeline, p.sequence_parallel, micro, p.schedule)
 
 
 def output_width(config: Config) -> tuple[int, str | None]:
@@ -218,7 +261,7 @@ def step_spec(config: Config, target: Target, width: int) -> StepSpec:
     shape = input_shape(config)
     tokens = config.data.kind == "tokens"
     optim_device = torch.device(target.device)
-    lr = scaled_lr(config.optim, per_device_batch(config, target.world_size)[1])
+    lr = scaled_lr(config.optim, per_device_batch(config, target.data)[1])
 
     from hpctrain.data.loader import image_sizes
 
@@ -245,26 +288,84 @@ def step_spec(config: Config, target: Target, width: int) -> StepSpec:
                     criterion, target.precision, target.device, config.optim.grad_clip_norm)
 
 
-def model_info(spec: StepSpec, precision: str) -> ModelInfo:
+def model_info(spec: StepSpec, precision: str, config: Config | None = None) -> ModelInfo:
     with torch.device("meta"):
         model = spec.build_model()
     units = [sum(p.numel() for p in m.parameters()) for m in model.modules() if is_block(m)]
     total = sum(p.numel() for p in model.parameters())
     rest = total - sum(units)  # blocks nest rarely; the root unit holds the rest
+    split, tensor_sizes, pipeline_sizes = _splits(model, config) if config else (0, (), ())
     return ModelInfo(total, sum(p.numel() for p in model.parameters() if p.requires_grad),
-                     max([rest, *units]), bf16_parameters(model, precision))
+                     max([rest, *units]), bf16_parameters(model, precision), sum(units),
+                     split, tensor_sizes, pipeline_sizes)
+
+
+def _splits(model: nn.Module, config: Config) -> tuple[int, tuple, tuple]:
+    """(parameters the tensor-parallel plan splits, the tensor sizes and the pipeline sizes
+    the model allows, up to 8 each)."""
+    from hpctrain.train import pipeline, tensor_parallel
+
+    p = config.parallel
+    try:
+        plan = tensor_parallel.plan_for(model, p.tensor_plan, p.sequence_parallel,
+                                        config.model.name)
+    except ConfigError:
+        return 0, (), ()
+    split = {id(param): param.numel() for name in tensor_parallel.resolve(model, plan, False)
+             for param in model.get_submodule(name).parameters(recurse=False)}
+
+    def allowed(check) -> tuple[int, ...]:
+        sizes = []
+        for size in (2, 4, 8):
+            try:
+                check(size)
+                sizes.append(size)
+            except ConfigError:
+                pass
+        return tuple(sizes)
+
+    return (sum(split.values()),
+            allowed(lambda t: tensor_parallel.checked_plan(model, config, t)),
+            allowed(lambda n: pipeline.check(model, n, config.model.name)))
+
+
+def model_share(info: ModelInfo, target: Target) -> float:
+    """The fraction of the model's parameters one device holds under tensor and pipeline
+    parallelism (before any FSDP sharding)."""
+    if info.parameters == 0:
+        return 1.0
+    stage = (info.block_parameters / target.pipeline + info.parameters
+             - info.block_parameters) / info.parameters
+    split = info.split_parameters / info.parameters if target.tensor > 1 else 0.0
+    return min(1.0, stage) * (1 - split + split / target.tensor)
+
+
+def activation_share(target: Target) -> float:
+    """The fraction of one device's activations left under tensor and pipeline parallelism."""
+    t, p, m = target.tensor, target.pipeline, target.microbatches
+    share = 1 / t if target.sequence_parallel else (10 + 24 / t) / 34
+    if p > 1:
+        in_flight = m if target.schedule == "gpipe" else min(p, m)
+        share *= in_flight / (m * p)
+    return share
 
 
 def layout_rows(footprint: Footprint, info: ModelInfo, target: Target,
                 config: Config) -> dict[str, int]:
     """One device's share of the step under the target's layout."""
     rows = dict(footprint.at_peak)
-    n = target.world_size
+    n = target.data
+    share = model_share(info, target)
+    if target.tensor * target.pipeline > 1:
+        for key in ("parameters", "gradients", "optimizer states", "weight copies"):
+            rows[key] = math.ceil(rows.get(key, 0) * share)
+        for key in ("activations", "temporaries"):
+            rows[key] = math.ceil(rows.get(key, 0) * activation_share(target))
     if target.strategy == "ddp":
         # DDP keeps every gradient in its buckets for the whole step, from the first on
-        rows["gradients"] = info.gradient_bytes()
+        rows["gradients"] = math.ceil(info.gradient_bytes() * share)
         if not config.parallel.gradient_as_bucket_view:
-            rows["gradient buckets"] = info.gradient_bytes()
+            rows["gradient buckets"] = rows["gradients"]
     elif target.strategy == "fsdp":
         gather_bytes = 2 if info.bf16_gather else 4
         for key in ("parameters", "gradients", "optimizer states"):
@@ -273,9 +374,10 @@ def layout_rows(footprint: Footprint, info: ModelInfo, target: Target,
             rows["parameters"] = rows["optimizer states"] = rows["gradients"] = 0
         if info.bf16_gather:
             rows["weight copies"] = 0  # the gathered bf16 copies replace autocast's
-        rows["gathered parameters"] = (2 * info.largest_unit if config.parallel.
-                                       reshard_after_forward else info.parameters) * gather_bytes
-        rows["gradient reduce buffers"] = info.largest_unit * 4
+        rows["gathered parameters"] = math.ceil((2 * info.largest_unit if config.parallel.
+                                                 reshard_after_forward else info.parameters)
+                                                * gather_bytes * share)
+        rows["gradient reduce buffers"] = math.ceil(info.largest_unit * 4 * share)
     return rows
 
 
@@ -284,9 +386,9 @@ def estimate(config: Config, target: Target, batch_size: int | None = None,
     """The estimate for `config` on `target`, at the recipe's per-device batch unless given."""
     width, note = output_width(config)
     spec = step_spec(config, target, width)
-    batch = batch_size or per_device_batch(config, target.world_size)[0]
+    batch = batch_size or per_device_batch(config, target.data)[0]
     footprint = footprint or predict(spec, batch)
-    info = model_info(spec, target.precision)
+    info = model_info(spec, target.precision, config)
     notes = [note] if note else []
     if target.device == "cuda" and config.compile is not False:
         notes.append("predicted for eager mode; torch.compile (on for GPU runs) usually "
@@ -296,9 +398,14 @@ def estimate(config: Config, target: Target, batch_size: int | None = None,
                     config.model.activation_checkpointing, notes)
 
 
-def with_layout(base: Estimate, config: Config, world_size: int, strategy: str) -> Estimate:
-    """The same step on another layout: no new simulation."""
+def with_layout(base: Estimate, config: Config, world_size: int, strategy: str,
+                tensor: int = 1, pipeline: int = 1) -> Estimate:
+    """The same step on another layout: no new simulation. A pipeline takes 4 micro-batches
+    per stage and 1F1B; tensor parallelism, sequence parallelism."""
+    per_copy = tensor * pipeline
     target = replace(base.target, world_size=world_size,
-                     strategy=strategy if world_size > 1 else "none")
+                     strategy=strategy if world_size > per_copy else "none", tensor=tensor,
+                     pipeline=pipeline, sequence_parallel=tensor > 1,
+                     microbatches=4 * pipeline if pipeline > 1 else 1, schedule="1f1b")
     return replace(base, target=target,
                    rows=layout_rows(base.footprint, base.info, target, config))

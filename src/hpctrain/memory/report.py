@@ -32,6 +32,9 @@ def text_report(est: Estimate, advice: Advice, measured: dict | None = None,
                 counterpart: Estimate | None = None) -> str:
     t = est.target
     layout = "one device" if t.world_size == 1 else f"{t.strategy} over {t.world_size} devices"
+    if t.tensor * t.pipeline > 1:
+        layout = f"{t.world_size} devices: " + " ".join(t.layout_settings()) + \
+            (f", data {t.data} ({t.strategy})" if t.data > 1 else "")
     lines = [f"memory of {est.recipe}: {est.model}, batch {est.batch_size} per device, input "
              f"{'x'.join(map(str, est.input_shape))}, {t.precision}"
              + (", activation checkpointing" if est.activation_checkpointing else ""),
