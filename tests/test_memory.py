@@ -276,7 +276,7 @@ def test_a_batch_of_one_that_does_not_fit_says_what_would(run_cli, tiny, tmp_pat
     assert advice["decision"] == "model-parallel"
     assert "model.activation_checkpointing=true" in smallest["settings"]
     assert "train.batch_size=1" in smallest["settings"] and not smallest["fits"]
-    assert "(tensor or pipeline parallelism) over at least 4 devices" in advice["summary"]
+    assert "split the layers over at least 4 devices with parallel.tensor" in advice["summary"]
 
 
 @pytest.mark.distributed

@@ -71,15 +71,16 @@ def one(lm):
     return run_ok(1, [*overrides, "run_name=one"], out)
 
 
-@pytest.mark.parametrize("name, layout", [
-    ("tp2", ["parallel.tensor=2", "model.activation_checkpointing=true"]),
-    ("pp2-gpipe", ["parallel.pipeline=2", "parallel.schedule=gpipe",
-                   "parallel.microbatches=4"]),
+@pytest.mark.parametrize("name, layout, resumed_with", [
+    ("tp2", ["parallel.tensor=2", "model.activation_checkpointing=true"], []),
+    ("pp2", ["parallel.pipeline=2", "parallel.microbatches=4"], ["parallel.schedule=gpipe"]),
 ])
-def test_two_processes_train_as_one_through_a_preemption(lm, one, name, layout):
-    """TP2 (each block's activations recomputed) and PP2 under GPipe over 4 micro-batches:
-    each step's loss as one process's; a SIGUSR1 to rank 1 at step 3 saves on both ranks and
-    exits 75, and the resumed run ends with one process's weights."""
+def test_two_processes_train_as_one_through_a_preemption(lm, one, name, layout, resumed_with):
+    """TP2 (each block's activations recomputed), and PP2 over 4 micro-batches under 1F1B
+    and, after the resume, GPipe: each step's loss as one process's; a SIGUSR1 to rank 1 at
+    step 3 saves on both ranks and exits 75, and the resumed run ends with one process's
+    weights and evaluation (a pipeline's sent through its stages). PP2's step-10 checkpoint
+    then resumes on one process."""
     out, overrides = lm
     run = out / "runs" / name
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -99,30 +100,20 @@ def test_two_processes_train_as_one_through_a_preemption(lm, one, name, layout):
     saved = list_checkpoints(run / "checkpoints")[-1]
     assert {p.name for p in saved.glob("rng_*")} == {"rng_rank0.pt", "rng_rank1.pt"}
 
-    run_ok(2, [*overrides, f"run_name={name}", "resume=auto", *layout], out)
+    run_ok(2, [*overrides, f"run_name={name}", "resume=auto", *layout, *resumed_with], out)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["restarts"] == 1
     same_losses(one, run)
     same_weights(one, run)
-
-
-def test_a_1f1b_pipeline_trains_as_one_and_its_checkpoint_resumes_on_one_process(lm, one):
-    """PP2 under 1F1B: the same losses (its evaluation too, sent through the stages); the
-    stages' step-10 checkpoint, each with its own blocks and its copy of the tied weight,
-    resumes on one process and ends with one process's weights."""
-    out, overrides = lm
-    piped = run_ok(2, [*overrides, "run_name=pp2-1f1b", "parallel.pipeline=2",
-                       "parallel.schedule=1f1b", "train.eval_every_epochs=0.01"], out)
-    same_losses(one, piped)
-    name = "from-pp2-on-1"
-    shutil.copytree(piped, out / "runs" / name)
-    shutil.rmtree(out / "runs" / name / "checkpoints" / f"step_{STEPS:08d}")
-    resumed = run_ok(1, [*overrides, f"run_name={name}", "resume=auto"], out)
-    same_losses(one, resumed, steps=range(11, STEPS + 1))
-    same_weights(one, resumed)
-    evaluated = records(piped, "eval")[-1]
-    assert evaluated["val_loss"] == pytest.approx(records(resumed, "eval")[-1]["val_loss"],
-                                                  abs=TOLERANCE)
+    assert records(run, "eval")[-1]["val_loss"] == pytest.approx(
+        records(one, "eval")[-1]["val_loss"], abs=TOLERANCE)
+    if name == "pp2":  # the stages' step-10 checkpoint (their own blocks, each a copy of the
+        on_one = out / "runs" / "pp2-on-1"  # tied weight) resumes without a pipeline
+        shutil.copytree(run, on_one)
+        shutil.rmtree(on_one / "checkpoints" / f"step_{STEPS:08d}")
+        run_ok(1, [*overrides, "run_name=pp2-on-1", "resume=auto"], out)
+        same_losses(one, on_one, steps=range(11, STEPS + 1))
+        same_weights(one, on_one)
 
 
 def test_fsdp_by_tensor_parallel_on_four_processes_trains_as_one_and_reshards(lm, one):
