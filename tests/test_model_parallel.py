@@ -155,6 +155,18 @@ def test_fsdp_by_tensor_parallel_on_four_processes_trains_as_one_and_reshards(lm
      "accumulation"),
     (2, 2, ["parallel.pipeline=2", "model.name=hpctrain:tiny_cnn", "data.dataset=shapes"],
      "splits the built-in GPT into stages"),
+    (2, 2, ["parallel.tensor=2", "model.name=hpctrain:tiny_cnn", "data.dataset=shapes",
+            "parallel.tensor_plan={'stem.0': colwise}"], "stem.0 is a Conv2d; colwise splits "
+     "nn.Linear layers only"),
+    (2, 2, ["parallel.tensor=2", "model.name=hpctrain:tiny_cnn", "data.dataset=shapes",
+            "parallel.tensor_plan={'head.2': colwise}", "parallel.sequence_parallel=true"],
+     "sequence_parallel=true needs a built-in plan"),
+    (2, 2, ["parallel.tensor=2", "parallel.tensor_plan={'head': colwise}"],
+     "has a built-in tensor-parallel plan; leave parallel.tensor_plan empty"),
+    (2, 2, ["parallel.tensor=2", "optim.ema.enabled=true"], "ema.enabled=true is not supported"),
+    (2, 2, ["parallel.pipeline=2", "optim.name=lamb"], "optim.name=lamb scales each layer"),
+    (2, 2, ["parallel.data=0"], "parallel.data.*too few"),
+    (2, 2, ["parallel.pipeline=2", "parallel.microbatches=0"], "parallel.microbatches.*too few"),
     (2, 2, ["parallel.tensor=2", "model.name=hpctrain:tiny_cnn", "data.dataset=shapes"],
      "no built-in tensor-parallel plan.*parallel.tensor_plan"),
     (2, 2, ["parallel.tensor=2", "model.name=hpctrain:tiny_cnn", "data.dataset=shapes",
@@ -171,3 +183,10 @@ def test_a_layout_that_cannot_work_is_refused_before_any_process_waits(
     code = main(["run", "tiny-lm", "output_dir=/nonexistent/never", *settings])
     assert code == 2
     assert re.search(message, capsys.readouterr().err)
+
+
+def test_memory_refuses_to_measure_a_split_layout_or_a_world_it_cannot_hold(capsys):
+    assert main(["memory", "tiny-lm", "parallel.tensor=2", "--measure"]) == 2
+    assert "--measure runs one device's step, not a split model's" in capsys.readouterr().err
+    assert main(["memory", "tiny-lm", "parallel.tensor=2", "--world-size", "3"]) == 2
+    assert "--world-size 3 is not a multiple of parallel.tensor=2" in capsys.readouterr().err

@@ -31,6 +31,7 @@ from hpctrain.memory.simulate import Footprint, StepSpec, predict
 from hpctrain.memory.sizes import fmt_bytes, lacks_bf16, parse_memory
 from hpctrain.models.checkpointing import enable_activation_checkpointing, is_block
 from hpctrain.models.registry import build_model
+from hpctrain.train.layout import MICROBATCHES_PER_STAGE
 from hpctrain.train.optim import build_optimizer, scaled_lr
 from hpctrain.train.parallel import bf16_parameters, per_device_batch
 from hpctrain.train.system import resolve_precision
@@ -192,7 +193,8 @@ def resolve_target(config: Config, gpu_memory: str | None, world_size: int = 1,
         strategy = "none"
     micro = 1
     if p.pipeline > 1:
-        micro = p.microbatches if p.microbatches != "auto" else 4 * p.pipeline
+        micro = p.microbatches if p.microbatches != "auto" else \
+            MICROBATCHES_PER_STAGE * p.pipeline
     return Target(device, precision, capacity, source, world_size, strategy, p.tensor,
                   p.pipeline, p.sequence_parallel, micro, p.schedule)
 
@@ -400,12 +402,13 @@ def estimate(config: Config, target: Target, batch_size: int | None = None,
 
 def with_layout(base: Estimate, config: Config, world_size: int, strategy: str,
                 tensor: int = 1, pipeline: int = 1) -> Estimate:
-    """The same step on another layout: no new simulation. A pipeline takes 4 micro-batches
-    per stage and 1F1B; tensor parallelism, sequence parallelism."""
+    """The same step on another layout: no new simulation. A pipeline takes the default
+    micro-batches per stage and 1F1B; tensor parallelism, sequence parallelism."""
     per_copy = tensor * pipeline
     target = replace(base.target, world_size=world_size,
                      strategy=strategy if world_size > per_copy else "none", tensor=tensor,
                      pipeline=pipeline, sequence_parallel=tensor > 1,
-                     microbatches=4 * pipeline if pipeline > 1 else 1, schedule="1f1b")
+                     microbatches=MICROBATCHES_PER_STAGE * pipeline if pipeline > 1 else 1,
+                     schedule="1f1b")
     return replace(base, target=target,
                    rows=layout_rows(base.footprint, base.info, target, config))

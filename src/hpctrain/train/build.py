@@ -159,8 +159,8 @@ def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
     model = model.to(device=device, memory_format=memory_format)
     if user_code.is_code_reference(config.model.name):  # hpctrain's own are seeded alike
         distributed.same_weights(model)
-    if layout.model_parallel:  # the whole model (a sketch could not check your own code)
-        _check_split(model, config, layout)
+    if layout.model_parallel:  # again on the real shapes: the sketch's vocabulary and classes
+        _check_split(model, config, layout)  # were placeholders, and your own code had none
     if layout.pipeline > 1:
         stage = layout.coordinates(env.rank)[0]
         model = pipeline.cut_to_stage(model, stage, layout.pipeline)

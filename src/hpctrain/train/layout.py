@@ -26,8 +26,10 @@ class Layout:
     strategy: str = "none"  # the data dimension: none | ddp | fsdp
 
     @property
-    def size(self) -> int:
-        return self.data * self.tensor * self.pipeline
+    def ranks_per_stage(self) -> int:
+        """Ranks that hold one pipeline stage (all of them without a pipeline); a rank's
+        neighbouring stage is this many ranks away."""
+        return self.data * self.tensor
 
     @property
     def model_parallel(self) -> bool:
@@ -85,14 +87,18 @@ def resolve_layout(config: Config, env: ProcessEnv) -> Layout:
     return Layout(data, p.tensor, p.pipeline, _strategy(config, env, data, per_copy > 1))
 
 
+# pipeline micro-batches per stage by default: the bubble, (p - 1) / (m + p - 1), is then
+# under a fifth
+MICROBATCHES_PER_STAGE = 4
+
+
 def microbatches(config: Config, layout: Layout, batch_size: int) -> int:
-    """Pipeline micro-batches per step: parallel.microbatches, or by default 4 per stage (the
-    bubble, (p - 1) / (m + p - 1), is then under a fifth), fewer where the per-device batch
-    does not split that far."""
+    """Pipeline micro-batches per step: parallel.microbatches, or MICROBATCHES_PER_STAGE per
+    stage, fewer where the per-device batch does not split that far."""
     wanted = config.parallel.microbatches
     fits = [m for m in range(1, batch_size + 1) if batch_size % m == 0]
     if wanted == "auto":
-        wanted = max(m for m in fits if m <= 4 * layout.pipeline)
+        wanted = max(m for m in fits if m <= MICROBATCHES_PER_STAGE * layout.pipeline)
     elif batch_size % wanted:
         raise ConfigError(f"parallel.microbatches={wanted} does not divide the per-device batch "
                           f"of {batch_size}; use one of {', '.join(map(str, fits[:12]))}")

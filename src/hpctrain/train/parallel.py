@@ -92,7 +92,7 @@ class Distributed:
         model copy spread over several processes (`copies`: see grad_norm.clip_)."""
         if not self.layout.model_parallel:
             return torch.nn.utils.clip_grad_norm_
-        per_stage = self.layout.data * self.layout.tensor
+        per_stage = self.layout.ranks_per_stage
         return lambda parameters, max_norm: grad_norm.clip_(list(parameters), max_norm,
                                                             per_stage, copies)
 
@@ -101,7 +101,7 @@ class Distributed:
         sharding)."""
         params = [p.detach() for p in model.parameters()]
         if self.layout.model_parallel:
-            return grad_norm.total_norm(params, self.layout.data * self.layout.tensor)
+            return grad_norm.total_norm(params, self.layout.ranks_per_stage)
         norm = torch.nn.utils.get_total_norm(params)
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 

@@ -26,9 +26,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from hpctrain.errors import ConfigError
-from hpctrain.train.grad_norm import settle_gradients
 from hpctrain.models.gpt import GPT
-
+from hpctrain.train.grad_norm import settle_gradients
 
 
 def check(model: nn.Module, stages: int, model_name: str) -> None:
@@ -140,7 +139,7 @@ def build(model: nn.Module, loss_fn, layout, rank: int, device: torch.device,
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     stage, _, _ = layout.coordinates(rank)
-    stride = layout.data * layout.tensor  # ranks per stage: a neighbour is one stride away
+    stride = layout.ranks_per_stage  # a neighbouring stage is one stride away
     # one tied group per (data, tensor) position; every rank takes part in creating each
     tied = None
     for first in range(stride):
