@@ -21,6 +21,7 @@ import pytest
 from hpctrain.cli import main
 from hpctrain.train.checkpoint import list_checkpoints, read_checkpoint
 from test_distributed import launch, records, wait_for_step, worker_pid
+from test_distributed import run_ok as run_ok_default
 
 pytestmark = pytest.mark.distributed
 
@@ -136,7 +137,42 @@ def test_fsdp_by_tensor_parallel_on_four_processes_trains_as_one_and_reshards(lm
         same_weights(one, resumed)
 
 
+def test_a_timm_vit_split_over_two_processes_trains_as_one_and_resumes_on_one(
+        tmp_path, shapes_cache):
+    """timm's ViT under its built-in plan (q, k, v and fc1 column-wise, proj and fc2
+    row-wise; the norms, biases and patch embedding plain tensors beside the split ones, in
+    SGD's foreach groups), the same losses as one process; its step-5 checkpoint resumes
+    on one process with the same losses to the end."""
+    vit = [f"output_dir={tmp_path / 'runs'}", f"data.shapes.cache_dir={shapes_cache}",
+           "data.shapes.num_train=320", "data.shapes.num_val=32", "data.num_workers=0",
+           "model.name=timm:vit_tiny_patch16_224", "model.kwargs.patch_size=8",
+           "model.kwargs.depth=2", "model.kwargs.embed_dim=32", "model.kwargs.num_heads=2",
+           "precision=fp32", "tensorboard=false", "train.max_steps=10", "train.log_every=1",
+           "train.global_batch_size=32", "optim.grad_clip_norm=0.5",
+           "train.eval_every_epochs=100", "checkpoint.every_steps=5"]
+    one = run_ok_default(1, [*vit, "run_name=one"])
+    split = run_ok_default(2, [*vit, "run_name=tp2", "parallel.tensor=2"])
+    assert json.loads((split / "summary.json").read_text())["layout"] == {
+        "data": 1, "tensor": 2, "pipeline": 1}
+    steps = range(1, 11)
+    assert_same_losses(one, split, steps)
+    shutil.rmtree(split / "checkpoints" / "step_00000010")
+    resumed = run_ok_default(1, [*vit, "run_name=tp2", "resume=auto"])
+    assert_same_losses(one, resumed, steps)
+
+
+def assert_same_losses(a: Path, b: Path, steps: range) -> None:
+    theirs = {r["step"]: r["loss"] for r in records(b, "train")}
+    ours = {r["step"]: r["loss"] for r in records(a, "train")}
+    assert sorted(theirs) == list(steps)
+    assert all(abs(ours[s] - theirs[s]) <= TOLERANCE for s in steps), (ours, theirs)
+
+
 # ---- layouts that cannot work: exit 2 before any process group, naming what would -------------
+
+VIT = ["model.name=timm:vit_tiny_patch16_224", "model.kwargs.num_heads=2", "data.dataset=shapes",
+       "data.image_size=32"]
+
 
 @pytest.mark.parametrize("world, local, settings, message", [
     (4, 4, ["parallel.tensor=3"], "is 3 processes per model copy, but 4 process.*tensor=2 "),
@@ -169,6 +205,10 @@ def test_fsdp_by_tensor_parallel_on_four_processes_trains_as_one_and_reshards(lm
     (2, 2, ["parallel.pipeline=2", "parallel.microbatches=0"], "parallel.microbatches.*too few"),
     (2, 2, ["parallel.tensor=2", "model.name=hpctrain:tiny_cnn", "data.dataset=shapes"],
      "no built-in tensor-parallel plan.*parallel.tensor_plan"),
+    (4, 4, ["parallel.tensor=4", *VIT], "does not divide the model's 2 attention heads.*"
+     "tensor=1 or 2"),
+    (2, 2, ["parallel.tensor=2", "parallel.sequence_parallel=true", *VIT],
+     "sequence_parallel=true is built for the GPT"),
     (2, 2, ["parallel.tensor=2", "model.name=hpctrain:tiny_cnn", "data.dataset=shapes",
             "parallel.tensor_plan={'nothing.*': colwise}"], "'nothing.\\*' matches no module"),
 ])

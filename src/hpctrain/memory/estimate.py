@@ -30,6 +30,7 @@ from hpctrain.errors import ConfigError, UserError
 from hpctrain.memory.simulate import Footprint, StepSpec, predict
 from hpctrain.memory.sizes import fmt_bytes, lacks_bf16, parse_memory
 from hpctrain.models.checkpointing import enable_activation_checkpointing, is_block
+from hpctrain.models.gpt import GPT
 from hpctrain.models.registry import build_model
 from hpctrain.train.layout import MICROBATCHES_PER_STAGE
 from hpctrain.train.optim import build_optimizer, scaled_lr
@@ -97,6 +98,7 @@ class ModelInfo:
     split_parameters: int = 0  # in what the tensor-parallel plan splits (0: no plan)
     tensor_sizes: tuple[int, ...] = ()  # tensor-parallel sizes the model's shapes allow
     pipeline_sizes: tuple[int, ...] = ()  # pipeline sizes it allows (its blocks divide)
+    sequence_parallel: bool = False  # its plan can split the sequence too (the GPT's)
 
     def gradient_bytes(self) -> int:
         return self.trainable * 4
@@ -296,15 +298,15 @@ def model_info(spec: StepSpec, precision: str, config: Config | None = None) -> 
     units = [sum(p.numel() for p in m.parameters()) for m in model.modules() if is_block(m)]
     total = sum(p.numel() for p in model.parameters())
     rest = total - sum(units)  # blocks nest rarely; the root unit holds the rest
-    split, tensor_sizes, pipeline_sizes = _splits(model, config) if config else (0, (), ())
+    splits = _splits(model, config) if config else (0, (), (), False)
     return ModelInfo(total, sum(p.numel() for p in model.parameters() if p.requires_grad),
                      max([rest, *units]), bf16_parameters(model, precision), sum(units),
-                     split, tensor_sizes, pipeline_sizes)
+                     *splits)
 
 
-def _splits(model: nn.Module, config: Config) -> tuple[int, tuple, tuple]:
+def _splits(model: nn.Module, config: Config) -> tuple[int, tuple, tuple, bool]:
     """(parameters the tensor-parallel plan splits, the tensor sizes and the pipeline sizes
-    the model allows, up to 8 each)."""
+    the model allows, up to 8 each, whether its plan splits the sequence as an option)."""
     from hpctrain.train import pipeline, tensor_parallel
 
     p = config.parallel
@@ -312,7 +314,7 @@ def _splits(model: nn.Module, config: Config) -> tuple[int, tuple, tuple]:
         plan = tensor_parallel.plan_for(model, p.tensor_plan, p.sequence_parallel,
                                         config.model.name)
     except ConfigError:
-        return 0, (), ()
+        return 0, (), (), False
     split = {id(param): param.numel() for name in tensor_parallel.resolve(model, plan, False)
              for param in model.get_submodule(name).parameters(recurse=False)}
 
@@ -328,7 +330,8 @@ def _splits(model: nn.Module, config: Config) -> tuple[int, tuple, tuple]:
 
     return (sum(split.values()),
             allowed(lambda t: tensor_parallel.checked_plan(model, config, t)),
-            allowed(lambda n: pipeline.check(model, n, config.model.name)))
+            allowed(lambda n: pipeline.check(model, n, config.model.name)),
+            isinstance(model, GPT))
 
 
 def model_share(info: ModelInfo, target: Target) -> float:
@@ -403,11 +406,13 @@ def estimate(config: Config, target: Target, batch_size: int | None = None,
 def with_layout(base: Estimate, config: Config, world_size: int, strategy: str,
                 tensor: int = 1, pipeline: int = 1) -> Estimate:
     """The same step on another layout: no new simulation. A pipeline takes the default
-    micro-batches per stage and 1F1B; tensor parallelism, sequence parallelism."""
+    micro-batches per stage and 1F1B; tensor parallelism, sequence parallelism where the
+    model's plan has it."""
     per_copy = tensor * pipeline
     target = replace(base.target, world_size=world_size,
                      strategy=strategy if world_size > per_copy else "none", tensor=tensor,
-                     pipeline=pipeline, sequence_parallel=tensor > 1,
+                     pipeline=pipeline,
+                     sequence_parallel=tensor > 1 and base.info.sequence_parallel,
                      microbatches=MICROBATCHES_PER_STAGE * pipeline if pipeline > 1 else 1,
                      schedule="1f1b")
     return replace(base, target=target,

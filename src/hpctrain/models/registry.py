@@ -3,7 +3,9 @@
 (`package.module:build` or `path/to/file.py:build`, user_code.py).
 
 A bare name is looked up among the built-in nets first, then timm. Weights are never
-downloaded (compute nodes have no internet): models start from random initialisation.
+downloaded (compute nodes have no internet): models start from random initialisation. timm's
+ViT attention comes with its query, key and value projections apart (vit_attention.py), which
+tensor parallelism needs.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from torch import nn
 from hpctrain import user_code
 from hpctrain.errors import ConfigError
 from hpctrain.models import gpt, huggingface, pointnet, small
+from hpctrain.models.vit_attention import split_fused_attention
 
 BUILTIN = {"resnet_small": small.resnet_small, "tiny_cnn": small.tiny_cnn,
            "pointnet": pointnet.pointnet, "pointnet_small": pointnet.pointnet_small,
@@ -150,8 +153,8 @@ def build_model(name: str, num_classes: int | None, kwargs: dict | None = None,
             raise _unknown("timm", model_name, timm.list_models())
         sized = _sized_for(model_name, kwargs, image_sizes)
         try:
-            return timm.create_model(model_name, pretrained=False,
-                                     num_classes=num_classes, **kwargs, **sized)
+            return split_fused_attention(timm.create_model(
+                model_name, pretrained=False, num_classes=num_classes, **kwargs, **sized))
         except (TypeError, ValueError, AssertionError, RuntimeError) as err:
             if not sized:
                 raise

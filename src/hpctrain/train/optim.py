@@ -13,6 +13,7 @@ import math
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
 from hpctrain.config import OptimConfig, ScheduleConfig
@@ -26,14 +27,16 @@ def scaled_lr(optim: OptimConfig, global_batch_size: int) -> float:
 
 
 def param_groups(model: nn.Module, weight_decay: float, no_decay_norm_bias: bool) -> list[dict]:
-    decay, no_decay = [], []
+    """The parameters with weight decay, then those without; each again parted into the
+    tensor-parallel split ones (DTensors) and plain ones, as one foreach or fused kernel takes
+    one kind (a split model's norms and biases, which no plan splits, are plain)."""
+    kinds: dict[tuple[bool, bool], list] = {}
     for param in model.parameters():
         if param.requires_grad:
-            (no_decay if no_decay_norm_bias and param.ndim <= 1 else decay).append(param)
-    groups = [{"params": decay, "weight_decay": weight_decay}]
-    if no_decay:
-        groups.append({"params": no_decay, "weight_decay": 0.0})
-    return groups
+            decays = not (no_decay_norm_bias and param.ndim <= 1)
+            kinds.setdefault((not decays, isinstance(param, DTensor)), []).append(param)
+    return [{"params": params, "weight_decay": 0.0 if no_decay else weight_decay}
+            for (no_decay, _), params in sorted(kinds.items(), key=lambda kind: kind[0])]
 
 
 def build_optimizer(model: nn.Module, optim: OptimConfig, lr: float,

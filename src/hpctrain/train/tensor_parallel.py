@@ -13,8 +13,11 @@ split over the sequence as well: each all-reduce becomes a reduce-scatter plus a
 (the same traffic), and the activations outside the matrix products take 1/tensor the memory.
 
 A plan maps module-name patterns (fnmatch: `blocks.*.mlp.up`) to a style. The built-in GPT
-has its own; any other model takes `parallel.tensor_plan` of `colwise` and `rowwise` entries,
-which suits models whose layers read their shapes from the tensors they get.
+has its own, and so have timm's ViTs (their attention's q, k, v and MLP's first matrix
+column-wise, the attention's output and the MLP's second row-wise; the patch embedding, the
+class token and the head stay whole on every rank). Any other model takes
+`parallel.tensor_plan` of `colwise` and `rowwise` entries, which suits models whose layers read
+their shapes from the tensors they get.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from torch import nn
 
 from hpctrain.errors import ConfigError
 from hpctrain.models.gpt import GPT
+from hpctrain.models.vit_attention import SplitQKVAttention
 
 GPT_PLAN = {
     "embed": "embedding",
@@ -62,6 +66,13 @@ def plan_for(model: nn.Module, tensor_plan: dict[str, str], sequence_parallel: b
             raise ConfigError(f"parallel.tensor_plan: {model_name} has a built-in tensor-"
                               "parallel plan; leave parallel.tensor_plan empty")
         return {**GPT_PLAN, **(GPT_SEQUENCE_PLAN if sequence_parallel else {})}
+    vit = _vit_plan(model)
+    if vit and not tensor_plan:
+        if sequence_parallel:
+            raise ConfigError(f"parallel.sequence_parallel=true is built for the GPT; "
+                              f"{model_name}'s token count (with its class token) rarely "
+                              "divides: set it to false")
+        return vit
     if not tensor_plan:
         raise ConfigError(
             f"parallel.tensor > 1: {model_name} has no built-in tensor-parallel plan. Give one "
@@ -72,6 +83,40 @@ def plan_for(model: nn.Module, tensor_plan: dict[str, str], sequence_parallel: b
         raise ConfigError("parallel.sequence_parallel=true needs a built-in plan (the GPT); "
                           "with parallel.tensor_plan set it to false")
     return dict(tensor_plan)
+
+
+def _vit_plan(model: nn.Module) -> dict[str, str] | None:
+    """The plan for a model built of timm's ViT blocks (attention and MLP), or None when it is
+    not one or a block holds what a tensor split cannot divide (a norm over the attention's or
+    the MLP's hidden width)."""
+    plan: dict[str, str] = {}
+    for name, attention in model.named_modules():
+        if not isinstance(attention, SplitQKVAttention):
+            continue
+        owner = name.rpartition(".")[0]
+        mlp = getattr(model.get_submodule(owner), "mlp", None)
+        firsts = [f for f in ("fc1", "fc1_g", "fc1_x") if hasattr(mlp, f)]
+        if (not isinstance(attention.norm, nn.Identity) or type(mlp).__name__ not in
+                ("Mlp", "SwiGLU") or not isinstance(mlp.norm, nn.Identity)):
+            return None
+        at, block = _pattern(name), _pattern(owner)
+        plan.update({f"{at}.[qkv]": "colwise", f"{at}.proj": "rowwise",
+                     **({f"{at}.gate": "colwise"} if attention.gate is not None else {}),
+                     **{f"{block}.mlp.{f}": "colwise" for f in firsts},
+                     f"{block}.mlp.fc2": "rowwise"})
+    return plan or None
+
+
+def _pattern(name: str) -> str:
+    """A module name with its indices as wildcards: blocks.3.attn -> blocks.*.attn."""
+    return ".".join("*" if part.isdigit() else part for part in name.split("."))
+
+
+def _heads(model: nn.Module) -> int | None:
+    if isinstance(model, GPT):
+        return model.shape.heads
+    return next((m.num_heads for m in model.modules() if isinstance(m, SplitQKVAttention)),
+                None)
 
 
 def _linear_names(model: nn.Module) -> list[str]:
@@ -97,11 +142,12 @@ def resolve(model: nn.Module, plan: dict[str, str], strict: bool = True) -> dict
 def check(model: nn.Module, plan: dict[str, str], tensor: int, sequence_parallel: bool,
           seq_len: int | None) -> None:
     """Refuse a split that does not divide: heads, widths, the vocabulary, the sequence."""
-    if isinstance(model, GPT) and model.shape.heads % tensor:
+    heads = _heads(model)
+    if heads and heads % tensor:
         raise ConfigError(
-            f"parallel.tensor={tensor} does not divide the model's {model.shape.heads} "
-            f"attention heads (each rank computes whole heads); use parallel.tensor="
-            f"{' or '.join(map(str, _divisors(model.shape.heads)))}")
+            f"parallel.tensor={tensor} does not divide the model's {heads} attention heads "
+            f"(each rank computes whole heads); use parallel.tensor="
+            f"{' or '.join(map(str, _divisors(heads)))}")
     for name, style in resolve(model, plan).items():
         if style in ("norm", "gather"):
             continue  # they split the sequence, checked below
