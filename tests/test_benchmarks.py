@@ -43,6 +43,12 @@ CASES = [
                         "--set=data.shapes3d.num_train=40", "--set=data.shapes3d.num_val=10",
                         "--set=data.points.num_points=64", "--set=train.batch_size=4"],
      [r"^pointnet\s+glibc default\s+[\d.]+\s+1\.00", r"^pointnet\s+kept \(hpctrain\)\s+[\d.]+"]),
+    ("pipeline_bubble.py", ["--microbatches", "2", "--width", "32", "--layers", "2",
+                            "--seq-len", "16", "--batch-size", "4", "--steps", "1",
+                            "--rounds", "1"],
+     [r"^2\s+1f1b\s+[\d.]+\s+[\d.]+\s+-?[\d.]+\s+0\.33\s+-?[\d.]+",
+      r"tensor parallelism over 2: [\d.]+ ms/step .* 14 all-reduces of activations per step "
+      r"\(the plan: 14\)"]),
     ("data_pipeline.py", ["--images", "48", "--workers", "1", "--batch", "8"],
      [r"\(b\) WebDataset, same tars\s+\d+", r"\(c\) hpctrain shards\s+\d+\s+1\.00",
       r"\(d\) decode-only limit\s+\d+"]),
