@@ -3,7 +3,8 @@ parallelism's communication per step.
 
 Bubble: for m micro-batches, one process trains the whole GPT on the same m micro-batches one
 after the other (gradient accumulation): that is the work, and p stages could at best do it in
-1/p of the time. The p-process pipeline's step (hpctrain's real loop, GPipe or 1F1B) is timed
+1/p of the time. The p-process pipeline's step (hpctrain's real loop, GPipe, 1F1B, or a
+looped schedule with v = 2 stages per rank, where the formula's m becomes v x m) is timed
 against that ideal; the idle share, 1 - ideal / measured, includes the sends between stages.
 
 Tensor parallelism: the all-reduces of a TP step counted and timed in a profiler trace (rank
@@ -15,6 +16,7 @@ Each configuration is one torchrun launch: a second process group in the same wo
 meet the agent's store holding the first one's keys.
 
     python benchmarks/pipeline_bubble.py               # CPU, gloo, 2 stages, m = 1, 2, 4, 8
+    python benchmarks/pipeline_bubble.py --schedule interleaved-1f1b   # 4 stages on 2 ranks
     python benchmarks/pipeline_bubble.py --stages 4 --microbatches 4,8,16 --width 1024 \\
         --layers 8 --precision bf16                    # one GPU node (NCCL)
 """
@@ -68,7 +70,8 @@ def worker(args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         if args.case != "tensor":
             m = int(args.case)
-            schedule = "gpipe" if m < args.stages else args.schedule
+            schedule = "gpipe" if m < args.stages and args.schedule == "1f1b" else \
+                args.schedule
             ms, parts = timed(args, [f"parallel.pipeline={args.stages}",
                                      f"parallel.microbatches={m}",
                                      f"parallel.schedule={schedule}",
@@ -124,7 +127,8 @@ def main() -> None:
     parser.add_argument("--stages", type=int, default=2, help="processes (pipeline stages; "
                         "also the tensor-parallel size)")
     parser.add_argument("--microbatches", default="1,2,4,8")
-    parser.add_argument("--schedule", default="1f1b", choices=["gpipe", "1f1b"],
+    parser.add_argument("--schedule", default="1f1b",
+                        choices=["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"],
                         help="for m >= stages (GPipe below)")
     parser.add_argument("--batch-size", type=int, default=16, help="per pipeline")
     parser.add_argument("--width", type=int, default=256)
@@ -150,14 +154,15 @@ def main() -> None:
     print(f"pipeline_bubble: GPT width {args.width}, {args.layers} layers, {args.seq_len} "
           f"tokens, batch {args.batch_size}, {args.precision}, {p} stages, one thread per "
           f"process, {args.rounds} rounds x {args.steps} steps (median)")
-    print(f"{'micro-batches':<15}{'schedule':<10}{'1 process ms':>14}{'pipeline ms':>13}"
-          f"{'idle measured':>15}{'(p-1)/(m+p-1)':>15}{'ratio':>8}")
+    v = 2 if args.schedule in ("interleaved-1f1b", "zero-bubble") else 1  # stages per rank
+    print(f"{'micro-batches':<15}{'schedule':<18}{'1 process ms':>14}{'pipeline ms':>13}"
+          f"{'idle measured':>15}{'(p-1)/(vm+p-1)':>16}{'ratio':>8}")
     for m in args.m:
         row = many["pipeline"][m]
         idle = 1 - one[m] / p / row["ms"]
-        predicted = (p - 1) / (m + p - 1)
-        print(f"{m:<15}{row['schedule']:<10}{one[m]:>14.1f}{row['ms']:>13.1f}{idle:>15.2f}"
-              f"{predicted:>15.2f}{idle / predicted:>8.2f}")
+        predicted = (p - 1) / (v * m + p - 1)  # Megatron-LM: interleaving divides it by v
+        print(f"{m:<15}{row['schedule']:<18}{one[m]:>14.1f}{row['ms']:>13.1f}{idle:>15.2f}"
+              f"{predicted:>16.2f}{idle / predicted:>8.2f}")
     tensor = many["tensor"]
     # forward: each block's two row-wise outputs and the embedding's; backward: the input
     # gradients of each block's four column-wise projections (q, k, v, MLP up) and the output

@@ -366,13 +366,14 @@ def test_advice_for_a_gpt_that_does_not_fit_names_a_layout_with_its_peak():
     assert layouts[0].in_use == named.in_use
 
 
-def test_a_timm_vit_is_split_by_its_plan_without_sequence_parallelism():
+def test_a_timm_vit_is_split_by_its_plan_without_sequence_parallelism_and_by_stages():
     config = load_config("default", ["model.name=timm:vit_tiny_patch16_224", "data.image_size=32",
                                      "model.kwargs.num_heads=4", "optim.name=adamw"])
     base = estimate(config, resolve_target(config, "80GB"))
     info = base.info
     assert 0.8 < info.split_parameters / info.parameters < 1  # the blocks' matrices
     assert info.tensor_sizes == (2, 4) and not info.sequence_parallel  # 4 heads
+    assert info.pipeline_sizes == (2, 4)  # 12 blocks
     tp = with_layout(base, config, 2, "none", tensor=2)
     assert tp.target.layout_settings() == ["parallel.tensor=2"]
     # Megatron's count: 10 of a layer's 34 bytes per token and width stay whole on each rank

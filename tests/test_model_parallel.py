@@ -81,7 +81,7 @@ def test_two_processes_train_as_one_through_a_preemption(lm, one, name, layout, 
     and, after the resume, GPipe: each step's loss as one process's; a SIGUSR1 to rank 1 at
     step 3 saves on both ranks and exits 75, and the resumed run ends with one process's
     weights and evaluation (a pipeline's sent through its stages). PP2's step-10 checkpoint
-    then resumes on one process."""
+    then resumes on one process, and one process's resumes as PP2."""
     out, overrides = lm
     run = out / "runs" / name
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -115,6 +115,35 @@ def test_two_processes_train_as_one_through_a_preemption(lm, one, name, layout, 
         run_ok(1, [*overrides, "run_name=pp2-on-1", "resume=auto"], out)
         same_losses(one, on_one, steps=range(11, STEPS + 1))
         same_weights(one, on_one)
+        onto = out / "runs" / "one-on-pp2"  # and one process's (one tied weight) resumes
+        shutil.copytree(one, onto)  # as a pipeline: the last stage reads its copy
+        shutil.rmtree(onto / "checkpoints" / f"step_{STEPS:08d}")
+        run_ok(2, [*overrides, "run_name=one-on-pp2", "resume=auto", *layout], out)
+        same_losses(one, onto, steps=range(11, STEPS + 1))
+        same_weights(one, onto)
+
+
+def test_looped_schedules_give_each_rank_two_stages_and_train_as_one(lm):
+    """A 4-layer GPT in 4 stages on 2 ranks (stage i on rank i mod 2, so the tied weight's
+    copies sit on the ends of the loop) under interleaved 1F1B, resumed at step 10 under
+    the interleaved zero-bubble schedule: each step's loss as one process's, and the
+    evaluation sent through the 4 stages as well."""
+    out, overrides = lm
+    deep = [*overrides, "model.kwargs.layers=4"]
+    one = run_ok(1, [*deep, "run_name=deep-one"], out)
+    looped = run_ok(2, [*deep, "run_name=looped", "parallel.pipeline=2",
+                        "parallel.schedule=interleaved-1f1b"], out)
+    same_losses(one, looped)
+    shutil.rmtree(looped / "checkpoints" / f"step_{STEPS:08d}")
+    done = launch(2, [*deep, "run_name=looped", "parallel.pipeline=2", "resume=auto",
+                      "parallel.schedule=zero-bubble"], recipe="tiny-lm")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert ("pipeline: 4 stages, 2 on each rank, ScheduleInterleavedZeroBubble, 8 "
+            "micro-batches per step") in done.stdout
+    same_losses(one, looped, steps=range(11, STEPS + 1))
+    same_weights(one, looped)
+    assert records(looped, "eval")[-1]["val_loss"] == pytest.approx(
+        records(one, "eval")[-1]["val_loss"], abs=TOLERANCE)
 
 
 def test_fsdp_by_tensor_parallel_on_four_processes_trains_as_one_and_reshards(lm, one):
@@ -137,28 +166,35 @@ def test_fsdp_by_tensor_parallel_on_four_processes_trains_as_one_and_reshards(lm
         same_weights(one, resumed)
 
 
-def test_a_timm_vit_split_over_two_processes_trains_as_one_and_resumes_on_one(
+def test_a_timm_vit_split_by_pipeline_then_by_tensor_trains_as_one_process(
         tmp_path, shapes_cache):
-    """timm's ViT under its built-in plan (q, k, v and fc1 column-wise, proj and fc2
-    row-wise; the norms, biases and patch embedding plain tensors beside the split ones, in
-    SGD's foreach groups), the same losses as one process; its step-5 checkpoint resumes
-    on one process with the same losses to the end."""
+    """timm's ViT cut into 2 pipeline stages (its blocks recomputed in backward), then under
+    its built-in tensor plan (q, k, v and fc1 column-wise, proj and fc2 row-wise; the norms,
+    biases and patch embedding plain tensors beside the split ones, in param groups of
+    their own), then on one process, each resumed from the last one's checkpoint (2 param
+    groups, then 4, then 2): every step's loss as one process's."""
     vit = [f"output_dir={tmp_path / 'runs'}", f"data.shapes.cache_dir={shapes_cache}",
            "data.shapes.num_train=320", "data.shapes.num_val=32", "data.num_workers=0",
            "model.name=timm:vit_tiny_patch16_224", "model.kwargs.patch_size=8",
            "model.kwargs.depth=2", "model.kwargs.embed_dim=32", "model.kwargs.num_heads=2",
-           "precision=fp32", "tensorboard=false", "train.max_steps=10", "train.log_every=1",
+           "precision=fp32", "tensorboard=false", "train.max_steps=12", "train.log_every=1",
            "train.global_batch_size=32", "optim.grad_clip_norm=0.5",
-           "train.eval_every_epochs=100", "checkpoint.every_steps=5"]
+           "train.eval_every_epochs=100", "checkpoint.every_steps=4"]
+    steps = range(1, 13)
     one = run_ok_default(1, [*vit, "run_name=one"])
-    split = run_ok_default(2, [*vit, "run_name=tp2", "parallel.tensor=2"])
-    assert json.loads((split / "summary.json").read_text())["layout"] == {
-        "data": 1, "tensor": 2, "pipeline": 1}
-    steps = range(1, 11)
-    assert_same_losses(one, split, steps)
-    shutil.rmtree(split / "checkpoints" / "step_00000010")
-    resumed = run_ok_default(1, [*vit, "run_name=tp2", "resume=auto"])
-    assert_same_losses(one, resumed, steps)
+    previous = run_ok_default(2, [*vit, "run_name=pp2", "parallel.pipeline=2",
+                                  "model.activation_checkpointing=true"])
+    assert json.loads((previous / "summary.json").read_text())["layout"] == {
+        "data": 1, "tensor": 1, "pipeline": 2}
+    assert_same_losses(one, previous, steps)
+    for nproc, name, layout, step in ((2, "tp2", ["parallel.tensor=2"], 4),
+                                      (1, "on-one", [], 8)):
+        shutil.copytree(previous, previous.parent / name)
+        for later in list_checkpoints(previous.parent / name / "checkpoints"):
+            if int(later.name.split("_")[1]) > step:
+                shutil.rmtree(later)
+        previous = run_ok_default(nproc, [*vit, f"run_name={name}", "resume=auto", *layout])
+        assert_same_losses(one, previous, steps)
 
 
 def assert_same_losses(a: Path, b: Path, steps: range) -> None:
@@ -187,10 +223,17 @@ VIT = ["model.name=timm:vit_tiny_patch16_224", "model.kwargs.num_heads=2", "data
     (2, 2, ["parallel.pipeline=2", "parallel.microbatches=5"],
      "microbatches=5 does not divide the per-device batch of 32"),
     (2, 2, ["parallel.pipeline=2", "train.batch_size=1"], "1f1b needs at least as many"),
+    (2, 2, ["parallel.pipeline=2", "parallel.schedule=interleaved-1f1b"],
+     "pipeline=2 with 2 stage\\(s\\) per rank does not divide the model's 2 layers.*"
+     "pipeline=1 or fewer parallel.stages_per_rank"),
+    (2, 2, ["parallel.pipeline=2", "parallel.stages_per_rank=2"],
+     "stages_per_rank=2 needs a looped schedule"),
+    (4, 4, ["parallel.pipeline=2", "parallel.schedule=zero-bubble", "model.kwargs.layers=4"],
+     "zero-bubble with parallel.data=2 is not supported yet"),
     (2, 2, ["parallel.pipeline=2", "train.grad_accum_steps=2"], "micro-batches are the "
      "accumulation"),
     (2, 2, ["parallel.pipeline=2", "model.name=hpctrain:tiny_cnn", "data.dataset=shapes"],
-     "splits the built-in GPT into stages"),
+     "splits the built-in GPT and timm's ViTs into stages"),
     (2, 2, ["parallel.tensor=2", "model.name=hpctrain:tiny_cnn", "data.dataset=shapes",
             "parallel.tensor_plan={'stem.0': colwise}"], "stem.0 is a Conv2d; colwise splits "
      "nn.Linear layers only"),

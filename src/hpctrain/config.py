@@ -370,9 +370,14 @@ class ParallelConfig(Section):
     microbatches: int | Auto = Field("auto", description="pipeline parallelism: micro-batches "
                                      "per step (each rank's batch is split into them); auto: "
                                      "4 x parallel.pipeline, or the most that divide the batch")
-    schedule: Literal["gpipe", "1f1b"] = Field(
+    schedule: Literal["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"] = Field(
         "1f1b", description="pipeline parallelism: gpipe runs every micro-batch's forward, then "
-        "every backward; 1f1b alternates, holding fewer micro-batches' activations")
+        "every backward; 1f1b alternates, holding fewer micro-batches' activations; "
+        "interleaved-1f1b and zero-bubble give each rank several stages (a smaller bubble), "
+        "zero-bubble computes weight gradients apart to fill what is left")
+    stages_per_rank: int | Auto = Field("auto", description="pipeline stages each rank holds "
+                                        "(looped schedules); auto: 2 for interleaved-1f1b and "
+                                        "zero-bubble, 1 otherwise")
     sequence_parallel: bool = Field(False, description="tensor parallelism: the norms and the "
                                     "residual stream split over the sequence too (less memory "
                                     "for activations)")
@@ -380,7 +385,7 @@ class ParallelConfig(Section):
         default_factory=dict, description="tensor parallelism for a model without a built-in "
         "plan: module-name patterns (fnmatch, e.g. 'layers.*.fc1') -> colwise or rowwise")
 
-    @field_validator("data", "microbatches")
+    @field_validator("data", "microbatches", "stages_per_rank")
     @classmethod
     def _at_least_one(cls, value):
         if value != "auto" and value < 1:

@@ -108,7 +108,8 @@ def _task(config: Config, data: DataBundle, device: torch.device, plan: SystemPl
 
 def _check_split(model: nn.Module, config: Config, layout) -> None:
     if layout.pipeline > 1:
-        pipeline.check(model, layout.pipeline, config.model.name)
+        pipeline.check(model, layout.pipeline, config.model.name,
+                       pipeline.stages_per_rank(config))
     if layout.tensor > 1:
         tensor_parallel.checked_plan(model, config, layout.tensor)
 
@@ -161,9 +162,12 @@ def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
         distributed.same_weights(model)
     if layout.model_parallel:  # again on the real shapes: the sketch's vocabulary and classes
         _check_split(model, config, layout)  # were placeholders, and your own code had none
+    stream = held = stages = None  # held: the pipeline stages' Parts of the model on this rank
     if layout.pipeline > 1:
-        stage = layout.coordinates(env.rank)[0]
-        model = pipeline.cut_to_stage(model, stage, layout.pipeline)
+        stream = pipeline.stream_shape(model, layout.tensor if config.parallel.
+                                       sequence_parallel else 1)
+        model, held = pipeline.cut_to_stage(model, layout.coordinates(env.rank)[0],
+                                            layout.pipeline, pipeline.stages_per_rank(config))
     model = parallel.split_tensors(model, distributed, config)
     if config.model.activation_checkpointing:
         model = enable_activation_checkpointing(model, config.model.name)
@@ -187,12 +191,12 @@ def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
                         "train.global_batch_size or train.grad_accum_steps")
     total_steps = train_cfg.max_steps or math.ceil(train_cfg.epochs * steps_per_epoch)
     task = with_user_functions(_task(config, data, device, plan, batch_size), config.task)
-    stages = None
     if layout.pipeline > 1:
         stages = pipeline.build(
-            wrapped, lambda outputs, targets: task.loss(outputs, Batch(None, targets, targets)),
+            wrapped, held,
+            lambda outputs, targets: task.loss(outputs, Batch(None, targets, targets)),
             layout, env.rank, device, config.parallel.schedule, micro,
-            distributed.mesh["pipeline"].get_group(), config.parallel.sequence_parallel)
+            distributed.mesh["pipeline"].get_group(), stream)
     optimizer = build_optimizer(model, config.optim, lr, device)
     scheduler = build_scheduler(optimizer, config.schedule, total_steps, steps_per_epoch)
     return Parts(

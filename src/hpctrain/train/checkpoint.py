@@ -165,6 +165,11 @@ class Checkpointer:
         return meta, rng
 
 
+def saved_keys(path: Path) -> set[str]:
+    """The names of everything a checkpoint holds ("model.embed.weight", "optim.state...")."""
+    return set(SafeReader(path).read_metadata().state_dict_metadata)
+
+
 def read_checkpoint(path: Path) -> dict:
     """A whole checkpoint as plain CPU tensors, plus its `meta`, in one process (for tools
     and tests: no model or process group needed). Read as a resume reads it: safely."""

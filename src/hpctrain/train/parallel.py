@@ -227,6 +227,12 @@ def check_layout(config: Config, layout: Layout, device: torch.device, precision
     if layout.model_parallel:
         named = f"parallel.tensor={layout.tensor}" if layout.pipeline == 1 else \
             f"parallel.pipeline={layout.pipeline}"
+        if layout.pipeline > 1 and p.schedule == "zero-bubble" and layout.data > 1:
+            raise ConfigError(f"parallel.schedule=zero-bubble with parallel.data={layout.data} "
+                              "is not supported yet (its weight gradients, computed apart, "
+                              "miss FSDP's reduction and the ranks wait on each other); use "
+                              "parallel.schedule=interleaved-1f1b, or zero-bubble with "
+                              "parallel.data=1")
         if layout.pipeline > 1 and config.train.grad_accum_steps > 1:
             raise ConfigError(f"{named}: the pipeline's micro-batches are the accumulation; "
                               "set train.grad_accum_steps=1 and raise parallel.microbatches")

@@ -2,92 +2,222 @@
 flows through the stages in micro-batches, with `torch.distributed.pipelining`.
 
 The model is built whole on every rank (the same seed gives the same weights) and cut down to
-this rank's stage in place, the way torchtitan does it: the GPT keeps its blocks in a dict
-keyed by layer number, so a stage's parameters keep the names they have in the whole model,
-and checkpoints reshard across layouts by name. The first stage keeps the embedding, the last
-the final norm and the output layer. Their weights are tied in the whole model; here each of
-the two stages holds a copy, and after every backward pass the two copies' gradients are added
-up (Megatron's "embedding group"), so the copies stay equal and train as the one tied weight.
+this rank's stage in place, the way torchtitan does it: the blocks live in a dict keyed by
+layer number, so a stage's parameters keep the names they have in the whole model, and
+checkpoints reshard across layouts by name. Two kinds of model are cut:
+
+- the built-in GPT: the first stage keeps the embedding, the last the final norm and the
+  output layer. Their weights are tied in the whole model; here each of the two stages holds
+  a copy, and after every backward pass the two copies' gradients are added up (Megatron's
+  "embedding group"), so the copies stay equal and train as the one tied weight;
+- timm's ViTs: the first stage keeps the patch embedding, the class token and the position
+  embedding, the last the final norm, the pooling and the head; a stage's forward runs what
+  it holds (timm's own forward would run them all).
 
 The schedule runs forward and backward over the micro-batches (GPipe: all forwards, then all
 backwards; 1F1B: one forward, one backward in the steady state, so fewer micro-batches'
 activations are alive at once) and scales the gradients by 1/micro-batches: a step equals one
-process's step on the whole batch. The loss and the metrics exist on the last stage only.
-Evaluation sends each batch through the stages forward only.
+process's step on the whole batch. The looped schedules give each rank several stages, stage
+i on rank i mod p (interleaved 1F1B, Narayanan et al. 2021; the interleaved zero-bubble
+schedule, Qi et al. 2024, which also computes the weights' gradients apart from the inputs'
+to fill the bubble): the bubble shrinks by the stages per rank, for as many more sends. A
+rank's stages are parts of its one model, each run through the model's forward (so FSDP's
+hooks on it run). The loss and the metrics exist on the last stage only. Evaluation sends
+each batch through the stages forward only.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from types import MethodType
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
+from torch.utils.checkpoint import checkpoint
 
 from hpctrain.errors import ConfigError
 from hpctrain.models.gpt import GPT
 from hpctrain.train.grad_norm import settle_gradients
 
 
-def check(model: nn.Module, stages: int, model_name: str) -> None:
+def check(model: nn.Module, stages: int, model_name: str, per_rank: int = 1) -> None:
     """Refuse a split that cannot work: a model that is not a sequence of blocks, or blocks
-    that do not divide into equal stages."""
-    if not isinstance(model, GPT):
-        raise ConfigError(f"parallel.pipeline > 1: hpctrain splits the built-in GPT into "
-                          f"stages; {model_name} is not one yet. Use parallel.tensor or "
+    that do not divide into equal stages (`per_rank` on each of the `stages` ranks)."""
+    if not (isinstance(model, GPT) or _is_vit(model)):
+        raise ConfigError(f"parallel.pipeline > 1: hpctrain splits the built-in GPT and timm's "
+                          f"ViTs into stages; {model_name} is neither. Use parallel.tensor or "
                           "parallel.strategy=fsdp for it")
-    layers = len(model.blocks)
-    if layers % stages:
-        fits = [s for s in range(1, layers + 1) if layers % s == 0 and s <= 16]
-        raise ConfigError(f"parallel.pipeline={stages} does not divide the model's {layers} "
-                          f"layers into equal stages; use parallel.pipeline="
-                          f"{' or '.join(map(str, fits))}")
+    layers, total = len(model.blocks), stages * per_rank
+    if layers % total:
+        fits = [s for s in range(1, layers + 1) if layers % (s * per_rank) == 0 and s <= 16]
+        raise ConfigError(f"parallel.pipeline={stages} with {per_rank} stage(s) per rank does "
+                          f"not divide the model's {layers} layers into equal stages; use "
+                          f"parallel.pipeline={' or '.join(map(str, fits))}"
+                          + (" or fewer parallel.stages_per_rank" if per_rank > 1 else ""))
 
 
-def cut_to_stage(model: GPT, stage: int, stages: int) -> GPT:
-    """`model` reduced in place to stage `stage` of `stages`: its share of the blocks, the
-    embedding on the first stage, the norm and the output layer (an untied copy) on the
-    last."""
-    per_stage = len(model.blocks) // stages
-    keep = set(list(model.blocks.keys())[stage * per_stage:(stage + 1) * per_stage])
-    for name in [n for n in model.blocks.keys() if n not in keep]:
+def stages_per_rank(config) -> int:
+    """parallel.stages_per_rank: auto is 2 under the looped schedules, 1 otherwise."""
+    p = config.parallel
+    if p.stages_per_rank == "auto":
+        return 2 if p.schedule in LOOPED else 1
+    if p.stages_per_rank > 1 and p.schedule not in LOOPED:
+        raise ConfigError(f"parallel.stages_per_rank={p.stages_per_rank} needs a looped "
+                          f"schedule ({' or '.join(LOOPED)}); parallel.schedule={p.schedule} "
+                          "runs one stage per rank")
+    return p.stages_per_rank
+
+
+LOOPED = ("interleaved-1f1b", "zero-bubble")
+
+
+def _is_vit(model: nn.Module) -> bool:
+    from timm.models.vision_transformer import VisionTransformer
+
+    return isinstance(model, VisionTransformer)
+
+
+@dataclass(frozen=True)
+class Part:
+    """One stage's share of the model: its blocks (by key), and whether it embeds the input
+    (the first stage) or ends in the head (the last)."""
+
+    keys: tuple[str, ...]
+    first: bool
+    last: bool
+
+
+def cut_to_stage(model: nn.Module, rank_stage: int, stages: int,
+                 per_rank: int = 1) -> tuple[nn.Module, list[Part]]:
+    """`model` (checked) reduced in place to what pipeline rank `rank_stage` of `stages`
+    holds: the blocks of its stages (rank_stage, + stages, ...) and, with the first and last
+    stage, what comes before and after them; and those stages' Parts, in order. The model's
+    forward then runs one Part (by default its first)."""
+    if _is_vit(model):  # a dict keyed as the Sequential was: the same parameter names
+        model.blocks = nn.ModuleDict(dict(model.blocks.named_children()))
+    total = stages * per_rank
+    per_stage = len(model.blocks) // total
+    names = list(model.blocks.keys())
+    parts = [Part(tuple(names[i * per_stage:(i + 1) * per_stage]), i == 0, i == total - 1)
+             for i in range(rank_stage, total, stages)]
+    keep = {key for part in parts for key in part.keys}
+    for name in [n for n in names if n not in keep]:
         del model.blocks[name]
-    if stage == stages - 1:
-        model.head.weight = nn.Parameter(model.head.weight.detach().clone())
-    if stage != 0:
-        model.embed = None
-    if stage != stages - 1:
-        model.norm = model.head = None
-    return model
+    first, last = parts[0].first, parts[-1].last
+    if isinstance(model, GPT):
+        if last:
+            model.head.weight = nn.Parameter(model.head.weight.detach().clone())
+        if not first:
+            model.embed = None
+        if not last:
+            model.norm = model.head = None
+    else:
+        if not first:
+            model.patch_embed = model.norm_pre = None
+            for name in ("cls_token", "reg_token", "pos_embed"):
+                if getattr(model, name, None) is not None:
+                    setattr(model, name, None)
+        if not last:
+            model.norm = model.fc_norm = model.head = model.attn_pool = None
+
+    def forward(self, x: torch.Tensor, part: Part = parts[0]) -> torch.Tensor:
+        return _run(self, x, part)
+    model.forward = MethodType(forward, model)
+    return model, parts
+
+
+def _run(model: nn.Module, x: torch.Tensor, part: Part) -> torch.Tensor:
+    """The model's forward (the GPT's, timm's VisionTransformer's) for one Part."""
+    vit = not isinstance(model, GPT)
+    if part.first:
+        x = model.norm_pre(model.patch_drop(model._pos_embed(model.patch_embed(x)))) if vit \
+            else model.embed(x)
+    recompute = vit and model.grad_checkpointing and torch.is_grad_enabled()  # timm's own
+    for key in part.keys:  # activation checkpointing, which GPT blocks have as wrappers
+        block = model.blocks[key]
+        x = checkpoint(block, x, use_reentrant=False) if recompute else block(x)
+    if part.last:
+        x = model.forward_head(model.norm(x)) if vit else model.head(model.norm(x))
+    return x
+
+
+def _part_parameters(model: nn.Module, part: Part):
+    """The parameters one Part uses, looked up anew each time (FSDP swaps them)."""
+    vit = not isinstance(model, GPT)
+    modules = [model.blocks[key] for key in part.keys]
+    if part.first:
+        modules += [model.patch_embed, model.norm_pre] if vit else [model.embed]
+        if vit:  # the class, register and position tokens
+            yield from model.parameters(recurse=False)
+    if part.last:
+        modules += [model.norm, model.fc_norm, model.head, model.attn_pool] if vit \
+            else [model.norm, model.head]
+    for module in modules:
+        if module is not None:
+            yield from module.parameters()
+
+
+class VirtualStage(nn.Module):
+    """One of a rank's stages under a looped schedule: its Part of the rank's model, run
+    through the model's forward. The model is not a submodule (its parameters belong to it
+    once); the Part's parameters are offered for the zero-bubble weight gradients."""
+
+    def __init__(self, model: nn.Module, part: Part):
+        super().__init__()
+        self.part = part
+        self._model = (model,)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._model[0](x, part=self.part)
+
+    def parameters(self, recurse: bool = True):
+        return _part_parameters(self._model[0], self.part)
+
+
+def stream_shape(model: nn.Module, sequence_shards: int) -> Callable[[torch.Tensor], tuple]:
+    """What a stage of the whole `model` (not yet cut) passes on for a batch of `inputs`:
+    (batch, tokens, width), the GPT's tokens split over the ranks under sequence
+    parallelism, the ViT's its patches and class (and register) tokens."""
+    if isinstance(model, GPT):
+        width = model.shape.width
+        return lambda inputs: (inputs.shape[0], inputs.shape[1] // sequence_shards, width)
+    tokens, width = model.patch_embed.num_patches + model.num_prefix_tokens, model.embed_dim
+    return lambda inputs: (inputs.shape[0], tokens, width)
 
 
 @dataclass
 class Pipeline:
-    """This rank's stage, its schedule, and the ranks it trades activations with."""
+    """This rank's stages, their schedule, and the ranks it trades activations with."""
 
     module: nn.Module
-    stage: int
-    stages: int
+    parts: list[Part]
     schedule: object
-    previous: int | None  # global ranks of the neighbouring stages (same data, tensor index)
-    following: int | None
+    previous: int  # global ranks of the neighbouring pipeline ranks (same data, tensor
+    following: int  # index; looped: the last rank's previous is the first)
     tied: object | None  # the group {first stage, last stage} that adds up the tied gradients
-    width: int  # of the residual stream the stages pass on
-    sequence_shards: int  # its split over the sequence (tensor size under sequence parallelism)
+    stream: Callable[[torch.Tensor], tuple]  # the shape a stage passes on, for a batch
+    stages: int  # in all
+    microbatches: int
 
     @property
     def first(self) -> bool:
-        return self.stage == 0
+        return self.parts[0].first
 
     @property
     def last(self) -> bool:
-        return self.stage == self.stages - 1
+        return self.parts[-1].last
 
     @property
     def copies(self) -> tuple:
         """Parameters that copy one on another stage: the last stage's output layer."""
         return (self.module.head.weight,) if self.last and self.tied is not None else ()
+
+    def describe(self) -> str:
+        return (f"{self.stages} stages, {len(self.parts)} on each rank, "
+                f"{type(self.schedule).__name__}, {self.microbatches} micro-batches per step")
 
     def train_step(self, batch, precision) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Forward and backward of `batch` over the micro-batches; (outputs, mean loss) on the
@@ -119,38 +249,53 @@ class Pipeline:
     @torch.no_grad()
     def forward(self, inputs: torch.Tensor) -> torch.Tensor | None:
         """The whole model's output for `inputs` (evaluation), on the last stage; None on the
-        others."""
-        stream = inputs
-        if not self.first:
-            batch, time = inputs.shape
-            stream = torch.empty((batch, time // self.sequence_shards, self.width),
-                                 device=inputs.device)
-            dist.recv(stream, src=self.previous)
-        out = self.module(stream)
-        if not self.last:
-            dist.send(out.float().contiguous(), dst=self.following)
-            return None
-        return out
+        others. Stage by stage: each of this rank's takes the stream from the rank before
+        (the first stage, the inputs) and passes it on (the last stage keeps the output)."""
+        out = None
+        for part in self.parts:
+            stream = inputs
+            if not part.first:
+                stream = torch.empty(self.stream(inputs), device=inputs.device)
+                dist.recv(stream, src=self.previous)
+            out = self.module(stream, part=part)
+            if not part.last:
+                dist.send(out.float().contiguous(), dst=self.following)
+        return out if self.last else None
 
 
-def build(model: nn.Module, loss_fn, layout, rank: int, device: torch.device,
-          schedule: str, microbatches: int, group, sequence_parallel: bool) -> Pipeline:
-    """This rank's Pipeline over `model` (already cut to its stage and wrapped)."""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+def build(model: nn.Module, parts: list[Part], loss_fn, layout, rank: int,
+          device: torch.device, schedule: str, microbatches: int, group,
+          stream: Callable) -> Pipeline:
+    """This rank's Pipeline over `model` (already cut to its `parts` and wrapped); `stream`:
+    stream_shape of the whole model."""
+    from torch.distributed import pipelining
 
-    stage, _, _ = layout.coordinates(rank)
-    stride = layout.ranks_per_stage  # a neighbouring stage is one stride away
-    # one tied group per (data, tensor) position; every rank takes part in creating each
+    rank_stage, _, _ = layout.coordinates(rank)
+    p, stride = layout.pipeline, layout.ranks_per_stage  # a neighbour is one stride away
     tied = None
-    for first in range(stride):
-        group_ranks = [first, first + (layout.pipeline - 1) * stride]
-        made = dist.new_group(group_ranks)
-        if rank in group_ranks:
-            tied = made
-    piece = PipelineStage(model, stage, layout.pipeline, device, group=group)
-    kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]
-    return Pipeline(model, stage, layout.pipeline,
-                    kind(piece, n_microbatches=microbatches, loss_fn=loss_fn),
-                    rank - stride if stage > 0 else None,
-                    rank + stride if stage < layout.pipeline - 1 else None, tied,
-                    model.shape.width, layout.tensor if sequence_parallel else 1)
+    if isinstance(model, GPT):  # one tied group per (data, tensor) position; every rank
+        for first in range(stride):  # takes part in creating each
+            group_ranks = [first, first + (p - 1) * stride]
+            made = dist.new_group(group_ranks)
+            if rank in group_ranks:
+                tied = made
+    total = p * len(parts)
+    kind = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
+            "interleaved-1f1b": "ScheduleInterleaved1F1B",
+            "zero-bubble": "ScheduleInterleavedZeroBubble"}[schedule]
+    if not hasattr(pipelining, kind):
+        raise ConfigError(f"parallel.schedule={schedule}: the installed torch "
+                          f"{torch.__version__} has no {kind}; use 1f1b")
+    if schedule in LOOPED:
+        stages = [pipelining.PipelineStage(VirtualStage(model, part), rank_stage + k * p,
+                                           total, device, group=group)
+                  for k, part in enumerate(parts)]
+    else:
+        stages = pipelining.PipelineStage(model, rank_stage, total, device, group=group)
+    position = rank - rank_stage * stride
+    return Pipeline(model, parts,
+                    getattr(pipelining, kind)(stages, n_microbatches=microbatches,
+                                              loss_fn=loss_fn),
+                    position + (rank_stage - 1) % p * stride,
+                    position + (rank_stage + 1) % p * stride, tied, stream, total,
+                    microbatches)

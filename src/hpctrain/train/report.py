@@ -36,6 +36,8 @@ def banner(parts, resume_from: Path | None) -> str:
     if env.world_size > 1:
         lines.append(f"  {env.world_size} processes ({env.launcher}, {env.num_nodes} node(s) x "
                      f"{env.local_world_size}), {parts.distributed.layout.describe()}")
+    if parts.pipeline is not None:
+        lines.append(f"  pipeline: {parts.pipeline.describe()}")
     if parts.deadline is not None:
         lines.append("  will save and stop at " + time.strftime(
             "%Y-%m-%d %H:%M:%S", time.localtime(parts.deadline)) + " (before the time limit)")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -150,7 +151,16 @@ def restore(parts, path: Path) -> tuple[Progress, list[str]]:
                 for group in parts.optimizer.param_groups]  # this run's, before loading
     state = tensor_state(parts)
     try:
-        meta, rng = parts.checkpointer.load(path, state)
+        saved = ckpt.saved_keys(path)
+        names = _saved_names(state, _aliases(parts, saved))
+        read = {section: {names[section][k]: state[section][k] for k in names[section]}
+                for section in names}
+        # the checkpoint's own param groups, read (so a hostile value is refused) and unused
+        read["optim"].update({k.removeprefix("optim."): 0 for k in saved
+                              if k.startswith("optim.param_groups.")})
+        meta, rng = parts.checkpointer.load(path, read)
+        for section, keys in names.items():  # DCP fills tensors in place, replaces the rest
+            state[section].update({k: read[section][saved] for k, saved in keys.items()})
         set_state_dict(parts.model, parts.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optim"], options=FLAT)
     except (RuntimeError, AssertionError, KeyError, ValueError) as err:
@@ -169,6 +179,29 @@ def restore(parts, path: Path) -> tuple[Progress, list[str]]:
     if described:
         progress.changes.append({"step": progress.step, "settings": described})
     return progress, described
+
+
+def _aliases(parts, saved: set[str]) -> dict[str, str]:
+    """Parameters to read under another name: the last pipeline stage's copy of the GPT's
+    tied output weight, from a checkpoint (`saved`: its keys) saved without a pipeline, which
+    holds the one tied weight's optimiser state under the embedding's name only."""
+    if parts.pipeline is None or not parts.pipeline.copies:
+        return {}
+    return {} if any(k.startswith("optim.state.head.weight.") for k in saved) else {
+        "head.weight": "embed.weight"}
+
+
+def _saved_names(state: dict, aliases: dict[str, str]) -> dict[str, dict[str, str]]:
+    """section -> {key in `state`: the name the checkpoint holds it by} for what a resume
+    reads: all but the optimiser's param groups, whose settings come from this run
+    (_apply_settings) and whose number follows the layout (param_groups in optim.py)."""
+    def saved(key: str) -> str:
+        for name, other in aliases.items():
+            key = re.sub(rf"(^|\.){re.escape(name)}(\.|$)", rf"\g<1>{other}\g<2>", key)
+        return key
+    return {section: {key: saved(key) for key in values
+                      if not (section == "optim" and key.startswith("param_groups."))}
+            for section, values in state.items()}
 
 
 def _apply_settings(parts, settings: list[dict], scheduler_state: dict) -> None:
