@@ -124,12 +124,13 @@ def test_two_processes_train_as_one_through_a_preemption(lm, one, name, layout, 
 
 
 def test_looped_schedules_give_each_rank_two_stages_and_train_as_one(lm):
-    """A 4-layer GPT in 4 stages on 2 ranks (stage i on rank i mod 2, so the tied weight's
-    copies sit on the ends of the loop) under interleaved 1F1B, resumed at step 10 under
-    the interleaved zero-bubble schedule: each step's loss as one process's, and the
-    evaluation sent through the 4 stages as well."""
+    """A 5-layer GPT in 4 stages on 2 ranks (stage i on rank i mod 2, so the tied weight's
+    copies sit on the ends of the loop), cut where the parameters balance (the embedding
+    and the output layer weigh on the end stages: 1, 1, 2, 1 blocks), under interleaved
+    1F1B, resumed at step 10 under the interleaved zero-bubble schedule: each step's loss as
+    one process's, and the evaluation sent through the 4 stages as well."""
     out, overrides = lm
-    deep = [*overrides, "model.kwargs.layers=4"]
+    deep = [*overrides, "model.kwargs.layers=5", "parallel.stage_split=parameters"]
     one = run_ok(1, [*deep, "run_name=deep-one"], out)
     looped = run_ok(2, [*deep, "run_name=looped", "parallel.pipeline=2",
                         "parallel.schedule=interleaved-1f1b"], out)
@@ -138,8 +139,8 @@ def test_looped_schedules_give_each_rank_two_stages_and_train_as_one(lm):
     done = launch(2, [*deep, "run_name=looped", "parallel.pipeline=2", "resume=auto",
                       "parallel.schedule=zero-bubble"], recipe="tiny-lm")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert ("pipeline: 4 stages, 2 on each rank, ScheduleInterleavedZeroBubble, 8 "
-            "micro-batches per step") in done.stdout
+    assert ("pipeline: 4 stages, 2 on each rank (blocks 0 | 2 3 on this one), "
+            "ScheduleInterleavedZeroBubble, 8 micro-batches per step") in done.stdout
     same_losses(one, looped, steps=range(11, STEPS + 1))
     same_weights(one, looped)
     assert records(looped, "eval")[-1]["val_loss"] == pytest.approx(
@@ -226,6 +227,8 @@ VIT = ["model.name=timm:vit_tiny_patch16_224", "model.kwargs.num_heads=2", "data
     (2, 2, ["parallel.pipeline=2", "parallel.schedule=interleaved-1f1b"],
      "pipeline=2 with 2 stage\\(s\\) per rank does not divide the model's 2 layers.*"
      "pipeline=1 or fewer parallel.stages_per_rank"),
+    (4, 4, ["parallel.pipeline=4", "parallel.stage_split=time"],
+     "4 stages, more than the model's 2 layers"),
     (2, 2, ["parallel.pipeline=2", "parallel.stages_per_rank=2"],
      "stages_per_rank=2 needs a looped schedule"),
     (4, 4, ["parallel.pipeline=2", "parallel.schedule=zero-bubble", "model.kwargs.layers=4"],

@@ -375,6 +375,10 @@ class ParallelConfig(Section):
         "every backward; 1f1b alternates, holding fewer micro-batches' activations; "
         "interleaved-1f1b and zero-bubble give each rank several stages (a smaller bubble), "
         "zero-bubble computes weight gradients apart to fill what is left")
+    stage_split: Literal["equal", "parameters", "time"] = Field(
+        "equal", description="pipeline parallelism: where the blocks are cut; equal runs, or "
+        "runs balanced by the parameters (the embedding and the head count too) or by each "
+        "block's measured forward and backward time")
     stages_per_rank: int | Auto = Field("auto", description="pipeline stages each rank holds "
                                         "(looped schedules); auto: 2 for interleaved-1f1b and "
                                         "zero-bubble, 1 otherwise")

@@ -331,7 +331,8 @@ def _splits(model: nn.Module, config: Config) -> tuple[int, tuple, tuple, bool]:
     return (sum(split.values()),
             allowed(lambda t: tensor_parallel.checked_plan(model, config, t)),
             allowed(lambda n: pipeline.check(model, n, config.model.name,
-                                             pipeline.stages_per_rank(config))),
+                                             pipeline.stages_per_rank(config),
+                                             config.parallel.stage_split)),
             isinstance(model, GPT))
 
 

@@ -109,7 +109,7 @@ def _task(config: Config, data: DataBundle, device: torch.device, plan: SystemPl
 def _check_split(model: nn.Module, config: Config, layout) -> None:
     if layout.pipeline > 1:
         pipeline.check(model, layout.pipeline, config.model.name,
-                       pipeline.stages_per_rank(config))
+                       pipeline.stages_per_rank(config), config.parallel.stage_split)
     if layout.tensor > 1:
         tensor_parallel.checked_plan(model, config, layout.tensor)
 
@@ -166,8 +166,13 @@ def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
     if layout.pipeline > 1:
         stream = pipeline.stream_shape(model, layout.tensor if config.parallel.
                                        sequence_parallel else 1)
+        per_rank = pipeline.stages_per_rank(config)
+        blocks = pipeline.stage_blocks(
+            model, config.parallel.stage_split, layout.pipeline * per_rank,
+            lambda: pipeline.sample_inputs(model, config, batch_size // micro, device),
+            distributed)
         model, held = pipeline.cut_to_stage(model, layout.coordinates(env.rank)[0],
-                                            layout.pipeline, pipeline.stages_per_rank(config))
+                                            layout.pipeline, per_rank, blocks)
     model = parallel.split_tensors(model, distributed, config)
     if config.model.activation_checkpointing:
         model = enable_activation_checkpointing(model, config.model.name)

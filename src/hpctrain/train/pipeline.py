@@ -40,23 +40,30 @@ from torch.utils.checkpoint import checkpoint
 
 from hpctrain.errors import ConfigError
 from hpctrain.models.gpt import GPT
+from hpctrain.train import stage_split
 from hpctrain.train.grad_norm import settle_gradients
 
 
-def check(model: nn.Module, stages: int, model_name: str, per_rank: int = 1) -> None:
+def check(model: nn.Module, stages: int, model_name: str, per_rank: int = 1,
+          split: str = "equal") -> None:
     """Refuse a split that cannot work: a model that is not a sequence of blocks, or blocks
-    that do not divide into equal stages (`per_rank` on each of the `stages` ranks)."""
+    that do not divide into equal stages (`per_rank` on each of the `stages` ranks; or, with
+    a balanced `split`, fewer blocks than stages)."""
     if not (isinstance(model, GPT) or _is_vit(model)):
         raise ConfigError(f"parallel.pipeline > 1: hpctrain splits the built-in GPT and timm's "
                           f"ViTs into stages; {model_name} is neither. Use parallel.tensor or "
                           "parallel.strategy=fsdp for it")
     layers, total = len(model.blocks), stages * per_rank
-    if layers % total:
+    if split != "equal" and layers < total:
+        raise ConfigError(f"parallel.pipeline={stages} x {per_rank} stage(s) per rank is "
+                          f"{total} stages, more than the model's {layers} layers")
+    if split == "equal" and layers % total:
         fits = [s for s in range(1, layers + 1) if layers % (s * per_rank) == 0 and s <= 16]
         raise ConfigError(f"parallel.pipeline={stages} with {per_rank} stage(s) per rank does "
                           f"not divide the model's {layers} layers into equal stages; use "
                           f"parallel.pipeline={' or '.join(map(str, fits))}"
-                          + (" or fewer parallel.stages_per_rank" if per_rank > 1 else ""))
+                          + (" or fewer parallel.stages_per_rank" if per_rank > 1 else "")
+                          + ", or parallel.stage_split=parameters or time (unequal runs)")
 
 
 def stages_per_rank(config) -> int:
@@ -90,18 +97,50 @@ class Part:
     last: bool
 
 
-def cut_to_stage(model: nn.Module, rank_stage: int, stages: int,
-                 per_rank: int = 1) -> tuple[nn.Module, list[Part]]:
+def stage_blocks(model: nn.Module, split: str, stages: int, inputs: Callable,
+                 distributed) -> list[int]:
+    """Blocks per stage under parallel.stage_split (stage_split.py): `inputs()` makes a
+    micro-batch for timing; rank 0's split reaches every rank."""
+    layers = len(model.blocks)
+    if split == "equal":
+        return [layers // stages] * stages
+    blocks = list(model.blocks.values() if isinstance(model.blocks, nn.ModuleDict)
+                  else model.blocks)
+    first, last, tokens = _ends(model)
+    if split == "parameters":
+        costs = stage_split.parameter_costs(blocks, first, last, tokens)
+    else:
+        costs = None
+        if distributed.is_main:
+            costs = stage_split.time_costs(blocks, lambda x: _embed(model, x),
+                                           lambda x: _head(model, x), inputs())
+            model.zero_grad(set_to_none=True)  # the timing's backward passes left some
+        costs = distributed.broadcast(costs)
+    return stage_split.balanced(*costs, stages)
+
+
+def sample_inputs(model: nn.Module, config, microbatch: int, device: torch.device):
+    """A micro-batch of the run's shape, for timing the blocks: token ids, or images."""
+    if isinstance(model, GPT):
+        return torch.randint(0, model.embed.num_embeddings,
+                             (microbatch, config.data.tokens.seq_len), device=device)
+    return torch.randn(microbatch, 3, *model.patch_embed.img_size, device=device)
+
+
+def cut_to_stage(model: nn.Module, rank_stage: int, stages: int, per_rank: int = 1,
+                 blocks: list[int] | None = None) -> tuple[nn.Module, list[Part]]:
     """`model` (checked) reduced in place to what pipeline rank `rank_stage` of `stages`
-    holds: the blocks of its stages (rank_stage, + stages, ...) and, with the first and last
-    stage, what comes before and after them; and those stages' Parts, in order. The model's
-    forward then runs one Part (by default its first)."""
+    holds: the blocks of its stages (rank_stage, + stages, ...; `blocks`: how many each of
+    all the stages has, equal by default) and, with the first and last stage, what comes
+    before and after them; and those stages' Parts, in order. The model's forward then runs
+    one Part (by default its first)."""
     if _is_vit(model):  # a dict keyed as the Sequential was: the same parameter names
         model.blocks = nn.ModuleDict(dict(model.blocks.named_children()))
     total = stages * per_rank
-    per_stage = len(model.blocks) // total
+    blocks = blocks or [len(model.blocks) // total] * total
     names = list(model.blocks.keys())
-    parts = [Part(tuple(names[i * per_stage:(i + 1) * per_stage]), i == 0, i == total - 1)
+    starts = [sum(blocks[:i]) for i in range(total + 1)]
+    parts = [Part(tuple(names[starts[i]:starts[i + 1]]), i == 0, i == total - 1)
              for i in range(rank_stage, total, stages)]
     keep = {key for part in parts for key in part.keys}
     for name in [n for n in names if n not in keep]:
@@ -131,30 +170,46 @@ def cut_to_stage(model: nn.Module, rank_stage: int, stages: int,
 
 def _run(model: nn.Module, x: torch.Tensor, part: Part) -> torch.Tensor:
     """The model's forward (the GPT's, timm's VisionTransformer's) for one Part."""
-    vit = not isinstance(model, GPT)
     if part.first:
-        x = model.norm_pre(model.patch_drop(model._pos_embed(model.patch_embed(x)))) if vit \
-            else model.embed(x)
-    recompute = vit and model.grad_checkpointing and torch.is_grad_enabled()  # timm's own
-    for key in part.keys:  # activation checkpointing, which GPT blocks have as wrappers
+        x = _embed(model, x)
+    # timm's own activation checkpointing; the GPT's blocks have it as wrappers
+    recompute = getattr(model, "grad_checkpointing", False) and torch.is_grad_enabled()
+    for key in part.keys:
         block = model.blocks[key]
         x = checkpoint(block, x, use_reentrant=False) if recompute else block(x)
-    if part.last:
-        x = model.forward_head(model.norm(x)) if vit else model.head(model.norm(x))
-    return x
+    return _head(model, x) if part.last else x
+
+
+def _embed(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    if isinstance(model, GPT):
+        return model.embed(x)
+    return model.norm_pre(model.patch_drop(model._pos_embed(model.patch_embed(x))))
+
+
+def _head(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return model.head(model.norm(x)) if isinstance(model, GPT) else \
+        model.forward_head(model.norm(x))
+
+
+def _ends(model: nn.Module) -> tuple[list, list, tuple]:
+    """(the modules before the blocks, those after, parameters of the model's own before
+    them: timm's class, register and position tokens)."""
+    if isinstance(model, GPT):
+        return [model.embed], [model.norm, model.head], ()
+    return ([model.patch_embed, model.norm_pre],
+            [model.norm, model.fc_norm, model.head, model.attn_pool],
+            tuple(model.parameters(recurse=False)))
 
 
 def _part_parameters(model: nn.Module, part: Part):
     """The parameters one Part uses, looked up anew each time (FSDP swaps them)."""
-    vit = not isinstance(model, GPT)
+    first, last, tokens = _ends(model) if (part.first or part.last) else ([], [], ())
     modules = [model.blocks[key] for key in part.keys]
     if part.first:
-        modules += [model.patch_embed, model.norm_pre] if vit else [model.embed]
-        if vit:  # the class, register and position tokens
-            yield from model.parameters(recurse=False)
+        modules += first
+        yield from tokens
     if part.last:
-        modules += [model.norm, model.fc_norm, model.head, model.attn_pool] if vit \
-            else [model.norm, model.head]
+        modules += last
     for module in modules:
         if module is not None:
             yield from module.parameters()
@@ -216,8 +271,10 @@ class Pipeline:
         return (self.module.head.weight,) if self.last and self.tied is not None else ()
 
     def describe(self) -> str:
-        return (f"{self.stages} stages, {len(self.parts)} on each rank, "
-                f"{type(self.schedule).__name__}, {self.microbatches} micro-batches per step")
+        held = " | ".join(" ".join(part.keys) for part in self.parts)
+        return (f"{self.stages} stages, {len(self.parts)} on each rank (blocks {held} on this "
+                f"one), {type(self.schedule).__name__}, {self.microbatches} micro-batches "
+                "per step")
 
     def train_step(self, batch, precision) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Forward and backward of `batch` over the micro-batches; (outputs, mean loss) on the
