@@ -385,6 +385,9 @@ class ParallelConfig(Section):
     sequence_parallel: bool = Field(False, description="tensor parallelism: the norms and the "
                                     "residual stream split over the sequence too (less memory "
                                     "for activations)")
+    loss_parallel: bool = Field(False, description="tensor parallelism (the GPT's plan): the "
+                                "logits stay split over the vocabulary and the loss is computed "
+                                "on the shares, never gathering the whole logits")
     tensor_plan: dict[str, Literal["colwise", "rowwise"]] = Field(
         default_factory=dict, description="tensor parallelism for a model without a built-in "
         "plan: module-name patterns (fnmatch, e.g. 'layers.*.fc1') -> colwise or rowwise")

@@ -53,6 +53,7 @@ class Parts:
     model: nn.Module  # the module whose state checkpoints hold (sharded in place under FSDP)
     forward: nn.Module  # the module the step calls (DDP wrapper, compiled when compile is on)
     gradient_sync: Callable  # gradient_sync(enabled) -> context for one micro-step
+    loss_context: Callable  # loss_context() -> context for the loss and its backward
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     precision: Precision
@@ -207,7 +208,8 @@ def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
     return Parts(
         config=config, plan=plan, device=device, distributed=distributed, place=place,
         data=data, model=model, forward=forward,
-        gradient_sync=parallel.gradient_sync(forward), optimizer=optimizer,
+        gradient_sync=parallel.gradient_sync(forward),
+        loss_context=parallel.loss_context(config, layout), optimizer=optimizer,
         scheduler=scheduler,
         precision=Precision(plan.precision, device,
                             distributed.clip_function(stages.copies if stages else ())),

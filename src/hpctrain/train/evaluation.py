@@ -36,8 +36,9 @@ def evaluate(parts, model: nn.Module, stopper=None) -> dict | None:
                     parts.pipeline.forward(batch.inputs)
             if keep and outputs is not None:  # a pipeline's output is on its last stage
                 kept = batch.first(keep)
-                loss = task.loss(outputs[:keep], kept)
-                sums += task.sums(outputs[:keep], kept, loss, False).to(sums.dtype)
+                with parts.loss_context():
+                    loss = task.loss(outputs[:keep], kept)
+                    sums += task.sums(outputs[:keep], kept, loss, False).to(sums.dtype)
     finally:
         model.train()
     totals = parts.distributed.sum_(sums).tolist()

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from hpctrain.cluster.environment import ProcessEnv, detect
 from hpctrain.cluster.job import requeue
@@ -154,19 +155,22 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
                 with region("h2d_copy"):
                     batch = task.to_device(host_batch, training=True)
                 if parts.pipeline is not None:  # forward and backward over micro-batches
-                    with region("pipeline"):
+                    with region("pipeline"), parts.loss_context():
                         outputs, loss = parts.pipeline.train_step(batch, parts.precision)
                     if outputs is None:
                         continue  # not the last stage: the figures come from there
                 else:
-                    with parts.gradient_sync(micro == cfg.grad_accum_steps - 1):
+                    with parts.gradient_sync(micro == cfg.grad_accum_steps - 1), \
+                            parts.loss_context():
                         with region("forward"), parts.precision.autocast():
                             outputs = parts.forward(batch.inputs)
                             loss = task.loss(outputs, batch)
                         with region("backward"):
                             parts.precision.backward(loss / cfg.grad_accum_steps)
-                with torch.no_grad():
+                with torch.no_grad(), parts.loss_context():
                     sums = task.sums(outputs, batch, loss, True)
+                if isinstance(loss, DTensor):  # from loss parallelism: the same on each rank
+                    loss = loss.full_tensor()
                 metrics.add(loss.detach(), sums, batch.labels.shape[0])
             with region("optimizer"):
                 parts.precision.step(parts.optimizer, params, parts.config.optim.grad_clip_norm)

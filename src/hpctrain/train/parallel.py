@@ -295,7 +295,8 @@ def split_tensors(model: nn.Module, distributed: Distributed, config: Config) ->
     p = config.parallel
     plan = tensor_parallel.plan_for(model, p.tensor_plan, p.sequence_parallel,
                                     config.model.name)
-    return tensor_parallel.apply(model, distributed.mesh["tensor"], plan, p.sequence_parallel)
+    return tensor_parallel.apply(model, distributed.mesh["tensor"], plan, p.sequence_parallel,
+                                 p.loss_parallel)
 
 
 def wrap_model(model: nn.Module, distributed: Distributed, config: Config,
@@ -339,6 +340,16 @@ def convert_batchnorm(model: nn.Module, config: Config, strategy: str) -> nn.Mod
     if strategy == "ddp" and config.parallel.sync_batchnorm:
         return nn.SyncBatchNorm.convert_sync_batchnorm(model)
     return model
+
+
+def loss_context(config: Config, layout: Layout):
+    """A function giving the context in which the loss and its backward are computed: torch's
+    loss_parallel under parallel.loss_parallel (the logits split over the vocabulary)."""
+    if config.parallel.loss_parallel and layout.tensor > 1:
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel
+    return contextlib.nullcontext
 
 
 def gradient_sync(module: nn.Module):

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from hpctrain.data.mixing import build_mixing
 from hpctrain.data.points import perturb
@@ -155,10 +156,11 @@ def language_modeling(device: torch.device, answer: tuple[int, int] | None) -> T
     def sums(logits, batch: Batch, loss, training: bool) -> torch.Tensor:
         real = batch.targets != IGNORE
         tokens = real.sum()
+        loss = loss.full_tensor() if isinstance(loss, DTensor) else loss  # loss parallelism
         # right where the target scores highest (a tie counts as right): a max and a gather,
         # where an argmax over the vocabulary cost 9x as much on the CPU (benchmarks/lm_overhead)
-        target_score = logits.gather(-1, batch.targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-        right = (target_score >= logits.amax(dim=-1)) & real
+        target_score, best = _target_and_best(logits, batch.targets.clamp(min=0))
+        right = (target_score >= best) & real
         graded = answer is not None and not training  # answers: an evaluation figure
         answers = answer_sums(batch.inputs, batch.targets, right, answer) if graded else \
             tokens.new_zeros(2)
@@ -179,6 +181,27 @@ def language_modeling(device: torch.device, answer: tuple[int, int] | None) -> T
     return Task("language_modeling", "tokens",
                 ("loss_sum", "right", "tokens", "positions", "answers_right", "answers"),
                 "tokens", to_device, loss, sums, values)
+
+
+def _target_and_best(logits, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each position's score of its target and its highest score. Logits split over the
+    vocabulary (loss parallelism: a DTensor sharded on its last dimension) are never
+    gathered: each rank scores the targets in its share (the others -inf) and takes its
+    maximum, and the ranks' maxima are taken."""
+    if not isinstance(logits, DTensor):
+        return (logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1), logits.amax(dim=-1))
+    import torch.distributed as dist
+
+    local = logits.to_local()
+    share = local.shape[-1]
+    offset = logits.device_mesh.get_local_rank() * share
+    index = targets - offset
+    mine = (index >= 0) & (index < share)
+    score = local.gather(-1, index.clamp(0, share - 1).unsqueeze(-1)).squeeze(-1)
+    both = torch.stack([torch.where(mine, score, torch.full_like(score, -math.inf)),
+                        local.amax(dim=-1)])
+    dist.all_reduce(both, op=dist.ReduceOp.MAX, group=logits.device_mesh.get_group())
+    return both[0], both[1]
 
 
 def answer_sums(inputs: torch.Tensor, targets: torch.Tensor, right: torch.Tensor,

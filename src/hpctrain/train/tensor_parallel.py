@@ -8,6 +8,10 @@ down projection) and the ranks' partial results are summed, one all-reduce per p
 and one backward. The token embedding is split over the vocabulary and the output layer
 column-wise, so their weights, tied in the GPT, are split alike.
 
+With `parallel.loss_parallel` the output layer's logits stay split over the vocabulary
+(a DTensor) and the cross-entropy is computed on the shares (torch's `loss_parallel`): the
+logits, the largest activation of a language model, are never gathered whole on any rank.
+
 With `parallel.sequence_parallel` the norms and the residual stream between the blocks are
 split over the sequence as well: each all-reduce becomes a reduce-scatter plus an all-gather
 (the same traffic), and the activations outside the matrix products take 1/tensor the memory.
@@ -53,6 +57,10 @@ def checked_plan(model: nn.Module, config, tensor: int) -> dict[str, str]:
     parallel.tensor=`tensor`, or a ConfigError saying why the split cannot work."""
     p = config.parallel
     plan = plan_for(model, p.tensor_plan, p.sequence_parallel, config.model.name)
+    if p.loss_parallel and "output" not in plan.values():
+        raise ConfigError(f"parallel.loss_parallel=true splits the output layer's logits over "
+                          f"the vocabulary; {config.model.name}'s plan has no such layer (the "
+                          "built-in GPT's has): set it to false")
     seq_len = config.data.tokens.seq_len if config.task_name == "language_modeling" else None
     check(model, plan, tensor, p.sequence_parallel, seq_len)
     return plan
@@ -181,14 +189,15 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, min(n, 8) + 1) if n % d == 0]
 
 
-def apply(model: nn.Module, mesh, plan: dict[str, str], sequence_parallel: bool) -> nn.Module:
+def apply(model: nn.Module, mesh, plan: dict[str, str], sequence_parallel: bool,
+          loss_parallel: bool = False) -> nn.Module:
     """Split `model` (checked whole with checked_plan; here it may be a pipeline stage) over
     the tensor-parallel `mesh` in place; weights tied before are tied after
     (parallelize_module replaces each parameter by a DTensor of its own)."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     ties = _tied_parameters(model)
-    styles = {name: _style(style, sequence_parallel)
+    styles = {name: _style(style, sequence_parallel, loss_parallel)
               for name, style in resolve(model, plan, strict=False).items()}
     parallelize_module(model, mesh, styles)
     for names in ties:
@@ -211,7 +220,7 @@ def _tied_parameters(model: nn.Module) -> list[list[str]]:
     return [names for names in by_id.values() if len(names) > 1]
 
 
-def _style(name: str, sequence_parallel: bool):
+def _style(name: str, sequence_parallel: bool, loss_parallel: bool = False):
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
                                                    RowwiseParallel, SequenceParallel)
@@ -221,7 +230,10 @@ def _style(name: str, sequence_parallel: bool):
         "colwise": lambda: ColwiseParallel(),
         "rowwise": lambda: RowwiseParallel(output_layouts=between),
         "embedding": lambda: RowwiseParallel(input_layouts=Replicate(), output_layouts=between),
-        "output": lambda: ColwiseParallel(input_layouts=between, output_layouts=Replicate()),
+        # loss parallelism: the logits stay a DTensor split over the vocabulary
+        "output": lambda: ColwiseParallel(input_layouts=between, output_layouts=Shard(-1),
+                                          use_local_output=False) if loss_parallel else
+        ColwiseParallel(input_layouts=between, output_layouts=Replicate()),
         "norm": lambda: SequenceParallel(),
         "gather": lambda: PrepareModuleInput(input_layouts=(Shard(1),),
                                              desired_input_layouts=(Replicate(),)),
