@@ -204,6 +204,33 @@ def test_a_timm_vit_split_by_pipeline_then_by_tensor_trains_as_one_process(
         assert_same_losses(one, previous, steps)
 
 
+def test_a_resnet_cut_at_its_stages_trains_as_one_process_accumulating_micro_batches(
+        tmp_path, shapes_cache):
+    """hpctrain's ResNet in 2 stages (the stem and its first stage; its second and the
+    head), 4 micro-batches under 1F1B, against one process accumulating the same 4 micro-
+    batches (so every BatchNorm sees the same samples): the same losses, and the same
+    evaluation, whose feature maps change shape between the stages; the pipeline's
+    checkpoint (each stage's BatchNorm statistics) resumes on one process."""
+    net = [f"output_dir={tmp_path / 'runs'}", f"data.shapes.cache_dir={shapes_cache}",
+           "data.shapes.num_train=320", "data.shapes.num_val=32", "data.num_workers=0",
+           "model.name=hpctrain:resnet_small", "model.kwargs.widths=[8,16,32]",
+           "precision=fp32", "tensorboard=false", "train.max_steps=10", "train.log_every=1",
+           "train.global_batch_size=32", "optim.lr=0.02", "optim.grad_clip_norm=0.5",
+           "train.eval_every_epochs=100", "checkpoint.every_steps=5"]
+    steps = range(1, 11)
+    one = run_ok_default(1, [*net, "run_name=one", "train.batch_size=8",
+                             "train.grad_accum_steps=4"])
+    staged = run_ok_default(2, [*net, "run_name=pp2", "parallel.pipeline=2",
+                                "parallel.microbatches=4"])
+    assert_same_losses(one, staged, steps)
+    assert records(staged, "eval")[-1]["val_accuracy"] == records(one, "eval")[-1][
+        "val_accuracy"]
+    shutil.rmtree(staged / "checkpoints" / "step_00000010")
+    resumed = run_ok_default(1, [*net, "run_name=pp2", "resume=auto", "train.batch_size=8",
+                                 "train.grad_accum_steps=4"])
+    assert_same_losses(one, resumed, steps)
+
+
 def assert_same_losses(a: Path, b: Path, steps: range) -> None:
     theirs = {r["step"]: r["loss"] for r in records(b, "train")}
     ours = {r["step"]: r["loss"] for r in records(a, "train")}
@@ -241,8 +268,8 @@ VIT = ["model.name=timm:vit_tiny_patch16_224", "model.kwargs.num_heads=2", "data
      "zero-bubble with parallel.data=2 is not supported yet"),
     (2, 2, ["parallel.pipeline=2", "train.grad_accum_steps=2"], "micro-batches are the "
      "accumulation"),
-    (2, 2, ["parallel.pipeline=2", "model.name=hpctrain:tiny_cnn", "data.dataset=shapes"],
-     "splits the built-in GPT and timm's ViTs into stages"),
+    (2, 2, ["parallel.pipeline=2", "model.name=torchvision:resnet18", "data.dataset=shapes"],
+     "splits the built-in GPT, timm's ViTs and hpctrain's ResNets into stages"),
     (2, 2, ["parallel.tensor=2", "model.name=hpctrain:tiny_cnn", "data.dataset=shapes",
             "parallel.tensor_plan={'stem.0': colwise}"], "stem.0 is a Conv2d; colwise splits "
      "nn.Linear layers only"),

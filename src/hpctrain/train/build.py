@@ -165,13 +165,14 @@ def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
         _check_split(model, config, layout)  # were placeholders, and your own code had none
     stream = held = stages = None  # held: the pipeline stages' Parts of the model on this rank
     if layout.pipeline > 1:
+        def sample(count: int) -> torch.Tensor:
+            return pipeline.sample_inputs(model, config, count, device)
         stream = pipeline.stream_shape(model, layout.tensor if config.parallel.
-                                       sequence_parallel else 1)
+                                       sequence_parallel else 1, lambda: sample(1))
         per_rank = pipeline.stages_per_rank(config)
-        blocks = pipeline.stage_blocks(
-            model, config.parallel.stage_split, layout.pipeline * per_rank,
-            lambda: pipeline.sample_inputs(model, config, batch_size // micro, device),
-            distributed)
+        blocks = pipeline.stage_blocks(model, config.parallel.stage_split,
+                                       layout.pipeline * per_rank,
+                                       lambda: sample(batch_size // micro), distributed)
         model, held = pipeline.cut_to_stage(model, layout.coordinates(env.rank)[0],
                                             layout.pipeline, per_rank, blocks)
     model = parallel.split_tensors(model, distributed, config)

@@ -40,6 +40,7 @@ from torch.utils.checkpoint import checkpoint
 
 from hpctrain.errors import ConfigError
 from hpctrain.models.gpt import GPT
+from hpctrain.models.small import ResNetSmall
 from hpctrain.train import stage_split
 from hpctrain.train.grad_norm import settle_gradients
 
@@ -49,11 +50,11 @@ def check(model: nn.Module, stages: int, model_name: str, per_rank: int = 1,
     """Refuse a split that cannot work: a model that is not a sequence of blocks, or blocks
     that do not divide into equal stages (`per_rank` on each of the `stages` ranks; or, with
     a balanced `split`, fewer blocks than stages)."""
-    if not (isinstance(model, GPT) or _is_vit(model)):
-        raise ConfigError(f"parallel.pipeline > 1: hpctrain splits the built-in GPT and timm's "
-                          f"ViTs into stages; {model_name} is neither. Use parallel.tensor or "
-                          "parallel.strategy=fsdp for it")
-    layers, total = len(model.blocks), stages * per_rank
+    if _family(model) is None:
+        raise ConfigError(f"parallel.pipeline > 1: hpctrain splits the built-in GPT, timm's "
+                          f"ViTs and hpctrain's ResNets into stages; {model_name} is none of "
+                          "them. Use parallel.tensor or parallel.strategy=fsdp for it")
+    layers, total = len(_blocks(model)), stages * per_rank
     if split != "equal" and layers < total:
         raise ConfigError(f"parallel.pipeline={stages} x {per_rank} stage(s) per rank is "
                           f"{total} stages, more than the model's {layers} layers")
@@ -87,6 +88,25 @@ def _is_vit(model: nn.Module) -> bool:
     return isinstance(model, VisionTransformer)
 
 
+def _family(model: nn.Module) -> str | None:
+    """Which of the models hpctrain cuts into stages `model` is: the built-in GPT, timm's
+    ViTs, hpctrain's ResNets (their stages are the blocks), or None."""
+    if isinstance(model, GPT):
+        return "gpt"
+    if _is_vit(model):
+        return "vit"
+    return "resnet" if isinstance(model, ResNetSmall) else None
+
+
+def _blocks_name(model: nn.Module) -> str:
+    return "stages" if _family(model) == "resnet" else "blocks"
+
+
+def _blocks(model: nn.Module) -> nn.Module:
+    """The model's run of blocks (a Sequential, or after the cut a dict keyed alike)."""
+    return getattr(model, _blocks_name(model))
+
+
 @dataclass(frozen=True)
 class Part:
     """One stage's share of the model: its blocks (by key), and whether it embeds the input
@@ -101,11 +121,10 @@ def stage_blocks(model: nn.Module, split: str, stages: int, inputs: Callable,
                  distributed) -> list[int]:
     """Blocks per stage under parallel.stage_split (stage_split.py): `inputs()` makes a
     micro-batch for timing; rank 0's split reaches every rank."""
-    layers = len(model.blocks)
+    layers = len(_blocks(model))
     if split == "equal":
         return [layers // stages] * stages
-    blocks = list(model.blocks.values() if isinstance(model.blocks, nn.ModuleDict)
-                  else model.blocks)
+    blocks = list(_blocks(model).children())
     first, last, tokens = _ends(model)
     if split == "parameters":
         costs = stage_split.parameter_costs(blocks, first, last, tokens)
@@ -124,7 +143,8 @@ def sample_inputs(model: nn.Module, config, microbatch: int, device: torch.devic
     if isinstance(model, GPT):
         return torch.randint(0, model.embed.num_embeddings,
                              (microbatch, config.data.tokens.seq_len), device=device)
-    return torch.randn(microbatch, 3, *model.patch_embed.img_size, device=device)
+    size = model.patch_embed.img_size if _is_vit(model) else (config.data.image_size,) * 2
+    return torch.randn(microbatch, 3, *size, device=device)
 
 
 def cut_to_stage(model: nn.Module, rank_stage: int, stages: int, per_rank: int = 1,
@@ -134,17 +154,18 @@ def cut_to_stage(model: nn.Module, rank_stage: int, stages: int, per_rank: int =
     all the stages has, equal by default) and, with the first and last stage, what comes
     before and after them; and those stages' Parts, in order. The model's forward then runs
     one Part (by default its first)."""
-    if _is_vit(model):  # a dict keyed as the Sequential was: the same parameter names
-        model.blocks = nn.ModuleDict(dict(model.blocks.named_children()))
+    if not isinstance(_blocks(model), nn.ModuleDict):  # keyed as the Sequential was: the
+        setattr(model, _blocks_name(model),  # same parameter names
+                nn.ModuleDict(dict(_blocks(model).named_children())))
     total = stages * per_rank
-    blocks = blocks or [len(model.blocks) // total] * total
-    names = list(model.blocks.keys())
+    blocks = blocks or [len(_blocks(model)) // total] * total
+    names = list(_blocks(model).keys())
     starts = [sum(blocks[:i]) for i in range(total + 1)]
     parts = [Part(tuple(names[starts[i]:starts[i + 1]]), i == 0, i == total - 1)
              for i in range(rank_stage, total, stages)]
     keep = {key for part in parts for key in part.keys}
     for name in [n for n in names if n not in keep]:
-        del model.blocks[name]
+        del _blocks(model)[name]
     first, last = parts[0].first, parts[-1].last
     if isinstance(model, GPT):
         if last:
@@ -153,6 +174,11 @@ def cut_to_stage(model: nn.Module, rank_stage: int, stages: int, per_rank: int =
             model.embed = None
         if not last:
             model.norm = model.head = None
+    elif _family(model) == "resnet":
+        if not first:
+            model.stem = None
+        if not last:
+            model.head = None
     else:
         if not first:
             model.patch_embed = model.norm_pre = None
@@ -175,20 +201,25 @@ def _run(model: nn.Module, x: torch.Tensor, part: Part) -> torch.Tensor:
     # timm's own activation checkpointing; the GPT's blocks have it as wrappers
     recompute = getattr(model, "grad_checkpointing", False) and torch.is_grad_enabled()
     for key in part.keys:
-        block = model.blocks[key]
+        block = _blocks(model)[key]
         x = checkpoint(block, x, use_reentrant=False) if recompute else block(x)
     return _head(model, x) if part.last else x
 
 
 def _embed(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    if isinstance(model, GPT):
+    family = _family(model)
+    if family == "gpt":
         return model.embed(x)
+    if family == "resnet":
+        return model.stem(x)
     return model.norm_pre(model.patch_drop(model._pos_embed(model.patch_embed(x))))
 
 
 def _head(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return model.head(model.norm(x)) if isinstance(model, GPT) else \
-        model.forward_head(model.norm(x))
+    family = _family(model)
+    if family == "gpt":
+        return model.head(model.norm(x))
+    return model.head(x) if family == "resnet" else model.forward_head(model.norm(x))
 
 
 def _ends(model: nn.Module) -> tuple[list, list, tuple]:
@@ -196,6 +227,8 @@ def _ends(model: nn.Module) -> tuple[list, list, tuple]:
     them: timm's class, register and position tokens)."""
     if isinstance(model, GPT):
         return [model.embed], [model.norm, model.head], ()
+    if _family(model) == "resnet":
+        return [model.stem], [model.head], ()
     return ([model.patch_embed, model.norm_pre],
             [model.norm, model.fc_norm, model.head, model.attn_pool],
             tuple(model.parameters(recurse=False)))
@@ -204,7 +237,7 @@ def _ends(model: nn.Module) -> tuple[list, list, tuple]:
 def _part_parameters(model: nn.Module, part: Part):
     """The parameters one Part uses, looked up anew each time (FSDP swaps them)."""
     first, last, tokens = _ends(model) if (part.first or part.last) else ([], [], ())
-    modules = [model.blocks[key] for key in part.keys]
+    modules = [_blocks(model)[key] for key in part.keys]
     if part.first:
         modules += first
         yield from tokens
@@ -232,15 +265,29 @@ class VirtualStage(nn.Module):
         return _part_parameters(self._model[0], self.part)
 
 
-def stream_shape(model: nn.Module, sequence_shards: int) -> Callable[[torch.Tensor], tuple]:
-    """What a stage of the whole `model` (not yet cut) passes on for a batch of `inputs`:
-    (batch, tokens, width), the GPT's tokens split over the ranks under sequence
-    parallelism, the ViT's its patches and class (and register) tokens."""
+def stream_shape(model: nn.Module, sequence_shards: int,
+                 sample: Callable) -> Callable[[torch.Tensor, str], tuple]:
+    """What reaches block `key` of the whole `model` (not yet cut) for a batch of `inputs`: (batch, tokens, width), the GPT's tokens split over the ranks under sequence
+    parallelism, the ViT's its patches and class (and register) tokens; a ResNet's feature
+    maps, whose shape changes from block to block, found by a forward pass of `sample()`
+    (one image, in evaluation mode: no BatchNorm statistics change)."""
     if isinstance(model, GPT):
         width = model.shape.width
-        return lambda inputs: (inputs.shape[0], inputs.shape[1] // sequence_shards, width)
-    tokens, width = model.patch_embed.num_patches + model.num_prefix_tokens, model.embed_dim
-    return lambda inputs: (inputs.shape[0], tokens, width)
+        return lambda inputs, key: (inputs.shape[0], inputs.shape[1] // sequence_shards,
+                                    width)
+    if _is_vit(model):
+        tokens, width = model.patch_embed.num_patches + model.num_prefix_tokens, \
+            model.embed_dim
+        return lambda inputs, key: (inputs.shape[0], tokens, width)
+    shapes = {}  # before each block
+    model.eval()
+    with torch.no_grad():
+        x = _embed(model, sample())
+        for key, block in _blocks(model).named_children():
+            shapes[key] = tuple(x.shape[1:])
+            x = block(x)
+    model.train()
+    return lambda inputs, key: (inputs.shape[0], *shapes[key])
 
 
 @dataclass
@@ -253,7 +300,7 @@ class Pipeline:
     previous: int  # global ranks of the neighbouring pipeline ranks (same data, tensor
     following: int  # index; looped: the last rank's previous is the first)
     tied: object | None  # the group {first stage, last stage} that adds up the tied gradients
-    stream: Callable[[torch.Tensor], tuple]  # the shape a stage passes on, for a batch
+    stream: Callable[[torch.Tensor, str], tuple]  # the shape reaching a block, for a batch
     stages: int  # in all
     microbatches: int
 
@@ -312,7 +359,7 @@ class Pipeline:
         for part in self.parts:
             stream = inputs
             if not part.first:
-                stream = torch.empty(self.stream(inputs), device=inputs.device)
+                stream = torch.empty(self.stream(inputs, part.keys[0]), device=inputs.device)
                 dist.recv(stream, src=self.previous)
             out = self.module(stream, part=part)
             if not part.last:
