@@ -44,7 +44,7 @@ def test_a_large_vocabulary_weighs_on_the_end_stages():
     five blocks: the first and the last stage (which holds the output layer's copy) get
     one block each of 8."""
     model = gpt("tiny", vocab_size=4096, width=64, layers=8, heads=4)
-    first, last, tokens = pipeline._ends(model)
+    first, last, tokens = pipeline._ends(model, pipeline.GPT_FAMILY)
     costs, before, after = parameter_costs(list(model.blocks.values()), first, last, tokens)
     assert before == pytest.approx(4096 * 64) and after > before
     counts = pipeline.stage_blocks(model, "parameters", 3, None, None)

@@ -4,7 +4,7 @@ flows through the stages in micro-batches, with `torch.distributed.pipelining`.
 The model is built whole on every rank (the same seed gives the same weights) and cut down to
 this rank's stage in place, the way torchtitan does it: the blocks live in a dict keyed by
 layer number, so a stage's parameters keep the names they have in the whole model, and
-checkpoints reshard across layouts by name. Two kinds of model are cut:
+checkpoints reshard across layouts by name. Three kinds of model are cut (a Family each):
 
 - the built-in GPT: the first stage keeps the embedding, the last the final norm and the
   output layer. Their weights are tied in the whole model; here each of the two stages holds
@@ -12,7 +12,8 @@ checkpoints reshard across layouts by name. Two kinds of model are cut:
   "embedding group"), so the copies stay equal and train as the one tied weight;
 - timm's ViTs: the first stage keeps the patch embedding, the class token and the position
   embedding, the last the final norm, the pooling and the head; a stage's forward runs what
-  it holds (timm's own forward would run them all).
+  it holds (timm's own forward would run them all);
+- hpctrain's ResNets, at their stages: the stem goes with the first, the head with the last.
 
 The schedule runs forward and backward over the micro-batches (GPipe: all forwards, then all
 backwards; 1F1B: one forward, one backward in the steady state, so fewer micro-batches'
@@ -45,16 +46,53 @@ from hpctrain.train import stage_split
 from hpctrain.train.grad_norm import settle_gradients
 
 
+@dataclass(frozen=True)
+class Family:
+    """A kind of model hpctrain cuts into stages: where its blocks are, what comes before
+    them (the first stage's) and after them (the last stage's), and how those run."""
+
+    name: str
+    blocks: str  # the attribute holding the run of blocks
+    before: tuple[str, ...]  # modules before the blocks
+    tokens: tuple[str, ...]  # the model's own parameters before the blocks
+    after: tuple[str, ...]  # modules after the blocks
+    embed: Callable[[nn.Module, torch.Tensor], torch.Tensor]
+    head: Callable[[nn.Module, torch.Tensor], torch.Tensor]
+
+
+GPT_FAMILY = Family("gpt", "blocks", ("embed",), (), ("norm", "head"),
+                    lambda m, x: m.embed(x), lambda m, x: m.head(m.norm(x)))
+VIT_FAMILY = Family("vit", "blocks", ("patch_embed", "norm_pre"),
+                    ("cls_token", "reg_token", "pos_embed"),
+                    ("norm", "fc_norm", "head", "attn_pool"),
+                    lambda m, x: m.norm_pre(m.patch_drop(m._pos_embed(m.patch_embed(x)))),
+                    lambda m, x: m.forward_head(m.norm(x)))
+RESNET_FAMILY = Family("resnet", "stages", ("stem",), (), ("head",),
+                       lambda m, x: m.stem(x), lambda m, x: m.head(x))
+
+
+def family_of(model: nn.Module) -> Family | None:
+    """The built-in GPT, timm's ViTs, hpctrain's ResNets (their stages are the blocks)."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    if isinstance(model, GPT):
+        return GPT_FAMILY
+    if isinstance(model, VisionTransformer):
+        return VIT_FAMILY
+    return RESNET_FAMILY if isinstance(model, ResNetSmall) else None
+
+
 def check(model: nn.Module, stages: int, model_name: str, per_rank: int = 1,
           split: str = "equal") -> None:
     """Refuse a split that cannot work: a model that is not a sequence of blocks, or blocks
     that do not divide into equal stages (`per_rank` on each of the `stages` ranks; or, with
     a balanced `split`, fewer blocks than stages)."""
-    if _family(model) is None:
+    family = family_of(model)
+    if family is None:
         raise ConfigError(f"parallel.pipeline > 1: hpctrain splits the built-in GPT, timm's "
                           f"ViTs and hpctrain's ResNets into stages; {model_name} is none of "
                           "them. Use parallel.tensor or parallel.strategy=fsdp for it")
-    layers, total = len(_blocks(model)), stages * per_rank
+    layers, total = len(getattr(model, family.blocks)), stages * per_rank
     if split != "equal" and layers < total:
         raise ConfigError(f"parallel.pipeline={stages} x {per_rank} stage(s) per rank is "
                           f"{total} stages, more than the model's {layers} layers")
@@ -82,31 +120,6 @@ def stages_per_rank(config) -> int:
 LOOPED = ("interleaved-1f1b", "zero-bubble")
 
 
-def _is_vit(model: nn.Module) -> bool:
-    from timm.models.vision_transformer import VisionTransformer
-
-    return isinstance(model, VisionTransformer)
-
-
-def _family(model: nn.Module) -> str | None:
-    """Which of the models hpctrain cuts into stages `model` is: the built-in GPT, timm's
-    ViTs, hpctrain's ResNets (their stages are the blocks), or None."""
-    if isinstance(model, GPT):
-        return "gpt"
-    if _is_vit(model):
-        return "vit"
-    return "resnet" if isinstance(model, ResNetSmall) else None
-
-
-def _blocks_name(model: nn.Module) -> str:
-    return "stages" if _family(model) == "resnet" else "blocks"
-
-
-def _blocks(model: nn.Module) -> nn.Module:
-    """The model's run of blocks (a Sequential, or after the cut a dict keyed alike)."""
-    return getattr(model, _blocks_name(model))
-
-
 @dataclass(frozen=True)
 class Part:
     """One stage's share of the model: its blocks (by key), and whether it embeds the input
@@ -121,18 +134,18 @@ def stage_blocks(model: nn.Module, split: str, stages: int, inputs: Callable,
                  distributed) -> list[int]:
     """Blocks per stage under parallel.stage_split (stage_split.py): `inputs()` makes a
     micro-batch for timing; rank 0's split reaches every rank."""
-    layers = len(_blocks(model))
+    family = family_of(model)
+    blocks = list(getattr(model, family.blocks).children())
     if split == "equal":
-        return [layers // stages] * stages
-    blocks = list(_blocks(model).children())
-    first, last, tokens = _ends(model)
+        return [len(blocks) // stages] * stages
+    first, last, tokens = _ends(model, family)
     if split == "parameters":
         costs = stage_split.parameter_costs(blocks, first, last, tokens)
     else:
         costs = None
         if distributed.is_main:
-            costs = stage_split.time_costs(blocks, lambda x: _embed(model, x),
-                                           lambda x: _head(model, x), inputs())
+            costs = stage_split.time_costs(blocks, lambda x: family.embed(model, x),
+                                           lambda x: family.head(model, x), inputs())
             model.zero_grad(set_to_none=True)  # the timing's backward passes left some
         costs = distributed.broadcast(costs)
     return stage_split.balanced(*costs, stages)
@@ -140,10 +153,12 @@ def stage_blocks(model: nn.Module, split: str, stages: int, inputs: Callable,
 
 def sample_inputs(model: nn.Module, config, microbatch: int, device: torch.device):
     """A micro-batch of the run's shape, for timing the blocks: token ids, or images."""
-    if isinstance(model, GPT):
+    family = family_of(model)
+    if family is GPT_FAMILY:
         return torch.randint(0, model.embed.num_embeddings,
                              (microbatch, config.data.tokens.seq_len), device=device)
-    size = model.patch_embed.img_size if _is_vit(model) else (config.data.image_size,) * 2
+    size = model.patch_embed.img_size if family is VIT_FAMILY else \
+        (config.data.image_size,) * 2
     return torch.randn(microbatch, 3, *size, device=device)
 
 
@@ -154,90 +169,58 @@ def cut_to_stage(model: nn.Module, rank_stage: int, stages: int, per_rank: int =
     all the stages has, equal by default) and, with the first and last stage, what comes
     before and after them; and those stages' Parts, in order. The model's forward then runs
     one Part (by default its first)."""
-    if not isinstance(_blocks(model), nn.ModuleDict):  # keyed as the Sequential was: the
-        setattr(model, _blocks_name(model),  # same parameter names
-                nn.ModuleDict(dict(_blocks(model).named_children())))
+    family = family_of(model)
+    run = nn.ModuleDict(dict(getattr(model, family.blocks).named_children()))
+    setattr(model, family.blocks, run)  # keyed as the Sequential was: the same names
     total = stages * per_rank
-    blocks = blocks or [len(_blocks(model)) // total] * total
-    names = list(_blocks(model).keys())
+    blocks = blocks or [len(run) // total] * total
+    names = list(run.keys())
     starts = [sum(blocks[:i]) for i in range(total + 1)]
     parts = [Part(tuple(names[starts[i]:starts[i + 1]]), i == 0, i == total - 1)
              for i in range(rank_stage, total, stages)]
     keep = {key for part in parts for key in part.keys}
     for name in [n for n in names if n not in keep]:
-        del _blocks(model)[name]
-    first, last = parts[0].first, parts[-1].last
-    if isinstance(model, GPT):
-        if last:
-            model.head.weight = nn.Parameter(model.head.weight.detach().clone())
-        if not first:
-            model.embed = None
-        if not last:
-            model.norm = model.head = None
-    elif _family(model) == "resnet":
-        if not first:
-            model.stem = None
-        if not last:
-            model.head = None
-    else:
-        if not first:
-            model.patch_embed = model.norm_pre = None
-            for name in ("cls_token", "reg_token", "pos_embed"):
-                if getattr(model, name, None) is not None:
-                    setattr(model, name, None)
-        if not last:
-            model.norm = model.fc_norm = model.head = model.attn_pool = None
+        del run[name]
+    if family is GPT_FAMILY and parts[-1].last:  # the tied output weight: a copy here
+        model.head.weight = nn.Parameter(model.head.weight.detach().clone())
+    dropped = (() if parts[0].first else family.before + family.tokens) + \
+        (() if parts[-1].last else family.after)
+    for name in dropped:
+        if getattr(model, name, None) is not None:
+            setattr(model, name, None)
 
     def forward(self, x: torch.Tensor, part: Part = parts[0]) -> torch.Tensor:
-        return _run(self, x, part)
+        return _run(self, family, x, part)
     model.forward = MethodType(forward, model)
     return model, parts
 
 
-def _run(model: nn.Module, x: torch.Tensor, part: Part) -> torch.Tensor:
-    """The model's forward (the GPT's, timm's VisionTransformer's) for one Part."""
+def _run(model: nn.Module, family: Family, x: torch.Tensor, part: Part) -> torch.Tensor:
+    """The model's forward for one Part."""
     if part.first:
-        x = _embed(model, x)
+        x = family.embed(model, x)
     # timm's own activation checkpointing; the GPT's blocks have it as wrappers
     recompute = getattr(model, "grad_checkpointing", False) and torch.is_grad_enabled()
+    run = getattr(model, family.blocks)
     for key in part.keys:
-        block = _blocks(model)[key]
-        x = checkpoint(block, x, use_reentrant=False) if recompute else block(x)
-    return _head(model, x) if part.last else x
+        x = checkpoint(run[key], x, use_reentrant=False) if recompute else run[key](x)
+    return family.head(model, x) if part.last else x
 
 
-def _embed(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    family = _family(model)
-    if family == "gpt":
-        return model.embed(x)
-    if family == "resnet":
-        return model.stem(x)
-    return model.norm_pre(model.patch_drop(model._pos_embed(model.patch_embed(x))))
+def _ends(model: nn.Module, family: Family) -> tuple[list, list, tuple]:
+    """(the modules before the blocks, those after, the model's own parameters before
+    them: timm's class, register and position tokens); None where a stage lacks them."""
+    def held(names):
+        return [getattr(model, name, None) for name in names]
+    return held(family.before), held(family.after), \
+        tuple(t for t in held(family.tokens) if t is not None)
 
 
-def _head(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    family = _family(model)
-    if family == "gpt":
-        return model.head(model.norm(x))
-    return model.head(x) if family == "resnet" else model.forward_head(model.norm(x))
-
-
-def _ends(model: nn.Module) -> tuple[list, list, tuple]:
-    """(the modules before the blocks, those after, parameters of the model's own before
-    them: timm's class, register and position tokens)."""
-    if isinstance(model, GPT):
-        return [model.embed], [model.norm, model.head], ()
-    if _family(model) == "resnet":
-        return [model.stem], [model.head], ()
-    return ([model.patch_embed, model.norm_pre],
-            [model.norm, model.fc_norm, model.head, model.attn_pool],
-            tuple(model.parameters(recurse=False)))
-
-
-def _part_parameters(model: nn.Module, part: Part):
+def _part_parameters(model: nn.Module, family: Family, part: Part):
     """The parameters one Part uses, looked up anew each time (FSDP swaps them)."""
-    first, last, tokens = _ends(model) if (part.first or part.last) else ([], [], ())
-    modules = [_blocks(model)[key] for key in part.keys]
+    first, last, tokens = _ends(model, family)
+    run = getattr(model, family.blocks)
+    modules = [run[key] for key in part.keys]
     if part.first:
         modules += first
         yield from tokens
@@ -256,34 +239,36 @@ class VirtualStage(nn.Module):
     def __init__(self, model: nn.Module, part: Part):
         super().__init__()
         self.part = part
-        self._model = (model,)
+        self._model = (model, family_of(model))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._model[0](x, part=self.part)
 
     def parameters(self, recurse: bool = True):
-        return _part_parameters(self._model[0], self.part)
+        return _part_parameters(*self._model, self.part)
 
 
 def stream_shape(model: nn.Module, sequence_shards: int,
                  sample: Callable) -> Callable[[torch.Tensor, str], tuple]:
-    """What reaches block `key` of the whole `model` (not yet cut) for a batch of `inputs`: (batch, tokens, width), the GPT's tokens split over the ranks under sequence
+    """What reaches block `key` of the whole `model` (not yet cut) for a batch of `inputs`:
+    (batch, tokens, width), the GPT's tokens split over the ranks under sequence
     parallelism, the ViT's its patches and class (and register) tokens; a ResNet's feature
     maps, whose shape changes from block to block, found by a forward pass of `sample()`
     (one image, in evaluation mode: no BatchNorm statistics change)."""
-    if isinstance(model, GPT):
+    family = family_of(model)
+    if family is GPT_FAMILY:
         width = model.shape.width
         return lambda inputs, key: (inputs.shape[0], inputs.shape[1] // sequence_shards,
                                     width)
-    if _is_vit(model):
+    if family is VIT_FAMILY:
         tokens, width = model.patch_embed.num_patches + model.num_prefix_tokens, \
             model.embed_dim
         return lambda inputs, key: (inputs.shape[0], tokens, width)
     shapes = {}  # before each block
     model.eval()
     with torch.no_grad():
-        x = _embed(model, sample())
-        for key, block in _blocks(model).named_children():
+        x = family.embed(model, sample())
+        for key, block in getattr(model, family.blocks).named_children():
             shapes[key] = tuple(x.shape[1:])
             x = block(x)
     model.train()

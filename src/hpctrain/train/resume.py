@@ -151,16 +151,16 @@ def restore(parts, path: Path) -> tuple[Progress, list[str]]:
                 for group in parts.optimizer.param_groups]  # this run's, before loading
     state = tensor_state(parts)
     try:
-        saved = ckpt.saved_keys(path)
-        names = _saved_names(state, _aliases(parts, saved))
-        read = {section: {names[section][k]: state[section][k] for k in names[section]}
-                for section in names}
+        held = ckpt.saved_keys(path)
+        names = _saved_names(state, _aliases(parts, held))
+        read = {section: {saved: state[section][key] for key, saved in keys.items()}
+                for section, keys in names.items()}
         # the checkpoint's own param groups, read (so a hostile value is refused) and unused
-        read["optim"].update({k.removeprefix("optim."): 0 for k in saved
+        read["optim"].update({k.removeprefix("optim."): 0 for k in held
                               if k.startswith("optim.param_groups.")})
         meta, rng = parts.checkpointer.load(path, read)
         for section, keys in names.items():  # DCP fills tensors in place, replaces the rest
-            state[section].update({k: read[section][saved] for k, saved in keys.items()})
+            state[section].update({key: read[section][saved] for key, saved in keys.items()})
         set_state_dict(parts.model, parts.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optim"], options=FLAT)
     except (RuntimeError, AssertionError, KeyError, ValueError) as err:
