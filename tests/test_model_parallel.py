@@ -282,6 +282,8 @@ VIT = ["model.name=timm:vit_tiny_patch16_224", "model.kwargs.num_heads=2", "data
     (2, 2, ["parallel.pipeline=2", "optim.name=lamb"], "optim.name=lamb scales each layer"),
     (2, 2, ["parallel.data=0"], "parallel.data.*too few"),
     (2, 2, ["parallel.pipeline=2", "parallel.microbatches=0"], "parallel.microbatches.*too few"),
+    (2, 2, ["parallel.pipeline=2", "parallel.stages_per_rank=0"],
+     "parallel.stages_per_rank.*too few"),
     (2, 2, ["parallel.tensor=2", "model.name=hpctrain:tiny_cnn", "data.dataset=shapes"],
      "no built-in tensor-parallel plan.*parallel.tensor_plan"),
     (4, 4, ["parallel.tensor=4", *VIT], "does not divide the model's 2 attention heads.*"
@@ -304,6 +306,20 @@ def test_a_layout_that_cannot_work_is_refused_before_any_process_waits(
     code = main(["run", "tiny-lm", "output_dir=/nonexistent/never", *settings])
     assert code == 2
     assert re.search(message, capsys.readouterr().err)
+
+
+def test_a_schedule_the_installed_torch_lacks_is_refused_before_any_process_waits(
+        monkeypatch, capsys):
+    import torch.distributed.pipelining as pipelining
+
+    monkeypatch.delattr(pipelining, "ScheduleInterleavedZeroBubble")
+    for key, value in {"RANK": 0, "WORLD_SIZE": 2, "LOCAL_RANK": 0, "LOCAL_WORLD_SIZE": 2,
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": 1}.items():
+        monkeypatch.setenv(key, str(value))
+    code = main(["run", "tiny-lm", "output_dir=/nonexistent/never", "parallel.pipeline=2",
+                 "parallel.schedule=zero-bubble", "model.kwargs.layers=4"])
+    assert code == 2
+    assert "has no ScheduleInterleavedZeroBubble; use 1f1b" in capsys.readouterr().err
 
 
 def test_memory_refuses_to_measure_a_split_layout_or_a_world_it_cannot_hold(capsys):

@@ -111,6 +111,7 @@ def _check_split(model: nn.Module, config: Config, layout) -> None:
     if layout.pipeline > 1:
         pipeline.check(model, layout.pipeline, config.model.name,
                        pipeline.stages_per_rank(config), config.parallel.stage_split)
+        pipeline.schedule_class(config.parallel.schedule)
     if layout.tensor > 1:
         tensor_parallel.checked_plan(model, config, layout.tensor)
 

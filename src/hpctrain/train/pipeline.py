@@ -118,6 +118,21 @@ def stages_per_rank(config) -> int:
 
 
 LOOPED = ("interleaved-1f1b", "zero-bubble")
+SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
+             "interleaved-1f1b": "ScheduleInterleaved1F1B",
+             "zero-bubble": "ScheduleInterleavedZeroBubble"}
+
+
+def schedule_class(schedule: str):
+    """torch's class for parallel.schedule, or a ConfigError where the installed torch
+    lacks it (checked before any process waits)."""
+    from torch.distributed import pipelining
+
+    kind = SCHEDULES[schedule]
+    if not hasattr(pipelining, kind):
+        raise ConfigError(f"parallel.schedule={schedule}: the installed torch "
+                          f"{torch.__version__} has no {kind}; use 1f1b")
+    return getattr(pipelining, kind)
 
 
 @dataclass(frozen=True)
@@ -369,12 +384,6 @@ def build(model: nn.Module, parts: list[Part], loss_fn, layout, rank: int,
             if rank in group_ranks:
                 tied = made
     total = p * len(parts)
-    kind = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
-            "interleaved-1f1b": "ScheduleInterleaved1F1B",
-            "zero-bubble": "ScheduleInterleavedZeroBubble"}[schedule]
-    if not hasattr(pipelining, kind):
-        raise ConfigError(f"parallel.schedule={schedule}: the installed torch "
-                          f"{torch.__version__} has no {kind}; use 1f1b")
     if schedule in LOOPED:
         stages = [pipelining.PipelineStage(VirtualStage(model, part), rank_stage + k * p,
                                            total, device, group=group)
@@ -383,8 +392,8 @@ def build(model: nn.Module, parts: list[Part], loss_fn, layout, rank: int,
         stages = pipelining.PipelineStage(model, rank_stage, total, device, group=group)
     position = rank - rank_stage * stride
     return Pipeline(model, parts,
-                    getattr(pipelining, kind)(stages, n_microbatches=microbatches,
-                                              loss_fn=loss_fn),
+                    schedule_class(schedule)(stages, n_microbatches=microbatches,
+                                             loss_fn=loss_fn),
                     position + (rank_stage - 1) % p * stride,
                     position + (rank_stage + 1) % p * stride, tied, stream, total,
                     microbatches)
