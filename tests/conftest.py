@@ -7,6 +7,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,13 @@ from PIL import Image
 
 from hpctrain import cli
 from hpctrain.config import load_config
+
+# The suite's own state and data folders (the job ledger, the output directories runs were
+# written to, the runs index): the user's stay untouched, and every process the tests start
+# (torchrun workers, Slurm jobs) inherits them.
+_PRIVATE = Path(tempfile.mkdtemp(prefix="hpctrain-tests-"))
+os.environ["XDG_STATE_HOME"] = str(_PRIVATE / "state")
+os.environ["XDG_DATA_HOME"] = str(_PRIVATE / "data")
 
 
 @pytest.fixture(scope="session")

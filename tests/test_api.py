@@ -177,7 +177,7 @@ def test_under_fsdp_every_process_trains_rank_0_s_initial_weights(tmp_path):
     without syncing: hpctrain gives every rank rank 0's weights first (DDP does it itself)."""
     import torch.distributed.checkpoint as dcp
 
-    from hpctrain.train.checkpoint import list_checkpoints
+    from hpctrain.runs.directory import list_checkpoints
 
     script = tmp_path / "rank_seeded.py"
     script.write_text(RANK_SEEDED)

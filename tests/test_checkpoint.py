@@ -15,7 +15,8 @@ import torch
 from hpctrain.cluster.environment import detect
 from hpctrain.errors import OutputError
 from hpctrain.train import checkpoint as ckpt
-from hpctrain.train.checkpoint import Checkpointer, list_checkpoints, read_checkpoint
+from hpctrain.runs.directory import list_checkpoints
+from hpctrain.train.checkpoint import Checkpointer, read_checkpoint
 from hpctrain.train.parallel import Distributed
 
 DETERMINISTIC = ("deterministic=true", "train.epochs=10", "checkpoint.every_steps=5",

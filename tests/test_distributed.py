@@ -18,7 +18,7 @@ from conftest import write_image_folder
 from hpctrain.data.pack import PackOptions, pack
 from hpctrain.data.sampling import EpochSampler
 from hpctrain.models.small import tiny_cnn
-from hpctrain.train.checkpoint import list_checkpoints
+from hpctrain.runs.directory import list_checkpoints
 
 pytestmark = pytest.mark.distributed
 

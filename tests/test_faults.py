@@ -422,7 +422,7 @@ def test_kill_9_at_random_moments_then_resume_ends_like_an_undisturbed_run(world
     killed again and again ends bitwise equal to one that never was."""
     from test_checkpoint import assert_same_training_state, final_state
 
-    from hpctrain.train.checkpoint import list_checkpoints
+    from hpctrain.runs.directory import list_checkpoints
     from hpctrain.train.safe_checkpoint import problem
 
     reference = world.tiny(*SOAK, "run_name=undisturbed")

@@ -1,6 +1,7 @@
 """GPU paths: need CUDA, so they are skipped elsewhere; run them on the lent GPU machine."""
 
 import json
+import time
 
 import pytest
 import torch
@@ -116,3 +117,26 @@ def test_the_batch_search_meets_real_out_of_memory_errors_on_a_capped_gpu(run_cl
     assert any(not t["fits"] for t in search["trials"])
     best = next(t for t in search["trials"] if t["batch_size"] == search["largest"])
     assert best["peak_bytes"] <= 2 * 2**30 and search["recommended"] % 8 == 0
+
+
+def test_nvml_energy_over_30_seconds_matches_mean_power_times_time():
+    """The board's energy counter against the power NVML reports, sampled 10 times a second
+    for 30 s while the GPU multiplies matrices: within 5 %."""
+    from hpctrain.monitor.sampler import ROW
+    from hpctrain.monitor.start import make_sampler
+
+    sampler = make_sampler(torch.device("cuda", 0), "here", True, 0.1)
+    assert sampler.energy_source == "nvml-counter", sampler.why_not
+    a = torch.randn(4096, 4096, device="cuda")
+    sampler.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for _ in range(20):
+            a = (a @ a).tanh_()
+        torch.cuda.synchronize()
+    sampler.stop()
+    row = dict(zip(ROW, sampler.take()))
+    seconds = sampler.last_sample - sampler.first_sample  # the span the counter saw
+    mean_power = row["job_power_watts"]
+    assert row["job_utilization"] > 0.5 and mean_power > 50
+    assert row["job_energy_joules"] == pytest.approx(mean_power * seconds, rel=0.05)

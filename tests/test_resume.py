@@ -10,7 +10,8 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 
 from hostile import DAMAGE, plant_hostile_index, plant_hostile_value
-from hpctrain.train.checkpoint import list_checkpoints, read_checkpoint
+from hpctrain.runs.directory import list_checkpoints
+from hpctrain.train.checkpoint import read_checkpoint
 from hpctrain.train.safe_checkpoint import DamagedCheckpoint
 
 

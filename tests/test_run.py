@@ -8,7 +8,8 @@ import torch
 from conftest import write_image_folder
 
 from hpctrain.train import build
-from hpctrain.train.checkpoint import list_checkpoints, read_checkpoint
+from hpctrain.runs.directory import list_checkpoints
+from hpctrain.train.checkpoint import read_checkpoint
 
 SUMMARY_KEYS = {"status", "best_val_accuracy", "final_val_accuracy", "images_per_second",
                 "data_wait_fraction", "peak_memory_bytes", "wall_seconds", "steps", "epochs",
@@ -52,6 +53,17 @@ def test_a_run_fills_the_run_directory(tmp_path, run_cli, tiny):
     assert all(0 <= r["data_wait_fraction"] <= 1 and r["images_per_second"] > 0 for r in train)
     assert (run / "config.yaml").exists() and list((run / "tb").glob("events.out.tfevents.*"))
     assert [p.name for p in list_checkpoints(run / "checkpoints")] == ["step_00000020"]
+    # who, where, which configuration: run.json, written at the start
+    identity = json.loads((run / "run.json").read_text())
+    assert len(identity["run_id"]) == 32 and identity["recipe"] == "default"
+    assert len(identity["config_hash"]) == 16 and identity["user"]
+    (start,) = identity["starts"]
+    assert start["world_size"] == 1 and start["gpus"] == 0 and start["launcher"] == "single"
+    # energy: this machine has no GPU; RAPL where readable, else said, never made up
+    assert summary["energy_source"] in ("rapl", "not measured")
+    if summary["energy_source"] == "not measured":
+        assert summary["energy_joules"] is None and summary["samples_per_joule"] is None
+    assert summary["gpu_utilization_mean"] is None
 
 
 def test_gradient_accumulation_sets_the_global_batch(tmp_path, run_cli, tiny):

@@ -18,7 +18,7 @@ from hpctrain.cluster.jobs import Job, find_logs, plan, submit
 from hpctrain.cluster.profiles import get_profile
 from hpctrain.cluster.sbatch import JobRequest, render
 from hpctrain.errors import ConfigError
-from hpctrain.train.checkpoint import list_checkpoints
+from hpctrain.runs.directory import list_checkpoints
 from hpctrain.train.safe_checkpoint import read_meta
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -68,6 +68,7 @@ def test_user_values_cannot_run_anything(tmp_path):
 def home(tmp_path, monkeypatch):
     """A private job ledger (~/.local/state/hpctrain/jobs.jsonl)."""
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "home" / ".local" / "state"))
     return tmp_path / "home"
 
 
@@ -456,7 +457,7 @@ def test_language_model_and_point_cloud_recipes_run_as_jobs(slurm_cluster, home,
 
 
 def test_the_job_ledger_skips_lines_that_are_not_records(home, capsys):
-    from hpctrain.cluster.jobs import ledger_path
+    from hpctrain.runs.directory import ledger_path
 
     ledger = ledger_path()
     ledger.parent.mkdir(parents=True)

@@ -369,6 +369,7 @@ def cmd_profile(args) -> int:
     from hpctrain.profiling.report import (analyse_traces, find_traces, settings_from_run,
                                            text_report, write_reports)
     from hpctrain.profiling.verdict import decide
+    from hpctrain.runs.directory import RunDir
 
     if args.trace:
         if args.recipe or args.overrides:
@@ -376,7 +377,7 @@ def cmd_profile(args) -> int:
                               "or overrides")
         traces = find_traces(args.trace)
         folder = traces[0].parent
-        run_dir = folder.parent if (folder.parent / "config.yaml").is_file() else None
+        run_dir = folder.parent if RunDir(folder.parent).config.is_file() else None
         settings = settings_from_run(run_dir)
         title = f"profile of {args.trace}"
     else:

@@ -451,6 +451,16 @@ class PreemptionConfig(Section):
         return name
 
 
+class MonitorConfig(Section):
+    """What each rank samples in the background (monitor/): its GPU, or the CPU's energy."""
+
+    enabled: bool = Field(True, description="sample GPU use and energy (NVML, else RAPL)")
+    interval_seconds: float = Field(1.0, ge=0.05, le=60, description="between two samples")
+    low_utilization: float = Field(0.5, ge=0, le=1, description="the watchdog warns when GPU "
+                                   "utilisation stays under this ...")
+    low_intervals: int = Field(3, ge=1, description="... for this many logging intervals")
+
+
 class Config(Section):
     name: str = "default"
     seed: int = Field(0, ge=0, le=2**32 - 1, description="numpy takes seeds below 2**32")
@@ -475,6 +485,7 @@ class Config(Section):
     checkpoint: CheckpointConfig = CheckpointConfig()
     parallel: ParallelConfig = ParallelConfig()
     preemption: PreemptionConfig = PreemptionConfig()
+    monitor: MonitorConfig = MonitorConfig()
 
     @field_validator("task", mode="before")
     @classmethod

@@ -33,6 +33,7 @@ class ProcessEnv:
     job_id: str | None  # the Slurm job, when there is one (also for torchrun inside a job)
     restart_count: int = 0  # how often the job was requeued or continued
     script_continues: bool = False  # an `hpctrain submit` script submits the continuation
+    cluster: str | None = None  # Slurm's cluster name, when in a job
 
     @property
     def distributed(self) -> bool:
@@ -106,7 +107,8 @@ def detect(environ: Mapping[str, str] | None = None) -> ProcessEnv:
     restarts = _int(env, "SLURM_RESTART_COUNT", default=0) + _int(env, "HPCTRAIN_RESTARTS",
                                                                    default=0)
     return dataclasses.replace(found, restart_count=restarts,
-                               script_continues=env.get("HPCTRAIN_CONTINUES") == "script")
+                               script_continues=env.get("HPCTRAIN_CONTINUES") == "script",
+                               cluster=env.get("SLURM_CLUSTER_NAME") or None)
 
 
 def _layout(env: Mapping[str, str]) -> ProcessEnv:

@@ -5,7 +5,7 @@
     job = submit("default", ["train.epochs=3"], gpus=8, time="2:00:00")
     job.wait(); print(job.state, job.logs()[-500:])
 
-Every submitted job is remembered in ~/.local/state/hpctrain/jobs.jsonl (job id -> run
+Every submitted job is remembered in the job ledger (runs/directory.py: job id -> run
 directory), so a job the controller has forgotten, on a cluster without accounting, is still
 reported from its run directory rather than as an unexplained UNKNOWN.
 """
@@ -22,66 +22,24 @@ from pathlib import Path
 
 from hpctrain.cluster import slurm
 from hpctrain.cluster.profiles import Profile, get_profile
-from hpctrain.cluster.sbatch import LEDGER, JobRequest, layout, render
+from hpctrain.cluster.sbatch import JobRequest, layout, render
 from hpctrain.config import code_references, load_config, plain_name
 from hpctrain.errors import ConfigError
-from hpctrain.readers import json_mapping
+from hpctrain.runs.directory import SUMMARY, RunDir, is_checkpoint, read_ledger, remember_job
 
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
                 "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 
 
-def ledger_path() -> Path:
-    return Path.home() / LEDGER
-
-
-def _remember(job_id: str, run_dir: Path) -> None:
-    path = ledger_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as ledger:
-        ledger.write(json.dumps({"job_id": job_id, "run_dir": str(run_dir),
-                                 "submitted": round(time.time())}) + "\n")
-
-
-def _ledger() -> list[dict]:
-    """The remembered jobs, oldest first. A line that is not a job record (torn by a crash,
-    or written by something else) is skipped, and said unless merely torn."""
-    path = ledger_path()
-    rows = []
-    try:
-        lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
-    except OSError as err:
-        print(f"hpctrain: warning: cannot read the job ledger {path} ({err.strerror})",
-              file=sys.stderr)
-        return []
-    for number, line in enumerate(lines, 1):
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if _is_record(row):
-            rows.append(row)
-        else:
-            print(f"hpctrain: warning: {path}:{number} is not a job record; skipped",
-                  file=sys.stderr)
-    return rows
-
-
-def _is_record(row) -> bool:
-    """{"job_id": str, "run_dir": str, ...} with "continues" a str when there."""
-    return isinstance(row, dict) and isinstance(row.get("job_id"), str) and \
-        isinstance(row.get("run_dir"), str) and isinstance(row.get("continues", ""), str)
-
-
 def _recall(job_id: str) -> Path | None:
-    found = [row["run_dir"] for row in _ledger() if row.get("job_id") == job_id]
+    found = [row["run_dir"] for row in read_ledger() if row.get("job_id") == job_id]
     return Path(found[-1]) if found else None
 
 
 def _continuations() -> dict[str, str]:
     """Stopped job -> the job it continues in, as the batch scripts recorded them (an array
     element is keyed `ID_TASK`)."""
-    return {row["continues"]: row["job_id"] for row in _ledger() if "continues" in row}
+    return {row["continues"]: row["job_id"] for row in read_ledger() if "continues" in row}
 
 
 def _follow(job_id: str, continuations: dict[str, str], task: str | None = None) -> list[str]:
@@ -121,7 +79,7 @@ class Job:
         status = Job(ids[-1], self.run_dir)._own_status()
         if len(ids) > 1:
             status["chain"] = ids
-            if status.get("source") == "scontrol":  # summary.json counts them itself
+            if status.get("source") == "scontrol":  # the run's summary counts them itself
                 # as the run counts them: each continuation, and each requeue by Slurm
                 earlier = [int(d.get("Restarts", 0)) for job_id in ids[:-1]
                            for d in slurm.job_details(job_id)]
@@ -150,13 +108,13 @@ class Job:
         if record is not None:
             return {**record, "id": self.id, "source": "sacct",
                     "run_dir": str(self.run_dir) if self.run_dir else None}
-        run = json_mapping(self.run_dir / "summary.json") if self.run_dir else None
+        run = RunDir(self.run_dir).read_summary() if self.run_dir else None
         if run is not None:
             state = {"completed": "COMPLETED", "preempted": "REQUEUED-OR-STOPPED",
                      "interrupted": "CANCELLED"}.get(run.get("status"), "FAILED")
             return {"id": self.id, "state": state, "run_status": run.get("status"),
                     "steps": run.get("steps"), "restarts": run.get("restarts"),
-                    "run_dir": str(self.run_dir), "source": "summary.json"}
+                    "run_dir": str(self.run_dir), "source": SUMMARY}
         where = f"; its run directory {self.run_dir} has no summary.json" if self.run_dir \
             else "; it was not submitted by hpctrain from this account"
         return {"id": self.id, "state": "UNKNOWN", "source": None,
@@ -295,15 +253,13 @@ def _resumed_place(resume: str, sweep: bool) -> tuple[Path, str | None]:
     """(the run directory the job continues, the checkpoint its first start resumes from:
     None for a run directory, whose newest checkpoint is taken), checked now rather than after
     the queue. The job's own continuations take the newest checkpoint, as always."""
-    from hpctrain.train.checkpoint import META, list_checkpoints
-
     if sweep:
         raise ConfigError(f"resume={resume} with --sweep: a sweep's elements are new runs; "
                           "submit the run to continue without --sweep")
     target = Path(resume).expanduser().absolute()
-    if (target / META).is_file():  # one checkpoint folder: run_dir/checkpoints/step_N
+    if is_checkpoint(target):  # one checkpoint folder: run_dir/checkpoints/step_N
         return target.parent.parent, str(target)
-    if not list_checkpoints(target / "checkpoints"):
+    if not RunDir(target).list_checkpoints():
         raise ConfigError(f"resume={resume}: no checkpoint there; give a run directory with "
                           "checkpoints/ or one checkpoint folder (checkpoints/step_N)")
     return target, None
@@ -350,11 +306,11 @@ def submit(recipe: str | None = None, overrides: list[str] = (), gpus: int = 1,
     request, script = plan(recipe, list(overrides), gpus, time_limit, cluster, **options)
     check_fits(request, get_profile(cluster))
     request.run_dir.mkdir(parents=True, exist_ok=True)
-    path = request.run_dir / "job.sbatch"
-    path.write_text(script)
-    job_id = slurm.submit(path)
-    _remember(job_id, request.run_dir)
-    (request.run_dir / "job.json").write_text(json.dumps({"job_id": job_id}) + "\n")
+    run = RunDir(request.run_dir)
+    run.job_script.write_text(script)
+    job_id = slurm.submit(run.job_script)
+    remember_job(job_id, request.run_dir)
+    run.job_record.write_text(json.dumps({"job_id": job_id}) + "\n")
     return Job(job_id, request.run_dir)
 
 
@@ -371,7 +327,7 @@ def find_logs(job_or_text) -> list[Path]:
         return [p for p in (job.log_file(), job.log_file(err=True)) if p and p.is_file()]
     text = str(job_or_text)
     found = []
-    for run in sorted({row["run_dir"] for row in _ledger()}):
+    for run in sorted({row["run_dir"] for row in read_ledger()}):
         for log in sorted(Path(run).glob("slurm-*.*")):
             if text in log.read_text(errors="replace"):
                 found.append(log)

@@ -18,12 +18,12 @@ from pathlib import Path
 
 from hpctrain.cluster.profiles import Profile
 from hpctrain.errors import ConfigError
+from hpctrain.runs.directory import SHELL_LEDGER, RunDir
 
 # what may stand in an #SBATCH value: no spaces, quotes, newlines or shell syntax
 SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.,:@%+=/-]+$")
 TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 REQUEUE_EXIT_CODE = 75
-LEDGER = ".local/state/hpctrain/jobs.jsonl"  # under $HOME: job id -> run directory, and chains
 
 
 @dataclass
@@ -161,7 +161,7 @@ def render(request: JobRequest, profile: Profile) -> str:
     ]
     lines = ["#!/bin/bash",
              f"# Written by 'hpctrain submit' for the {profile.name} cluster profile.",
-             "# Submit it again with: sbatch " + shlex.quote(str(run_dir / "job.sbatch"))]
+             "# Submit it again with: sbatch " + shlex.quote(str(RunDir(run_dir).job_script))]
     for option, value in directives:
         lines.append(f"#SBATCH --{option}" + ("" if value is None else f"={value}"))
     for line in request.extra_sbatch:
@@ -245,7 +245,7 @@ def _command(request: JobRequest, run_dir: Path, own_environment: bool) -> list[
         same_element = '--array="$element" '
     else:
         this_job, same_element = ['    this_job="$SLURM_JOB_ID"'], ""
-    script = shlex.quote(str(run_dir / "job.sbatch"))
+    script = shlex.quote(str(RunDir(run_dir).job_script))
     record = shlex.quote(json.dumps(str(run_dir)))
     return lines + [
         "# One task per GPU; hpctrain reads the layout from srun (no MASTER_ADDR to export).",
@@ -275,7 +275,7 @@ def _command(request: JobRequest, run_dir: Path, own_environment: bool) -> list[
         '    if [ -n "$next" ]; then',
         '        echo "hpctrain: continuing in job ${next%%;*} once job $this_job ends" >&2',
         f'        printf \'{{"job_id": "%s", "continues": "%s", "run_dir": %s}}\\n\' '
-        f'"${{next%%;*}}" "$this_job" {record} >> "$HOME/{LEDGER}"',
+        f'"${{next%%;*}}" "$this_job" {record} >> "{SHELL_LEDGER}"',
         "    fi",
         "fi",
         'exit "$status"',

@@ -12,7 +12,7 @@ from hpctrain.profiling.collect import collect
 from hpctrain.profiling.picture import write_html, write_png
 from hpctrain.profiling.trace import TraceError
 from hpctrain.profiling.verdict import Settings, Verdict
-from hpctrain.readers import json_mapping, yaml_mapping
+from hpctrain.runs.directory import PROFILE, RunDir
 
 TRACE_PATTERNS = ("*.json.gz", "*.json")
 OUTPUTS = ("profile.json", "profile.html", "profile.png")
@@ -25,7 +25,7 @@ def find_traces(path: Path | str) -> list[Path]:
         return [path]
     if not path.is_dir():
         raise TraceError(f"--trace {path}: no such file or folder")
-    folder = path / "profile" if (path / "profile").is_dir() else path
+    folder = path / PROFILE if (path / PROFILE).is_dir() else path
     found = sorted({p for pattern in TRACE_PATTERNS for p in folder.glob(pattern)
                     if p.name not in OUTPUTS and not p.name.startswith(".")})
     if not found:
@@ -52,10 +52,10 @@ def settings_from_run(run_dir: Path | None, recipe: str | None = None) -> Settin
     from hpctrain.data.loader import resolve_num_workers, usable_cpus  # imports torch: late
 
     settings = Settings(recipe=recipe or "RECIPE", cores=usable_cpus())
-    config = yaml_mapping(run_dir / "config.yaml") if run_dir is not None else None
+    config = RunDir(run_dir).read_config() if run_dir is not None else None
     if config is None:
         return settings
-    summary = json_mapping(run_dir / "summary.json") or {}
+    summary = RunDir(run_dir).read_summary() or {}
     system = summary.get("system") if isinstance(summary.get("system"), dict) else {}
     data = config.get("data") if isinstance(config.get("data"), dict) else {}
     settings.recipe = recipe or config.get("name", "RECIPE").removesuffix("-profile")

@@ -24,6 +24,9 @@ from hpctrain.data.streams import Stream
 from hpctrain.errors import ConfigError, DataError
 from hpctrain.models.checkpointing import enable_activation_checkpointing
 from hpctrain.models.registry import build_model, check_model_takes
+from hpctrain.monitor.sampler import Sampler
+from hpctrain.monitor.start import make_sampler
+from hpctrain.runs.directory import RunDir
 from hpctrain.train import parallel, pipeline, tensor_parallel
 from hpctrain.train.checkpoint import Checkpointer
 from hpctrain.train.layout import microbatches as layout_microbatches
@@ -61,6 +64,7 @@ class Parts:
     task: Task  # the batch on the device, the loss, the metrics
     pipeline: Pipeline | None  # this rank's pipeline stage and schedule, under parallel.pipeline
     checkpointer: Checkpointer
+    sampler: Sampler  # this rank's GPU (or CPU energy) in the background; the loop starts it
     deadline: float | None  # Unix time at which to save and stop, or None
     steps_per_epoch: int
     total_steps: int
@@ -134,6 +138,9 @@ def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
     layout = resolve_layout(config, env)
     plan = plan_system(config, parallel.local_device(config.device, env))
     device = torch.device(plan.device)
+    # its first reading now: the run's energy counts from the moment the device is chosen
+    sampler = make_sampler(device, env.hostname, config.monitor.enabled,
+                           config.monitor.interval_seconds)
     batch_size, global_batch = parallel.per_device_batch(config, layout.data)
     parallel.check_layout(config, layout, device, plan.precision)
     check_model_takes(config.model.name, config.data.kind)
@@ -217,8 +224,9 @@ def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
                             distributed.clip_function(stages.copies if stages else ())),
         ema=WeightEma(model, config.optim.ema.decay) if config.optim.ema.enabled else None,
         task=task, pipeline=stages,
-        checkpointer=Checkpointer(place.run_dir / "checkpoints", config.checkpoint.keep_last,
+        checkpointer=Checkpointer(RunDir(place.run_dir).checkpoints, config.checkpoint.keep_last,
                                   distributed, config.checkpoint.async_save),
+        sampler=sampler,
         deadline=deadline_at(config.preemption, job_end),
         steps_per_epoch=steps_per_epoch, total_steps=total_steps, batch_size=batch_size,
         global_batch_size=global_batch, effective_lr=lr)

@@ -31,7 +31,10 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from hpctrain.errors import cannot_write
-from hpctrain.train.safe_checkpoint import (META, NAME, SafeEmptyPlanner, SafePlanner,
+from hpctrain.runs.directory import CHECKPOINT_META as META
+from hpctrain.runs.directory import CHECKPOINT_NAME as NAME
+from hpctrain.runs.directory import list_checkpoints
+from hpctrain.train.safe_checkpoint import (SafeEmptyPlanner, SafePlanner,
                                             SafeReader, read_meta)
 
 # DCP warns that it "assumes a single process" whenever no process group exists: that is
@@ -53,15 +56,6 @@ def first_failure(err: CheckpointException) -> BaseException:
     error): the lowest rank's."""
     failures = getattr(err, "failures", None) or {}
     return failures[min(failures)][0] if failures else err
-
-
-def list_checkpoints(folder: Path) -> list[Path]:
-    """Complete checkpoints in `folder`, oldest first."""
-    if not folder.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in folder.iterdir()
-             if (m := NAME.match(p.name)) and (p / META).is_file()]
-    return [p for _, p in sorted(found)]
 
 
 class Checkpointer:

@@ -30,6 +30,7 @@ class Clock:
     rank_steps: int = 0
     stop_seconds: float | None = None  # from a stop signal to its checkpoint, when one came
     padding_fraction: float | None = None  # of the last interval, when the task pads
+    monitor_rows: list = field(default_factory=list)  # every rank's last sampler row (rank 0)
 
 
 @dataclass

@@ -22,7 +22,11 @@ from hpctrain.cluster.job import requeue
 from hpctrain.config import Config, to_yaml
 from hpctrain.data.loader import image_size_for_epoch
 from hpctrain.errors import DataError, OutputError, Preempted, RunFailed, cannot_write
+from hpctrain.monitor.sampler import interval_record
+from hpctrain.monitor.watchdog import Watchdog
 from hpctrain.profiling.regions import region
+from hpctrain.runs.directory import RunDir, remember_output_dir
+from hpctrain.runs.identity import Heartbeat, record_start
 from hpctrain.train import report
 from hpctrain.train.build import Parts, build_parts
 from hpctrain.train.evaluation import evaluate, keep_best
@@ -91,12 +95,9 @@ def _train(parts: Parts, stopper: Stopper, on_step: Callable[[Parts, int], None]
         telemetry.message("  resuming with changed settings: " + "; ".join(changes)
                           + " (they apply from this step on)")
         telemetry.record("resume", progress.step, {"changes": changes})
-    if is_main:
-        try:
-            (parts.run_dir / "config.yaml").write_text(to_yaml(config))
-        except OSError as err:
-            raise cannot_write(parts.run_dir / "config.yaml", err, KEEP_GOING) from None
+    heartbeat = _announce(parts) if is_main else None
     status, stopped, summary_problem = "failed", None, None
+    parts.sampler.start()
     try:
         _run_steps(parts, progress, clock, telemetry, stopper, on_step)
         status = "completed"
@@ -111,9 +112,13 @@ def _train(parts: Parts, stopper: Stopper, on_step: Callable[[Parts, int], None]
         _raise_readable(err, parts.distributed.env, f"at step {progress.step}", config)
     finally:
         telemetry.close()
+        parts.sampler.stop()
+        if heartbeat is not None:
+            heartbeat.stop()
         summary = report.summary(parts, progress, clock, status)
         if is_main:
             summary_problem = write_summary(parts.run_dir, summary)
+            heartbeat.close()
     if summary_problem and stopped is None:
         raise OutputError(summary_problem)
     if stopped is not None:
@@ -129,6 +134,22 @@ def _train(parts: Parts, stopper: Stopper, on_step: Callable[[Parts, int], None]
     return summary if is_main else None
 
 
+def _announce(parts: Parts) -> Heartbeat:
+    """Rank 0 writes the run's configuration and its identity with this start (run.json, whose
+    heartbeat then beats until the run ends)."""
+    run = RunDir(parts.run_dir)
+    for path, write in ((run.config, lambda: run.config.write_text(to_yaml(parts.config))),
+                        (run.identity, lambda: record_start(
+                            parts.run_dir, parts.config.model_dump(mode="json"),
+                            report.start_record(parts)))):
+        try:
+            write()
+        except OSError as err:
+            raise cannot_write(path, err, KEEP_GOING) from None
+    remember_output_dir(parts.run_dir.parent)
+    return Heartbeat(parts.run_dir).start()
+
+
 def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Telemetry,
                stopper: Stopper, on_step: Callable[[Parts, int], None] | None = None) -> None:
     cfg = parts.config.train
@@ -139,6 +160,8 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
     task = parts.task
     metrics = RunningMetrics(parts.device, task)
     interval = Interval()
+    watchdog = Watchdog(parts.config.monitor.low_utilization, parts.config.monitor.low_intervals,
+                        parts.config.name)
     params = [p for p in parts.model.parameters() if p.requires_grad]
     parts.model.train()
     _stop_if_asked_during_start_up(stopper, progress)
@@ -183,10 +206,11 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
             # ---- read back, evaluate, checkpoint: only at intervals ----
             last = progress.step == parts.total_steps
             if progress.step % cfg.log_every == 0 or last:
-                _log_interval(parts, progress, metrics, interval, clock, epoch, telemetry)
+                _log_interval(parts, progress, metrics, interval, clock, epoch, telemetry,
+                              watchdog)
             paused = time.perf_counter()  # evaluation and checkpoints are not training time
             if progress.step % eval_every == 0 or last:
-                _evaluate_and_record(parts, progress, telemetry, stopper)
+                _evaluate_and_record(parts, progress, clock, telemetry, stopper)
             saved = progress.step % ckpt_every == 0 or last
             if saved:
                 _save(parts, progress, clock, telemetry)
@@ -196,7 +220,8 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
             if stop is not None:
                 if progress.step % cfg.log_every:  # the steps since the last read-back
                     interval.start += time.perf_counter() - paused
-                    _log_interval(parts, progress, metrics, interval, clock, epoch, telemetry)
+                    _log_interval(parts, progress, metrics, interval, clock, epoch, telemetry,
+                                  watchdog)
                 if not saved:
                     _save(parts, progress, clock, telemetry)
                 _finish_saving(parts)
@@ -227,7 +252,8 @@ def _stop_if_asked_during_start_up(stopper: Stopper, progress: Progress) -> None
 
 
 def _save(parts: Parts, progress: Progress, clock: Clock, telemetry: Telemetry) -> None:
-    if not save(parts, progress, time.perf_counter() - clock.started):
+    totals = report.totals(parts, progress, clock)
+    if not save(parts, progress, totals["job_seconds"], totals["job_energy_joules"]):
         telemetry.message(f"step {progress.step}: weights are not finite, checkpoint skipped")
 
 
@@ -254,12 +280,14 @@ def _next_batch(batches):
 
 
 def _log_interval(parts: Parts, progress: Progress, metrics: RunningMetrics,
-                  interval: Interval, clock: Clock, epoch: int, telemetry: Telemetry) -> None:
+                  interval: Interval, clock: Clock, epoch: int, telemetry: Telemetry,
+                  watchdog: Watchdog) -> None:
     """Read back the interval's figures (summed over ranks), check for NaN, report."""
     seconds = time.perf_counter() - interval.start
     waited = clock.data_wait_seconds - interval.wait_mark
     steps = interval.samples // parts.global_batch_size  # the last interval may be shorter
-    per_rank = parts.distributed.gather([seconds, waited])
+    per_rank = parts.distributed.gather([seconds, waited, *parts.sampler.take()])
+    clock.monitor_rows = [row[2:] for row in per_rank]
     values = metrics.read(parts.distributed)
     clock.train_seconds += seconds
     if not interval.first:
@@ -267,7 +295,7 @@ def _log_interval(parts: Parts, progress: Progress, metrics: RunningMetrics,
         clock.steady_samples += interval.samples
         clock.steady_units += values["units"]
         totals = clock.rank_seconds or [0.0] * len(per_rank)
-        clock.rank_seconds = [total + mine for total, (mine, _) in zip(totals, per_rank)]
+        clock.rank_seconds = [total + row[0] for total, row in zip(totals, per_rank)]
         clock.rank_steps += steps
     unit = parts.task.unit
     rates = {"samples_per_second": interval.samples / seconds,
@@ -302,13 +330,30 @@ def _log_interval(parts: Parts, progress: Progress, metrics: RunningMetrics,
         record["rank_step_seconds"] = [r[0] / steps for r in per_rank]
         record["rank_data_wait_fraction"] = [r[1] / r[0] if r[0] else 0.0 for r in per_rank]
     telemetry.record("train", progress.step, record)
+    _record_gpus(parts, progress, clock, telemetry, watchdog, per_rank, steps, data_wait)
     short = {"images": "img", "tokens": "tok"}.get(unit, unit)
     telemetry.show(progress.step, f"epoch {epoch}  loss {values['loss']:.4f}  "
                                   f"{rates[unit + '_per_second']:,.0f} {short}/s  "
                                   f"data wait {data_wait:.0%}")
 
 
-def _evaluate_and_record(parts: Parts, progress: Progress, telemetry: Telemetry,
+def _record_gpus(parts: Parts, progress: Progress, clock: Clock, telemetry: Telemetry,
+                 watchdog: Watchdog, per_rank: list, steps: int, data_wait: float) -> None:
+    """The interval's `gpu` record (per rank: the sampler's figures, step time, data wait),
+    and the watchdog's line when the GPUs have idled for too long."""
+    gpus = interval_record(clock.monitor_rows)
+    if gpus is None:
+        return
+    gpus["step_seconds"] = [row[0] / max(steps, 1) for row in per_rank]
+    gpus["data_wait_fraction"] = [row[1] / row[0] if row[0] else 0.0 for row in per_rank]
+    gpus["energy_joules"] = report.totals(parts, progress, clock)["energy_joules"]
+    telemetry.record("gpu", progress.step, gpus)
+    warning = watchdog.observe(gpus["utilization_mean"], data_wait)
+    if warning:
+        telemetry.message(warning)
+
+
+def _evaluate_and_record(parts: Parts, progress: Progress, clock: Clock, telemetry: Telemetry,
                          stopper: Stopper | None = None) -> None:
     values = evaluate(parts, parts.forward, stopper)
     if values is None:
@@ -317,7 +362,9 @@ def _evaluate_and_record(parts: Parts, progress: Progress, telemetry: Telemetry,
     keep_best(progress, values)
     if parts.ema is not None:
         values.update({f"{k}_ema": v for k, v in evaluate(parts, parts.ema.module).items()})
-    telemetry.record("eval", progress.step, {**values,
-                                             "epoch": progress.step / parts.steps_per_epoch})
+    run = report.totals(parts, progress, clock)  # where a leaderboard reads time to target
+    telemetry.record("eval", progress.step, {
+        **values, "epoch": progress.step / parts.steps_per_epoch,
+        **{key: run[key] for key in ("elapsed_seconds", "device_hours", "energy_joules")}})
     telemetry.message(f"step {progress.step}: " + "  ".join(
         f"{name} {value:.4f}" for name, value in values.items()))

@@ -21,11 +21,9 @@ from torch.profiler import ProfilerActivity
 from hpctrain.cluster.environment import detect
 from hpctrain.config import Config
 from hpctrain.errors import RunFailed
+from hpctrain.runs.directory import RunDir
 from hpctrain.train.build import Parts
 from hpctrain.train.loop import train
-
-TRACE_FOLDER = "profile"
-
 
 @dataclass(frozen=True)
 class Schedule:
@@ -72,7 +70,7 @@ class _Recorder:
         self.profiler.step()
 
     def _export(self, profiler) -> None:
-        folder = self.run_dir / TRACE_FOLDER
+        folder = RunDir(self.run_dir).profile
         folder.mkdir(parents=True, exist_ok=True)
         final = folder / trace_name(self.rank)
         partial = folder / f".{final.name}.partial.gz"  # the .gz suffix makes torch compress

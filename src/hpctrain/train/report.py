@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from hpctrain import __version__
+from hpctrain.monitor.sampler import add_energy, energy_of, job_means
 from hpctrain.train.mfu import model_flops_utilisation
 from hpctrain.train.parallel import straggler
 
@@ -38,10 +39,24 @@ def banner(parts, resume_from: Path | None) -> str:
                      f"{env.local_world_size}), {parts.distributed.layout.describe()}")
     if parts.pipeline is not None:
         lines.append(f"  pipeline: {parts.pipeline.describe()}")
+    sampler = parts.sampler
+    lines.append(f"  energy: {sampler.energy_source}" + (f" ({sampler.why_not})"
+                                                         if sampler.why_not else ""))
     if parts.deadline is not None:
         lines.append("  will save and stop at " + time.strftime(
             "%Y-%m-%d %H:%M:%S", time.localtime(parts.deadline)) + " (before the time limit)")
     return "\n".join(lines)
+
+
+def start_record(parts) -> dict:
+    """This start of the run, as run.json keeps it (runs/identity.py)."""
+    env = parts.distributed.env
+    return {"time": time.time(), "job_id": env.job_id, "restart": env.restart_count,
+            "launcher": env.launcher, "world_size": parts.world_size,
+            "hosts": sorted(set(parts.distributed.hosts)), "cluster": env.cluster,
+            "gpu_model": parts.plan.device_name if parts.device.type == "cuda" else None,
+            "gpus": parts.world_size if parts.device.type == "cuda" else 0,
+            "output_dir": str(parts.run_dir.parent)}
 
 
 def parameters(model: torch.nn.Module) -> int:
@@ -88,10 +103,34 @@ def _peak_memory(device: torch.device) -> tuple[int, str]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "host_rss"
 
 
-def summary(parts, progress, clock, status: str) -> dict:
-    """The end-of-run figures. Time and device-hours cover the whole run: the jobs before
-    this one (as their last checkpoint recorded) and this one."""
+def totals(parts, progress, clock) -> dict:
+    """The run's time, device-hours and energy until now: the jobs before this one (as their
+    last checkpoint recorded) and this one (its energy as of the last logging interval, rank
+    0's own up to now)."""
     job_seconds = time.perf_counter() - clock.started
+    rows = list(clock.monitor_rows) or [[]]
+    rows[0] = parts.sampler.take(new_window=False)
+    job_energy = energy_of(rows)
+    return {"elapsed_seconds": progress.wall_seconds + job_seconds,
+            "device_hours": progress.device_hours + job_seconds * parts.world_size / 3600,
+            "energy_joules": add_energy(progress.energy_joules, job_energy),
+            "job_seconds": job_seconds, "job_energy_joules": job_energy, "rows": rows}
+
+
+def _energy_figures(parts, progress, run: dict) -> dict:
+    joules = run["energy_joules"]
+    samples = progress.step * parts.global_batch_size
+    return {**job_means(run["rows"]), "energy_joules": joules,
+            "energy_kwh": joules / 3.6e6 if joules is not None else None,
+            "samples_per_joule": samples / joules if joules else None,
+            "energy_source": parts.sampler.energy_source}
+
+
+def summary(parts, progress, clock, status: str) -> dict:
+    """The end-of-run figures. Time, device-hours and energy cover the whole run: the jobs
+    before this one (as their last checkpoint recorded) and this one."""
+    run = totals(parts, progress, clock)
+    job_seconds = run["job_seconds"]
     samples_per_second, units_per_second = _rates(parts, progress, clock)
     peak, peak_kind = _peak_memory(parts.device)
     rank_step = [s / clock.rank_steps for s in clock.rank_seconds] if clock.rank_steps else []
@@ -109,7 +148,7 @@ def summary(parts, progress, clock, status: str) -> dict:
                                if clock.train_seconds else None),
         "peak_memory_bytes": peak,
         "peak_memory_kind": peak_kind,
-        "wall_seconds": progress.wall_seconds + job_seconds,
+        "wall_seconds": run["elapsed_seconds"],
         "job_seconds": job_seconds,
         "steps": progress.step,
         "epochs": progress.step / parts.steps_per_epoch,
@@ -124,7 +163,8 @@ def summary(parts, progress, clock, status: str) -> dict:
                    for dimension in ("data", "tensor", "pipeline")},
         "launcher": parts.distributed.env.launcher,
         "precision": parts.plan.precision,
-        "device_hours": progress.device_hours + job_seconds * parts.world_size / 3600,
+        "device_hours": run["device_hours"],
+        **_energy_figures(parts, progress, run),
         "restarts": progress.restarts,
         "stop_seconds": clock.stop_seconds,
         "resumed_with_changes": progress.changes,

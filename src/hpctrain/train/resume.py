@@ -23,7 +23,8 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state
 
 from hpctrain.config import Config, flatten
 from hpctrain.errors import ConfigError
-from hpctrain.readers import json_mapping, yaml_mapping
+from hpctrain.monitor.sampler import add_energy
+from hpctrain.runs.directory import RunDir, run_of_checkpoint
 from hpctrain.train import checkpoint as ckpt
 from hpctrain.train.safe_checkpoint import DamagedCheckpoint, read_meta
 
@@ -54,6 +55,7 @@ class Progress:
     restarts: int = 0
     wall_seconds: float = 0.0  # of the jobs before this one, up to their last checkpoint
     device_hours: float = 0.0  # likewise, devices x hours
+    energy_joules: float | None = None  # likewise, all devices (None: never measured)
     changes: list = field(default_factory=list)  # [{"step", "settings"}] applied on resume
 
 
@@ -73,17 +75,18 @@ def tensor_state(parts) -> dict:
     return state
 
 
-def save(parts, progress: Progress, elapsed: float) -> bool:
+def save(parts, progress: Progress, elapsed: float, energy: float | None) -> bool:
     """Save the run's state at `progress.step` unless the weights went non-finite (a bad state
-    never replaces a good one); False when skipped. `elapsed`: seconds this job has run, added
-    to the run's totals in the checkpoint. Collective: every rank reaches the same decision
-    (replicated or all-reduced norm)."""
+    never replaces a good one); False when skipped. `elapsed` and `energy` (joules, None: not
+    measured): this job's so far, added to the run's totals in the checkpoint. Collective:
+    every rank reaches the same decision (replicated or all-reduced norm)."""
     if not torch.isfinite(parts.distributed.weights_norm(parts.model)):
         return False
     parts.distributed.align_buffers(parts.model)
     totals = dataclasses.replace(
         progress, wall_seconds=progress.wall_seconds + elapsed,
-        device_hours=progress.device_hours + elapsed * parts.world_size / 3600)
+        device_hours=progress.device_hours + elapsed * parts.world_size / 3600,
+        energy_joules=add_energy(progress.energy_joules, energy))
     meta = {"progress": dataclasses.asdict(totals),
             "scheduler": parts.scheduler.state_dict(), "scaler": parts.precision.state_dict(),
             "global_batch_size": parts.global_batch_size,
@@ -106,7 +109,7 @@ def _saved_config(meta: dict, path: Path) -> dict | None:
     older versions) the run's config.yaml."""
     if isinstance(meta.get("config"), dict):
         return meta["config"]
-    return yaml_mapping(path.parent.parent / "config.yaml")
+    return RunDir(run_of_checkpoint(path)).read_config()
 
 
 def refuse_state_changes(saved: dict, config: Config, path: Path) -> None:
@@ -237,11 +240,12 @@ def _not_loadable(path: Path, err: Exception, changes: dict) -> Exception:
 def completed_summary(parts, progress: Progress) -> dict:
     """The summary of a run that is already complete: the one it wrote when it finished, left
     as it is; or, if that is missing, the checkpoint's figures."""
-    summary = json_mapping(parts.run_dir / "summary.json")
+    summary = RunDir(parts.run_dir).read_summary()
     if summary is not None and summary.get("status") == "completed":
         return summary
     return {"status": "completed", "steps": progress.step,
             "best_val_accuracy": progress.best_val_accuracy,
             "final_val_accuracy": progress.final_val_accuracy,
             "wall_seconds": progress.wall_seconds, "device_hours": progress.device_hours,
+            "energy_joules": progress.energy_joules,
             "restarts": progress.restarts - 1, "run_dir": str(parts.run_dir)}

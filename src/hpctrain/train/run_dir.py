@@ -1,6 +1,6 @@
 """The run directory: where a run lives, and which checkpoint a resume starts from.
 
-    runs/<name>/config.yaml  metrics.jsonl  summary.json  checkpoints/  tb/
+    runs/<name>/  (its files: runs/directory.py)
 
 `resume=auto` continues the newest run of this recipe in `output_dir` (or the run named by
 `run_name`), so resubmitting the same command after a crash or a time limit just continues;
@@ -25,8 +25,8 @@ from pathlib import Path
 
 from hpctrain.config import Config
 from hpctrain.errors import ConfigError, DataError
-from hpctrain.readers import yaml_mapping
-from hpctrain.train.checkpoint import META, list_checkpoints, step_of
+from hpctrain.runs.directory import RunDir, is_checkpoint
+from hpctrain.train.checkpoint import step_of
 from hpctrain.train.safe_checkpoint import DamagedCheckpoint, problem
 from hpctrain.train.telemetry import drop_records_after
 
@@ -51,7 +51,7 @@ def _latest_run(output_dir: Path, name: str) -> Path | None:
     for run in output_dir.glob(f"{name}-*"):
         if not own.match(run.name) or _recipe_of(run) not in (None, name):
             continue
-        checkpoints = list_checkpoints(run / "checkpoints")
+        checkpoints = RunDir(run).list_checkpoints()
         if checkpoints:
             candidates.append((checkpoints[-1].stat().st_mtime, run))
     return max(candidates)[1] if candidates else None
@@ -59,7 +59,7 @@ def _latest_run(output_dir: Path, name: str) -> Path | None:
 
 def _recipe_of(run: Path) -> str | None:
     """The recipe name a run's config.yaml records (None when it cannot be read)."""
-    return (yaml_mapping(run / "config.yaml") or {}).get("name")
+    return (RunDir(run).read_config() or {}).get("name")
 
 
 def _new_run_dir(output_dir: Path, name: str) -> Path:
@@ -103,7 +103,7 @@ def _newest_whole(run: Path, checkpoints: list[Path]) -> RunPlace:
         damaged.append((checkpoint, reason))
     raise DamagedCheckpoint(
         f"every checkpoint of {run} is damaged:\n  " + "\n  ".join(why for _, why in damaged)
-        + f"\nMove {run / 'checkpoints'} away to start afresh, or resume from a copy of the run "
+        + f"\nMove {RunDir(run).checkpoints} away to start afresh, or resume from a copy of the run "
         "that is whole")
 
 
@@ -115,7 +115,7 @@ def _branch_from(checkpoint: Path) -> RunPlace:
         raise DamagedCheckpoint(f"resume={checkpoint}: {reason}. Resume from another "
                                 "checkpoint, or from the run directory (the newest whole "
                                 "checkpoint is taken)")
-    later = [c for c in list_checkpoints(checkpoint.parent) if step_of(c) > step_of(checkpoint)]
+    later = [c for c in RunDir(checkpoint.parent.parent).list_checkpoints() if step_of(c) > step_of(checkpoint)]
     return RunPlace(checkpoint.parent.parent, checkpoint,
                     [(c, f"after {checkpoint.name}, the checkpoint resumed from: another "
                       "branch of the run") for c in later])
@@ -129,21 +129,21 @@ def resolve_run(config: Config) -> RunPlace:
     named = output_dir / config.run_name if config.run_name else None
     if config.resume == "auto":
         run = named if named else _latest_run(output_dir, config.name)
-        checkpoints = list_checkpoints(run / "checkpoints") if run is not None else []
+        checkpoints = RunDir(run).list_checkpoints() if run is not None else []
         if checkpoints:
             return _newest_whole(run, checkpoints)
         return RunPlace(run or _new_run_dir(output_dir, config.name))
     if config.resume:
         target = Path(config.resume).expanduser()
-        if (target / META).is_file():  # one checkpoint folder
+        if is_checkpoint(target):
             return _branch_from(target)
-        checkpoints = list_checkpoints(target / "checkpoints")
+        checkpoints = RunDir(target).list_checkpoints()
         if not checkpoints:
             raise ConfigError(f"resume={config.resume}: no checkpoint there; give a run "
                               "directory with checkpoints/, one checkpoint folder "
                               "(checkpoints/step_N), or resume=auto")
         return _newest_whole(target, checkpoints)
-    if named is not None and list_checkpoints(named / "checkpoints"):
+    if named is not None and RunDir(named).list_checkpoints():
         raise ConfigError(f"run_name={config.run_name}: {named} already holds checkpoints; "
                           "continue it with resume=auto, or choose another run_name")
     return RunPlace(named or _new_run_dir(output_dir, config.name))
@@ -154,15 +154,16 @@ def set_aside(place: RunPlace) -> str | None:
     metrics logged after the resumed step; lines saying what moved, and where (None: nothing)."""
     if not place.set_aside:
         return None
-    folder = place.run_dir / "checkpoints" / f"set-aside-{time.strftime('%Y%m%d-%H%M%S')}"
+    run = RunDir(place.run_dir)
+    folder = run.checkpoints / f"set-aside-{time.strftime('%Y%m%d-%H%M%S')}"
     folder.mkdir(parents=True, exist_ok=True)
     for checkpoint, _ in place.set_aside:
         os.replace(checkpoint, folder / checkpoint.name)
     (folder / "why.json").write_text(json.dumps(
         {c.name: why for c, why in place.set_aside}, indent=1) + "\n")
-    later = drop_records_after(place.run_dir / "metrics.jsonl", step_of(place.resume_from))
+    later = drop_records_after(run.metrics, step_of(place.resume_from))
     if later:
-        (folder / "metrics.jsonl").write_text("".join(later))
+        (folder / run.metrics.name).write_text("".join(later))
     lines = [f"  {'warning: ' if why.startswith('damaged') else ''}set aside {c.name}: {why}"
              for c, why in place.set_aside]
     return "\n".join([*lines, f"  (moved to {folder}, with why.json)"])

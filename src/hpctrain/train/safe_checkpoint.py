@@ -20,7 +20,6 @@ import io
 import json
 import os
 import pickle
-import re
 from pathlib import Path
 
 import torch
@@ -31,10 +30,10 @@ from torch.distributed.checkpoint.default_planner import (DefaultLoadPlanner,
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 
 from hpctrain.errors import DataError
+from hpctrain.runs.directory import CHECKPOINT_META as META
+from hpctrain.runs.directory import CHECKPOINT_NAME as NAME
 
-META = "meta.json"
 INDEX = ".metadata"
-NAME = re.compile(r"^step_(\d{8,})$")
 
 _ALLOWED = {
     ("torch.distributed.checkpoint.metadata", name): getattr(dcp_metadata, name)

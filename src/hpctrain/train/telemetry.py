@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hpctrain.errors import cannot_write
+from hpctrain.runs.directory import RunDir
 
 KEEP_GOING = "Free space (or set output_dir elsewhere) and run again with resume=auto"
 
@@ -29,7 +30,7 @@ class Telemetry:
         self.progress = None
         if not enabled:
             return
-        self.metrics = run_dir / "metrics.jsonl"
+        self.metrics = RunDir(run_dir).metrics
         try:
             run_dir.mkdir(parents=True, exist_ok=True)  # the run exists once it reports
             if start_step:
@@ -40,7 +41,7 @@ class Telemetry:
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(str(run_dir / "tb"))
+            self.writer = SummaryWriter(str(RunDir(run_dir).tensorboard))
         self.total_steps = total_steps
         if sys.stdout.isatty():
             from rich.progress import (
@@ -132,13 +133,14 @@ def write_summary(run_dir: Path, summary: dict) -> str | None:
     """Replace summary.json at once (through a temporary file); on a failed write (a full
     disk) the temporary file is removed, the old summary.json stays, and the problem is said
     and returned."""
-    tmp = run_dir / "summary.json.tmp"
+    path = RunDir(run_dir).summary
+    tmp = path.with_name(path.name + ".tmp")
     try:
         tmp.write_text(json.dumps(summary, indent=2) + "\n")
-        tmp.replace(run_dir / "summary.json")
+        tmp.replace(path)
     except OSError as err:
         tmp.unlink(missing_ok=True)
-        problem = str(cannot_write(run_dir / "summary.json", err, KEEP_GOING))
+        problem = str(cannot_write(path, err, KEEP_GOING))
         print(f"hpctrain: warning: {problem}", file=sys.stderr, flush=True)
         return problem
     return None
@@ -153,7 +155,10 @@ SUMMARY_ROWS = [
     ("peak_memory_bytes", "bytes"), ("wall_seconds", "{:,.1f}"), ("steps", "{}"),
     ("epochs", "{:.2f}"), ("global_batch_size", "{}"), ("effective_lr", "{:.4g}"),
     ("device", "{}"), ("world_size", "{}"), ("strategy", "{}"), ("precision", "{}"),
-    ("device_hours", "{:.4f}"), ("restarts", "{}"), ("skipped_images", "{}"),
+    ("device_hours", "{:.4f}"), ("gpu_utilization_mean", "{:.0%}"),
+    ("gpu_power_mean_watts", "{:,.0f} W"), ("energy_kwh", "{:.4f} kWh"),
+    ("samples_per_joule", "{:,.2f}"), ("energy_source", "{}"), ("restarts", "{}"),
+    ("skipped_images", "{}"),
 ]
 
 

@@ -1,0 +1,203 @@
+"""The run directory's one owner: the names of its files, and reading what tools read of it.
+
+    <output_dir>/<name>/config.yaml    the resolved configuration
+                        run.json       who, where and which jobs (written at every start)
+                        metrics.jsonl  one JSON object per logging interval and evaluation
+                        summary.json   the end-of-run figures
+                        checkpoints/   step_NNNNNNNN/ folders, each with meta.json
+                        tb/  profile/  report.html  job.sbatch  job.json  slurm-JOB.out
+
+Train, the cluster verbs, profiling, the runs index and the CLI name these files through this
+module only. Besides the run directories, one file per user: the job ledger
+(jobs.jsonl: job id -> run directory, and which job continues which) and the output
+directories runs were written to (output_dirs), both in ~/.local/state/hpctrain (or
+$XDG_STATE_HOME/hpctrain).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpctrain.readers import json_mapping, yaml_mapping
+
+CONFIG = "config.yaml"
+IDENTITY = "run.json"
+METRICS = "metrics.jsonl"
+SUMMARY = "summary.json"
+CHECKPOINTS = "checkpoints"
+TENSORBOARD = "tb"
+PROFILE = "profile"
+REPORT = "report.html"
+JOB_SCRIPT = "job.sbatch"
+JOB_RECORD = "job.json"
+CHECKPOINT_META = "meta.json"  # inside each checkpoint folder, written last
+CHECKPOINT_NAME = re.compile(r"^step_(\d{8,})$")
+# the user's state folder ($XDG_STATE_HOME/hpctrain, ~/.local/state/hpctrain by default)
+LEDGER = "jobs.jsonl"
+OUTPUT_DIRS = "output_dirs"  # where runs were written
+# the job ledger as a batch script's shell names it
+SHELL_LEDGER = "${XDG_STATE_HOME:-$HOME/.local/state}/hpctrain/" + LEDGER
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """One run directory's files by name."""
+
+    path: Path
+
+    @property
+    def config(self) -> Path:
+        return self.path / CONFIG
+
+    @property
+    def identity(self) -> Path:
+        return self.path / IDENTITY
+
+    @property
+    def metrics(self) -> Path:
+        return self.path / METRICS
+
+    @property
+    def summary(self) -> Path:
+        return self.path / SUMMARY
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / CHECKPOINTS
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.path / TENSORBOARD
+
+    @property
+    def profile(self) -> Path:
+        return self.path / PROFILE
+
+    @property
+    def job_script(self) -> Path:
+        return self.path / JOB_SCRIPT
+
+    @property
+    def job_record(self) -> Path:
+        return self.path / JOB_RECORD
+
+    def read_summary(self) -> dict | None:
+        """summary.json, or None when missing or unreadable (a crash may have cut it)."""
+        return json_mapping(self.summary)
+
+    def read_config(self) -> dict | None:
+        return yaml_mapping(self.config)
+
+    def read_identity(self) -> dict | None:
+        return json_mapping(self.identity)
+
+    def list_checkpoints(self) -> list[Path]:
+        return list_checkpoints(self.checkpoints)
+
+    def looks_like_run(self) -> bool:
+        """Any of the files only a run writes."""
+        return any((self.path / name).exists() for name in (CONFIG, IDENTITY, METRICS,
+                                                           SUMMARY, JOB_SCRIPT))
+
+
+def list_checkpoints(folder: Path) -> list[Path]:
+    """Complete checkpoints in `folder` (their meta.json written), oldest first."""
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in folder.iterdir()
+             if (m := CHECKPOINT_NAME.match(p.name)) and (p / CHECKPOINT_META).is_file()]
+    return [p for _, p in sorted(found)]
+
+
+def is_checkpoint(path: Path) -> bool:
+    """One checkpoint folder (run_dir/checkpoints/step_N), as `resume=` may name it."""
+    return (path / CHECKPOINT_META).is_file()
+
+
+def run_of_checkpoint(checkpoint: Path) -> Path:
+    return checkpoint.parent.parent
+
+
+# ---- the output directories runs were written to: where `hpctrain runs` looks
+
+
+def state_dir() -> Path:
+    return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / \
+        "hpctrain"
+
+
+def output_dirs_path() -> Path:
+    return state_dir() / OUTPUT_DIRS
+
+
+def remember_output_dir(folder: Path) -> None:
+    """Add `folder` to the list (once); a list that cannot be written is no reason to stop a
+    run: `hpctrain runs --root` finds it then."""
+    path = output_dirs_path()
+    try:
+        if str(folder) in known_output_dirs():
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as listed:
+            listed.write(f"{folder}\n")
+    except OSError:
+        pass
+
+
+def known_output_dirs() -> list[str]:
+    try:
+        return [line for line in output_dirs_path().read_text(errors="replace").splitlines()
+                if line.strip()]
+    except OSError:
+        return []
+
+
+# ---- the job ledger: every job `hpctrain submit` sent, and the continuations its scripts sent
+
+
+def ledger_path() -> Path:
+    return state_dir() / LEDGER
+
+
+def remember_job(job_id: str, run_dir: Path) -> None:
+    path = ledger_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as ledger:
+        ledger.write(json.dumps({"job_id": job_id, "run_dir": str(run_dir),
+                                 "submitted": round(time.time())}) + "\n")
+
+
+def read_ledger() -> list[dict]:
+    """The remembered jobs, oldest first. A line that is not a job record (torn by a crash,
+    or written by something else) is skipped, and said unless merely torn."""
+    path = ledger_path()
+    rows = []
+    try:
+        lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
+    except OSError as err:
+        print(f"hpctrain: warning: cannot read the job ledger {path} ({err.strerror})",
+              file=sys.stderr)
+        return []
+    for number, line in enumerate(lines, 1):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if _is_job_record(row):
+            rows.append(row)
+        else:
+            print(f"hpctrain: warning: {path}:{number} is not a job record; skipped",
+                  file=sys.stderr)
+    return rows
+
+
+def _is_job_record(row) -> bool:
+    """{"job_id": str, "run_dir": str, ...} with "continues" a str when there."""
+    return isinstance(row, dict) and isinstance(row.get("job_id"), str) and \
+        isinstance(row.get("run_dir"), str) and isinstance(row.get("continues", ""), str)

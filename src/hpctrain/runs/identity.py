@@ -1,0 +1,114 @@
+"""run.json: who ran a run, where, from which code and configuration, and in which jobs.
+
+Written by rank 0 at every start (the first start creates it; each later start, a resume or
+a requeue, appends itself to `starts`), so that a run directory names itself: the runs index
+keys a run by its `run_id` (found again, not duplicated, when the folder moves), and reads the
+Slurm job chain, the GPUs and the code from here. The file's modification time is the run's
+heartbeat (Heartbeat touches it), so a run killed without a word shows as lost.
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import json
+import os
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from hpctrain.runs.directory import RunDir
+
+# what says where a run lives, not what it trains: not part of the configuration's hash
+LOCATION_KEYS = ("output_dir", "run_name", "resume")
+HEARTBEAT_SECONDS = 60.0
+
+
+def config_hash(config: dict) -> str:
+    """The same for two runs that train the same thing, wherever they live."""
+    kept = {k: v for k, v in config.items() if k not in LOCATION_KEYS}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def git_commit(folder: Path) -> str | None:
+    """The commit checked out where the run was started (with '+dirty' for local changes)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=folder, capture_output=True,
+                              text=True, timeout=5)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=folder, capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def record_start(run_dir: Path, config: dict, start: dict) -> dict:
+    """Create or extend run.json with this start (`start`: time, job_id, hosts, world_size,
+    gpu_model, gpus, launcher); the whole record. Written atomically."""
+    run = RunDir(run_dir)
+    record = run.read_identity()
+    if record is None or not isinstance(record.get("run_id"), str):
+        record = {"run_id": uuid.uuid4().hex, "name": run_dir.name,
+                  "recipe": config.get("name"), "created": time.time(),
+                  "user": _user(), "cluster": start.pop("cluster", None),
+                  "git_commit": git_commit(Path.cwd()), "starts": []}
+    start.pop("cluster", None)
+    record["config_hash"] = config_hash(config)
+    record["starts"] = [*record.get("starts", []), start]
+    tmp = run.identity.with_name(run.identity.name + ".tmp")
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
+    os.replace(tmp, run.identity)
+    return record
+
+
+def job_chain(record: dict) -> list[str]:
+    """The Slurm jobs the run ran in, in order, each once."""
+    chain = []
+    for start in record.get("starts", []):
+        job = start.get("job_id") if isinstance(start, dict) else None
+        if job and job not in chain:
+            chain.append(str(job))
+    return chain
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return str(os.getuid())
+
+
+class Heartbeat:
+    """Touches run.json every HEARTBEAT_SECONDS on a thread of its own while the run lives,
+    and beats the run's row in a shared index when it has one (registry.py)."""
+
+    def __init__(self, run_dir: Path, registration=None, every: float = HEARTBEAT_SECONDS):
+        self.path, self.registration, self.every = RunDir(run_dir).identity, registration, every
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="hpctrain-heartbeat", daemon=True)
+
+    def start(self) -> Heartbeat:
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self.stopping.wait(self.every):
+            try:
+                os.utime(self.path)
+            except OSError:  # a full or vanished file system: the run says so elsewhere
+                pass
+            if self.registration is not None:
+                self.registration.beat()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join(timeout=5)
+
+    def close(self) -> None:
+        """After the summary: the shared index's row from the finished run directory."""
+        if self.registration is not None:
+            self.registration.finish()
