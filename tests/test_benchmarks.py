@@ -49,6 +49,9 @@ CASES = [
      [r"^2\s+1f1b\s+[\d.]+\s+[\d.]+\s+-?[\d.]+\s+0\.33\s+-?[\d.]+",
       r"tensor parallelism over 2: [\d.]+ ms/step .* 14 all-reduces of activations per step "
       r"\(the plan: 14\)"]),
+    ("runs_index.py", ["--runs", "30"],
+     [r"^full scan\s+SQLite\s+[\d.]+\s+[\d.]+\s+1\.000",
+      r"^refresh, nothing changed\s+PostgreSQL\s+[\d.]+", r"^leaderboard to 0\.8\s+SQLite"]),
     ("data_pipeline.py", ["--images", "48", "--workers", "1", "--batch", "8"],
      [r"\(b\) WebDataset, same tars\s+\d+", r"\(c\) hpctrain shards\s+\d+\s+1\.00",
       r"\(d\) decode-only limit\s+\d+"]),
@@ -65,7 +68,7 @@ def test_every_benchmark_script_has_a_smoke_case():
                          ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
 def test_a_benchmark_runs_at_a_tiny_size(script, arguments, expected, tmp_path):
     if script in ("data_pipeline.py", "stop_latency.py", "host_memory.py", "lm_overhead.py",
-                  "sequence_padding.py"):
+                  "sequence_padding.py", "runs_index.py"):
         arguments = [*arguments, "--cache-dir", str(tmp_path)]
     done = subprocess.run([sys.executable, str(BENCHMARKS / script), *arguments],
                           capture_output=True, text=True, timeout=600, cwd=tmp_path)

@@ -210,3 +210,33 @@ def test_a_run_records_its_gpu_and_energy(tmp_path, run_cli, tiny, nvml, monkeyp
         second["job_seconds"]
     assert second["samples_per_joule"] == pytest.approx(12 * 16 / second["energy_joules"])
 
+
+def test_top_shows_a_running_runs_ranks_from_its_run_directory(tmp_path, tiny_config, nvml,
+                                                               monkeypatch, run_cli, capsys):
+    """`hpctrain top` while a run trains (here, from within its step callback): the run's
+    latest gpu record, per rank, read from metrics.jsonl."""
+    from hpctrain.train.loop import train
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))  # only this test's runs
+    nvml(watts=350.0, utilization=90)
+    monkeypatch.setattr(monitor_start, "device_identity",
+                        lambda device: DeviceIdentity(UUID, None, 0))
+    seen = []
+
+    def look(parts, step):
+        if step == 4:
+            capsys.readouterr()  # what the run printed so far
+            seen.append(run_cli("top", "--once", "--json", "--db", str(tmp_path / "i.sqlite"),
+                                "--root", str(parts.run_dir.parent)))
+            seen.append(run_cli("top", "--once", "--db", str(tmp_path / "i.sqlite")))
+    train(tiny_config("train.max_steps=6", "monitor.interval_seconds=0.05", "run_name=seen"),
+          on_step=look)
+    (code, out, _), (_, table, _) = seen
+    (rank,) = json.loads(out)
+    assert code == 0 and rank["run"] == "seen" and rank["step"] == 4
+    assert rank["utilization"] == pytest.approx(0.9) and rank["power_watts"] == 350
+    assert rank["memory_used_bytes"] == 3 << 30 and 0 <= rank["data_wait_fraction"] <= 1
+    assert "1 running run(s)" in table and "90%" in table and "350 W" in table
+    capsys.readouterr()
+    code, out, _ = run_cli("top", "--once", "--json", "--db", str(tmp_path / "i.sqlite"))
+    assert json.loads(out) == []  # finished: no longer running

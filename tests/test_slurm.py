@@ -196,11 +196,11 @@ def test_jobs_lists_and_cancel_stops_a_running_job(slurm_cluster, home, run_cli,
 
 @pytest.mark.slurm
 def test_usr1_to_the_batch_shell_or_the_steps_continues_the_run_whose_figures_add_up(
-        slurm_cluster, home, tiny):
+        slurm_cluster, home, tiny, run_cli, tmp_path):
     """A chain of three jobs: the first stopped by USR1 to its batch shell only (which passes
     it on), the second by USR1 to its steps. The summary and `hpctrain status` count the same
     restarts, the time and device-hours of all three jobs, and metrics.jsonl the steps just
-    before each stop."""
+    before each stop; `hpctrain runs` finds the run with its job chain and device-hours."""
     job = submit("default", tiny("run_name=chained", "data.num_workers=2",
                                  "train.max_steps=1500", "train.log_every=7",
                                  "checkpoint.every_steps=100000"), gpus=1, time_limit="10")
@@ -225,6 +225,10 @@ def test_usr1_to_the_batch_shell_or_the_steps_continues_the_run_whose_figures_ad
     assert summary["wall_seconds"] > summary["job_seconds"] + first + second - 6
     assert summary["wall_seconds"] < first + second + third + 3
     assert summary["device_hours"] == pytest.approx(summary["wall_seconds"] / 3600)
+    code, out, _ = run_cli("runs", "--json", "--db", str(tmp_path / "index.sqlite"))
+    (row,) = [r for r in json.loads(out) if r["name"] == "chained"]
+    assert code == 0 and row["jobs"] == chain and row["status"] == "completed"
+    assert row["device_hours"] == summary["device_hours"] and row["steps"] == 1500
 
 
 @pytest.mark.slurm

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from hpctrain.arguments import (Parser, count, counts, join_dashed_values, seconds,
                                 size_bytes)
+from hpctrain import cli_runs
 from hpctrain.errors import ConfigError, Preempted, UserError
 
 RUN_EXAMPLE = """examples:
@@ -579,6 +580,8 @@ def build_parser() -> argparse.ArgumentParser:
     recipes = _verb(verbs, "recipes", "list the shipped recipes",
                     "example:\n  hpctrain recipes --json", cmd_recipes)
     recipes.add_argument("--json", action="store_true")
+
+    cli_runs.add_verbs(verbs, _verb)
     return parser
 
 

@@ -34,6 +34,7 @@ class ProcessEnv:
     restart_count: int = 0  # how often the job was requeued or continued
     script_continues: bool = False  # an `hpctrain submit` script submits the continuation
     cluster: str | None = None  # Slurm's cluster name, when in a job
+    runs_db: str | None = None  # HPCTRAIN_DB: a shared runs index the run registers in
 
     @property
     def distributed(self) -> bool:
@@ -108,7 +109,8 @@ def detect(environ: Mapping[str, str] | None = None) -> ProcessEnv:
                                                                    default=0)
     return dataclasses.replace(found, restart_count=restarts,
                                script_continues=env.get("HPCTRAIN_CONTINUES") == "script",
-                               cluster=env.get("SLURM_CLUSTER_NAME") or None)
+                               cluster=env.get("SLURM_CLUSTER_NAME") or None,
+                               runs_db=env.get("HPCTRAIN_DB") or None)
 
 
 def _layout(env: Mapping[str, str]) -> ProcessEnv:

@@ -100,11 +100,6 @@ class RunDir:
     def list_checkpoints(self) -> list[Path]:
         return list_checkpoints(self.checkpoints)
 
-    def looks_like_run(self) -> bool:
-        """Any of the files only a run writes."""
-        return any((self.path / name).exists() for name in (CONFIG, IDENTITY, METRICS,
-                                                           SUMMARY, JOB_SCRIPT))
-
 
 def list_checkpoints(folder: Path) -> list[Path]:
     """Complete checkpoints in `folder` (their meta.json written), oldest first."""

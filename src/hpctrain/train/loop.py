@@ -27,6 +27,7 @@ from hpctrain.monitor.watchdog import Watchdog
 from hpctrain.profiling.regions import region
 from hpctrain.runs.directory import RunDir, remember_output_dir
 from hpctrain.runs.identity import Heartbeat, record_start
+from hpctrain.runs.registry import register
 from hpctrain.train import report
 from hpctrain.train.build import Parts, build_parts
 from hpctrain.train.evaluation import evaluate, keep_best
@@ -136,7 +137,8 @@ def _train(parts: Parts, stopper: Stopper, on_step: Callable[[Parts, int], None]
 
 def _announce(parts: Parts) -> Heartbeat:
     """Rank 0 writes the run's configuration and its identity with this start (run.json, whose
-    heartbeat then beats until the run ends)."""
+    heartbeat then beats until the run ends), and registers it in a shared index when the
+    environment names one (HPCTRAIN_DB)."""
     run = RunDir(parts.run_dir)
     for path, write in ((run.config, lambda: run.config.write_text(to_yaml(parts.config))),
                         (run.identity, lambda: record_start(
@@ -147,7 +149,8 @@ def _announce(parts: Parts) -> Heartbeat:
         except OSError as err:
             raise cannot_write(path, err, KEEP_GOING) from None
     remember_output_dir(parts.run_dir.parent)
-    return Heartbeat(parts.run_dir).start()
+    return Heartbeat(parts.run_dir, register(parts.distributed.env.runs_db,
+                                             parts.run_dir)).start()
 
 
 def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Telemetry,

@@ -1,0 +1,211 @@
+"""The runs index: one row per run (what MLflow keeps of a run, plus the configuration's hash,
+the git commit, user, cluster, Slurm job chain, GPUs, device-hours, energy, best metric and
+status) and one row per evaluation figure, in SQLite or PostgreSQL (database.py).
+
+The run directories stay the truth. `refresh` scans output directories and rereads only the
+runs whose files changed since (their sizes and times, `scan.signature`), so a refresh over
+thousands of runs costs a stat per file. A run is keyed by its run.json's `run_id`: a folder
+moved elsewhere updates its row's path instead of adding one. A row whose folder is gone is
+marked "missing" (kept: its GPU-hours were spent).
+
+"running" is stored; "lost" is read: a running run whose heartbeat (run.json, metrics.jsonl)
+is older than LOST_AFTER_SECONDS, so a run killed without a word shows as lost without anyone
+writing it down.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpctrain.errors import ConfigError
+from hpctrain.runs.database import Database
+from hpctrain.runs.scan import LOST_AFTER_SECONDS, candidate_dirs, scan_run, signature
+
+COLUMNS = {
+    "run_id": "TEXT PRIMARY KEY", "path": "TEXT", "name": "TEXT", "recipe": "TEXT",
+    "status": "TEXT", "problem": "TEXT", "user_name": "TEXT", "host": "TEXT",
+    "cluster": "TEXT", "started": "DOUBLE PRECISION", "ended": "DOUBLE PRECISION",
+    "month": "TEXT", "config_hash": "TEXT", "git_commit": "TEXT", "jobs": "TEXT",
+    "gpu_model": "TEXT", "gpu_count": "INTEGER", "world_size": "INTEGER",
+    "device_hours": "DOUBLE PRECISION", "energy_joules": "DOUBLE PRECISION",
+    "energy_source": "TEXT", "best_metric": "TEXT", "best_value": "DOUBLE PRECISION",
+    "steps": "INTEGER", "wall_seconds": "DOUBLE PRECISION", "heartbeat": "DOUBLE PRECISION",
+    "signature": "TEXT", "summary": "TEXT", "config": "TEXT",
+}
+EVAL_COLUMNS = ("run_id", "step", "metric", "value", "elapsed_seconds", "device_hours",
+                "energy_joules")
+BATCH = 500  # runs per transaction while scanning
+USAGE_KEYS = {"user": "user_name", "recipe": "recipe", "cluster": "cluster", "month": "month"}
+# the status as read: a silent running run is lost
+STATE = "CASE WHEN status = 'running' AND (heartbeat IS NULL OR heartbeat < ?) THEN 'lost' " \
+        "ELSE status END"
+
+
+@dataclass
+class Refreshed:
+    read: int = 0  # run directories (re)read
+    unchanged: int = 0
+    missing: int = 0  # rows whose folder is gone
+
+
+class Index:
+    def __init__(self, db: Database):
+        self.db = db
+        self._create()
+
+    def _create(self) -> None:
+        db = self.db
+        db.lock_schema()
+        columns = ", ".join(f"{name} {kind}" for name, kind in COLUMNS.items())
+        db.execute(f"CREATE TABLE IF NOT EXISTS runs ({columns})")
+        db.execute("CREATE TABLE IF NOT EXISTS evals (run_id TEXT, step INTEGER, metric TEXT, "
+                   "value DOUBLE PRECISION, elapsed_seconds DOUBLE PRECISION, "
+                   "device_hours DOUBLE PRECISION, energy_joules DOUBLE PRECISION, "
+                   "PRIMARY KEY (run_id, step, metric))")
+        db.execute("CREATE INDEX IF NOT EXISTS runs_path ON runs (path)")
+        db.execute("CREATE INDEX IF NOT EXISTS runs_recipe ON runs (recipe)")
+        db.commit()
+
+    # ---- writing
+
+    def put(self, row: dict, evals: list[tuple] | None, commit: bool = True) -> None:
+        """Insert or update one run (by run_id); its evaluations replaced when given. In one
+        transaction (committed here unless `commit` is False: the caller batches), so a reader
+        never sees a run without its evaluations."""
+        names = list(COLUMNS)
+        updates = ", ".join(f"{n} = excluded.{n}" for n in names if n != "run_id")
+        try:
+            self.db.execute(f"INSERT INTO runs ({', '.join(names)}) VALUES "
+                            f"({', '.join('?' * len(names))}) ON CONFLICT (run_id) DO UPDATE "
+                            f"SET {updates}", [row.get(n) for n in names])
+            if evals is not None:
+                self.db.execute("DELETE FROM evals WHERE run_id = ?", (row["run_id"],))
+                self.db.executemany(
+                    f"INSERT INTO evals ({', '.join(EVAL_COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    [(row["run_id"], *e) for e in _unique(evals)])
+            if commit:
+                self.db.commit()
+        except Exception:
+            self.db.rollback()
+            raise
+
+    def refresh(self, roots: list[Path]) -> Refreshed:
+        """Reread the runs under `roots` whose files changed; mark the rows whose folder is
+        gone."""
+        done = Refreshed()
+        known = {r["path"]: r["signature"] for r in self.db.rows(
+            "SELECT path, signature FROM runs")}
+        seen = set()
+        for root in roots:
+            for folder in candidate_dirs(root):
+                path = str(folder)
+                seen.add(path)
+                if known.get(path) == signature(folder):
+                    done.unchanged += 1
+                    continue
+                row, evals = scan_run(folder)
+                self.put(row, evals, commit=False)
+                done.read += 1
+                if done.read % BATCH == 0:
+                    self.db.commit()
+        for root in roots:
+            prefix = str(root).rstrip("/") + "/"
+            gone = [p for p in known if p.startswith(prefix) and p not in seen
+                    and not Path(p).exists()]
+            for path in gone:
+                self.db.execute("UPDATE runs SET status = 'missing', problem = ? WHERE path = ? "
+                                "AND status <> 'missing'", (f"{path} no longer exists", path))
+                done.missing += 1
+        self.db.commit()
+        return done
+
+    # ---- reading
+
+    def runs(self, recipe: str | None = None, status: str | None = None,
+             user: str | None = None, since: float | None = None, limit: int | None = None,
+             now: float | None = None) -> list[dict]:
+        """Rows newest first, `status` as read (lost included), filtered."""
+        where, params = ["1 = 1"], [_lost_before(now)]
+        for column, value in (("recipe", recipe), ("user_name", user)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        if since is not None:
+            where.append("started >= ?")
+            params.append(since)
+        sql = f"SELECT * FROM (SELECT {', '.join(c for c in COLUMNS if c != 'status')}, " \
+              f"{STATE} AS status FROM runs) AS r WHERE {' AND '.join(where)}"
+        if status is not None:
+            sql += " AND status = ?"
+            params.append(status)
+        sql += " ORDER BY started DESC"
+        if limit:
+            sql += f" LIMIT {int(limit)}"
+        return self.db.rows(sql, params)
+
+    def find(self, reference: str, now: float | None = None) -> dict:
+        """One run by run_id (or its first characters), folder name or path."""
+        path = str(Path(reference).expanduser().absolute())
+        rows = [r for r in self.runs(now=now) if reference in (r["run_id"], r["name"])
+                or r["path"] == path]
+        if not rows:
+            rows = [r for r in self.runs(now=now)
+                    if len(reference) >= 6 and r["run_id"].startswith(reference)]
+        if len(rows) == 1:
+            return rows[0]
+        if not rows:
+            raise ConfigError(f"no run {reference!r} in the index ({self.db.where}); give a "
+                              "run id, a run folder's name or its path (hpctrain runs lists "
+                              "them; --root DIR adds an output directory)")
+        raise ConfigError(f"{reference!r} names {len(rows)} runs: "
+                          + ", ".join(r["path"] for r in rows[:5]) + "; give the run id or "
+                          "the path")
+
+    def usage(self, by: str, now: float | None = None) -> list[dict]:
+        """Per user, recipe, cluster or month: runs, GPU-hours (device-hours of runs on
+        GPUs), all device-hours, kWh, and the share of runs that failed or were lost."""
+        key = USAGE_KEYS[by]
+        return self.db.rows(
+            f"SELECT {key} AS key, COUNT(*) AS runs, "
+            "SUM(CASE WHEN gpu_count > 0 THEN device_hours ELSE 0 END) AS gpu_hours, "
+            "SUM(device_hours) AS device_hours, SUM(energy_joules) / 3600000.0 AS kwh, "
+            "SUM(CASE WHEN state IN ('failed', 'lost') THEN 1 ELSE 0 END) * 1.0 / COUNT(*) "
+            "AS failed_share "
+            f"FROM (SELECT *, {STATE} AS state FROM runs) AS r "
+            f"GROUP BY {key} ORDER BY gpu_hours DESC, device_hours DESC, key",
+            [_lost_before(now)])
+
+    def leaderboard(self, recipe: str, metric: str, target: float, higher: bool) -> dict:
+        """The race to `metric` >= target (<= when not `higher`): per run, the first
+        evaluation that reached it and what it took (time, device-hours, energy), fastest
+        first; and the runs that did not reach it, with their best."""
+        compare = ">=" if higher else "<="
+        reached = self.db.rows(
+            "SELECT r.run_id, r.name, r.path, r.user_name, r.gpu_model, r.gpu_count, "
+            "e.step, e.elapsed_seconds, e.device_hours, e.energy_joules, e.value "
+            "FROM runs r JOIN evals e ON e.run_id = r.run_id "
+            "JOIN (SELECT run_id, MIN(step) AS step FROM evals WHERE metric = ? AND "
+            f"value {compare} ? GROUP BY run_id) AS first "
+            "ON first.run_id = e.run_id AND first.step = e.step "
+            "WHERE r.recipe = ? AND e.metric = ? "
+            "ORDER BY e.elapsed_seconds IS NULL, e.elapsed_seconds, e.device_hours",
+            (metric, target, recipe, metric))
+        best = "MAX" if higher else "MIN"
+        missed = self.db.rows(
+            f"SELECT r.run_id, r.name, r.path, {best}(e.value) AS best FROM runs r "
+            "JOIN evals e ON e.run_id = r.run_id WHERE r.recipe = ? AND e.metric = ? "
+            "AND r.run_id NOT IN (SELECT run_id FROM evals WHERE metric = ? AND "
+            f"value {compare} ?) GROUP BY r.run_id, r.name, r.path ORDER BY best "
+            f"{'DESC' if higher else 'ASC'}", (recipe, metric, metric, target))
+        return {"reached": reached, "missed": missed}
+
+
+def _lost_before(now: float | None) -> float:
+    return (time.time() if now is None else now) - LOST_AFTER_SECONDS
+
+
+def _unique(evals: list[tuple]) -> list[tuple]:
+    """One figure per (step, metric): a step evaluated twice (a resume) keeps the last."""
+    return list({(e[0], e[1]): e for e in evals}.values())

@@ -1,0 +1,58 @@
+"""What `hpctrain top` shows: each running run's latest telemetry, read from the end of its
+metrics.jsonl over the shared file system (no daemon, nothing to start on the nodes): per
+rank, the GPU's utilisation, memory and power from the last `gpu` record, the step time and
+data wait from the same interval."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hpctrain.runs.directory import RunDir
+
+TAIL_BYTES = 256 * 1024  # the last records of a long metrics.jsonl
+
+
+def latest_records(metrics: Path) -> dict[str, dict]:
+    """kind -> the newest record of that kind among the file's last TAIL_BYTES."""
+    try:
+        with open(metrics, "rb") as file:
+            file.seek(0, 2)
+            size = file.tell()
+            file.seek(max(0, size - TAIL_BYTES))
+            text = file.read().decode(errors="replace")
+    except OSError:
+        return {}
+    latest = {}
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # the first line cut by the seek, or one being written
+        if isinstance(record, dict) and isinstance(record.get("kind"), str):
+            latest[record["kind"]] = record
+    return latest
+
+
+def rank_rows(run_dir: Path, hosts: list[str] | None = None) -> list[dict]:
+    """One row per rank of the run's latest interval (a run on CPUs: one row, no GPU)."""
+    latest = latest_records(RunDir(run_dir).metrics)
+    gpu, train = latest.get("gpu"), latest.get("train", {})
+    if gpu is None:
+        return [{"rank": 0, "step": train.get("step"), "utilization": None,
+                 "memory_used_bytes": None, "power_watts": None,
+                 "step_seconds": None, "data_wait_fraction": train.get("data_wait_fraction"),
+                 "time": train.get("time")}]
+    count = len(gpu.get("utilization") or [])
+    rows = []
+    for rank in range(count):
+        def at(key):
+            values = gpu.get(key) or []
+            return values[rank] if rank < len(values) else None
+        rows.append({"rank": rank, "step": gpu.get("step"), "utilization": at("utilization"),
+                     "memory_used_bytes": at("memory_used_bytes"),
+                     "power_watts": at("power_watts"), "temperature_c": at("temperature_c"),
+                     "step_seconds": at("step_seconds"),
+                     "data_wait_fraction": at("data_wait_fraction"),
+                     "throttle": at("throttle"), "time": gpu.get("time")})
+    return rows

@@ -1,0 +1,200 @@
+"""Reading one run directory into the index's row: what the run is, where it stands, what it
+spent, and its evaluations (for the leaderboard's time to target).
+
+The run directory is the truth; this only reads it, and never fails on it: a summary.json cut
+short is the row's `problem` (status "damaged"), a folder a run started in but never finished
+is "running" (then "lost" once its heartbeat is old), one with only a job script is
+"submitted", a line of metrics.jsonl that is not JSON is skipped and counted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+from hpctrain.runs.directory import CONFIG, IDENTITY, JOB_SCRIPT, METRICS, SUMMARY, RunDir
+from hpctrain.runs.identity import config_hash, job_chain
+
+# a live run touches run.json every minute (identity.Heartbeat); silence this long is a loss
+LOST_AFTER_SECONDS = 15 * 60
+FINAL = ("completed", "failed", "preempted", "interrupted")
+# the run's figures kept as columns (the rest stays in the summary JSON)
+RUN_FILES = {CONFIG, IDENTITY, METRICS, SUMMARY, JOB_SCRIPT}  # any of them: a run's folder
+BEST_METRICS = (("best_val_accuracy", "max"), ("best_val_loss", "min"),
+                ("best_val_perplexity", "min"))
+
+
+def signature(path: Path) -> str:
+    """What changes when a run writes: its files' sizes and modification times."""
+    parts = []
+    for name in (IDENTITY, CONFIG, METRICS, SUMMARY):
+        try:
+            stat = os.stat(path / name)
+            parts.append(f"{stat.st_mtime_ns}:{stat.st_size}")
+        except OSError:
+            parts.append("-")
+    return "|".join(parts)
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
+
+
+def _records(path: Path) -> tuple[list[dict], int]:
+    """metrics.jsonl's records and how many lines were not records."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return [], 0
+    records, bad = [], 0
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            bad += 1
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+        else:
+            bad += 1
+    return records, bad
+
+
+def _number(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value) else None
+
+
+def evaluations(records: list[dict]) -> list[tuple]:
+    """(step, metric, value, elapsed_seconds, device_hours, energy_joules) per val_* figure of
+    each evaluation. Runs from before these were recorded: elapsed from the first record."""
+    first = next((r.get("time") for r in records if _number(r.get("time"))), None)
+    rows = []
+    for record in records:
+        if record.get("kind") != "eval" or not isinstance(record.get("step"), int):
+            continue
+        elapsed = _number(record.get("elapsed_seconds"))
+        if elapsed is None and first is not None and _number(record.get("time")):
+            elapsed = record["time"] - first
+        for metric, value in record.items():
+            if metric.startswith("val_") and _number(value) is not None:
+                rows.append((record["step"], metric, float(value), elapsed,
+                             _number(record.get("device_hours")),
+                             _number(record.get("energy_joules"))))
+    return rows
+
+
+def _legacy_id(path: Path, records: list[dict]) -> str:
+    """A run from before run.json: named by its folder and its first record, so that a moved
+    copy keeps its row."""
+    first = json.dumps(records[0], sort_keys=True) if records else ""
+    return "dir-" + hashlib.sha1(f"{path.name}\n{first}".encode()).hexdigest()[:24]
+
+
+def _status(run: RunDir, summary: dict | None, heartbeat: float | None) -> tuple[str, str | None]:
+    if run.summary.exists() and summary is None:
+        return "damaged", f"{SUMMARY} cannot be read (cut short or not a JSON object)"
+    if summary is not None:
+        state = summary.get("status") if summary.get("status") in FINAL else "failed"
+        written = _mtime(run.summary) or 0
+        if heartbeat is not None and heartbeat > written + 5:  # started again since
+            return "running", None
+        return state, None
+    if not (run.config.exists() or run.identity.exists() or run.metrics.exists()):
+        return "submitted", None  # only the job script: its job has not started yet
+    return "running", None  # or lost, when its heartbeat is old (read by the index)
+
+
+def scan_run(path: Path) -> tuple[dict, list[tuple]]:
+    """The index row of the run directory `path`, and its evaluations."""
+    run = RunDir(path)
+    identity = run.read_identity() or {}
+    config = run.read_config() or {}
+    summary = run.read_summary()
+    records, bad_lines = _records(run.metrics)
+    heartbeat = max(filter(None, (_mtime(run.identity), _mtime(run.metrics))), default=None)
+    status, problem = _status(run, summary, heartbeat)
+    if bad_lines and problem is None:
+        problem = f"{bad_lines} line(s) of {METRICS} unreadable (skipped)"
+    summary = summary or {}
+    starts = [s for s in identity.get("starts", []) if isinstance(s, dict)]
+    last_start = starts[-1] if starts else {}
+    progress = next((r for r in reversed(records) if _number(r.get("device_hours"))), {})
+    started = _number(identity.get("created")) or next(
+        (r["time"] for r in records if _number(r.get("time"))), None) or _mtime(path)
+    best_metric, best_value = next(((name, summary[name]) for name, _ in BEST_METRICS
+                                    if _number(summary.get(name)) is not None), (None, None))
+    jobs = job_chain(identity) or ([str(summary["slurm_job_id"])]
+                                   if summary.get("slurm_job_id") else [])
+    row = {
+        "run_id": identity.get("run_id") if isinstance(identity.get("run_id"), str)
+        else _legacy_id(path, records),
+        "path": str(path), "name": path.name,
+        "recipe": identity.get("recipe") or config.get("name") or path.name.split("-")[0],
+        "status": status, "problem": problem,
+        "user_name": identity.get("user"), "host": (last_start.get("hosts") or [None])[0],
+        "cluster": identity.get("cluster") or last_start.get("cluster"),
+        "started": started,
+        "ended": _mtime(run.summary) if status in FINAL else None,
+        "month": time.strftime("%Y-%m", time.localtime(started)) if started else None,
+        "config_hash": identity.get("config_hash") or (config_hash(config) if config else None),
+        "git_commit": identity.get("git_commit"),
+        "jobs": json.dumps(jobs),
+        "gpu_model": last_start.get("gpu_model") or (summary.get("device")
+                                                     if summary.get("device") != "cpu" else None),
+        "gpu_count": last_start.get("gpus", 0 if summary.get("device") == "cpu" else None),
+        "world_size": last_start.get("world_size") or summary.get("world_size"),
+        "device_hours": _number(summary.get("device_hours")) or
+        _number(progress.get("device_hours")),
+        "energy_joules": _number(summary.get("energy_joules")) or
+        _number(progress.get("energy_joules")),
+        "energy_source": summary.get("energy_source"),
+        "best_metric": best_metric, "best_value": best_value,
+        "steps": summary.get("steps") if isinstance(summary.get("steps"), int) else
+        max((r["step"] for r in records if isinstance(r.get("step"), int)), default=None),
+        "wall_seconds": _number(summary.get("wall_seconds")) or
+        _number(progress.get("elapsed_seconds")),
+        "heartbeat": heartbeat,
+        "signature": signature(path),
+        "summary": json.dumps(summary, default=str),
+        "config": json.dumps(config, default=str),
+    }
+    return row, evaluations(records)
+
+
+def _listing(folder: Path) -> set[str]:
+    try:
+        return set(os.listdir(folder))
+    except OSError:
+        return set()
+
+
+def candidate_dirs(root: Path) -> list[Path]:
+    """The run directories under an output directory: its folders holding a run's files; in a
+    folder with a job script but no configuration (a sweep's job), the elements below it (or
+    the folder itself, "submitted", while none has started). One listing per folder: on a
+    parallel file system each metadata call counts."""
+    try:
+        children = sorted(e.path for e in os.scandir(root) if e.is_dir())
+    except OSError:
+        return []
+    found = []
+    for child in map(Path, children):
+        names = _listing(child)
+        if not names & RUN_FILES:
+            continue
+        if JOB_SCRIPT in names and CONFIG not in names:
+            below = [g for g in sorted(p for p in child.iterdir() if p.is_dir())
+                     if _listing(g) & RUN_FILES]
+            if below:
+                found.extend(below)
+                continue
+        found.append(child)
+    return found

@@ -1,0 +1,283 @@
+"""The runs index on real SQLite and a real PostgreSQL server: a hand-computed set of run
+directories gives the same usage and leaderboard on both; refreshes are incremental; damaged,
+half-written, moved and silent runs are listed as what they are."""
+
+import json
+import multiprocessing
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from hpctrain.runs.database import open_database
+from hpctrain.runs.index import Index
+from hpctrain.runs.scan import LOST_AFTER_SECONDS, scan_run
+
+NOW = time.time()
+
+
+@pytest.fixture(scope="session")
+def postgres(tmp_path_factory):
+    from postgres_server import LocalPostgres
+
+    server = LocalPostgres(tmp_path_factory.mktemp("postgres")).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request, tmp_path):
+    """A fresh, empty index: an SQLite file, or a new database on the session's server."""
+    if request.param == "sqlite":
+        return str(tmp_path / "index.sqlite")
+    import psycopg
+
+    server = request.getfixturevalue("postgres")
+    name = f"t{os.getpid()}_{abs(hash(tmp_path)) % 10**8}"
+    with psycopg.connect(server.url, autocommit=True) as connection:
+        connection.execute(f"CREATE DATABASE {name}")
+    return server.url.rsplit("/", 1)[0] + f"/{name}"
+
+
+def noon(day: str) -> float:
+    """Mid-day of a date, so the month is the same in every time zone."""
+    return time.mktime(time.strptime(f"{day} 12:00", "%Y-%m-%d %H:%M"))
+
+
+def make_run(root: Path, name: str, user: str, recipe: str, cluster: str, day: str, gpus: int,
+             status: str | None, device_hours: float, energy: float | None,
+             evals: list[tuple], jobs: tuple = (), heartbeat: float | None = None) -> Path:
+    """A run directory as hpctrain writes it. evals: (step, metric, value, elapsed seconds,
+    device-hours, joules)."""
+    run = root / name
+    run.mkdir(parents=True)
+    started = noon(day)
+    (run / "config.yaml").write_text(f"name: {recipe}\ntrain:\n  batch_size: {gpus * 32}\n")
+    (run / "run.json").write_text(json.dumps({
+        "run_id": f"id-{name}", "name": name, "recipe": recipe, "created": started,
+        "user": user, "cluster": cluster, "git_commit": "abc123", "config_hash": "f" * 16,
+        "starts": [{"time": started, "job_id": job, "world_size": max(gpus, 1),
+                    "hosts": ["n1"], "gpu_model": "NVIDIA A100" if gpus else None,
+                    "gpus": gpus} for job in (jobs or (None,))]}))
+    lines = [json.dumps({"kind": "eval", "step": step, "time": started + elapsed, metric: value,
+                         "elapsed_seconds": elapsed, "device_hours": hours,
+                         "energy_joules": joules})
+             for step, metric, value, elapsed, hours, joules in evals]
+    (run / "metrics.jsonl").write_text("".join(line + "\n" for line in lines))
+    if status is not None:
+        best = max(v for _, m, v, *_ in evals if m == "val_accuracy") if any(
+            e[1] == "val_accuracy" for e in evals) else None
+        (run / "summary.json").write_text(json.dumps({
+            "status": status, "device_hours": device_hours, "energy_joules": energy,
+            "best_val_accuracy": best, "steps": evals[-1][0] if evals else 0,
+            "device": "NVIDIA A100" if gpus else "cpu", "world_size": max(gpus, 1),
+            "energy_source": "nvml-counter" if energy else "not measured"}))
+    beat = heartbeat if heartbeat is not None else started + 3600
+    for file in run.iterdir():
+        os.utime(file, (beat, beat))
+    if status is not None:
+        os.utime(run / "summary.json", (beat + 10, beat + 10))
+    return run
+
+
+@pytest.fixture
+def fleet(tmp_path) -> Path:
+    """Five runs whose usage and race are computed by hand in the tests."""
+    root = tmp_path / "runs"
+    make_run(root, "a1", "alice", "resnet", "jz", "2026-10-05", 4, "completed", 2.0, 3.6e6,
+             [(100, "val_accuracy", 0.90, 600, 1.0, 1.8e6),
+              (200, "val_accuracy", 0.95, 1200, 2.0, 3.6e6)], jobs=("11", "12"))
+    make_run(root, "a2", "alice", "resnet", "jz", "2026-11-02", 8, "completed", 1.0, 7.2e6,
+             [(50, "val_accuracy", 0.94, 300, 0.5, 3.6e6),
+              (100, "val_accuracy", 0.96, 600, 1.0, 7.2e6)])
+    make_run(root, "b1", "bob", "resnet", "grete", "2026-11-10", 4, "failed", 3.0, 1.8e6,
+             [(100, "val_accuracy", 0.80, 900, 3.0, 1.8e6)])
+    make_run(root, "b2", "bob", "gpt", "grete", "2026-11-12", 0, "completed", 0.5, None,
+             [(10, "val_loss", 2.5, 1800, 0.5, None)])
+    make_run(root, "b3", "bob", "gpt", "grete", "2026-11-20", 2, None, 0, None,  # killed
+             [(10, "val_loss", 3.0, 450, 0.25, 0.9e6)], heartbeat=NOW - 2 * LOST_AFTER_SECONDS)
+    return root
+
+
+@pytest.fixture
+def private_state(tmp_path, monkeypatch):
+    """No output directories remembered but those a test names (other tests' runs stay out)."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+
+
+def refreshed(url: str, *roots: Path) -> Index:
+    index = Index(open_database(url))
+    index.refresh(list(roots))
+    return index
+
+
+def test_usage_is_what_the_run_directories_say(db_url, fleet):
+    index = refreshed(db_url, fleet)
+    by_user = {r["key"]: r for r in index.usage("user")}
+    assert by_user["alice"]["runs"] == 2 and by_user["bob"]["runs"] == 3
+    assert by_user["alice"]["gpu_hours"] == pytest.approx(3.0)
+    assert by_user["bob"]["gpu_hours"] == pytest.approx(3.25)  # b2 ran on CPUs
+    assert by_user["bob"]["device_hours"] == pytest.approx(3.75)
+    assert by_user["alice"]["kwh"] == pytest.approx(3.0)
+    assert by_user["bob"]["kwh"] == pytest.approx(0.75)  # b2 not measured: nothing added
+    assert by_user["alice"]["failed_share"] == 0
+    assert by_user["bob"]["failed_share"] == pytest.approx(2 / 3)  # b1 failed, b3 lost
+    by_month = {r["key"]: r for r in index.usage("month")}
+    assert by_month["2026-10"]["runs"] == 1 and by_month["2026-11"]["runs"] == 4
+    assert by_month["2026-11"]["gpu_hours"] == pytest.approx(4.25)
+    assert by_month["2026-11"]["kwh"] == pytest.approx(2.75)
+    assert by_month["2026-11"]["failed_share"] == pytest.approx(0.5)
+    by_recipe = {r["key"]: r for r in index.usage("recipe")}
+    assert by_recipe["resnet"]["gpu_hours"] == pytest.approx(6.0)
+    assert by_recipe["resnet"]["kwh"] == pytest.approx(3.5)
+    assert {r["key"]: r["runs"] for r in index.usage("cluster")} == {"jz": 2, "grete": 3}
+
+
+def test_the_leaderboard_ranks_the_time_to_target(db_url, fleet):
+    index = refreshed(db_url, fleet)
+    board = index.leaderboard("resnet", "val_accuracy", 0.94, higher=True)
+    assert [(r["name"], r["step"]) for r in board["reached"]] == [("a2", 50), ("a1", 200)]
+    first = board["reached"][0]
+    assert (first["elapsed_seconds"], first["device_hours"], first["energy_joules"]) == \
+        (300, 0.5, 3.6e6)
+    assert [(r["name"], r["best"]) for r in board["missed"]] == [("b1", 0.80)]
+    lower = index.leaderboard("gpt", "val_loss", 2.8, higher=False)
+    assert [r["name"] for r in lower["reached"]] == ["b2"]
+    assert [r["name"] for r in lower["missed"]] == ["b3"]
+
+
+def test_rows_hold_the_job_chain_status_and_figures(db_url, fleet):
+    index = refreshed(db_url, fleet)
+    rows = {r["name"]: r for r in index.runs()}
+    assert json.loads(rows["a1"]["jobs"]) == ["11", "12"]
+    assert rows["a1"]["gpu_model"] == "NVIDIA A100" and rows["a1"]["gpu_count"] == 4
+    assert rows["a1"]["best_metric"] == "best_val_accuracy" and rows["a1"]["best_value"] == 0.95
+    assert rows["b3"]["status"] == "lost" and rows["b3"]["device_hours"] == 0.25
+    assert [r["name"] for r in index.runs(status="lost")] == ["b3"]
+    assert [r["name"] for r in index.runs(user="alice")] == ["a2", "a1"]  # newest first
+    assert [r["name"] for r in index.runs(since=noon("2026-11-11"))] == ["b3", "b2"]
+    assert index.find("a2")["user_name"] == "alice"
+    assert index.find(str(fleet / "b1"))["status"] == "failed"
+
+
+def test_a_refresh_rereads_only_what_changed_and_follows_a_moved_run(db_url, fleet, tmp_path):
+    index = Index(open_database(db_url))
+    assert index.refresh([fleet]).read == 5
+    again = index.refresh([fleet])
+    assert (again.read, again.unchanged) == (0, 5)
+    summary = fleet / "a1" / "summary.json"
+    summary.write_text(summary.read_text().replace('"completed"', '"preempted"'))
+    assert index.refresh([fleet]).read == 1
+    assert index.find("a1")["status"] == "preempted"
+    elsewhere = tmp_path / "scratch"
+    elsewhere.mkdir()
+    shutil.move(fleet / "a2", elsewhere / "a2")
+    index.refresh([fleet, elsewhere])
+    rows = index.runs()
+    assert len(rows) == 5  # found again, not duplicated
+    assert index.find("a2")["path"] == str(elsewhere / "a2")
+    shutil.rmtree(fleet / "b2")
+    index.refresh([fleet, elsewhere])
+    gone = index.find("b2")
+    assert gone["status"] == "missing" and "no longer exists" in gone["problem"]
+
+
+def test_damaged_and_half_written_runs_are_listed_as_such(db_url, fleet):
+    (fleet / "torn").mkdir()
+    (fleet / "torn" / "summary.json").write_text('{"status": "compl')
+    (fleet / "torn" / "config.yaml").write_text("name: resnet\n")
+    (fleet / "started").mkdir()  # crashed before its first report, long ago
+    (fleet / "started" / "config.yaml").write_text("name: resnet\n")
+    (fleet / "started" / "metrics.jsonl").write_text('{"kind": "train", "step": 2}\n{"kind": "tr')
+    old = NOW - 3 * LOST_AFTER_SECONDS
+    for file in (fleet / "started").iterdir():
+        os.utime(file, (old, old))
+    (fleet / "queued").mkdir()
+    (fleet / "queued" / "job.sbatch").write_text("#!/bin/bash\n")
+    (fleet / "not-a-run").mkdir()
+    (fleet / "not-a-run" / "notes.txt").write_text("x")
+    rows = {r["name"]: r for r in refreshed(db_url, fleet).runs()}
+    assert rows["torn"]["status"] == "damaged" and "summary.json" in rows["torn"]["problem"]
+    assert rows["started"]["status"] == "lost"
+    assert "1 line(s) of metrics.jsonl unreadable" in rows["started"]["problem"]
+    assert rows["queued"]["status"] == "submitted"
+    assert "not-a-run" not in rows and len(rows) == 8
+
+
+def _register(url: str, number: int) -> None:
+    index = Index(open_database(url))
+    row, _ = scan_run(Path(os.environ["FLEET"]) / "a1")
+    index.put({**row, "run_id": f"process-{number}", "name": f"p{number}"}, [])
+
+
+def test_eight_processes_registering_at_once_lose_no_row(db_url, fleet, monkeypatch):
+    monkeypatch.setenv("FLEET", str(fleet))
+    context = multiprocessing.get_context("spawn")
+    workers = [context.Process(target=_register, args=(db_url, n)) for n in range(8)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(120)
+    assert [w.exitcode for w in workers] == [0] * 8
+    names = {r["name"] for r in Index(open_database(db_url)).runs()}
+    assert names == {f"p{n}" for n in range(8)}
+
+
+def test_the_verbs_print_tables_and_json(fleet, run_cli, tmp_path, private_state):
+    db = ["--db", str(tmp_path / "cli.sqlite"), "--root", str(fleet)]
+    code, out, _ = run_cli("runs", *db)
+    assert code == 0 and "5 run(s)" in out and "lost" in out
+    code, out, _ = run_cli("runs", "usage", "--by", "user", "--json", *db)
+    assert code == 0 and {r["key"]: r["runs"] for r in json.loads(out)} == {"alice": 2, "bob": 3}
+    code, out, _ = run_cli("runs", "leaderboard", "resnet", "--target",
+                           "best_val_accuracy=0.94", *db)
+    assert code == 0 and out.index("a2") < out.index("a1") and "did not reach it: b1" in out
+    code, out, _ = run_cli("runs", "compare", "a1", "a2", "--json", *db)
+    compared = json.loads(out)
+    assert compared["settings"] == {"train.batch_size": [128, 256]}
+    assert compared["figures"]["device_hours"] == [2.0, 1.0]
+    code, out, _ = run_cli("runs", "show", "b1", *db)
+    assert code == 0 and "failed" in out and "grete" in out
+
+
+def test_bad_references_and_unreachable_databases_are_exit_2(fleet, run_cli, tmp_path,
+                                                              private_state):
+    db = ["--db", str(tmp_path / "cli.sqlite"), "--root", str(fleet)]
+    code, _, err = run_cli("runs", "show", "nothing-like-it", *db)
+    assert code == 2 and "no run 'nothing-like-it'" in err
+    code, _, err = run_cli("runs", "leaderboard", "resnet", "--target", "accuracy", *db)
+    assert code == 2 and "METRIC=VALUE" in err
+    code, _, err = run_cli("runs", "--since", "last week", *db)
+    assert code == 2 and "--since last week" in err
+    code, _, err = run_cli("runs", "--db", "postgresql://someone@127.0.0.1:9/runs")
+    assert code == 2 and "host 127.0.0.1 port 9" in err
+
+
+def test_a_run_registers_itself_in_a_shared_index_and_says_so_when_it_cannot(
+        postgres, tiny_config, monkeypatch, capsys):
+    """With HPCTRAIN_DB naming PostgreSQL, the run's row is there while it trains (running,
+    with a heartbeat) and holds its summary's figures at the end, without any scan. A
+    database that cannot be reached costs a warning, not the run."""
+    from hpctrain.train.loop import train
+
+    monkeypatch.setenv("HPCTRAIN_DB", postgres.url)
+    seen = []
+
+    def during(parts, step):
+        if step == 1:
+            seen.append(Index(open_database(postgres.url)).find(str(parts.run_dir)))
+    summary = train(tiny_config("train.max_steps=3", "run_name=live"), on_step=during)
+    assert seen[0]["status"] == "running" and seen[0]["heartbeat"] > time.time() - 60
+    row = Index(open_database(postgres.url)).find(summary["run_dir"])
+    assert row["status"] == "completed" and row["steps"] == 3
+    assert row["device_hours"] == pytest.approx(summary["device_hours"])
+    assert row["run_id"] == seen[0]["run_id"]
+
+    monkeypatch.setenv("HPCTRAIN_DB", "postgresql://nobody@127.0.0.1:9/runs")
+    summary = train(tiny_config("train.max_steps=2", "run_name=unreachable"))
+    assert summary["status"] == "completed"
+    assert capsys.readouterr().err.count("cannot register this run") == 1
