@@ -149,7 +149,7 @@ class Job:
         if named and "%" not in named:
             return Path(named)
         if self.run_dir is not None:
-            return self.run_dir / f"slurm-{job_id}.{'err' if err else 'out'}"
+            return RunDir(self.run_dir).job_log(job_id, err)
         return None
 
     def logs(self, err: bool = False) -> str:
@@ -328,7 +328,7 @@ def find_logs(job_or_text) -> list[Path]:
     text = str(job_or_text)
     found = []
     for run in sorted({row["run_dir"] for row in read_ledger()}):
-        for log in sorted(Path(run).glob("slurm-*.*")):
+        for log in RunDir(Path(run)).job_logs():
             if text in log.read_text(errors="replace"):
                 found.append(log)
     return found

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from hpctrain.cluster.profiles import Profile
 from hpctrain.errors import ConfigError
-from hpctrain.runs.directory import SHELL_LEDGER, RunDir
+from hpctrain.runs.directory import JOB_LOG, SHELL_LEDGER, RunDir
 
 # what may stand in an #SBATCH value: no spaces, quotes, newlines or shell syntax
 SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.,:@%+=/-]+$")
@@ -147,7 +147,7 @@ def render(request: JobRequest, profile: Profile) -> str:
                                                   _per_node_mem(profile.mem_per_gpu, per_node)))):
         if value:
             directives.append((option, _safe(f"--{option}", value)))
-    log = "slurm-%A_%a" if request.sweep else "slurm-%j"
+    job = "%A_%a" if request.sweep else "%j"  # Slurm fills in the job (array element) id
     if request.workdir:  # where relative paths and your modules are found, as at submission
         directives.append(("chdir", _safe("the submit directory", request.workdir)))
     if request.sweep:
@@ -156,8 +156,8 @@ def render(request: JobRequest, profile: Profile) -> str:
         ("signal", f"USR1@{lead}"),  # to the job steps (no B:): every rank gets it
         ("requeue", None),
         ("open-mode", "append"),
-        ("output", f"{_safe('run directory', run_dir)}/{log}.out"),
-        ("error", f"{run_dir}/{log}.err"),
+        ("output", f"{_safe('run directory', run_dir)}/{JOB_LOG.format(job=job, stream='out')}"),
+        ("error", f"{run_dir}/{JOB_LOG.format(job=job, stream='err')}"),
     ]
     lines = ["#!/bin/bash",
              f"# Written by 'hpctrain submit' for the {profile.name} cluster profile.",

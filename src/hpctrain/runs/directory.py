@@ -36,8 +36,11 @@ PROFILE = "profile"
 REPORT = "report.html"
 JOB_SCRIPT = "job.sbatch"
 JOB_RECORD = "job.json"
+JOB_LOG = "slurm-{job}.{stream}"  # stream: out | err; job: the id, or Slurm's %j / %A_%a
 CHECKPOINT_META = "meta.json"  # inside each checkpoint folder, written last
 CHECKPOINT_NAME = re.compile(r"^step_(\d{8,})$")
+SET_ASIDE = "set-aside-{time}"  # in checkpoints/: what a resume took out of the run's history
+SET_ASIDE_REASONS = "why.json"
 # the user's state folder ($XDG_STATE_HOME/hpctrain, ~/.local/state/hpctrain by default)
 LEDGER = "jobs.jsonl"
 OUTPUT_DIRS = "output_dirs"  # where runs were written
@@ -86,6 +89,13 @@ class RunDir:
     @property
     def job_record(self) -> Path:
         return self.path / JOB_RECORD
+
+    def job_log(self, job_id: str, err: bool = False) -> Path:
+        return self.path / JOB_LOG.format(job=job_id, stream="err" if err else "out")
+
+    def job_logs(self) -> list[Path]:
+        """Every job log in the folder (all jobs of a chain, both streams)."""
+        return sorted(self.path.glob(JOB_LOG.format(job="*", stream="*")))
 
     def read_summary(self) -> dict | None:
         """summary.json, or None when missing or unreadable (a crash may have cut it)."""

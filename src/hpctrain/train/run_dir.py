@@ -25,7 +25,7 @@ from pathlib import Path
 
 from hpctrain.config import Config
 from hpctrain.errors import ConfigError, DataError
-from hpctrain.runs.directory import RunDir, is_checkpoint
+from hpctrain.runs.directory import SET_ASIDE, SET_ASIDE_REASONS, RunDir, is_checkpoint
 from hpctrain.train.checkpoint import step_of
 from hpctrain.train.safe_checkpoint import DamagedCheckpoint, problem
 from hpctrain.train.telemetry import drop_records_after
@@ -155,15 +155,15 @@ def set_aside(place: RunPlace) -> str | None:
     if not place.set_aside:
         return None
     run = RunDir(place.run_dir)
-    folder = run.checkpoints / f"set-aside-{time.strftime('%Y%m%d-%H%M%S')}"
+    folder = run.checkpoints / SET_ASIDE.format(time=time.strftime('%Y%m%d-%H%M%S'))
     folder.mkdir(parents=True, exist_ok=True)
     for checkpoint, _ in place.set_aside:
         os.replace(checkpoint, folder / checkpoint.name)
-    (folder / "why.json").write_text(json.dumps(
+    (folder / SET_ASIDE_REASONS).write_text(json.dumps(
         {c.name: why for c, why in place.set_aside}, indent=1) + "\n")
     later = drop_records_after(run.metrics, step_of(place.resume_from))
     if later:
         (folder / run.metrics.name).write_text("".join(later))
     lines = [f"  {'warning: ' if why.startswith('damaged') else ''}set aside {c.name}: {why}"
              for c, why in place.set_aside]
-    return "\n".join([*lines, f"  (moved to {folder}, with why.json)"])
+    return "\n".join([*lines, f"  (moved to {folder}, with {SET_ASIDE_REASONS})"])
