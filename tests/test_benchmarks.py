@@ -51,7 +51,7 @@ CASES = [
       r"\(the plan: 14\)"]),
     ("runs_index.py", ["--runs", "30"],
      [r"^full scan\s+SQLite\s+[\d.]+\s+[\d.]+\s+1\.000",
-      r"^refresh, nothing changed\s+PostgreSQL\s+[\d.]+", r"^leaderboard to 0\.8\s+SQLite"]),
+      r"^refresh, 1 % restarted\s+PostgreSQL\s+[\d.]+", r"^leaderboard to 0\.8\s+SQLite"]),
     ("data_pipeline.py", ["--images", "48", "--workers", "1", "--batch", "8"],
      [r"\(b\) WebDataset, same tars\s+\d+", r"\(c\) hpctrain shards\s+\d+\s+1\.00",
       r"\(d\) decode-only limit\s+\d+"]),

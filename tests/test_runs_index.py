@@ -170,9 +170,17 @@ def test_a_refresh_rereads_only_what_changed_and_follows_a_moved_run(db_url, fle
     again = index.refresh([fleet])
     assert (again.read, again.unchanged) == (0, 5)
     summary = fleet / "a1" / "summary.json"
-    summary.write_text(summary.read_text().replace('"completed"', '"preempted"'))
+    (fleet / "a1" / "summary.json.tmp").write_text(  # as a run writes it: by renaming
+        summary.read_text().replace('"completed"', '"preempted"'))
+    os.replace(fleet / "a1" / "summary.json.tmp", summary)
     assert index.refresh([fleet]).read == 1
     assert index.find("a1")["status"] == "preempted"
+    # a finished run's folder unchanged: not even listed; a file changed in place is seen
+    # by a rescan only
+    with open(fleet / "a2" / "metrics.jsonl", "a") as metrics:
+        metrics.write(json.dumps({"kind": "eval", "step": 150, "val_accuracy": 0.99}) + "\n")
+    assert index.refresh([fleet]).read == 0
+    assert index.refresh([fleet], rescan=True).read == 1
     elsewhere = tmp_path / "scratch"
     elsewhere.mkdir()
     shutil.move(fleet / "a2", elsewhere / "a2")
@@ -281,3 +289,32 @@ def test_a_run_registers_itself_in_a_shared_index_and_says_so_when_it_cannot(
     summary = train(tiny_config("train.max_steps=2", "run_name=unreachable"))
     assert summary["status"] == "completed"
     assert capsys.readouterr().err.count("cannot register this run") == 1
+
+
+def test_an_index_of_another_version_or_a_damaged_file(tmp_path, fleet, postgres, run_cli,
+                                                       private_state):
+    """An SQLite index of another schema is rebuilt from the run directories; a shared
+    PostgreSQL one is left alone (exit 2, saying why); a file that is not a database is
+    named, with the fix."""
+    import sqlite3
+
+    import psycopg
+
+    old = tmp_path / "old.sqlite"
+    with sqlite3.connect(old) as connection:
+        connection.execute("CREATE TABLE schema_version (version INTEGER)")
+        connection.execute("INSERT INTO schema_version VALUES (0)")
+        connection.execute("CREATE TABLE runs (run_id TEXT PRIMARY KEY, path TEXT)")
+    assert len(refreshed(str(old), fleet).runs()) == 5
+    with psycopg.connect(postgres.url, autocommit=True) as connection:
+        connection.execute("CREATE DATABASE old_schema")
+    url = postgres.url.rsplit("/", 1)[0] + "/old_schema"
+    with psycopg.connect(url, autocommit=True) as connection:
+        connection.execute("CREATE TABLE schema_version (version INTEGER)")
+        connection.execute("INSERT INTO schema_version VALUES (0)")
+    code, _, err = run_cli("runs", "--db", url)
+    assert code == 2 and "another hpctrain version (schema 0" in err
+    junk = tmp_path / "junk.sqlite"
+    junk.write_bytes(b"not a database, " * 100)
+    code, _, err = run_cli("runs", "--db", str(junk))
+    assert code == 2 and str(junk) in err and "can be removed" in err

@@ -82,6 +82,8 @@ def _common(parser) -> None:
                         help="an output directory to index (remembered)")
     parser.add_argument("--no-refresh", action="store_true",
                         help="read the index as it is, without scanning")
+    parser.add_argument("--rescan", action="store_true",
+                        help="check every run's files, finished ones too")
     parser.add_argument("--json", action="store_true")
 
 
@@ -112,7 +114,7 @@ def _index(args):
     index = Index(open_database(args.db or os.environ.get("HPCTRAIN_DB")))
     roots = _roots(args)
     if not args.no_refresh:
-        index.refresh(roots)
+        index.refresh(roots, rescan=args.rescan)
     return index
 
 

@@ -81,7 +81,9 @@ def open_database(where: str | None) -> Database:
         connection.execute("PRAGMA synchronous=NORMAL")  # WAL stays consistent; it is an index
     except (OSError, sqlite3.Error) as err:
         raise ConfigError(f"--db {path}: cannot open the runs index there ({err}); give a "
-                          "writable path on local disk, or a postgresql:// URL") from None
+                          "writable path on local disk, or a postgresql:// URL. The index "
+                          "only mirrors the run directories: a damaged file can be removed, "
+                          "the next hpctrain runs rebuilds it") from None
     return Database(connection, False, str(path))
 
 

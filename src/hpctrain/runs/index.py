@@ -4,7 +4,9 @@ status) and one row per evaluation figure, in SQLite or PostgreSQL (database.py)
 
 The run directories stay the truth. `refresh` scans output directories and rereads only the
 runs whose files changed since (their sizes and times, `scan.signature`), so a refresh over
-thousands of runs costs a stat per file. A run is keyed by its run.json's `run_id`: a folder
+thousands of runs costs a listing and a few stats per run, and one stat per finished run
+whose folder has not changed (a run renames run.json into its folder at every start, and
+summary.json at its end). A run is keyed by its run.json's `run_id`: a folder
 moved elsewhere updates its row's path instead of adding one. A row whose folder is gone is
 marked "missing" (kept: its GPU-hours were spent).
 
@@ -21,7 +23,7 @@ from pathlib import Path
 
 from hpctrain.errors import ConfigError
 from hpctrain.runs.database import Database
-from hpctrain.runs.scan import LOST_AFTER_SECONDS, candidate_dirs, scan_run, signature
+from hpctrain.runs.scan import FINAL, LOST_AFTER_SECONDS, candidate_dirs, scan_run, signature
 
 COLUMNS = {
     "run_id": "TEXT PRIMARY KEY", "path": "TEXT", "name": "TEXT", "recipe": "TEXT",
@@ -32,10 +34,12 @@ COLUMNS = {
     "device_hours": "DOUBLE PRECISION", "energy_joules": "DOUBLE PRECISION",
     "energy_source": "TEXT", "best_metric": "TEXT", "best_value": "DOUBLE PRECISION",
     "steps": "INTEGER", "wall_seconds": "DOUBLE PRECISION", "heartbeat": "DOUBLE PRECISION",
-    "signature": "TEXT", "summary": "TEXT", "config": "TEXT",
+    "signature": "TEXT", "folder_mtime": "DOUBLE PRECISION", "summary": "TEXT",
+    "config": "TEXT",
 }
 EVAL_COLUMNS = ("run_id", "step", "metric", "value", "elapsed_seconds", "device_hours",
                 "energy_joules")
+SCHEMA_VERSION = 1  # raise it with any change of the tables below
 BATCH = 500  # runs per transaction while scanning
 USAGE_KEYS = {"user": "user_name", "recipe": "recipe", "cluster": "cluster", "month": "month"}
 # the status as read: a silent running run is lost
@@ -58,6 +62,12 @@ class Index:
     def _create(self) -> None:
         db = self.db
         db.lock_schema()
+        db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER)")
+        found = [r["version"] for r in db.rows("SELECT version FROM schema_version")]
+        if found and found != [SCHEMA_VERSION]:
+            self._replace_old_schema(found[0])
+        if not found:
+            db.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
         columns = ", ".join(f"{name} {kind}" for name, kind in COLUMNS.items())
         db.execute(f"CREATE TABLE IF NOT EXISTS runs ({columns})")
         db.execute("CREATE TABLE IF NOT EXISTS evals (run_id TEXT, step INTEGER, metric TEXT, "
@@ -67,6 +77,21 @@ class Index:
         db.execute("CREATE INDEX IF NOT EXISTS runs_path ON runs (path)")
         db.execute("CREATE INDEX IF NOT EXISTS runs_recipe ON runs (recipe)")
         db.commit()
+
+    def _replace_old_schema(self, version: int) -> None:
+        """An index another hpctrain version wrote. A user's SQLite file is a cache of the
+        run directories: rebuilt (by the next scan). A shared PostgreSQL index holds other
+        users' rows: left alone, and said."""
+        if self.db.postgres:
+            self.db.rollback()
+            raise ConfigError(
+                f"the runs index {self.db.where} was written by another hpctrain version "
+                f"(schema {version}, this one writes {SCHEMA_VERSION}); use the same version "
+                "as the team, or an empty database (the index is rebuilt from the run "
+                "directories by hpctrain runs --root DIR)")
+        for table in ("runs", "evals"):
+            self.db.execute(f"DROP TABLE IF EXISTS {table}")
+        self.db.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION,))
 
     # ---- writing
 
@@ -91,18 +116,21 @@ class Index:
             self.db.rollback()
             raise
 
-    def refresh(self, roots: list[Path]) -> Refreshed:
+    def refresh(self, roots: list[Path], rescan: bool = False) -> Refreshed:
         """Reread the runs under `roots` whose files changed; mark the rows whose folder is
-        gone."""
+        gone. A finished run whose folder is unchanged is not even listed, unless `rescan`
+        (then every run's files are checked)."""
         done = Refreshed()
-        known = {r["path"]: r["signature"] for r in self.db.rows(
-            "SELECT path, signature FROM runs")}
+        rows = self.db.rows("SELECT path, signature, status, folder_mtime FROM runs")
+        known = {r["path"]: r["signature"] for r in rows}
+        settled = {} if rescan else {r["path"]: r["folder_mtime"] for r in rows
+                                     if r["status"] in FINAL and r["folder_mtime"] is not None}
         seen = set()
         for root in roots:
-            for folder in candidate_dirs(root):
+            for folder, still in candidate_dirs(root, settled):
                 path = str(folder)
                 seen.add(path)
-                if known.get(path) == signature(folder):
+                if still or known.get(path) == signature(folder):
                     done.unchanged += 1
                     continue
                 row, evals = scan_run(folder)

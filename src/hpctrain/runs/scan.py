@@ -115,6 +115,7 @@ def _status(run: RunDir, summary: dict | None, heartbeat: float | None) -> tuple
 def scan_run(path: Path) -> tuple[dict, list[tuple]]:
     """The index row of the run directory `path`, and its evaluations."""
     run = RunDir(path)
+    folder_mtime = _mtime(path)  # before reading: a write meanwhile shows at the next refresh
     identity = run.read_identity() or {}
     config = run.read_config() or {}
     summary = run.read_summary()
@@ -163,6 +164,7 @@ def scan_run(path: Path) -> tuple[dict, list[tuple]]:
         _number(progress.get("elapsed_seconds")),
         "heartbeat": heartbeat,
         "signature": signature(path),
+        "folder_mtime": folder_mtime,
         "summary": json.dumps(summary, default=str),
         "config": json.dumps(config, default=str),
     }
@@ -176,25 +178,46 @@ def _listing(folder: Path) -> set[str]:
         return set()
 
 
-def candidate_dirs(root: Path) -> list[Path]:
-    """The run directories under an output directory: its folders holding a run's files; in a
-    folder with a job script but no configuration (a sweep's job), the elements below it (or
-    the folder itself, "submitted", while none has started). One listing per folder: on a
-    parallel file system each metadata call counts."""
+def _folders(parent: Path) -> list[os.DirEntry]:
     try:
-        children = sorted(e.path for e in os.scandir(root) if e.is_dir())
+        return sorted((e for e in os.scandir(parent) if e.is_dir()), key=lambda e: e.name)
     except OSError:
         return []
+
+
+def _still(entry: os.DirEntry, settled: dict[str, float]) -> bool:
+    """A settled run whose folder has not changed since it was read: a run rewrites run.json
+    at every start and summary.json at its end by renaming, which changes the folder."""
+    if entry.path not in settled:
+        return False
+    try:
+        return entry.stat().st_mtime == settled[entry.path]
+    except OSError:
+        return False
+
+
+def candidate_dirs(root: Path, settled: dict[str, float] | None = None) \
+        -> list[tuple[Path, bool]]:
+    """(folder, still) for the run directories under an output directory: its folders
+    holding a run's files; in a folder with a job script but no configuration (a sweep's
+    job), the elements below it (or the folder itself, "submitted", while none has started).
+    `settled`: path -> folder time of finished runs; those whose folder is unchanged come back
+    `still`, unlisted. On a parallel file system each metadata call counts: a settled run
+    costs one, any other a listing."""
+    settled = settled or {}
     found = []
-    for child in map(Path, children):
-        names = _listing(child)
+    for entry in _folders(root):
+        if _still(entry, settled):
+            found.append((Path(entry.path), True))
+            continue
+        names = _listing(Path(entry.path))
         if not names & RUN_FILES:
             continue
         if JOB_SCRIPT in names and CONFIG not in names:
-            below = [g for g in sorted(p for p in child.iterdir() if p.is_dir())
-                     if _listing(g) & RUN_FILES]
+            below = [(Path(e.path), _still(e, settled)) for e in _folders(Path(entry.path))]
+            below = [(g, still) for g, still in below if still or _listing(g) & RUN_FILES]
             if below:
                 found.extend(below)
                 continue
-        found.append(child)
+        found.append((Path(entry.path), False))
     return found
