@@ -15,6 +15,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from debian import ensure_installed
+
 
 def _bin(name: str) -> str:
     found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
@@ -23,21 +25,6 @@ def _bin(name: str) -> str:
     if shutil.which(name):
         return shutil.which(name)
     raise FileNotFoundError(name)
-
-
-def ensure_installed() -> None:
-    try:
-        _bin("initdb")
-        return
-    except FileNotFoundError:
-        pass
-    if os.geteuid() != 0:
-        raise RuntimeError("the PostgreSQL tests need the postgresql package (or root to "
-                           "install it)")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
-    subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "postgresql"],
-                   check=True, env=env, stdout=subprocess.DEVNULL)
 
 
 def _free_port() -> int:
@@ -63,7 +50,7 @@ class LocalPostgres:
         return ["runuser", "-u", "postgres", "--", *args]
 
     def start(self) -> LocalPostgres:
-        ensure_installed()
+        ensure_installed({"pg_ctlcluster": "postgresql"})
         self.root.mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0:
             shutil.chown(self.root, "postgres")

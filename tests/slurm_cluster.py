@@ -18,23 +18,11 @@ import subprocess
 import time
 from pathlib import Path
 
+from debian import ensure_installed
+
 PACKAGES = {"slurmctld": "slurmctld", "slurmd": "slurmd", "sbatch": "slurm-client",
             "munged": "munge"}
 ACCOUNTING_PACKAGES = {"slurmdbd": "slurmdbd", "mariadbd": "mariadb-server"}
-
-
-def ensure_installed(packages: dict[str, str]) -> None:
-    """apt-get install the packages whose program (the key) is missing."""
-    missing = [package for program, package in packages.items() if not shutil.which(program)
-               and not Path("/usr/sbin", program).exists()]
-    if not missing:
-        return
-    if os.geteuid() != 0:
-        raise RuntimeError("the slurm tests need root to install and run Slurm")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
-    subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing],
-                   check=True, env=env, stdout=subprocess.DEVNULL)
 
 
 def _wait_for(check, what: str, timeout: float = 20) -> None:

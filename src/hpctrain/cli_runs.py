@@ -29,6 +29,17 @@ Runs are found in the output directories runs were written to (remembered at eac
 the run directories of submitted jobs, ./runs, and every --root DIR given once.
 """
 
+REPORT_EXAMPLE = """examples:
+  hpctrain report runs/default-20261124-101500     # writes runs/.../report.html and PNGs
+  hpctrain report rn50 rn50-lars rn50-lamb --out compare.html   # three runs overlaid
+
+One HTML file that opens offline (no network: style, script and charts inline): loss,
+accuracy or perplexity, learning rate, throughput, data wait and GPU use against step or
+wall time, restarts marked; the summary, the configuration (several runs: what differs),
+software, Slurm jobs and the profile's verdict. Every finished run writes its own
+(report=false turns it off).
+"""
+
 TOP_EXAMPLE = """examples:
   hpctrain top                 # refreshes every 2 s until Ctrl-C; from a login node
   hpctrain top --once --json   # one reading, for scripts
@@ -66,6 +77,15 @@ def add_verbs(verbs, make_verb) -> None:
     board.add_argument("recipe")
     board.add_argument("--target", required=True, metavar="METRIC=VALUE")
     _common(board)
+
+    report = make_verb(verbs, "report", "one offline HTML page of one or several runs: curves, "
+                       "summary, configuration", REPORT_EXAMPLE, cmd_report)
+    report.add_argument("runs", nargs="+", metavar="RUN",
+                        help="a run directory, or a run's name or id in the runs index")
+    report.add_argument("--out", metavar="FILE", help="the page (default: RUN/report.html "
+                        "for one run, ./report.html for several); PNGs go beside it")
+    report.add_argument("--db", help="the runs index that names RUN (as for hpctrain runs)")
+    report.add_argument("--json", action="store_true", help="print the files written")
 
     top = make_verb(verbs, "top", "your running runs, live: per rank GPU use, memory, power, "
                     "step time, data wait", TOP_EXAMPLE, cmd_top)
@@ -334,4 +354,33 @@ def cmd_top(args) -> int:
                 live.update(_top_table(index, args.all)[0])
         except KeyboardInterrupt:
             pass
+    return 0
+
+
+def cmd_report(args) -> int:
+    from hpctrain.report.page import write
+    from hpctrain.report.series import read_run
+
+    folders = []
+    for reference in args.runs:
+        folder = Path(reference).expanduser()
+        if not folder.is_dir():
+            from hpctrain.runs.database import open_database
+            from hpctrain.runs.index import Index
+
+            found = Index(open_database(args.db or os.environ.get("HPCTRAIN_DB"))).find(reference)
+            folder = Path(found["path"])
+        folders.append(folder.absolute())
+    runs = [read_run(folder) for folder in folders]
+    if not any(run.panels or run.summary for run in runs):
+        raise ConfigError(f"{', '.join(map(str, folders))}: no metrics.jsonl or summary.json "
+                          "there; give run directories (where config.yaml and metrics.jsonl "
+                          "are)")
+    out = Path(args.out) if args.out else (folders[0] / "report.html" if len(folders) == 1
+                                           else Path("report.html"))
+    written = write(runs, out.absolute())
+    if args.json:
+        print(json.dumps([str(p) for p in written], indent=2))
+    else:
+        print("\n".join(str(p) for p in written))
     return 0

@@ -476,6 +476,8 @@ class Config(Section):
     cudnn_benchmark: bool | Auto = "auto"
     deterministic: bool = False
     tensorboard: bool = True
+    report: bool = Field(True, description="write report.html (and its PNGs) into the run "
+                         "directory when the run ends")
     task: TaskConfig = TaskConfig()
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()

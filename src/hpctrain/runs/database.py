@@ -54,6 +54,12 @@ class Database:
     def rollback(self) -> None:
         self.connection.rollback()
 
+    def has_table(self, name: str) -> bool:
+        if self.postgres:
+            return self.rows("SELECT to_regclass(?) AS found", (name,))[0]["found"] is not None
+        return bool(self.rows("SELECT name FROM sqlite_master WHERE type = 'table' AND "
+                              "name = ?", (name,)))
+
     def lock_schema(self) -> None:
         """Serialise schema creation between processes (PostgreSQL races on CREATE TABLE IF
         NOT EXISTS; SQLite's write lock already serialises it)."""

@@ -83,6 +83,10 @@ class RunDir:
         return self.path / PROFILE
 
     @property
+    def report(self) -> Path:
+        return self.path / REPORT
+
+    @property
     def job_script(self) -> Path:
         return self.path / JOB_SCRIPT
 

@@ -62,8 +62,12 @@ class Index:
     def _create(self) -> None:
         db = self.db
         db.lock_schema()
+        unversioned = db.has_table("runs") and not db.has_table("schema_version")
         db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER)")
         found = [r["version"] for r in db.rows("SELECT version FROM schema_version")]
+        if unversioned:  # written before the version was kept
+            db.execute("INSERT INTO schema_version (version) VALUES (0)")
+            found = [0]
         if found and found != [SCHEMA_VERSION]:
             self._replace_old_schema(found[0])
         if not found:

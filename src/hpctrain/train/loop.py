@@ -11,6 +11,7 @@ tiny CPU-side stop flag (preemption.py).
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 
@@ -25,6 +26,7 @@ from hpctrain.errors import DataError, OutputError, Preempted, RunFailed, cannot
 from hpctrain.monitor.sampler import interval_record
 from hpctrain.monitor.watchdog import Watchdog
 from hpctrain.profiling.regions import region
+from hpctrain.report.page import write_run_report
 from hpctrain.runs.directory import RunDir, remember_output_dir
 from hpctrain.runs.identity import Heartbeat, record_start
 from hpctrain.runs.registry import register
@@ -119,6 +121,8 @@ def _train(parts: Parts, stopper: Stopper, on_step: Callable[[Parts, int], None]
         summary = report.summary(parts, progress, clock, status)
         if is_main:
             summary_problem = write_summary(parts.run_dir, summary)
+            if config.report and (problem := write_run_report(parts.run_dir)):
+                print(f"hpctrain: warning: {problem}", file=sys.stderr, flush=True)
             heartbeat.close()
     if summary_problem and stopped is None:
         raise OutputError(summary_problem)

@@ -1,0 +1,99 @@
+"""The report page in a real headless Chromium: no console errors, no network requests, every
+chart drew its data, a point's tooltip reads back, the axis switch works; of the default
+run, of a resumed run (its restart marked) and of three runs overlaid."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hpctrain.report.series import read_run
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    from browser import start_chromium
+
+    driver = start_chromium()
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def look_at(driver, page: Path, screenshot: Path) -> dict:
+    """Open the page and check it as a reader would; what was seen."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    driver.get_log("browser"), driver.get_log("performance")  # forget earlier pages
+    driver.get(page.as_uri())
+    errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, errors
+    requests = [json.loads(e["message"])["message"] for e in driver.get_log("performance")]
+    fetched = {m["params"]["request"]["url"] for m in requests
+               if m["method"] == "Network.requestWillBeSent"}
+    assert fetched <= {page.as_uri()}, fetched  # the page itself, nothing else
+    seen = {}
+    for figure in driver.find_elements(By.CSS_SELECTOR, "figure"):
+        chart = figure.find_element(By.CSS_SELECTOR, ".by-step svg")
+        points = chart.find_elements(By.CSS_SELECTOR, "circle.point")
+        assert len(points) == int(chart.get_attribute("data-points")) > 0
+        box = chart.rect
+        inside = [p for p in points if box["x"] <= p.rect["x"] <= box["x"] + box["width"]
+                  and box["y"] <= p.rect["y"] <= box["y"] + box["height"]]
+        assert len(inside) == len(points) and chart.is_displayed()
+        seen[figure.get_attribute("data-panel")] = len(points)
+    first = driver.find_element(By.CSS_SELECTOR, "figure .by-step circle.point")
+    ActionChains(driver).move_to_element(first).perform()
+    tip = driver.find_element(By.ID, "tip")
+    assert tip.is_displayed() and "| step " in tip.text
+    seen["tooltip"] = tip.text
+    driver.find_element(By.ID, "axis").click()
+    by_time = driver.find_elements(By.CSS_SELECTOR, "figure .by-time svg")
+    assert by_time and all(s.is_displayed() for s in by_time)
+    assert all(s.find_elements(By.CSS_SELECTOR, "circle.point") for s in by_time)
+    driver.save_screenshot(str(screenshot))
+    assert screenshot.stat().st_size > 10_000
+    return seen
+
+
+def test_the_default_runs_own_report_shows_every_curve(default_recipe_run, chromium, tmp_path):
+    _, summary = default_recipe_run
+    run = Path(summary["run_dir"])
+    page = run / "report.html"  # written by the run itself when it ended
+    assert page.is_file() and (run / "report-loss.png").is_file()
+    seen = look_at(chromium, page, tmp_path / "default-report.png")
+    expected = set(read_run(run).panels)
+    assert {"loss", "accuracy", "learning rate", "throughput (samples/s)"} <= expected
+    assert set(seen) - {"tooltip"} == expected  # every panel the run recorded, drawn
+    text = page.read_text()
+    assert "best_val_accuracy" in text and "config.yaml" in text and "<script src" not in text
+
+
+def test_a_report_of_three_runs_one_of_them_resumed(tmp_path, run_cli, tiny, chromium):
+    for lr in ("0.05", "0.1", "0.2"):
+        code, _, err = run_cli("run", "default", *tiny(f"optim.lr={lr}", f"run_name=lr{lr}",
+                                                       "train.max_steps=6", "report=false"))
+        assert code == 0, err
+    code, _, _ = run_cli("run", "default", *tiny("optim.lr=0.2", "run_name=lr0.2",
+                                                 "train.max_steps=10", "resume=auto"))
+    runs = [tmp_path / "runs" / f"lr{lr}" for lr in ("0.05", "0.1", "0.2")]
+    assert not (runs[0] / "report.html").exists()  # report=false
+    resumed = read_run(runs[2])
+    assert [step for step, _ in resumed.restarts] == [8]  # the first record of the 2nd start
+    out = tmp_path / "compare" / "three.html"
+    code, printed, _ = run_cli("report", *map(str, runs), "--out", str(out), "--json")
+    assert code == 0 and str(out) in json.loads(printed)
+    assert (out.parent / "three-accuracy.png").is_file()
+    seen = look_at(chromium, out, tmp_path / "three-runs.png")
+    text = out.read_text()
+    assert "Settings that differ" in text and "optim.lr" in text and "restarted at step 8" in text
+    assert all(f"lr{lr}: train loss" in text for lr in ("0.05", "0.1", "0.2"))
+    assert seen["loss"] == 6 // 2 * 2 + 10 // 2  # points: 3 + 3 + 5 train losses
+
+
+def test_report_refuses_what_is_not_a_run(tmp_path, run_cli):
+    (tmp_path / "empty").mkdir()
+    code, _, err = run_cli("report", str(tmp_path / "empty"))
+    assert code == 2 and "no metrics.jsonl or summary.json" in err
