@@ -93,6 +93,8 @@ def test_a_two_node_job_runs_to_completion_and_can_be_followed(slurm_cluster, ho
     assert code == 0 and "2 processes (slurm, 2 node(s) x 1)" in out
     code, out, _ = run_cli("status", job.id, "--json")
     assert code == 0 and json.loads(out)["state"] == "COMPLETED"
+    code, out, _ = run_cli("watch", job.id)  # the job has ended: one reading
+    assert code == 0 and "completed (Slurm: COMPLETED), step 5/5" in out
     assert find_logs(job.id)[0].name == f"slurm-{job.id}.out"
     assert f"slurm-{job.id}.out" in [p.name for p in find_logs("2 processes (slurm")]
 

@@ -40,6 +40,16 @@ software, Slurm jobs and the profile's verdict. Every finished run writes its ow
 (report=false turns it off).
 """
 
+WATCH_EXAMPLE = """examples:
+  hpctrain watch 123456                 # a submitted job: follows its continuations too
+  hpctrain watch runs/default-20261124-101500 --every 10
+  hpctrain watch rn50 --once --json     # one reading, for scripts
+
+Reads the run directory (metrics.jsonl, summary.json) over the shared file system; for a job,
+asks Slurm where it stands. Ends when the run completes or fails (a preempted run that is
+requeued is followed on), or at Ctrl-C.
+"""
+
 TOP_EXAMPLE = """examples:
   hpctrain top                 # refreshes every 2 s until Ctrl-C; from a login node
   hpctrain top --once --json   # one reading, for scripts
@@ -86,6 +96,15 @@ def add_verbs(verbs, make_verb) -> None:
                         "for one run, ./report.html for several); PNGs go beside it")
     report.add_argument("--db", help="the runs index that names RUN (as for hpctrain runs)")
     report.add_argument("--json", action="store_true", help="print the files written")
+
+    watch = make_verb(verbs, "watch", "follow one run or job: latest figures, sparklines, ETA, "
+                      "Slurm state; ends when the run does", WATCH_EXAMPLE, cmd_watch)
+    watch.add_argument("run", metavar="RUN|JOB", help="a run directory, a run's name or id, "
+                       "or a Slurm job id")
+    watch.add_argument("--every", type=float, default=5.0, metavar="SECONDS")
+    watch.add_argument("--once", action="store_true", help="print one reading and exit")
+    watch.add_argument("--db", help="the runs index that names RUN (as for hpctrain runs)")
+    watch.add_argument("--json", action="store_true")
 
     top = make_verb(verbs, "top", "your running runs, live: per rank GPU use, memory, power, "
                     "step time, data wait", TOP_EXAMPLE, cmd_top)
@@ -383,4 +402,77 @@ def cmd_report(args) -> int:
         print(json.dumps([str(p) for p in written], indent=2))
     else:
         print("\n".join(str(p) for p in written))
+    return 0
+
+
+def _watched(args):
+    """(run directory, Slurm job or None) that RUN|JOB names."""
+    if args.run.isdigit():
+        from hpctrain.cluster.jobs import Job
+
+        job = Job(args.run)
+        if job.run_dir is None:
+            raise ConfigError(f"job {args.run}: not in the job ledger (not submitted with "
+                              "hpctrain submit from this account); give its run directory")
+        return job.run_dir, job
+    folder = Path(args.run).expanduser()
+    if folder.is_dir():
+        return folder.absolute(), None
+    from hpctrain.runs.database import open_database
+    from hpctrain.runs.index import Index
+
+    found = Index(open_database(args.db or os.environ.get("HPCTRAIN_DB"))).find(args.run)
+    return Path(found["path"]), None
+
+
+def _watch_view(shot) -> str:
+    done = f"step {shot.step}" + (f"/{shot.total_steps}" if shot.total_steps else "")
+    eta = f", ETA {shot.eta_seconds / 60:,.1f} min" if shot.eta_seconds is not None else ""
+    lines = [f"{shot.run_dir}",
+             f"  {shot.status}" + (f" (Slurm: {shot.slurm_state})" if shot.slurm_state else "")
+             + f", {done}{eta}" + (f", last record {shot.age_seconds:,.0f} s ago"
+                                   if shot.age_seconds is not None else "")]
+    if shot.loss is not None:
+        lines.append(f"  loss {shot.loss:.4f}  {shot.loss_spark}")
+    if shot.throughput is not None:
+        lines.append(f"  samples/s {shot.throughput:,.1f}  {shot.throughput_spark}")
+    extra = [f"data wait {shot.data_wait:.0%}" if shot.data_wait is not None else "",
+             f"GPU {shot.gpu_utilization:.0%}" if shot.gpu_utilization is not None else "",
+             *[f"{k} {v:.4g}" for k, v in shot.val.items() if isinstance(v, (int, float))]]
+    if any(extra):
+        lines.append("  " + "  ".join(e for e in extra if e))
+    return "\n".join(lines)
+
+
+def cmd_watch(args) -> int:
+    from dataclasses import asdict
+
+    from hpctrain.runs.watch import snapshot
+
+    run_dir, job = _watched(args)
+
+    def look():
+        shot = snapshot(run_dir)
+        if job is not None:
+            from hpctrain.cluster.jobs import FINAL_STATES
+
+            shot.slurm_state = job.state
+            if shot.slurm_state.split()[0] in FINAL_STATES and shot.status == "running":
+                shot.status = "failed"  # the job is over, the run never wrote its end
+        return shot
+
+    shot = look()
+    if args.once or args.json or shot.ended:
+        print(json.dumps(asdict(shot), indent=2) if args.json else _watch_view(shot))
+        return 0
+    from rich.live import Live
+
+    with Live(_watch_view(shot), refresh_per_second=1) as live:
+        try:
+            while not shot.ended:
+                time.sleep(args.every)
+                shot = look()
+                live.update(_watch_view(shot))
+        except KeyboardInterrupt:
+            pass
     return 0

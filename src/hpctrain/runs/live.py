@@ -13,8 +13,8 @@ from hpctrain.runs.directory import RunDir
 TAIL_BYTES = 256 * 1024  # the last records of a long metrics.jsonl
 
 
-def latest_records(metrics: Path) -> dict[str, dict]:
-    """kind -> the newest record of that kind among the file's last TAIL_BYTES."""
+def tail_records(metrics: Path) -> list[dict]:
+    """The records among the file's last TAIL_BYTES, oldest first."""
     try:
         with open(metrics, "rb") as file:
             file.seek(0, 2)
@@ -22,16 +22,21 @@ def latest_records(metrics: Path) -> dict[str, dict]:
             file.seek(max(0, size - TAIL_BYTES))
             text = file.read().decode(errors="replace")
     except OSError:
-        return {}
-    latest = {}
+        return []
+    records = []
     for line in text.splitlines():
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
             continue  # the first line cut by the seek, or one being written
         if isinstance(record, dict) and isinstance(record.get("kind"), str):
-            latest[record["kind"]] = record
-    return latest
+            records.append(record)
+    return records
+
+
+def latest_records(metrics: Path) -> dict[str, dict]:
+    """kind -> the newest record of that kind among the file's last TAIL_BYTES."""
+    return {record["kind"]: record for record in tail_records(metrics)}
 
 
 def rank_rows(run_dir: Path, hosts: list[str] | None = None) -> list[dict]:

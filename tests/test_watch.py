@@ -1,0 +1,42 @@
+"""`hpctrain watch`: one run followed from its directory while it trains and after it ends;
+what cannot be followed is exit 2."""
+
+import json
+
+from hpctrain.runs.watch import sparkline
+
+
+def test_sparklines_span_the_lowest_to_the_highest_value():
+    assert sparkline([1.0, 2.0, 3.0, None, 4.0]) == "▁▃▆█"  # eighths of the range
+    assert sparkline([5.0, 5.0]) == "▁▁" and sparkline([]) == ""
+    assert len(sparkline(list(range(100)))) == 40
+
+
+def test_watch_follows_a_run_while_it_trains_and_ends_with_it(tiny_config, run_cli, capsys,
+                                                              tmp_path, monkeypatch):
+    from hpctrain.train.loop import train
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    seen = []
+
+    def look(parts, step):
+        if step == 6:
+            capsys.readouterr()
+            seen.append(run_cli("watch", str(parts.run_dir), "--once", "--json"))
+    summary = train(tiny_config("train.max_steps=10", "run_name=watched"), on_step=look)
+    (code, out, _), = seen
+    shot = json.loads(out)
+    assert code == 0 and shot["status"] == "running" and shot["step"] == 6
+    assert shot["total_steps"] == 10 and shot["eta_seconds"] is not None
+    assert len(shot["loss_spark"]) == 3 and shot["throughput"] > 0  # records at 2, 4, 6
+    capsys.readouterr()
+    code, out, _ = run_cli("watch", summary["run_dir"])  # ended: one reading, no waiting
+    assert code == 0 and "completed, step 10/10" in out and "val_accuracy" in out
+
+
+def test_what_cannot_be_watched_is_exit_2(run_cli, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    code, _, err = run_cli("watch", "424242")
+    assert code == 2 and "job 424242: not in the job ledger" in err
+    code, _, err = run_cli("watch", "no-such-run", "--db", str(tmp_path / "i.sqlite"))
+    assert code == 2 and "no run 'no-such-run'" in err
