@@ -55,7 +55,7 @@ def with_batches(parts: Parts, batches: list) -> Parts:
 def time_hpctrain(parts: Parts, steps: int) -> float:
     """Seconds per optimiser step over `steps` steps of the real loop."""
     parts.total_steps = steps
-    telemetry = Telemetry(parts.run_dir, steps, 0, tensorboard=False)
+    telemetry = Telemetry(parts.run_dir, steps, 0)
     saved = loop._evaluate_and_record, loop._save
     loop._evaluate_and_record = loop._save = lambda *args: None
     try:

@@ -49,7 +49,7 @@ def test_no_host_device_synchronisation_inside_the_step(tiny_config, monkeypatch
         finally:
             torch.cuda.set_sync_debug_mode("error")
     monkeypatch.setattr(RunningMetrics, "read", read_allowing_sync)
-    telemetry = Telemetry(parts.run_dir, parts.total_steps, 0, tensorboard=False)
+    telemetry = Telemetry(parts.run_dir, parts.total_steps, 0)
     torch.cuda.set_sync_debug_mode("error")
     try:
         _run_steps(parts, Progress(), Clock(), telemetry, Stopper(parts.distributed))

@@ -42,7 +42,7 @@ def _observe_steps(parts):
             seen.append((inputs[0], output.dtype, torch.is_autocast_enabled("cpu")))
     first_conv = next(m for m in parts.model.modules() if isinstance(m, torch.nn.Conv2d))
     first_conv.register_forward_hook(hook)
-    telemetry = Telemetry(parts.run_dir, parts.total_steps, 0, tensorboard=False)
+    telemetry = Telemetry(parts.run_dir, parts.total_steps, 0)
     _run_steps(parts, Progress(), Clock(), telemetry, Stopper(parts.distributed))
     telemetry.close()
     return seen

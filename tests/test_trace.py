@@ -29,7 +29,7 @@ def trace_file(tmp_path_factory, shapes_cache):
         "data.image_size=16", "data.num_workers=0", "model.name=hpctrain:tiny_cnn",
         "train.batch_size=16", "train.max_steps=4", "tensorboard=false"])
     parts = build_parts(config)
-    telemetry = Telemetry(parts.run_dir, parts.total_steps, 0, tensorboard=False)
+    telemetry = Telemetry(parts.run_dir, parts.total_steps, 0)
     saved = loop._save
     loop._save = lambda *a: None  # checkpoints are not what is looked at here
     try:

@@ -87,6 +87,16 @@ def add_verbs(verbs, make_verb) -> None:
     board.add_argument("recipe")
     board.add_argument("--target", required=True, metavar="METRIC=VALUE")
     _common(board)
+    sync = make_verb(actions, "sync", "send a run's offline trackers on: W&B offline runs "
+                     "through wandb sync, the MLflow run to a tracking server",
+                     "examples:\n  hpctrain runs sync rn50                      # wandb sync\n"
+                     "  hpctrain runs sync rn50 --mlflow-uri http://mlflow.example:5000",
+                     cmd_runs_sync)
+    sync.add_argument("run", help="run id, run folder name or path")
+    sync.add_argument("--mlflow-uri", help="copy the run's MLflow run there")
+    sync.add_argument("--no-wandb", action="store_true", help="leave the W&B runs unsent")
+    sync.add_argument("--dry-run", action="store_true", help="say what would be sent")
+    _common(sync)
 
     report = make_verb(verbs, "report", "one offline HTML page of one or several runs: curves, "
                        "summary, configuration", REPORT_EXAMPLE, cmd_report)
@@ -475,4 +485,32 @@ def cmd_watch(args) -> int:
                 live.update(_watch_view(shot))
         except KeyboardInterrupt:
             pass
+    return 0
+
+
+def cmd_runs_sync(args) -> int:
+    from hpctrain.report.sync import copy_mlflow, sync_wandb
+    from hpctrain.runs.directory import RunDir
+
+    folder = Path(args.run).expanduser()
+    run_dir = folder.absolute() if folder.is_dir() else Path(_index(args).find(args.run)["path"])
+    done = {"run_dir": str(run_dir),
+            "wandb": [] if args.no_wandb else sync_wandb(run_dir, args.dry_run)}
+    if args.mlflow_uri:
+        tracking = (RunDir(run_dir).read_config() or {}).get("tracking") or {}
+        source = tracking.get("mlflow_uri") or (run_dir.parent / "mlruns").as_uri()
+        done["mlflow"] = {"from": source, "to": args.mlflow_uri, "run_id": None if args.dry_run
+                          else copy_mlflow(run_dir, source, args.mlflow_uri)}
+    if not done["wandb"] and "mlflow" not in done:
+        raise ConfigError(f"{run_dir}: nothing to sync: no W&B offline run there; for MLflow "
+                          "give --mlflow-uri (the server to copy the run to)")
+    if args.json:
+        print(json.dumps(done, indent=2))
+    else:
+        if done["wandb"]:
+            print(("would run: " if args.dry_run else "ran: ") + " ".join(done["wandb"]))
+        if "mlflow" in done:
+            m = done["mlflow"]
+            print(f"MLflow: {m['from']} -> {m['to']}" + (f" (run {m['run_id']})"
+                                                       if m["run_id"] else " (dry run)"))
     return 0

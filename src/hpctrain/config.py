@@ -451,6 +451,26 @@ class PreemptionConfig(Section):
         return name
 
 
+class TrackingConfig(Section):
+    """Where the run's telemetry goes besides metrics.jsonl (report/trackers.py)."""
+
+    sinks: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(
+        default_factory=lambda: ["tensorboard"], description="mlflow and wandb are extras "
+        "(pip install 'hpctrain[mlflow]' / 'hpctrain[wandb]')")
+    mlflow_uri: str | None = Field(None, description="an MLflow tracking URI; default: a file "
+                                   "store in output_dir/mlruns")
+    experiment: str | None = Field(None, description="MLflow experiment / W&B project "
+                                   "(default: the recipe's name)")
+    wandb_mode: Literal["offline", "online"] = Field(
+        "offline", description="offline: compute nodes have no internet; sync later with "
+        "hpctrain runs sync RUN or wandb sync")
+
+    @field_validator("sinks")
+    @classmethod
+    def _once_each(cls, value):
+        return list(dict.fromkeys(value))
+
+
 class MonitorConfig(Section):
     """What each rank samples in the background (monitor/): its GPU, or the CPU's energy."""
 
@@ -475,7 +495,6 @@ class Config(Section):
                           "max-autotune-no-cudagraphs"] = "default"
     cudnn_benchmark: bool | Auto = "auto"
     deterministic: bool = False
-    tensorboard: bool = True
     report: bool = Field(True, description="write report.html (and its PNGs) into the run "
                          "directory when the run ends")
     task: TaskConfig = TaskConfig()
@@ -488,6 +507,21 @@ class Config(Section):
     parallel: ParallelConfig = ParallelConfig()
     preemption: PreemptionConfig = PreemptionConfig()
     monitor: MonitorConfig = MonitorConfig()
+    tracking: TrackingConfig = TrackingConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tensorboard_shorthand(cls, data):
+        """`tensorboard=false` (or true): TensorBoard out of (or into) tracking.sinks."""
+        if not isinstance(data, dict) or "tensorboard" not in data:
+            return data
+        data = dict(data)
+        wanted = data.pop("tensorboard")
+        tracking = dict(data.get("tracking") or {})
+        sinks = [s for s in tracking.get("sinks", ["tensorboard"]) if s != "tensorboard"]
+        tracking["sinks"] = (["tensorboard"] if wanted else []) + sinks
+        data["tracking"] = tracking
+        return data
 
     @field_validator("task", mode="before")
     @classmethod

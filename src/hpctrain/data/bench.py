@@ -136,7 +136,7 @@ def model_rate(config: Config, num_classes: int | None, steps: int) -> float:
     with tempfile.TemporaryDirectory(prefix="hpctrain-bench-") as out:
         trial = config.model_copy(update=dict(
             data=data, output_dir=out, run_name="bench-model", resume=None,
-            tensorboard=False,
+            tracking=config.tracking.model_copy(update=dict(sinks=[])), report=False,
             train=config.train.model_copy(update=dict(
                 max_steps=steps, epochs=1, log_every=max(1, steps // 5),
                 eval_every_epochs=1e6))))

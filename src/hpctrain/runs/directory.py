@@ -86,6 +86,10 @@ class RunDir:
     def report(self) -> Path:
         return self.path / REPORT
 
+    def report_pictures(self) -> list[Path]:
+        """The PNGs written beside report.html (report-loss.png, ...)."""
+        return sorted(self.path.glob(f"{Path(REPORT).stem}-*.png"))
+
     @property
     def job_script(self) -> Path:
         return self.path / JOB_SCRIPT

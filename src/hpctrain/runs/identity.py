@@ -59,10 +59,24 @@ def record_start(run_dir: Path, config: dict, start: dict) -> dict:
     start.pop("cluster", None)
     record["config_hash"] = config_hash(config)
     record["starts"] = [*record.get("starts", []), start]
+    _write(run, record)
+    return record
+
+
+def remember_tracker(run_dir: Path, tracker: str, run_id: str | dict) -> None:
+    """Keep a tracker's run id in run.json, so that the next start continues that run (and
+    `runs sync` knows what it copied where)."""
+    run = RunDir(run_dir)
+    record = run.read_identity() or {}
+    record.setdefault("trackers", {})[tracker] = run_id
+    _write(run, record)
+
+
+def _write(run: RunDir, record: dict) -> None:
+    """run.json replaced at once (the rename also marks the folder as changed: runs/index)."""
     tmp = run.identity.with_name(run.identity.name + ".tmp")
     tmp.write_text(json.dumps(record, indent=1) + "\n")
     os.replace(tmp, run.identity)
-    return record
 
 
 def job_chain(record: dict) -> list[str]:

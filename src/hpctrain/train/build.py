@@ -26,6 +26,7 @@ from hpctrain.models.checkpointing import enable_activation_checkpointing
 from hpctrain.models.registry import build_model, check_model_takes
 from hpctrain.monitor.sampler import Sampler
 from hpctrain.monitor.start import make_sampler
+from hpctrain.report import trackers
 from hpctrain.runs.directory import RunDir
 from hpctrain.train import parallel, pipeline, tensor_parallel
 from hpctrain.train.checkpoint import Checkpointer
@@ -134,6 +135,7 @@ def _sketch(config: Config) -> nn.Module:
 def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
     """All parts of a run; `env` defaults to the environment this process was started in."""
     env = env or detect()
+    trackers.check(config)  # a tracker's missing library, said before anything is built
     # ---- decide and check the layout before any process group exists ----
     layout = resolve_layout(config, env)
     plan = plan_system(config, parallel.local_device(config.device, env))

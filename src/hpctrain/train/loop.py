@@ -26,6 +26,7 @@ from hpctrain.errors import DataError, OutputError, Preempted, RunFailed, cannot
 from hpctrain.monitor.sampler import interval_record
 from hpctrain.monitor.watchdog import Watchdog
 from hpctrain.profiling.regions import region
+from hpctrain.report import trackers
 from hpctrain.report.page import write_run_report
 from hpctrain.runs.directory import RunDir, remember_output_dir
 from hpctrain.runs.identity import Heartbeat, record_start
@@ -89,8 +90,7 @@ def _train(parts: Parts, stopper: Stopper, on_step: Callable[[Parts, int], None]
                   "was. Raise train.epochs or train.max_steps to train on.", flush=True)
         return completed_summary(parts, progress) if is_main else None
     moved = set_aside(parts.place) if is_main else None  # only once the resume succeeded
-    telemetry = Telemetry(parts.run_dir, parts.total_steps, progress.step, config.tensorboard,
-                          enabled=is_main)
+    telemetry = Telemetry(parts.run_dir, parts.total_steps, progress.step, enabled=is_main)
     telemetry.message(report.banner(parts, parts.resume_from))
     if moved:
         telemetry.message(moved)
@@ -98,7 +98,7 @@ def _train(parts: Parts, stopper: Stopper, on_step: Callable[[Parts, int], None]
         telemetry.message("  resuming with changed settings: " + "; ".join(changes)
                           + " (they apply from this step on)")
         telemetry.record("resume", progress.step, {"changes": changes})
-    heartbeat = _announce(parts) if is_main else None
+    heartbeat = _announce(parts, telemetry) if is_main else None
     status, stopped, summary_problem = "failed", None, None
     parts.sampler.start()
     try:
@@ -123,6 +123,7 @@ def _train(parts: Parts, stopper: Stopper, on_step: Callable[[Parts, int], None]
             summary_problem = write_summary(parts.run_dir, summary)
             if config.report and (problem := write_run_report(parts.run_dir)):
                 print(f"hpctrain: warning: {problem}", file=sys.stderr, flush=True)
+            telemetry.finish(summary, _artifacts(parts.run_dir))
             heartbeat.close()
     if summary_problem and stopped is None:
         raise OutputError(summary_problem)
@@ -139,22 +140,30 @@ def _train(parts: Parts, stopper: Stopper, on_step: Callable[[Parts, int], None]
     return summary if is_main else None
 
 
-def _announce(parts: Parts) -> Heartbeat:
+def _announce(parts: Parts, telemetry: Telemetry) -> Heartbeat:
     """Rank 0 writes the run's configuration and its identity with this start (run.json, whose
-    heartbeat then beats until the run ends), and registers it in a shared index when the
-    environment names one (HPCTRAIN_DB)."""
+    heartbeat then beats until the run ends), opens its trackers, and registers it in a
+    shared index when the environment names one (HPCTRAIN_DB)."""
     run = RunDir(parts.run_dir)
+    identity = {}
     for path, write in ((run.config, lambda: run.config.write_text(to_yaml(parts.config))),
-                        (run.identity, lambda: record_start(
+                        (run.identity, lambda: identity.update(record_start(
                             parts.run_dir, parts.config.model_dump(mode="json"),
-                            report.start_record(parts)))):
+                            report.start_record(parts))))):
         try:
             write()
         except OSError as err:
             raise cannot_write(path, err, KEEP_GOING) from None
+    telemetry.add_sinks(trackers.open_sinks(parts.config, parts.run_dir, identity))
     remember_output_dir(parts.run_dir.parent)
     return Heartbeat(parts.run_dir, register(parts.distributed.env.runs_db,
                                              parts.run_dir)).start()
+
+
+def _artifacts(run_dir) -> list:
+    """What the trackers keep of the run besides its figures: the report and the profile."""
+    run = RunDir(run_dir)
+    return [p for p in (run.report, *run.report_pictures(), run.profile) if p.exists()]
 
 
 def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Telemetry,

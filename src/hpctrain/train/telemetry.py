@@ -1,4 +1,5 @@
-"""What a run tells: a progress line or bar, metrics.jsonl, TensorBoard, summary.json.
+"""What a run tells: a progress line or bar, metrics.jsonl, its trackers (TensorBoard, MLflow,
+W&B: report/trackers.py), summary.json.
 
 Only figures already read back from the device reach this module (at logging intervals), so
 nothing here forces a host-device synchronisation inside the training step. Only rank 0
@@ -23,10 +24,9 @@ KEEP_GOING = "Free space (or set output_dir elsewhere) and run again with resume
 
 
 class Telemetry:
-    def __init__(self, run_dir: Path, total_steps: int, start_step: int, tensorboard: bool,
-                 enabled: bool = True):
+    def __init__(self, run_dir: Path, total_steps: int, start_step: int, enabled: bool = True):
         self.enabled = enabled
-        self.writer = None
+        self.sinks = []
         self.progress = None
         if not enabled:
             return
@@ -38,10 +38,6 @@ class Telemetry:
             self.metrics_file = open(self.metrics, "a", buffering=1)
         except OSError as err:
             raise cannot_write(self.metrics, err, KEEP_GOING) from None
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.writer = SummaryWriter(str(RunDir(run_dir).tensorboard))
         self.total_steps = total_steps
         if sys.stdout.isatty():
             from rich.progress import (
@@ -62,7 +58,7 @@ class Telemetry:
             self.progress.start()
 
     def record(self, kind: str, step: int, values: dict) -> None:
-        """Append one metrics.jsonl record and the matching TensorBoard scalars."""
+        """Append one metrics.jsonl record, and hand it to every tracker."""
         if not self.enabled:
             return
         row = {"kind": kind, "step": step, "time": round(time.time(), 3), **values}
@@ -70,10 +66,29 @@ class Telemetry:
             self.metrics_file.write(json.dumps(row) + "\n")
         except OSError as err:
             raise cannot_write(self.metrics, err, KEEP_GOING) from None
-        if self.writer:
-            for key, value in values.items():
-                if isinstance(value, (int, float)) and math.isfinite(value):
-                    self.writer.add_scalar(f"{kind}/{key}", value, step)
+        self._to_sinks("record", kind, step, row["time"], values)
+
+    def add_sinks(self, sinks: list) -> None:
+        """The trackers (opened once run.json exists: it holds their run ids)."""
+        self.sinks = sinks
+
+    def _to_sinks(self, call: str, *args) -> None:
+        """A tracker that fails (a server gone, a full disk) is said once and dropped: it is
+        never a reason to stop training, and metrics.jsonl keeps everything."""
+        for sink in list(self.sinks):
+            try:
+                getattr(sink, call)(*args)
+            except Exception as err:
+                self.sinks.remove(sink)
+                print(f"hpctrain: warning: {type(sink).__name__.lower()} stopped receiving "
+                      f"this run's figures ({type(err).__name__}: {str(err)[:300]}); "
+                      "metrics.jsonl has them all", file=sys.stderr, flush=True)
+
+    def finish(self, summary: dict, files: list[Path]) -> None:
+        """The trackers get the summary (final metrics) and `files` (artifacts), and close."""
+        if self.enabled:
+            self._to_sinks("finish", summary, files)
+            self.sinks = []
 
     def show(self, step: int, line: str) -> None:
         if not self.enabled:
@@ -96,8 +111,6 @@ class Telemetry:
             return
         if self.progress:
             self.progress.stop()
-        if self.writer:
-            self.writer.close()
         try:
             self.metrics_file.close()
         except OSError:  # the record that failed was reported when it was written
