@@ -97,3 +97,16 @@ def test_report_refuses_what_is_not_a_run(tmp_path, run_cli):
     (tmp_path / "empty").mkdir()
     code, _, err = run_cli("report", str(tmp_path / "empty"))
     assert code == 2 and "no metrics.jsonl or summary.json" in err
+
+
+def test_a_report_shows_the_memory_prediction_written_into_the_run(tmp_path, run_cli, tiny):
+    settings = tiny("run_name=measured", "train.max_steps=2")
+    assert run_cli("run", "default", *settings)[0] == 0
+    run = tmp_path / "runs" / "measured"
+    code, out, _ = run_cli("memory", "default", *settings, "--out", str(run), "--json")
+    predicted = json.loads(out)["estimate"]
+    assert code in (0, 3) and (run / "default-memory.json").is_file()
+    assert run_cli("report", str(run))[0] == 0
+    text = (run / "report.html").read_text()
+    assert f"peak allocated {predicted['peak_allocated_bytes'] / 2**20:,.0f} MiB" in text
+    assert "measured peak" in text and "host_rss" in text

@@ -310,6 +310,7 @@ def cmd_memory(args) -> int:
     from hpctrain.memory.estimate import estimate, resolve_target
     from hpctrain.memory.report import document, text_report, write_picture
     from hpctrain.memory.sizes import fmt_bytes
+    from hpctrain.runs.directory import MEMORY_PREDICTION
 
     config = load_config(args.recipe, args.overrides)
     env = detect()
@@ -337,13 +338,16 @@ def cmd_memory(args) -> int:
         search = find_batch_size(config, target, start, steps=args.steps, env=env)
     if env.rank != 0:
         return 0
-    picture = write_picture(est, advice, Path(args.out or config.output_dir)
-                            / f"{config.name}-memory.png")
+    folder = Path(args.out or config.output_dir)
+    picture = write_picture(est, advice, folder / f"{config.name}-memory.png")
     fits = search.largest is not None if search else est.fits
+    out = document(est, advice, measured, counterpart)
+    out["search"] = search.to_json() if search else None
+    out["picture"] = str(picture)
+    # beside the picture: a run directory given as --out shows it in its report
+    (folder / MEMORY_PREDICTION.format(recipe=config.name)).write_text(
+        json.dumps(out, indent=2) + "\n")
     if args.json:
-        out = document(est, advice, measured, counterpart)
-        out["search"] = search.to_json() if search else None
-        out["picture"] = str(picture)
         print(json.dumps(out, indent=2))
         return 0 if fits else 3
     print(text_report(est, advice, measured, counterpart))
@@ -362,7 +366,8 @@ def cmd_memory(args) -> int:
         else:
             print(f"  largest: {search.largest}; recommended: {' '.join(search.settings)} "
                   f"(global batch {search.global_batch_size})")
-    print(f"\npicture: {picture}")
+    print(f"\npicture: {picture} (and {config.name}-memory.json; with --out RUN_DIR, the "
+          "run's report shows the prediction)")
     return 0 if fits else 3
 
 

@@ -146,6 +146,8 @@ def _software_and_verdicts(runs: list[RunSeries]) -> str:
         lines = [f"user {who.get('user', '-')}, cluster {who.get('cluster') or '-'}, "
                  f"commit {who.get('git_commit') or '-'}",
                  ", ".join(f"{k} {v}" for k, v in software.items() if k != "python") or "-"]
+        if run.memory:
+            lines.append(_memory_line(run.memory, run.summary))
         if run.profile:
             lines.append(f"profile verdict: {run.profile.get('bound', '?').upper()}: "
                          f"{run.profile.get('reason', '')}")
@@ -154,6 +156,19 @@ def _software_and_verdicts(runs: list[RunSeries]) -> str:
         parts.append(f"<h3>{html.escape(run.name)}</h3><pre>"
                      + html.escape("\n".join(lines)) + "</pre>")
     return "".join(parts)
+
+
+def _memory_line(memory: dict, summary: dict) -> str:
+    """The prediction (hpctrain memory) beside what the run measured."""
+    mib = 2**20
+    line = (f"memory predicted (hpctrain memory, {memory.get('device')}, batch "
+            f"{memory.get('batch_size')}, {memory.get('precision')}): peak allocated "
+            f"{memory.get('peak_allocated_bytes', 0) / mib:,.0f} MiB, in use "
+            f"{memory.get('in_use_bytes', 0) / mib:,.0f} MiB")
+    measured = summary.get("peak_memory_bytes")
+    if isinstance(measured, (int, float)):
+        line += f"; measured peak {measured / mib:,.0f} MiB ({summary.get('peak_memory_kind')})"
+    return line
 
 
 def render(runs: list[RunSeries]) -> tuple[str, dict[str, chart.Chart]]:

@@ -51,6 +51,7 @@ class RunSeries:
     config: dict
     identity: dict
     profile: dict | None  # profile/profile.json's verdict, when the run was profiled
+    memory: dict | None  # hpctrain memory's prediction, when written into the run directory
 
     @property
     def jobs(self) -> list[str]:
@@ -99,17 +100,22 @@ def read_run(path: Path) -> RunSeries:
         if curve.points:
             panels.setdefault(panel, []).append(curve)
     identity = run.read_identity() or {}
-    profile = None
-    profiled = run.profile / "profile.json"
-    if profiled.is_file():
-        try:
-            profile = json.loads(profiled.read_text()).get("verdict")
-        except (OSError, ValueError, AttributeError):
-            profile = None
+    profile = (_json(run.profile / "profile.json") or {}).get("verdict")
+    predictions = run.memory_predictions()
+    memory = (_json(predictions[0]) or {}).get("estimate") if predictions else None
     return RunSeries(path=path, name=path.name, panels=panels,
                      restarts=_restarts(identity, records, start),
                      summary=run.read_summary() or {}, config=run.read_config() or {},
-                     identity=identity, profile=profile)
+                     identity=identity, profile=profile,
+                     memory=memory if isinstance(memory, dict) else None)
+
+
+def _json(path: Path) -> dict | None:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _restarts(identity: dict, records: list[dict], start: float) -> list[tuple[int, float]]:

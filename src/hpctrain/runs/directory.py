@@ -36,6 +36,7 @@ PROFILE = "profile"
 REPORT = "report.html"
 JOB_SCRIPT = "job.sbatch"
 JOB_RECORD = "job.json"
+MEMORY_PREDICTION = "{recipe}-memory.json"  # hpctrain memory --out RUN_DIR writes it there
 JOB_LOG = "slurm-{job}.{stream}"  # stream: out | err; job: the id, or Slurm's %j / %A_%a
 CHECKPOINT_META = "meta.json"  # inside each checkpoint folder, written last
 CHECKPOINT_NAME = re.compile(r"^step_(\d{8,})$")
@@ -85,6 +86,9 @@ class RunDir:
     @property
     def report(self) -> Path:
         return self.path / REPORT
+
+    def memory_predictions(self) -> list[Path]:
+        return sorted(self.path.glob(MEMORY_PREDICTION.format(recipe="*")))
 
     def report_pictures(self) -> list[Path]:
         """The PNGs written beside report.html (report-loss.png, ...)."""
