@@ -74,12 +74,12 @@ def test_the_default_runs_own_report_shows_every_curve(default_recipe_run, chrom
 def test_a_report_of_three_runs_one_of_them_resumed(tmp_path, run_cli, tiny, chromium):
     for lr in ("0.05", "0.1", "0.2"):
         code, _, err = run_cli("run", "default", *tiny(f"optim.lr={lr}", f"run_name=lr{lr}",
-                                                       "train.max_steps=6", "report=false"))
+                                                       "train.max_steps=6"))
         assert code == 0, err
     code, _, _ = run_cli("run", "default", *tiny("optim.lr=0.2", "run_name=lr0.2",
                                                  "train.max_steps=10", "resume=auto"))
     runs = [tmp_path / "runs" / f"lr{lr}" for lr in ("0.05", "0.1", "0.2")]
-    assert not (runs[0] / "report.html").exists()  # report=false
+    assert not (runs[0] / "report.html").exists()  # report=false: the tiny runs' setting
     resumed = read_run(runs[2])
     assert [step for step, _ in resumed.restarts] == [8]  # the first record of the 2nd start
     out = tmp_path / "compare" / "three.html"

@@ -24,7 +24,8 @@ def test_mlflow_holds_what_metrics_jsonl_and_config_yaml_hold(tmp_path, run_cli,
     from mlflow.tracking import MlflowClient
 
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-    settings = tiny("tracking.sinks=[mlflow]", "run_name=ml", "train.max_steps=6")
+    settings = tiny("tracking.sinks=[mlflow]", "run_name=ml", "train.max_steps=6",
+                    "report=true")
     assert run_cli("run", "default", *settings)[0] == 0
     run = tmp_path / "runs" / "ml"
     identity = json.loads((run / "run.json").read_text())
