@@ -167,6 +167,18 @@ def _index(args):
     return index
 
 
+def _run_folder(reference: str, db: str | None) -> Path:
+    """A run directory given as a folder, or by its name or id in the runs index (read as it
+    is: no scan)."""
+    folder = Path(reference).expanduser()
+    if folder.is_dir():
+        return folder.absolute()
+    from hpctrain.runs.database import open_database
+    from hpctrain.runs.index import Index
+
+    return Path(Index(open_database(db or os.environ.get("HPCTRAIN_DB"))).find(reference)["path"])
+
+
 def _since(text: str | None) -> float | None:
     if text is None:
         return None
@@ -390,16 +402,7 @@ def cmd_report(args) -> int:
     from hpctrain.report.page import write
     from hpctrain.report.series import read_run
 
-    folders = []
-    for reference in args.runs:
-        folder = Path(reference).expanduser()
-        if not folder.is_dir():
-            from hpctrain.runs.database import open_database
-            from hpctrain.runs.index import Index
-
-            found = Index(open_database(args.db or os.environ.get("HPCTRAIN_DB"))).find(reference)
-            folder = Path(found["path"])
-        folders.append(folder.absolute())
+    folders = [_run_folder(reference, args.db) for reference in args.runs]
     runs = [read_run(folder) for folder in folders]
     if not any(run.panels or run.summary for run in runs):
         raise ConfigError(f"{', '.join(map(str, folders))}: no metrics.jsonl or summary.json "
@@ -425,14 +428,7 @@ def _watched(args):
             raise ConfigError(f"job {args.run}: not in the job ledger (not submitted with "
                               "hpctrain submit from this account); give its run directory")
         return job.run_dir, job
-    folder = Path(args.run).expanduser()
-    if folder.is_dir():
-        return folder.absolute(), None
-    from hpctrain.runs.database import open_database
-    from hpctrain.runs.index import Index
-
-    found = Index(open_database(args.db or os.environ.get("HPCTRAIN_DB"))).find(args.run)
-    return Path(found["path"]), None
+    return _run_folder(args.run, args.db), None
 
 
 def _watch_view(shot) -> str:
@@ -490,15 +486,17 @@ def cmd_watch(args) -> int:
 
 def cmd_runs_sync(args) -> int:
     from hpctrain.report.sync import copy_mlflow, sync_wandb
+    from hpctrain.report.trackers import mlflow_uri
     from hpctrain.runs.directory import RunDir
 
-    folder = Path(args.run).expanduser()
-    run_dir = folder.absolute() if folder.is_dir() else Path(_index(args).find(args.run)["path"])
+    if not Path(args.run).expanduser().is_dir():
+        _index(args)  # a name or an id: refreshed first, as the other runs verbs do
+    run_dir = _run_folder(args.run, args.db)
     done = {"run_dir": str(run_dir),
             "wandb": [] if args.no_wandb else sync_wandb(run_dir, args.dry_run)}
     if args.mlflow_uri:
         tracking = (RunDir(run_dir).read_config() or {}).get("tracking") or {}
-        source = tracking.get("mlflow_uri") or (run_dir.parent / "mlruns").as_uri()
+        source = mlflow_uri(tracking.get("mlflow_uri"), run_dir)
         done["mlflow"] = {"from": source, "to": args.mlflow_uri, "run_id": None if args.dry_run
                           else copy_mlflow(run_dir, source, args.mlflow_uri)}
     if not done["wandb"] and "mlflow" not in done:

@@ -7,11 +7,11 @@ empty or invented.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpctrain.readers import json_mapping
 from hpctrain.runs.directory import RunDir
 from hpctrain.runs.identity import job_chain
 
@@ -58,23 +58,6 @@ class RunSeries:
         return job_chain(self.identity)
 
 
-def _records(path: Path) -> list[dict]:
-    records = []
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict) and isinstance(record.get("step"), (int, float)) and \
-                isinstance(record.get("time"), (int, float)):
-            records.append(record)
-    return records
-
-
 def _value(record: dict, key: str) -> float | None:
     if key == "memory_gib_max":  # the gpu record keeps bytes per rank
         sizes = [m for m in record.get("memory_used_bytes") or [] if isinstance(m, (int, float))]
@@ -88,7 +71,9 @@ def _value(record: dict, key: str) -> float | None:
 
 def read_run(path: Path) -> RunSeries:
     run = RunDir(path)
-    records = _records(run.metrics)
+    records = [r for r in run.read_metrics()[0]  # those a chart can place
+               if isinstance(r.get("step"), (int, float)) and isinstance(r.get("time"),
+                                                                         (int, float))]
     start = min((r["time"] for r in records), default=0.0)
     panels: dict[str, list[Curve]] = {}
     for panel, label, kind, key in CURVES:
@@ -100,22 +85,14 @@ def read_run(path: Path) -> RunSeries:
         if curve.points:
             panels.setdefault(panel, []).append(curve)
     identity = run.read_identity() or {}
-    profile = (_json(run.profile / "profile.json") or {}).get("verdict")
+    profile = (json_mapping(run.profile / "profile.json") or {}).get("verdict")
     predictions = run.memory_predictions()
-    memory = (_json(predictions[0]) or {}).get("estimate") if predictions else None
+    memory = (json_mapping(predictions[0]) or {}).get("estimate") if predictions else None
     return RunSeries(path=path, name=path.name, panels=panels,
                      restarts=_restarts(identity, records, start),
                      summary=run.read_summary() or {}, config=run.read_config() or {},
                      identity=identity, profile=profile,
                      memory=memory if isinstance(memory, dict) else None)
-
-
-def _json(path: Path) -> dict | None:
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def _restarts(identity: dict, records: list[dict], start: float) -> list[tuple[int, float]]:

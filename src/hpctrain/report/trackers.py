@@ -40,6 +40,15 @@ def check(config: Config) -> None:
                               "tracking.sinks")
 
 
+def mlflow_uri(configured: str | None, run_dir: Path) -> str:
+    """The run's MLflow tracking URI: the configured one, else the file store beside the run
+    directories (MLflow 3 keeps file stores in maintenance mode: opted into for this one)."""
+    if configured:
+        return configured
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    return (run_dir.parent / "mlruns").as_uri()
+
+
 def _installed(module: str) -> bool:
     try:
         return importlib.util.find_spec(module) is not None
@@ -72,11 +81,8 @@ class Mlflow:
         from mlflow.entities import Param
         from mlflow.tracking import MlflowClient
 
-        uri = config.tracking.mlflow_uri
-        if uri is None:  # the file store beside the run directories
-            uri = (run_dir.parent / "mlruns").as_uri()
-            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-        self.client = MlflowClient(tracking_uri=uri)
+        self.client = MlflowClient(tracking_uri=mlflow_uri(config.tracking.mlflow_uri,
+                                                           run_dir))
         known = (identity.get("trackers") or {}).get("mlflow")
         if known:  # a requeued or resumed run: the same MLflow run
             self.run_id = known

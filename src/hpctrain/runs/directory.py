@@ -109,6 +109,24 @@ class RunDir:
         """Every job log in the folder (all jobs of a chain, both streams)."""
         return sorted(self.path.glob(JOB_LOG.format(job="*", stream="*")))
 
+    def read_metrics(self) -> tuple[list[dict], int]:
+        """metrics.jsonl's records, and how many lines were not records (cut by a crash)."""
+        try:
+            lines = self.metrics.read_text(errors="replace").splitlines()
+        except OSError:
+            return [], 0
+        records, bad = [], 0
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                record = None
+            if isinstance(record, dict):
+                records.append(record)
+            else:
+                bad += 1
+        return records, bad
+
     def read_summary(self) -> dict | None:
         """summary.json, or None when missing or unreadable (a crash may have cut it)."""
         return json_mapping(self.summary)
@@ -121,6 +139,14 @@ class RunDir:
 
     def list_checkpoints(self) -> list[Path]:
         return list_checkpoints(self.checkpoints)
+
+
+def modified(path: Path) -> float | None:
+    """The file's modification time, None when it is not there."""
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
 
 
 def list_checkpoints(folder: Path) -> list[Path]:

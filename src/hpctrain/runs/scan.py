@@ -16,7 +16,8 @@ import os
 import time
 from pathlib import Path
 
-from hpctrain.runs.directory import CONFIG, IDENTITY, JOB_SCRIPT, METRICS, SUMMARY, RunDir
+from hpctrain.runs.directory import (CONFIG, IDENTITY, JOB_SCRIPT, METRICS, SUMMARY, RunDir,
+                                    modified)
 from hpctrain.runs.identity import config_hash, job_chain
 
 # a live run touches run.json every minute (identity.Heartbeat); silence this long is a loss
@@ -38,33 +39,6 @@ def signature(path: Path) -> str:
         except OSError:
             parts.append("-")
     return "|".join(parts)
-
-
-def _mtime(path: Path) -> float | None:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return None
-
-
-def _records(path: Path) -> tuple[list[dict], int]:
-    """metrics.jsonl's records and how many lines were not records."""
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return [], 0
-    records, bad = [], 0
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            bad += 1
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-        else:
-            bad += 1
-    return records, bad
 
 
 def _number(value) -> float | None:
@@ -103,7 +77,7 @@ def _status(run: RunDir, summary: dict | None, heartbeat: float | None) -> tuple
         return "damaged", f"{SUMMARY} cannot be read (cut short or not a JSON object)"
     if summary is not None:
         state = summary.get("status") if summary.get("status") in FINAL else "failed"
-        written = _mtime(run.summary) or 0
+        written = modified(run.summary) or 0
         if heartbeat is not None and heartbeat > written + 5:  # started again since
             return "running", None
         return state, None
@@ -115,12 +89,12 @@ def _status(run: RunDir, summary: dict | None, heartbeat: float | None) -> tuple
 def scan_run(path: Path) -> tuple[dict, list[tuple]]:
     """The index row of the run directory `path`, and its evaluations."""
     run = RunDir(path)
-    folder_mtime = _mtime(path)  # before reading: a write meanwhile shows at the next refresh
+    folder_mtime = modified(path)  # before reading: a write meanwhile shows at the next refresh
     identity = run.read_identity() or {}
     config = run.read_config() or {}
     summary = run.read_summary()
-    records, bad_lines = _records(run.metrics)
-    heartbeat = max(filter(None, (_mtime(run.identity), _mtime(run.metrics))), default=None)
+    records, bad_lines = run.read_metrics()
+    heartbeat = max(filter(None, (modified(run.identity), modified(run.metrics))), default=None)
     status, problem = _status(run, summary, heartbeat)
     if bad_lines and problem is None:
         problem = f"{bad_lines} line(s) of {METRICS} unreadable (skipped)"
@@ -129,7 +103,7 @@ def scan_run(path: Path) -> tuple[dict, list[tuple]]:
     last_start = starts[-1] if starts else {}
     progress = next((r for r in reversed(records) if _number(r.get("device_hours"))), {})
     started = _number(identity.get("created")) or next(
-        (r["time"] for r in records if _number(r.get("time"))), None) or _mtime(path)
+        (r["time"] for r in records if _number(r.get("time"))), None) or modified(path)
     best_metric, best_value = next(((name, summary[name]) for name, _ in BEST_METRICS
                                     if _number(summary.get(name)) is not None), (None, None))
     jobs = job_chain(identity) or ([str(summary["slurm_job_id"])]
@@ -143,7 +117,7 @@ def scan_run(path: Path) -> tuple[dict, list[tuple]]:
         "user_name": identity.get("user"), "host": (last_start.get("hosts") or [None])[0],
         "cluster": identity.get("cluster") or last_start.get("cluster"),
         "started": started,
-        "ended": _mtime(run.summary) if status in FINAL else None,
+        "ended": modified(run.summary) if status in FINAL else None,
         "month": time.strftime("%Y-%m", time.localtime(started)) if started else None,
         "config_hash": identity.get("config_hash") or (config_hash(config) if config else None),
         "git_commit": identity.get("git_commit"),

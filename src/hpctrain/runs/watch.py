@@ -8,8 +8,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpctrain.runs.directory import RunDir
-from hpctrain.runs.live import latest_records, tail_records
+from hpctrain.runs.directory import RunDir, modified
+from hpctrain.runs.live import tail_records
 from hpctrain.runs.scan import FINAL
 
 BARS = "▁▂▃▄▅▆▇█"
@@ -61,11 +61,12 @@ def _total_steps(config: dict, train: dict) -> int | None:
 
 def snapshot(run_dir: Path) -> Snapshot:
     run = RunDir(run_dir)
-    trains = [r for r in tail_records(run.metrics) if r.get("kind") == "train"]
-    latest = latest_records(run.metrics)
+    records = tail_records(run.metrics)  # read once: the curves and the latest of each kind
+    trains = [r for r in records if r.get("kind") == "train"]
+    latest = {r["kind"]: r for r in records}
     summary = run.read_summary() or {}
     status = summary.get("status", "running" if trains else "not started")
-    if summary and trains and trains[-1].get("time", 0) > _mtime(run.summary):
+    if summary and trains and trains[-1].get("time", 0) > (modified(run.summary) or 0.0):
         status = "running"  # started again after its last summary (a requeue)
     shot = Snapshot(str(run_dir), status)
     if not trains:
@@ -87,9 +88,3 @@ def snapshot(run_dir: Path) -> Snapshot:
             shot.eta_seconds = max(0.0, (shot.total_steps - last["step"]) / rate)
     return shot
 
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0

@@ -23,7 +23,7 @@ from hpctrain.cluster.job import requeue
 from hpctrain.config import Config, to_yaml
 from hpctrain.data.loader import image_size_for_epoch
 from hpctrain.errors import DataError, OutputError, Preempted, RunFailed, cannot_write
-from hpctrain.monitor.sampler import interval_record
+from hpctrain.monitor.sampler import add_energy, energy_of, interval_record
 from hpctrain.monitor.watchdog import Watchdog
 from hpctrain.profiling.regions import region
 from hpctrain.report import trackers
@@ -362,7 +362,7 @@ def _record_gpus(parts: Parts, progress: Progress, clock: Clock, telemetry: Tele
         return
     gpus["step_seconds"] = [row[0] / max(steps, 1) for row in per_rank]
     gpus["data_wait_fraction"] = [row[1] / row[0] if row[0] else 0.0 for row in per_rank]
-    gpus["energy_joules"] = report.totals(parts, progress, clock)["energy_joules"]
+    gpus["energy_joules"] = add_energy(progress.energy_joules, energy_of(clock.monitor_rows))
     telemetry.record("gpu", progress.step, gpus)
     warning = watchdog.observe(gpus["utilization_mean"], data_wait)
     if warning:
