@@ -81,3 +81,32 @@ def join_dashed_values(argv: list[str]) -> list[str]:
             item = f"{item}={rest.pop(0)}"
         joined.append(item)
     return joined
+
+
+def add_job_options(parser: argparse.ArgumentParser) -> None:
+    """The Slurm job's options, shared by submit, tune --submit and scale --submit."""
+    parser.add_argument("--time", default="1:00:00", help="time limit per job (requeued "
+                        "until the work is done), Slurm format: 90, 2:00:00, 1-00:00:00")
+    parser.add_argument("--cluster", help="profile name (default: $HPCTRAIN_CLUSTER or "
+                        "generic)")
+    parser.add_argument("--nodes", type=count(1), help="per job; default: as few as the "
+                        "profile allows")
+    for option in ("account", "partition", "qos", "constraint", "mem", "job-name"):
+        parser.add_argument(f"--{option}")
+    parser.add_argument("--cpus-per-gpu", type=count(1))
+    parser.add_argument("--module", action="append", default=[], help="repeatable")
+    parser.add_argument("--venv", help="a virtual environment to activate")
+    parser.add_argument("--conda", help="a conda environment to activate")
+    parser.add_argument("--container", help="an Apptainer/Singularity image (.sif)")
+    parser.add_argument("--extra-sbatch", action="append", default=[],
+                        help="one more #SBATCH directive, e.g. '--mail-type=END'")
+    parser.add_argument("--max-requeues", type=count(0), default=20)
+
+
+def job_options(args) -> dict:
+    """The job options of `args`, as cluster.jobs takes them."""
+    return dict(nodes=args.nodes, job_name=args.job_name, account=args.account,
+                partition=args.partition, qos=args.qos, constraint=args.constraint,
+                cpus_per_gpu=args.cpus_per_gpu, mem=args.mem, modules=args.module,
+                venv=args.venv, conda=args.conda, container=args.container,
+                extra_sbatch=args.extra_sbatch, max_requeues=args.max_requeues)

@@ -14,9 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-from hpctrain.arguments import (Parser, count, counts, join_dashed_values, seconds,
-                                size_bytes)
-from hpctrain import cli_runs
+from hpctrain.arguments import (Parser, add_job_options, count, counts, job_options,
+                                join_dashed_values, seconds, size_bytes)
+from hpctrain import cli_runs, cli_tune
 from hpctrain.errors import ConfigError, Preempted, UserError
 
 RUN_EXAMPLE = """examples:
@@ -96,12 +96,7 @@ def cmd_submit(args) -> int:
     from hpctrain.cluster import jobs
     from hpctrain.cluster.profiles import get_profile
 
-    options = dict(nodes=args.nodes, job_name=args.job_name, account=args.account,
-                   partition=args.partition, qos=args.qos, constraint=args.constraint,
-                   cpus_per_gpu=args.cpus_per_gpu, mem=args.mem, modules=args.module,
-                   venv=args.venv, conda=args.conda, container=args.container,
-                   extra_sbatch=args.extra_sbatch, max_requeues=args.max_requeues,
-                   sweep=args.sweep)
+    options = {**job_options(args), "sweep": args.sweep}
     if args.dry_run:
         request, script = jobs.plan(args.recipe, args.overrides, args.gpus, args.time,
                                     args.cluster, **options)
@@ -417,9 +412,10 @@ def cmd_profile(args) -> int:
     return 0
 
 
-def _verb(verbs, name: str, help: str, epilog: str, func) -> argparse.ArgumentParser:
+def _verb(verbs, name: str, help: str | None, epilog: str, func) -> argparse.ArgumentParser:
     """A verb's parser: its help, its examples below the options, the function it runs."""
-    parser = verbs.add_parser(name, help=help, epilog=epilog,
+    listed = {"help": help} if help is not None else {}  # None: a verb of another's
+    parser = verbs.add_parser(name, epilog=epilog, **listed,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.set_defaults(func=func)
     return parser
@@ -453,20 +449,7 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("recipe", nargs="?", default=None)
     submit.add_argument("overrides", nargs="*", help="key=value settings for the run")
     submit.add_argument("--gpus", type=count(1), required=True, help="GPUs in all (one task each)")
-    submit.add_argument("--nodes", type=count(1), help="default: as few as the profile allows")
-    submit.add_argument("--time", default="1:00:00", help="time limit per job (requeued "
-                        "until the run is done), Slurm format: 90, 2:00:00, 1-00:00:00")
-    submit.add_argument("--cluster", help="profile name (default: $HPCTRAIN_CLUSTER or generic)")
-    for option in ("account", "partition", "qos", "constraint", "mem", "job-name"):
-        submit.add_argument(f"--{option}")
-    submit.add_argument("--cpus-per-gpu", type=count(1))
-    submit.add_argument("--module", action="append", default=[], help="repeatable")
-    submit.add_argument("--venv", help="a virtual environment to activate")
-    submit.add_argument("--conda", help="a conda environment to activate")
-    submit.add_argument("--container", help="an Apptainer/Singularity image (.sif)")
-    submit.add_argument("--extra-sbatch", action="append", default=[],
-                        help="one more #SBATCH directive, e.g. '--mail-type=END'")
-    submit.add_argument("--max-requeues", type=count(0), default=20)
+    add_job_options(submit)
     submit.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2",
                         help="one array job over the values (repeat: cartesian product); "
                         "each element gets its own run directory")
@@ -587,6 +570,7 @@ def build_parser() -> argparse.ArgumentParser:
     recipes.add_argument("--json", action="store_true")
 
     cli_runs.add_verbs(verbs, _verb)
+    cli_tune.add_verbs(verbs, _verb)
     return parser
 
 
@@ -601,8 +585,11 @@ def _parse(argv: list[str] | None):
     """Like parse_args, but key=value overrides may also come after options
     (`hpctrain submit default --gpus 8 train.epochs=3`)."""
     parser = build_parser()
-    args, extra = parser.parse_known_args(join_dashed_values(
-        sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if (argv[:1] == ["tune"] and argv[1:2] in (["status"], ["worker"])) or \
+            argv[:2] == ["scale", "status"]:  # their own verbs beside the recipe argument
+        argv = [f"{argv[0]}-{argv[1]}", *argv[2:]]
+    args, extra = parser.parse_known_args(join_dashed_values(argv))
     late = [a for a in extra if "=" in a and not a.startswith("-")]
     if len(late) != len(extra) or (late and not hasattr(args, "overrides")):
         parser.error(f"unrecognized arguments: {' '.join(a for a in extra if a not in late)}"

@@ -481,6 +481,15 @@ class MonitorConfig(Section):
     low_intervals: int = Field(3, ge=1, description="... for this many logging intervals")
 
 
+class TrialConfig(Section):
+    """This run is one trial of a search (`hpctrain tune`, tune/): its evaluations go to the
+    study, which may stop it early (pruning). Written by the tune worker, not by hand."""
+
+    study_dir: str | None = Field(None, description="the search's folder (its tune.json names "
+                                  "the study, its storage and the metric reported)")
+    number: int | None = Field(None, ge=0, description="the trial's number in the study")
+
+
 class Config(Section):
     name: str = "default"
     seed: int = Field(0, ge=0, le=2**32 - 1, description="numpy takes seeds below 2**32")
@@ -508,6 +517,7 @@ class Config(Section):
     preemption: PreemptionConfig = PreemptionConfig()
     monitor: MonitorConfig = MonitorConfig()
     tracking: TrackingConfig = TrackingConfig()
+    trial: TrialConfig = TrialConfig()
 
     @model_validator(mode="before")
     @classmethod

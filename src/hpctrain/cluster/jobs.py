@@ -185,7 +185,7 @@ def plan(recipe: str | None, overrides: list[str], gpus: int, time_limit: str,
     for element in elements:
         load_config(recipe, [*overrides, *element])
     name = options.pop("job_name", None)
-    _check_places(name, options)
+    check_places(name, options)
     run_name = config.run_name or name or f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = (Path(config.output_dir).expanduser() / run_name).absolute()
     resume_from = None
@@ -265,7 +265,7 @@ def _resumed_place(resume: str, sweep: bool) -> tuple[Path, str | None]:
     return target, None
 
 
-def _check_places(job_name: str | None, options: dict) -> None:
+def check_places(job_name: str | None, options: dict) -> None:
     """What names a place: the job name becomes the run's folder; the venv and the container
     must exist (checked here, on the login node that shares their file system)."""
     try:
@@ -304,7 +304,13 @@ def submit(recipe: str | None = None, overrides: list[str] = (), gpus: int = 1,
            time_limit: str = "1:00:00", cluster: str | None = None, **options) -> Job:
     """Write the script into the run directory, submit it, remember the job."""
     request, script = plan(recipe, list(overrides), gpus, time_limit, cluster, **options)
-    check_fits(request, get_profile(cluster))
+    return send(request, script, get_profile(cluster))
+
+
+def send(request: JobRequest, script: str, profile: Profile) -> Job:
+    """Check that the job can start, write its script into its folder, submit it, remember
+    it in the job ledger."""
+    check_fits(request, profile)
     request.run_dir.mkdir(parents=True, exist_ok=True)
     run = RunDir(request.run_dir)
     run.job_script.write_text(script)

@@ -48,9 +48,18 @@ class JobRequest:
     extra_sbatch: list[str] = field(default_factory=list)
     max_requeues: int = 20
     sweep: list[list[str]] = field(default_factory=list)  # per array element: its overrides
+    # instead of training: `hpctrain WORKER... --slot ELEMENT` in the batch shell of each of
+    # `elements` array elements (a search's workers, which srun their trials themselves)
+    worker: list[str] = field(default_factory=list)
+    elements: int = 0
     resume_from: str | None = None  # a checkpoint the first start resumes (then: the newest)
     workdir: Path | None = None  # where the job runs: the submit directory
     user_code: bool = False  # the recipe names user code: the workdir goes on PYTHONPATH
+
+    @property
+    def array(self) -> int:
+        """Array elements: one per sweep element, or per worker; 0 for a plain job."""
+        return len(self.sweep) or self.elements
 
 
 def time_seconds(text: str) -> int:
@@ -147,11 +156,11 @@ def render(request: JobRequest, profile: Profile) -> str:
                                                   _per_node_mem(profile.mem_per_gpu, per_node)))):
         if value:
             directives.append((option, _safe(f"--{option}", value)))
-    job = "%A_%a" if request.sweep else "%j"  # Slurm fills in the job (array element) id
+    job = "%A_%a" if request.array else "%j"  # Slurm fills in the job (array element) id
     if request.workdir:  # where relative paths and your modules are found, as at submission
         directives.append(("chdir", _safe("the submit directory", request.workdir)))
-    if request.sweep:
-        directives.append(("array", f"0-{len(request.sweep) - 1}"))
+    if request.array:
+        directives.append(("array", f"0-{request.array - 1}"))
     directives += [
         ("signal", f"USR1@{lead}"),  # to the job steps (no B:): every rank gets it
         ("requeue", None),
@@ -239,7 +248,16 @@ def _command(request: JobRequest, run_dir: Path, own_environment: bool) -> list[
         command += ' "resume=$resume"'
     if request.sweep:
         command += ' "${ELEMENT[@]}" run_name="element-$SLURM_ARRAY_TASK_ID"'
-    if request.sweep:  # an element continues alone, as a one-element array of the same index
+    about = ["# One task per GPU; hpctrain reads the layout from srun (no MASTER_ADDR to "
+             "export)."]
+    launch = f"srun {command} &"
+    if request.worker:  # the worker sruns each trial itself
+        command = " ".join(shlex.quote(str(a)) for a in [*python, "-m", "hpctrain",
+                                                        *request.worker])
+        about = ["# This element's worker runs trial after trial, each with srun (one task per",
+                 "# GPU) until the search's budget is spent."]
+        launch = f'{command} --slot "$SLURM_ARRAY_TASK_ID" &'
+    if request.array:  # an element continues alone, as a one-element array of the same index
         this_job = ['    this_job="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"',
                     '    element="$SLURM_ARRAY_TASK_ID"']
         same_element = '--array="$element" '
@@ -248,7 +266,7 @@ def _command(request: JobRequest, run_dir: Path, own_environment: bool) -> list[
     script = shlex.quote(str(RunDir(run_dir).job_script))
     record = shlex.quote(json.dumps(str(run_dir)))
     return lines + [
-        "# One task per GPU; hpctrain reads the layout from srun (no MASTER_ADDR to export).",
+        *about,
         "export HPCTRAIN_CONTINUES=script  # the continuation below is this script's job",
         "# USR1 to this shell (scancel --batch --signal=USR1, --signal=B:USR1@300) goes on to",
         "# the run, which saves; srun runs in the background so that the shell takes it at once.",
@@ -257,7 +275,7 @@ def _command(request: JobRequest, run_dir: Path, own_environment: bool) -> list[
         "# kill its tasks), and such a job is not continued here.",
         "trap 'kill -s USR1 \"$run\" 2>/dev/null' USR1",
         "trap 'terminated=1' TERM",
-        f"srun {command} &",
+        launch,
         "run=$!",
         'while :; do wait "$run"; status=$?; kill -0 "$run" 2>/dev/null || break; done',
         f"# {REQUEUE_EXIT_CODE}: saved and stopped early (preemption signal or time limit). "

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import html
 import math
+import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -131,9 +133,17 @@ def svg(chart: Chart, index: int) -> str:
 
 def png(chart: Chart, path: Path) -> None:
     """The same chart as a PNG (for papers and chat), written whole or not at all."""
+    # a name of this writer's own: two processes may draw the same picture at once
+    partial = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.partial")
+    image(chart).save(partial, format="PNG")
+    partial.replace(path)
+
+
+def image(chart: Chart) -> Image.Image:
+    """The chart drawn with Pillow."""
     p = place(chart)
-    image = Image.new("RGB", (WIDTH, HEIGHT), "white")
-    draw = ImageDraw.Draw(image)
+    canvas = Image.new("RGB", (WIDTH, HEIGHT), "white")
+    draw = ImageDraw.Draw(canvas)
     font = ImageFont.load_default()
     for a, b, c, d in p.grid:
         draw.line((a, b, c, d), fill="#e6e6e6")
@@ -154,6 +164,4 @@ def png(chart: Chart, path: Path) -> None:
         width = draw.textlength(text, font=font)
         left = {"start": x, "middle": x - width / 2, "end": x - width}[anchor]
         draw.text((left, y - 10), text, fill="black", font=font)
-    partial = path.with_name(f".{path.name}.partial")
-    image.save(partial, format="PNG")
-    partial.replace(path)
+    return canvas

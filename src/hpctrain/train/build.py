@@ -41,6 +41,7 @@ from hpctrain.train.run_dir import RunPlace, resolve_run
 from hpctrain.train.system import SystemPlan, apply_global_switches, plan_system
 from hpctrain.train.tasks import (Batch, Task, check_vocabulary, image_classification,
                                   language_modeling, point_cloud_classification)
+from hpctrain.train.trial import TrialLink, link
 from hpctrain.train.user_functions import with_user_functions
 
 
@@ -67,6 +68,7 @@ class Parts:
     checkpointer: Checkpointer
     sampler: Sampler  # this rank's GPU (or CPU energy) in the background; the loop starts it
     deadline: float | None  # Unix time at which to save and stop, or None
+    trial: TrialLink | None  # the search this run is a trial of (tune/), or None
     steps_per_epoch: int
     total_steps: int
     batch_size: int  # per device and micro-step
@@ -230,5 +232,6 @@ def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
                                   distributed, config.checkpoint.async_save),
         sampler=sampler,
         deadline=deadline_at(config.preemption, job_end),
+        trial=link(config, distributed),
         steps_per_epoch=steps_per_epoch, total_steps=total_steps, batch_size=batch_size,
         global_batch_size=global_batch, effective_lr=lr)

@@ -40,6 +40,7 @@ from hpctrain.train.preemption import Stopper
 from hpctrain.train.resume import Progress, completed_summary, restore, save
 from hpctrain.train.run_dir import set_aside
 from hpctrain.train.telemetry import KEEP_GOING, Telemetry, write_summary
+from hpctrain.train.trial import TrialPruned
 
 
 def train(config: Config, env: ProcessEnv | None = None,
@@ -106,6 +107,10 @@ def _train(parts: Parts, stopper: Stopper, on_step: Callable[[Parts, int], None]
         status = "completed"
     except Preempted as stop:
         status, stopped = "preempted", stop
+    except TrialPruned as pruned:  # every rank, together: a search's pruner stopped it
+        status = "pruned"
+        telemetry.message(f"hpctrain: {pruned}")
+        _finish_saving(parts)
     except torch.cuda.OutOfMemoryError:
         raise RunFailed(report.oom_advice(parts, progress.step)) from None
     except KeyboardInterrupt:
@@ -226,7 +231,8 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
                               watchdog)
             paused = time.perf_counter()  # evaluation and checkpoints are not training time
             if progress.step % eval_every == 0 or last:
-                _evaluate_and_record(parts, progress, clock, telemetry, stopper)
+                _evaluate_and_record(parts, progress, clock, telemetry, stopper,
+                                     evaluation=-(-progress.step // eval_every))
             saved = progress.step % ckpt_every == 0 or last
             if saved:
                 _save(parts, progress, clock, telemetry)
@@ -370,7 +376,9 @@ def _record_gpus(parts: Parts, progress: Progress, clock: Clock, telemetry: Tele
 
 
 def _evaluate_and_record(parts: Parts, progress: Progress, clock: Clock, telemetry: Telemetry,
-                         stopper: Stopper | None = None) -> None:
+                         stopper: Stopper, evaluation: int) -> None:
+    """Evaluate (the `evaluation`-th time), record it, and report it to the search when the
+    run is one of its trials: TrialPruned when the study stops it."""
     values = evaluate(parts, parts.forward, stopper)
     if values is None:
         telemetry.message(f"step {progress.step}: evaluation cut short to stop in time")
@@ -384,3 +392,6 @@ def _evaluate_and_record(parts: Parts, progress: Progress, clock: Clock, telemet
         **{key: run[key] for key in ("elapsed_seconds", "device_hours", "energy_joules")}})
     telemetry.message(f"step {progress.step}: " + "  ".join(
         f"{name} {value:.4f}" for name, value in values.items()))
+    if parts.trial is not None and parts.trial.prune(values, evaluation):
+        raise TrialPruned(f"trial {parts.trial.number} pruned by the study after evaluation "
+                          f"{evaluation} (step {progress.step})")

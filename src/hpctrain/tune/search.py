@@ -1,0 +1,161 @@
+"""`hpctrain tune`: prepare a search (checked in full before anything runs), then run its
+workers here, one after another or N at a time, each on its own share of the cores and GPUs.
+The Slurm side (one array job of workers) is tune/submit.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpctrain.errors import ConfigError
+from hpctrain.tune.space import check_against, parse_all
+from hpctrain.tune.study import (SETTINGS, Search, check_storage, grid_size, objective,
+                                 open_study, read_search)
+from hpctrain.tune.worker import STOPPED, Launch, Worker
+
+RESERVED = ("run_name=", "resume=", "trial.")  # the worker sets these per trial
+
+
+@dataclass
+class Options:
+    space: list[str]
+    trials: int | None = None
+    objective: str | None = None  # KEY:max|min; default by task
+    sampler: str = "tpe"
+    pruner: str = "median"
+    seed: int = 0
+    storage: str | None = None
+    folder: str | None = None
+    processes_per_trial: int = 1
+
+
+def prepare(recipe: str | None, overrides: list[str], options: Options,
+            array: bool = False) -> tuple[Path, Search]:
+    """Check everything (recipe, space, objective, storage), create the search folder and
+    its study, or continue the search already in options.folder (same settings, the budget
+    may grow). Returns the folder and its settings."""
+    from hpctrain.config import load_config
+
+    config = load_config(recipe, overrides)
+    for text in overrides:
+        if text.startswith(RESERVED):
+            raise ConfigError(f"{text}: hpctrain tune sets {text.split('=')[0]} for each trial; "
+                              "choose the search's folder with --dir")
+    parameters = parse_all(options.space)
+    check_against(parameters, lambda extra: load_config(recipe, [*overrides, *extra]))
+    default = "best_val_loss:min" if config.task_name == "language" else "best_val_accuracy:max"
+    key, direction = objective(options.objective or default)
+    storage = check_storage(options.storage, array)
+    trials = options.trials
+    if options.sampler == "grid":
+        size = grid_size(parameters)
+        trials = size if trials is None else min(trials, size)
+    if trials is None or trials < 1:
+        raise ConfigError("--trials N: how many trials the search may run (1 or more)")
+    search = Search(recipe=recipe, overrides=list(overrides), space=list(options.space),
+                    objective=key, direction=direction, trials=trials,
+                    sampler=options.sampler, pruner=options.pruner, seed=options.seed,
+                    storage=storage, processes_per_trial=options.processes_per_trial)
+    folder = Path(options.folder) if options.folder else \
+        Path(config.output_dir) / f"{config.name}-tune-{time.strftime('%Y%m%d-%H%M%S')}"
+    folder = folder.expanduser().absolute()
+    if (folder / SETTINGS).is_file():
+        search = _continued(folder, search)
+    else:
+        folder.mkdir(parents=True, exist_ok=True)
+    open_study(folder, search, 0, parameters)  # created now: a bad database fails here
+    search.save(folder)
+    return folder, search
+
+
+def _continued(folder: Path, wanted: Search) -> Search:
+    """The search already in `folder`, with the new budget; refused when it searched
+    something else."""
+    kept = read_search(folder)
+    for name in ("recipe", "overrides", "space", "objective", "direction", "sampler",
+                 "pruner", "seed", "storage"):
+        if getattr(kept, name) != getattr(wanted, name):
+            raise ConfigError(f"--dir {folder} holds a search with another {name} "
+                              f"({getattr(kept, name)!r}, not {getattr(wanted, name)!r}); "
+                              "give the same settings to continue it, or another --dir")
+    kept.trials = max(kept.trials, wanted.trials)
+    kept.processes_per_trial = wanted.processes_per_trial
+    return kept
+
+
+def local_launches(parallel: int, processes: int) -> list[Launch]:
+    """Each slot's share of this machine: its cores (the trials' DataLoaders size themselves
+    by them) and, with GPUs, `processes` of them; torchrun for more than one process."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    share = len(cores) // parallel
+    gpus = _gpu_count()
+    launches = []
+    for slot in range(parallel):
+        environment = {"OMP_NUM_THREADS": str(max(1, share or 1))}
+        if gpus:
+            devices = [(slot * processes + i) % gpus for i in range(processes)]
+            environment["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
+        prefix = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                  "--nproc-per-node", str(processes), "--no-python"] if processes > 1 else []
+        launches.append(Launch(prefix, environment,
+                               cores[slot * share:(slot + 1) * share] if share else None))
+    return launches
+
+
+def _gpu_count() -> int:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip()])
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except Exception:  # noqa: BLE001 - no CUDA: no GPUs
+        return 0
+
+
+def run_locally(folder: Path, parallel: int, say=print) -> int:
+    """Run `parallel` workers here until the budget is spent. Ctrl-C stops every running
+    trial with a checkpoint (the recipe's preemption signal): the same command continues
+    them. 0 done, 75 stopped early, 1 trials kept failing."""
+    from hpctrain.config import load_config
+
+    search = read_search(folder)
+    stop_signal = load_config(search.recipe, search.overrides).preemption.signal
+    lock = threading.Lock()
+
+    def said(text: str) -> None:
+        with lock:
+            say(text)
+
+    launches = local_launches(parallel, search.processes_per_trial)
+    workers = [Worker(folder, str(slot), launches[slot], said, getattr(signal, stop_signal))
+               for slot in range(parallel)]
+    codes = [0] * parallel
+
+    def work(slot: int) -> None:
+        codes[slot] = workers[slot].run()
+
+    threads = [threading.Thread(target=work, args=(slot,), name=f"tune-slot-{slot}")
+               for slot in range(parallel)]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.2)  # the first takes the lock first: trial numbers follow the slots
+    try:
+        while any(t.is_alive() for t in threads):
+            for thread in threads:
+                thread.join(timeout=0.5)
+    except KeyboardInterrupt:
+        said("hpctrain tune: stopping: the running trials save a checkpoint first")
+        for worker in workers:
+            worker.stop()
+        for thread in threads:
+            thread.join()
+        return STOPPED
+    return max(codes) if STOPPED not in codes else STOPPED

@@ -1,0 +1,222 @@
+"""A search's settings and its Optuna study: what `hpctrain tune` writes into the search's
+folder (tune.json) and how every process opens the same study from there.
+
+Storage: by default Optuna's journal in the search folder (study.journal): one append-only
+file whose writers take a symlink lock, which NFS, Lustre and GPFS make atomic (flock is
+missing on some Lustre mounts) and which a killed writer cannot hold for ever (the lock's
+grace period). Or a database URL (PostgreSQL) for a team's server. SQLite is refused where
+it breaks: on a shared file system (its locks are not safe there: "database disk image is
+malformed") and in array jobs, whose nodes do not share a local disk.
+
+Read by the tune worker, `tune status`, and a trial's own training (train/trial.py), which
+reports its evaluations; nothing here runs training.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from hpctrain.errors import ConfigError
+
+SETTINGS = "tune.json"
+JOURNAL = "study.journal"
+LOCK_GRACE_SECONDS = 30  # a journal or claims lock older than this was left by a killed writer
+SAMPLERS = ("tpe", "random", "grid", "cmaes")
+PRUNERS = ("median", "hyperband", "none")
+# summary.json's numbers a search can optimise (a test checks a run's summary holds them)
+OBJECTIVES = ("best_val_accuracy", "final_val_accuracy", "best_val_loss", "best_val_perplexity",
+              "samples_per_second", "wall_seconds", "device_hours", "energy_joules",
+              "tokens_per_second", "images_per_second", "samples_per_joule", "mfu")
+SHARED_FILE_SYSTEMS = ("nfs", "nfs4", "lustre", "gpfs", "beegfs", "cifs", "smb3", "ceph",
+                       "glusterfs", "fuse.glusterfs", "panfs", "wekafs", "fuse.sshfs")
+
+
+@dataclass
+class Search:
+    """tune.json: everything a worker needs to run the search's trials."""
+
+    recipe: str | None
+    overrides: list[str]
+    space: list[str]  # the --space specs (tune/space.py)
+    objective: str  # a summary.json key
+    direction: str  # maximize | minimize
+    trials: int
+    sampler: str = "tpe"
+    pruner: str = "median"
+    seed: int = 0
+    storage: str | None = None  # None: the journal file in the search folder
+    study_name: str = "hpctrain"
+    processes_per_trial: int = 1  # local: torchrun processes; Slurm: the element's tasks
+    created: float = field(default_factory=time.time)
+
+    @property
+    def metric(self) -> str | None:
+        """The evaluation record's key the trial reports at each evaluation, for pruning:
+        best_val_accuracy and final_val_accuracy report val_accuracy; None for a figure that
+        only the end of a run knows (samples_per_second)."""
+        for prefix in ("best_", "final_"):
+            if self.objective.startswith(prefix + "val_"):
+                return self.objective.removeprefix(prefix)
+        return None
+
+    def save(self, folder: Path) -> None:
+        write_whole(folder / SETTINGS, json.dumps(asdict(self), indent=1) + "\n")
+
+
+def write_whole(path: Path, data: str | bytes) -> None:
+    """`path` replaced at once, through a file of this writer's own: the search's workers
+    write the same results at the same time."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.partial")
+    partial.write_bytes(data.encode() if isinstance(data, str) else data)
+    os.replace(partial, path)
+
+
+def read_search(folder: Path) -> Search:
+    path = Path(folder) / SETTINGS
+    try:
+        data = json.loads(path.read_text())
+        return Search(**data)
+    except FileNotFoundError:
+        raise ConfigError(f"{folder}: not a search folder (no {SETTINGS}); start one with "
+                          "hpctrain tune RECIPE --space ...") from None
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"{path} is damaged ({err}); it is written by hpctrain tune") \
+            from None
+
+
+def objective(text: str) -> tuple[str, str]:
+    """'best_val_accuracy:max' -> (key, maximize)."""
+    key, _, way = text.partition(":")
+    directions = {"max": "maximize", "maximize": "maximize", "min": "minimize",
+                  "minimize": "minimize"}
+    if key not in OBJECTIVES:
+        raise ConfigError(f"--objective {text!r}: {key!r} is not a figure of summary.json "
+                          f"that a search can optimise; use one of {', '.join(OBJECTIVES)}")
+    if way not in directions:
+        raise ConfigError(f"--objective {text!r}: end with :max or :min, e.g. "
+                          f"{key}:{'min' if 'loss' in key or 'seconds' in key else 'max'}")
+    return key, directions[way]
+
+
+def file_system_type(path: Path) -> str | None:
+    """The type of the file system holding `path` (from /proc/mounts; None elsewhere)."""
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return None
+    path, best, kind = str(Path(path).resolve()), "", None
+    for line in mounts:
+        parts = line.split()
+        if len(parts) >= 3:
+            point = parts[1].replace("\\040", " ")
+            inside = path == point or path.startswith(point.rstrip("/") + "/")
+            if inside and len(point) > len(best):
+                best, kind = point, parts[2]
+    return kind
+
+
+def check_storage(url: str | None, array: bool) -> str | None:
+    """The storage URL as Optuna takes it; refused where it would break."""
+    if url is None:
+        return None
+    if url.startswith("sqlite:"):
+        if array:
+            raise ConfigError(f"--storage {url}: the array's nodes do not share a local disk, "
+                              "and SQLite on a shared file system corrupts under concurrent "
+                              "writers; leave --storage out (a journal file in the search "
+                              "folder) or give a PostgreSQL URL")
+        where = url.split(":///", 1)[-1]
+        kind = file_system_type(Path(where).parent)
+        if kind in SHARED_FILE_SYSTEMS:
+            raise ConfigError(f"--storage {url}: {where} is on a shared file system ({kind}), "
+                              "where SQLite's locks are not safe; leave --storage out (a "
+                              "journal file, safe there) or give a PostgreSQL URL")
+        return url
+    if url.startswith(("postgresql:", "postgres:")):
+        # psycopg 3 (hpctrain[postgres]), not SQLAlchemy's default psycopg2
+        scheme, rest = url.split(":", 1)
+        return f"postgresql+psycopg:{rest}" if "+" not in scheme else url
+    if url.startswith("postgresql+") or url.startswith("mysql"):
+        return url
+    raise ConfigError(f"--storage {url}: give a PostgreSQL URL (postgresql://user@host/db), "
+                      "or leave it out for a journal file in the search folder")
+
+
+def open_storage(folder: Path, url: str | None):
+    """The study's storage: the journal file in `folder`, or the database at `url`."""
+    import optuna
+    from optuna.storages.journal import (JournalFileBackend, JournalFileSymlinkLock,
+                                         JournalStorage)
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if url is None:
+        path = str(Path(folder) / JOURNAL)
+        lock = JournalFileSymlinkLock(path, grace_period=LOCK_GRACE_SECONDS)
+        return JournalStorage(JournalFileBackend(path, lock_obj=lock))
+    try:
+        return optuna.storages.RDBStorage(url)
+    except Exception as err:  # SQLAlchemy's errors: the server, the driver, the password
+        raise ConfigError(f"cannot open the study's database: {_first_line(err)}") from None
+
+
+def _first_line(err: Exception) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def sampler(search: Search, slot: int, parameters: list):
+    """The sampler of one worker: the search's seed and the worker's slot, so that workers
+    do not propose the same first trials; TPE as a constant liar, so that running trials
+    keep the others away from their point."""
+    import optuna
+
+    seed = search.seed + 1009 * slot
+    startup = min(10, max(3, search.trials // 4))  # TPE's random start, for a small budget
+    if search.sampler == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, constant_liar=True,
+                                          n_startup_trials=startup)
+    if search.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if search.sampler == "cmaes":
+        return optuna.samplers.CmaEsSampler(seed=seed, n_startup_trials=startup,
+                                            warn_independent_sampling=False)
+    grid = {p.key: p.grid() for p in parameters}
+    return optuna.samplers.GridSampler(grid, seed=seed)
+
+
+def pruner(search: Search):
+    import optuna
+
+    if search.pruner == "none" or search.metric is None:
+        return optuna.pruners.NopPruner()
+    if search.pruner == "hyperband":  # the resource: evaluations
+        return optuna.pruners.HyperbandPruner(min_resource=1, reduction_factor=3)
+    return optuna.pruners.MedianPruner(n_startup_trials=max(1, min(5, search.trials // 4)))
+
+
+def grid_size(parameters: list) -> int:
+    sizes = [p.grid() for p in parameters]
+    if any(s is None for s in sizes):
+        ranged = [p.key for p, s in zip(parameters, sizes) if s is None]
+        raise ConfigError(f"--sampler grid: {', '.join(ranged)} is a continuous range; give "
+                          "choice(...), int(LOW,HIGH) or uniform(LOW,HIGH,STEP)")
+    return math.prod(len(s) for s in sizes)
+
+
+def open_study(folder: Path, search: Search, slot: int = 0, parameters: list | None = None):
+    """The search's study, created on first use, with this worker's sampler and the
+    search's pruner."""
+    import optuna
+
+    from hpctrain.tune.space import parse_all
+
+    parameters = parameters if parameters is not None else parse_all(search.space)
+    return optuna.create_study(storage=open_storage(folder, search.storage),
+                               study_name=search.study_name, direction=search.direction,
+                               sampler=sampler(search, slot, parameters),
+                               pruner=pruner(search), load_if_exists=True)
