@@ -52,6 +52,9 @@ CASES = [
     ("runs_index.py", ["--runs", "30"],
      [r"^full scan\s+SQLite\s+[\d.]+\s+[\d.]+\s+1\.000",
       r"^refresh, 1 % restarted\s+PostgreSQL\s+[\d.]+", r"^leaderboard to 0\.8\s+SQLite"]),
+    ("tune_search.py", ["--trials", "2", "--seeds", "1"],
+     [r"^random, pruner none\s+[\d.]+\s+[\d.]+\s+0\.000\s+1\.000\s+0\.0\s+60\s+1\.00",
+      r"^tpe, pruner median\s+[\d.]+\s+[\d.]+\s+0\.000\s+[\d.]+\s+[\d.]+\s+\d+\s+[\d.]+"]),
     ("data_pipeline.py", ["--images", "48", "--workers", "1", "--batch", "8"],
      [r"\(b\) WebDataset, same tars\s+\d+", r"\(c\) hpctrain shards\s+\d+\s+1\.00",
       r"\(d\) decode-only limit\s+\d+"]),
@@ -68,7 +71,7 @@ def test_every_benchmark_script_has_a_smoke_case():
                          ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
 def test_a_benchmark_runs_at_a_tiny_size(script, arguments, expected, tmp_path):
     if script in ("data_pipeline.py", "stop_latency.py", "host_memory.py", "lm_overhead.py",
-                  "sequence_padding.py", "runs_index.py"):
+                  "sequence_padding.py", "runs_index.py", "tune_search.py"):
         arguments = [*arguments, "--cache-dir", str(tmp_path)]
     done = subprocess.run([sys.executable, str(BENCHMARKS / script), *arguments],
                           capture_output=True, text=True, timeout=600, cwd=tmp_path)

@@ -27,6 +27,13 @@ from test_distributed import run_ok as run_ok_default
 pytestmark = pytest.mark.distributed
 
 TOLERANCE = 1e-5
+# Weights after 20 steps, and a ResNet's losses after its 5th: the order of float sums grows
+# into more than TOLERANCE on some CPUs (measured on AMD EPYC, 2026-11-24: weights 1.3e-5
+# apart; the ResNet's losses 2e-7 apart up to step 5, then up to 1.6e-4, the same on the
+# commit before). A split that trains otherwise (a lost micro-batch, a wrong stage) is 1e-2
+# or more apart.
+WEIGHTS_TOLERANCE = 5e-5
+CONV_TOLERANCE = 5e-4
 STEPS = 20
 
 
@@ -68,7 +75,7 @@ def same_weights(a: Path, b: Path) -> None:
     theirs = read_checkpoint(b / "checkpoints" / f"step_{STEPS:08d}")["model"]
     assert mine.keys() == theirs.keys()
     worst = max((mine[k] - theirs[k]).abs().max().item() for k in mine)
-    assert worst <= TOLERANCE
+    assert worst <= WEIGHTS_TOLERANCE
 
 
 @pytest.fixture(scope="module")
@@ -236,7 +243,7 @@ def assert_same_losses(a: Path, b: Path, steps: range) -> None:
     theirs = {r["step"]: r["loss"] for r in records(b, "train")}
     ours = {r["step"]: r["loss"] for r in records(a, "train")}
     assert sorted(theirs) == list(steps)
-    assert all(abs(ours[s] - theirs[s]) <= TOLERANCE for s in steps), (ours, theirs)
+    assert all(abs(ours[s] - theirs[s]) <= CONV_TOLERANCE for s in steps), (ours, theirs)
 
 
 # ---- layouts that cannot work: exit 2 before any process group, naming what would -------------

@@ -58,6 +58,12 @@ def test_bad_searches_are_exit_2_naming_the_culprit(run_cli, tiny, tmp_path):
     def tune(*args):
         return run_cli("tune", "default", *tiny(), "--trials", "2", *args)
 
+    code, _, err = run_cli("tune", "default", *tiny(), "--space", LR)
+    assert code == 2 and "--trials N: how many trials" in err
+    code, _, err = tune()
+    assert code == 2 and "give the search space: --space" in err
+    code, _, err = tune("--space", LR, "--dry-run")
+    assert code == 2 and "add --submit" in err
     code, _, err = tune("--space", "optim.lrr=loguniform(0.01,1)")
     assert code == 2 and "--space optim.lrr" in err and "did you mean 'optim.lr'" in err
     code, _, err = tune("--space", "optim.name=choice(sgd,adagrad)")
@@ -373,3 +379,45 @@ def test_scale_refuses_what_cannot_run(run_cli, tiny):
     assert code == 2 and "--threshold 2.0" in err
     code, _, err = run_cli("scale", "status", "/nonexistent")
     assert code == 2 and "not a scaling study" in err
+
+
+def test_the_array_script_runs_a_worker_per_element_that_continues_itself(run_cli, tiny,
+                                                                          tmp_path, home):
+    code, out, err = run_cli("tune", "default", *tiny(), "--space", LR, "--trials", "9",
+                             "--parallel", "3", "--submit", "--gpus", "2", "--time", "30",
+                             "--dir", str(tmp_path / "search"), "--dry-run")
+    assert code == 0, err
+    assert "#SBATCH --array=0-2" in out and "#SBATCH --ntasks-per-node=2" in out
+    assert f'-m hpctrain tune worker {tmp_path / "search"} --slot "$SLURM_ARRAY_TASK_ID" &' \
+        in out
+    assert "srun" not in out.split("run=$!")[0].splitlines()[-1]  # the worker sruns trials
+    assert '--array="$element"' in out  # a stopped element continues as itself
+    assert f"#SBATCH --output={tmp_path / 'search'}/slurm-%A_%a.out" in out
+    code, _, err = run_cli("tune", "default", *tiny(), "--space", LR, "--trials", "2",
+                           "--submit", "--container", str(tmp_path / "x.sif"),
+                           "--dir", str(tmp_path / "other"), "--dry-run")
+    assert code == 2 and "--container with tune --submit" in err
+
+
+def test_samplers_and_pruners_follow_the_settings():
+    from hpctrain.tune.study import Search, pruner, sampler
+
+    search = Search(recipe=None, overrides=[], space=[LR], objective="best_val_accuracy",
+                    direction="maximize", trials=8)
+    assert search.metric == "val_accuracy"
+    assert type(pruner(search)).__name__ == "MedianPruner"
+    search.pruner = "hyperband"
+    assert type(pruner(search)).__name__ == "HyperbandPruner"
+    search.objective = "samples_per_second"  # known only at the end: nothing to prune on
+    assert search.metric is None and type(pruner(search)).__name__ == "NopPruner"
+    parameters = space.parse_all([LR])
+    for name, kind in (("tpe", "TPESampler"), ("random", "RandomSampler"),
+                       ("cmaes", "CmaEsSampler")):
+        search.sampler = name
+        assert type(sampler(search, 0, parameters)).__name__ == kind
+    search.sampler = "tpe"
+    first = [sampler(search, slot, parameters) for slot in (0, 1)]
+    study = optuna.create_study()
+    proposals = [s.sample_independent(study, create_trial(value=0.0), "x",
+                                      parameters[0].distribution()) for s in first]
+    assert proposals[0] != proposals[1]  # two workers do not start with the same trial

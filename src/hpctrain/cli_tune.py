@@ -70,9 +70,11 @@ def add_verbs(verbs, make_verb) -> None:
     tune.add_argument("--json", action="store_true")
 
     status = make_verb(verbs, "tune-status", None, TUNE_STATUS_EXAMPLE, cmd_tune_status)
+    status.prog = "hpctrain tune status"  # reached as 'tune status' (cli._parse)
     status.add_argument("folder", metavar="DIR")
     status.add_argument("--json", action="store_true")
     worker = make_verb(verbs, "tune-worker", None, "", cmd_tune_worker)
+    worker.prog = "hpctrain tune worker"
     _add_scale(verbs, make_verb)
     worker.add_argument("folder", metavar="DIR")
     worker.add_argument("--slot", required=True)
@@ -190,6 +192,7 @@ def _add_scale(verbs, make_verb) -> None:
     add_job_options(scale)
     scale.add_argument("--json", action="store_true")
     status = make_verb(verbs, "scale-status", None, "", cmd_scale_status)
+    status.prog = "hpctrain scale status"
     status.add_argument("folder", metavar="DIR")
     status.add_argument("--json", action="store_true")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 from decimal import Decimal
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -83,7 +84,7 @@ def open_database(where: str | None) -> Database:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         connection = sqlite3.connect(path, timeout=60)
-        connection.execute("PRAGMA journal_mode=WAL")
+        _write_ahead_log(connection)
         connection.execute("PRAGMA synchronous=NORMAL")  # WAL stays consistent; it is an index
     except (OSError, sqlite3.Error) as err:
         raise ConfigError(f"--db {path}: cannot open the runs index there ({err}); give a "
@@ -91,6 +92,19 @@ def open_database(where: str | None) -> Database:
                           "only mirrors the run directories: a damaged file can be removed, "
                           "the next hpctrain runs rebuilds it") from None
     return Database(connection, False, str(path))
+
+
+def _write_ahead_log(connection: sqlite3.Connection) -> None:
+    """WAL mode, which the file keeps once set. Switching to it takes the file for a moment
+    without waiting on the busy timeout: processes opening a new index at once retry."""
+    for attempt in range(50):
+        try:
+            connection.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as err:
+            if "locked" not in str(err) or attempt == 49:
+                raise
+            time.sleep(0.1)
 
 
 def _postgres(url: str) -> Database:

@@ -232,7 +232,7 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
             paused = time.perf_counter()  # evaluation and checkpoints are not training time
             if progress.step % eval_every == 0 or last:
                 _evaluate_and_record(parts, progress, clock, telemetry, stopper,
-                                     evaluation=-(-progress.step // eval_every))
+                                     -(-progress.step // eval_every))  # its number
             saved = progress.step % ckpt_every == 0 or last
             if saved:
                 _save(parts, progress, clock, telemetry)

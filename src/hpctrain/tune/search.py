@@ -104,7 +104,8 @@ def local_launches(parallel: int, processes: int) -> list[Launch]:
         prefix = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                   "--nproc-per-node", str(processes), "--no-python"] if processes > 1 else []
         launches.append(Launch(prefix, environment,
-                               cores[slot * share:(slot + 1) * share] if share else None))
+                               cores[slot * share:(slot + 1) * share] if share else None,
+                               signal.SIGTERM if processes > 1 else None))
     return launches
 
 
@@ -137,7 +138,7 @@ def run_locally(folder: Path, parallel: int, say=print) -> int:
     launches = local_launches(parallel, search.processes_per_trial)
     workers = [Worker(folder, str(slot), launches[slot], said, getattr(signal, stop_signal))
                for slot in range(parallel)]
-    codes = [0] * parallel
+    codes = [1] * parallel  # a worker that raised (its traceback is printed) stays 1
 
     def work(slot: int) -> None:
         codes[slot] = workers[slot].run()
@@ -158,4 +159,4 @@ def run_locally(folder: Path, parallel: int, say=print) -> int:
         for thread in threads:
             thread.join()
         return STOPPED
-    return max(codes) if STOPPED not in codes else STOPPED
+    return max(codes)  # 75 (stopped early) above 1 (failing trials) above 0

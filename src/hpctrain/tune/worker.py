@@ -49,6 +49,9 @@ class Launch:
     prefix: list[str] = field(default_factory=list)
     environment: dict[str, str] = field(default_factory=dict)
     cpus: list[int] | None = None  # local: the cores this slot's trials run on
+    # what stops a trial with a checkpoint, when not the recipe's preemption signal: torchrun
+    # passes SIGTERM on to its processes (which save), while USR1 would end torchrun alone
+    stop_signal: int | None = None
 
 
 @dataclass
@@ -183,7 +186,7 @@ class Worker:
         self.stopping.set()
         child = self.child
         if forward and child is not None and child.poll() is None:
-            child.send_signal(self.stop_signal)
+            child.send_signal(self.launch.stop_signal or self.stop_signal)
 
     def run(self) -> int:
         """0: the budget is spent; STOPPED: stopped early (its trial continues later); 1:
@@ -229,8 +232,9 @@ class Worker:
                 self.child = subprocess.Popen(
                     self.command(claim), stdout=log, stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL, env={**os.environ, **self.launch.environment},
-                    start_new_session=True,  # a terminal's Ctrl-C reaches the worker only
-                    preexec_fn=self._pin if self.launch.cpus else None)
+                    start_new_session=True)  # a terminal's Ctrl-C reaches the worker only
+                if self.launch.cpus:  # before it imports torch: its threads inherit this
+                    os.sched_setaffinity(self.child.pid, self.launch.cpus)
                 code = self.child.wait()
         finally:
             beat.set()
@@ -247,9 +251,6 @@ class Worker:
                      f"[log: {log_path}]")
             return "failed"
         return status, summary
-
-    def _pin(self) -> None:
-        os.sched_setaffinity(0, self.launch.cpus)
 
     def _beat(self, done: threading.Event) -> None:
         path = claim_file(self.folder, self.slot)
