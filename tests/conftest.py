@@ -148,6 +148,19 @@ def slurm_cluster(tmp_path_factory):
         os.environ["SLURM_CONF"] = previous
 
 
+@pytest.fixture(scope="session")
+def postgres(tmp_path_factory):
+    """A PostgreSQL server for the session (postgres_server.py): the team's runs index, a
+    search's study."""
+    from postgres_server import LocalPostgres
+
+    server = LocalPostgres(tmp_path_factory.mktemp("postgres")).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 def _one_test_cluster(folder: Path, monkeypatch, **options):
     """A LocalSlurm beside the session's (other ports), for one test; SLURM_CONF points the
     client commands at it meanwhile."""

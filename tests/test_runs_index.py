@@ -18,17 +18,6 @@ from hpctrain.runs.scan import LOST_AFTER_SECONDS, scan_run
 NOW = time.time()
 
 
-@pytest.fixture(scope="session")
-def postgres(tmp_path_factory):
-    from postgres_server import LocalPostgres
-
-    server = LocalPostgres(tmp_path_factory.mktemp("postgres")).start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.fixture(params=["sqlite", "postgres"])
 def db_url(request, tmp_path):
     """A fresh, empty index: an SQLite file, or a new database on the session's server."""

@@ -421,3 +421,49 @@ def test_samplers_and_pruners_follow_the_settings():
     proposals = [s.sample_independent(study, create_trial(value=0.0), "x",
                                       parameters[0].distribution()) for s in first]
     assert proposals[0] != proposals[1]  # two workers do not start with the same trial
+
+
+def test_a_search_keeps_its_study_in_postgresql(postgres, run_cli, tiny, tmp_path):
+    """--storage postgresql://...: the trials' reports and results go to the server (psycopg
+    3 through SQLAlchemy), and the folder holds no journal."""
+    import psycopg
+
+    with psycopg.connect(postgres.url, autocommit=True) as connection:
+        connection.execute("CREATE DATABASE study")
+    url = postgres.url.rsplit("/", 1)[0] + "/study"
+    folder = tmp_path / "search"
+    code, out, err = run_cli("tune", "default", *tiny("train.max_steps=4",
+                                                      "train.eval_every_epochs=0.2"),
+                             "--space", LR, "--trials", "2", "--storage", url,
+                             "--dir", str(folder), "--json")
+    assert code == 0, err
+    assert json.loads(out)["states"] == {"complete": 2}
+    assert not (folder / "study.journal").exists()
+    study = optuna.load_study(study_name="hpctrain", storage=url.replace(
+        "postgresql:", "postgresql+psycopg:"))
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
+    assert all(t.intermediate_values for t in study.trials)  # reported from the loop
+
+
+@pytest.mark.slurm
+def test_a_scaling_study_runs_one_job_per_size_on_the_cluster(slurm_cluster, home, tiny,
+                                                               tmp_path, run_cli):
+    from hpctrain.cluster.jobs import Job
+
+    folder = tmp_path / "study"
+    code, _, err = run_cli("scale", "default", *tiny(), "--gpus", "1,2", "--steps", "12",
+                           "--submit", "--time", "10", "--dir", str(folder))
+    assert code == 2 and "could never start" in err  # 2 x 8 CPUs: refused before any job
+    assert not list(folder.glob("gpus-*"))
+    code, out, err = run_cli("scale", "default", *tiny(), "--gpus", "1,2", "--steps", "12",
+                             "--submit", "--time", "10", "--cpus-per-gpu", "2",
+                             "--dir", str(folder), "--json")
+    assert code == 0, err
+    jobs = json.loads(out)["jobs"]
+    for job_id in jobs.values():
+        assert Job(job_id).wait(timeout=300, poll=1) == "COMPLETED"
+    code, out, err = run_cli("scale", "status", str(folder), "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert [r["size"] for r in result["rows"]] == [1, 2] and result["recommended"] in (1, 2)
+    assert RunDir(folder / "gpus-2").read_summary()["launcher"] == "slurm"

@@ -1,11 +1,12 @@
 """What a search found: its trials, the best so far, the best configuration as a recipe
 (best.yaml, which `hpctrain run SEARCH/best.yaml` trains), parameter importances (Optuna's
-fANOVA), and two pictures: the optimisation history and parallel coordinates.
+PED-ANOVA, its default: fANOVA would need scikit-learn), and two pictures: the optimisation history and parallel coordinates.
 """
 
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 from hpctrain.runs.directory import RunDir
@@ -53,7 +54,8 @@ def best_trial(study):
 
 
 def importances(study) -> dict[str, float] | None:
-    """Each parameter's share of the objective's variance (fANOVA); None with fewer than two
+    """Each parameter's importance to the objective (Optuna's PED-ANOVA, which compares the
+    best trials' parameters with all trials'), summing to 1; None with fewer than two
     completed trials."""
     import optuna
     from optuna.trial import TrialState
@@ -61,7 +63,9 @@ def importances(study) -> dict[str, float] | None:
     if len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))) < 2:
         return None
     try:
-        found = optuna.importance.get_param_importances(study)
+        with warnings.catch_warnings():  # "importances will be equal": said by the figures
+            warnings.simplefilter("ignore")
+            found = optuna.importance.get_param_importances(study)
     except (ValueError, RuntimeError):  # e.g. every trial has the same value
         return None
     return {key: float(value) for key, value in found.items()}

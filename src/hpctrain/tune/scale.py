@@ -127,18 +127,20 @@ def submit(folder: Path, study: Study, time_limit: str, cluster: str | None, **o
     """One job per size (as `hpctrain submit` writes it), each into its run directory."""
     from hpctrain.cluster import jobs
 
+    from hpctrain.cluster.profiles import get_profile
     from hpctrain.config import load_config
 
     config = load_config(study.recipe, study.overrides)
-    submitted = []
-    for size in study.sizes:
+    profile = get_profile(cluster)
+    planned = []
+    for size in study.sizes:  # every size checked before the first is submitted
         where = [f"output_dir={folder}", f"run_name={study.run_name(size)}"]
-        job = jobs.submit(study.recipe, [*study.overrides, *study.size_overrides(config, size),
-                                         *where],
-                          gpus=size, time_limit=time_limit, cluster=cluster,
-                          **{**options, "job_name": None})
-        submitted.append((size, job.id))
-    return submitted
+        request, script = jobs.plan(study.recipe, [*study.overrides,
+                                                   *study.size_overrides(config, size), *where],
+                                    size, time_limit, cluster, **{**options, "job_name": None})
+        jobs.check_fits(request, profile)
+        planned.append((size, request, script))
+    return [(size, jobs.send(request, script, profile).id) for size, request, script in planned]
 
 
 def _row(study: Study, folder: Path, size: int) -> dict | None:
