@@ -19,10 +19,11 @@ TUNE_EXAMPLE = """examples:
       --space 'optim.name=choice(sgd,lamb)' --trials 64 --pruner hyperband \\
       --submit --parallel 8 --gpus 1 --time 2:00:00 --account abc   # one array job of 8
   hpctrain tune status runs/default-tune-20261124-101500       # trials, best, pictures
+  hpctrain tune --dir runs/default-tune-20261124-101500 --trials 16   # continue, more trials
   hpctrain run runs/default-tune-20261124-101500/best.yaml     # train the best
 
 Each trial is a normal run directory inside the search's folder. Ctrl-C (or a preemption
-signal) stops the running trials with a checkpoint; the same command with --dir continues the
+signal) stops the running trials with a checkpoint; `hpctrain tune --dir DIR` continues the
 search, each trial where it stopped. The study lives in the folder (study.journal, safe on
 NFS and Lustre) unless --storage names a PostgreSQL database.
 """
@@ -114,7 +115,7 @@ def cmd_tune(args) -> int:
     result = results.collect(folder)
     print(json.dumps(result, indent=1, default=str) if args.json else results.text(result))
     if code == 75:
-        say(f"stopped early; continue with the same command and --dir {folder}")
+        say(f"stopped early; continue with: hpctrain tune --dir {folder}")
     return code
 
 

@@ -392,6 +392,7 @@ def _evaluate_and_record(parts: Parts, progress: Progress, clock: Clock, telemet
         **{key: run[key] for key in ("elapsed_seconds", "device_hours", "energy_joules")}})
     telemetry.message(f"step {progress.step}: " + "  ".join(
         f"{name} {value:.4f}" for name, value in values.items()))
-    if parts.trial is not None and parts.trial.prune(values, evaluation):
+    if parts.trial is not None and parts.trial.prune(values, evaluation,
+                                                     progress.step == parts.total_steps):
         raise TrialPruned(f"trial {parts.trial.number} pruned by the study after evaluation "
                           f"{evaluation} (step {progress.step})")

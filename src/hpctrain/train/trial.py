@@ -44,8 +44,10 @@ class TrialLink:
             self._warn(f"cannot reach trial {self.number} of the study in {folder} ({err}); "
                        "training on without pruning")
 
-    def prune(self, values: dict, evaluation: int) -> bool:
-        """Report the evaluation (rank 0) and return whether every rank stops now."""
+    def prune(self, values: dict, evaluation: int, final: bool) -> bool:
+        """Report the evaluation (rank 0) and return whether every rank stops now. The
+        final evaluation is reported but not judged: the trial has nothing left to save, and
+        it ends completed, with its value."""
         decision = False
         if self.trial is not None and self.metric is not None:
             value = values.get(self.metric)
@@ -54,7 +56,7 @@ class TrialLink:
                         evaluation not in self.reported:  # a resumed trial: reported before
                     self.trial.report(value, evaluation)
                     self.reported.add(evaluation)
-                decision = self.trial.should_prune()
+                decision = not final and self.trial.should_prune()
             except Exception as err:  # noqa: BLE001
                 self._warn(f"trial {self.number}: reporting to the study failed ({err})")
                 self.trial = None

@@ -196,6 +196,10 @@ def analyse(folder: Path) -> dict:
 
 def _limit(row: dict, base: dict) -> str:
     """What keeps `row` (the first size below the threshold) from scaling."""
+    if row["device"] == "cpu":  # torch's threads already used every core at one process
+        return (f"no GPUs: the {row['size']} processes share this machine's CPU cores, which "
+                "one process already used; a study without GPUs measures core sharing, not "
+                "devices")
     wait, base_wait = row["data_wait_fraction"], base["data_wait_fraction"]
     if wait >= DATA_BOUND and wait > base_wait + 0.05:
         return (f"the input pipeline: at {row['size']} devices the step waits for data "

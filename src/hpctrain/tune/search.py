@@ -42,6 +42,13 @@ def prepare(recipe: str | None, overrides: list[str], options: Options,
     may grow). Returns the folder and its settings."""
     from hpctrain.config import load_config
 
+    if options.folder and not (recipe or overrides or options.space) and \
+            (Path(options.folder) / SETTINGS).is_file():  # `tune --dir DIR`: continue it
+        folder = Path(options.folder).expanduser().absolute()
+        search = read_search(folder)
+        search.trials = max(search.trials, options.trials or 0)
+        search.save(folder)
+        return folder, search
     config = load_config(recipe, overrides)
     for text in overrides:
         if text.startswith(RESERVED):
