@@ -140,3 +140,16 @@ def test_nvml_energy_over_30_seconds_matches_mean_power_times_time():
     mean_power = row["job_power_watts"]
     assert row["job_utilization"] > 0.5 and mean_power > 50
     assert row["job_energy_joules"] == pytest.approx(mean_power * seconds, rel=0.05)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "tf32"])
+def test_refinement_from_low_precision_factors_on_the_gpu_reaches_fp64(precision):
+    """hpctrain.linalg.solve on CUDA: the trailing updates run on the GPU (Tensor Cores for
+    tf32), refined to fp64 backward error as on the CPU."""
+    from hpctrain.linalg import FP64_EPS, conditioned_matrix, solve
+
+    A = conditioned_matrix(2048, 10.0, device="cuda")
+    b = torch.randn(2048, dtype=torch.float64, device="cuda")
+    solution = solve(A, b, precision)
+    assert solution.x.device.type == "cuda"
+    assert solution.backward_error <= 2048 * FP64_EPS

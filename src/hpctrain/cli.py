@@ -16,7 +16,7 @@ from pathlib import Path
 
 from hpctrain.arguments import (Parser, add_job_options, count, counts, job_options,
                                 join_dashed_values, seconds, size_bytes)
-from hpctrain import cli_runs, cli_tune
+from hpctrain import cli_bench, cli_runs, cli_tune
 from hpctrain.errors import ConfigError, Preempted, UserError
 
 RUN_EXAMPLE = """examples:
@@ -531,6 +531,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_data.add_argument("--processes-per-node", type=count(1), default=1,
                             help="training processes (GPUs) sharing this node's cores")
     bench_data.add_argument("--json", action="store_true")
+    cli_bench.add_verbs(bench_verbs, _verb)
 
     profile = _verb(verbs, "profile", "where a training step's time goes, and what to "
                     "change", PROFILE_EXAMPLE, cmd_profile)
