@@ -1,5 +1,5 @@
-"""The `hpctrain bench` verbs of the node's limits (issue 23): `bench solve` so far. Parsing
-and printing only; the measurements are in bench/."""
+"""The `hpctrain bench` verbs of the node's limits (issue 23): `bench node` and `bench solve`.
+Parsing and printing only; the measurements are in bench/."""
 
 from __future__ import annotations
 
@@ -19,7 +19,28 @@ torch.linalg.solve in fp64. In Python: hpctrain.linalg.solve(A, b, factor_precis
 """
 
 
+NODE_EXAMPLE = """examples:
+  hpctrain bench node                                   # this machine: GPU, or CPU
+  hpctrain bench node --data /scratch/imagenet-packed   # and the read bandwidth of a path
+  torchrun --nproc-per-node 8 -m hpctrain bench node    # and the all-reduce between the GPUs
+
+The matrix multiplies are TFLOP/s and a share of the spec sheet where the device is known;
+bandwidths in GB/s (10^9 bytes); the all-reduce as nccl-tests' bus bandwidth. The results are
+kept in ~/.local/state/hpctrain/node/HOST.json.
+"""
+
+
 def add_verbs(bench_verbs, make_verb) -> None:
+    node = make_verb(bench_verbs, "node", "this node's limits: matrix multiplies per dtype, "
+                     "memory and transfer bandwidth, all-reduce, JPEG decoding, reading",
+                     NODE_EXAMPLE, cmd_bench_node)
+    node.add_argument("--size", type=count(64), help="matrix side (default: 8192 on a GPU, "
+                      "2048 on a CPU)")
+    node.add_argument("--megabytes", type=count(1), default=256,
+                      help="size of the copies and the all-reduce (default 256)")
+    node.add_argument("--seconds", type=float, default=0.5, help="timing per row")
+    node.add_argument("--data", metavar="PATH", help="also read this file or folder")
+    node.add_argument("--json", action="store_true")
     solve = make_verb(bench_verbs, "solve", "Ax = b to fp64 accuracy from low-precision LU "
                       "factors (Tensor Cores for HPC), against an fp64 solve", SOLVE_EXAMPLE,
                       cmd_bench_solve)
@@ -57,4 +78,47 @@ def cmd_bench_solve(args) -> int:
         print(json.dumps([row.to_json() for row in rows], indent=1))
     else:
         print(text(rows, args.size, args.device))
+    return 0
+
+
+def cmd_bench_node(args) -> int:
+    import os
+    from pathlib import Path
+
+    import torch
+    import torch.distributed as dist
+
+    from hpctrain.bench.node import bench_node, keep
+
+    if args.data and not Path(args.data).exists():
+        raise ConfigError(f"--data {args.data}: no such file or folder")
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    gpu = torch.cuda.is_available()
+    device = torch.device(f"cuda:{local}") if gpu else torch.device("cpu")
+    if gpu:
+        torch.cuda.set_device(device)
+    if int(os.environ.get("WORLD_SIZE", 1)) > 1:  # under torchrun: the all-reduce too
+        dist.init_process_group("nccl" if gpu else "gloo")
+    try:
+        rows = bench_node(device, args.size or (8192 if gpu else 2048), args.megabytes,
+                          args.seconds, Path(args.data) if args.data else None)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if local != 0 or (dist.is_available() and int(os.environ.get("RANK", 0)) != 0):
+        return 0
+    name = torch.cuda.get_device_name(device) if gpu else "cpu"  # as a run's plan names it
+    kept = keep(rows, name)
+    if args.json:
+        print(json.dumps({"device": name, "kept": str(kept),
+                          "rows": [row.to_json() for row in rows]}, indent=1))
+        return 0
+    print(f"limits of this node: {name}" if gpu else
+          f"limits of this node: no GPU, the CPU measured ({len(os.sched_getaffinity(0))} "
+          "cores for this process)")
+    for row in rows:
+        share = f"{row.share:>6.0%} of spec" if row.share is not None else ""
+        print(f"  {row.group:<11}{row.name:<30}{row.value:>12,.2f} {row.unit:<9}{share:<15}"
+              f"{row.note}")
+    print(f"kept in {kept}")
     return 0

@@ -2,24 +2,51 @@
 backward of every weight, attention left out, as in the PaLM paper's appendix B) against the
 devices' dense peak for the precision that ran.
 
-The peaks are the spec sheets' dense (not sparse) Tensor Core figures; a device not listed
-gets no MFU rather than a guessed one.
+The peak is this node's own where `hpctrain bench node` has measured it (the matrix multiply
+rate of that dtype on that device, kept per host), else the spec sheet's dense (not sparse)
+Tensor Core figure; a device neither measured nor listed gets no MFU rather than a guessed one.
 """
 
 from __future__ import annotations
 
+import json
+import socket
+
+from hpctrain.runs.directory import state_dir
+
 PEAK_TFLOPS = {  # name fragment (lower case) -> {precision: dense TFLOP/s}
-    "h200": {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0},
-    "h100 80gb hbm3": {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0},  # SXM
-    "h100": {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.0},  # PCIe
+    "h200": {"fp8": 1979.0, "bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0},
+    "h100 80gb hbm3": {"fp8": 1979.0, "bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0},  # SXM
+    "h100": {"fp8": 1513.0, "bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.0},  # PCIe
     "a100": {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
     "v100": {"fp16": 125.0, "fp32": 15.7},
     "l40s": {"bf16": 362.0, "fp16": 362.0, "tf32": 183.0, "fp32": 91.6},
 }
 
 
+def measured_flops(device_name: str, precision: str) -> float | None:
+    """FLOP/s of `precision`'s matrix multiplies as `hpctrain bench node` measured them on
+    this host's `device_name`, or None."""
+    path = state_dir() / "node" / f"{socket.gethostname().split('.')[0]}.json"
+    try:
+        kept = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(kept, dict) or kept.get("device") != device_name:
+        return None
+    for row in kept.get("rows", []):
+        if row.get("group") == "matmul" and row.get("name") == precision:
+            return row["value"] * 1e12
+    return None
+
+
 def peak_flops(device_name: str, precision: str) -> float | None:
-    """FLOP/s of one device at `precision`, or None for a device not in the table."""
+    """FLOP/s of one device at `precision`: measured on this node, else the spec sheet's."""
+    return measured_flops(device_name, precision) or spec_flops(device_name, precision)
+
+
+def spec_flops(device_name: str, precision: str) -> float | None:
+    """The spec sheet's FLOP/s of one device at `precision`, or None for one not listed."""
     name = device_name.lower()
     for fragment, peaks in PEAK_TFLOPS.items():
         if fragment in name:

@@ -1,0 +1,72 @@
+"""`hpctrain bench node` on the CPU: every CPU row in its unit, the all-reduce between two
+gloo processes as nccl-tests' bus bandwidth, the results kept per host."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hpctrain.bench.node import bus_bandwidth, kept_file
+
+QUICK = ["--size", "256", "--megabytes", "16", "--seconds", "0.05"]
+
+
+def test_bus_bandwidth_is_nccl_tests_definition():
+    # 1 GB in 0.5 s: algorithm bandwidth 2 GB/s; a ring of 4 carries 2 x 3/4 of it per link
+    assert bus_bandwidth(10 ** 9, 0.5, 4) == pytest.approx(3e9)
+    assert bus_bandwidth(10 ** 9, 0.5, 2) == pytest.approx(2e9)  # 2(n-1)/n = 1
+
+
+def test_bench_node_measures_what_the_cpu_has(run_cli, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.bin").write_bytes(b"x" * 3_000_000)
+    code, out, err = run_cli("bench", "node", *QUICK, "--data", str(data), "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    rows = {(r["group"], r["name"]): r for r in report["rows"]}
+    for dtype in ("fp64", "fp32", "bf16"):
+        assert rows[("matmul", dtype)]["unit"] == "TFLOP/s" and rows[("matmul", dtype)]["value"] > 0
+    assert ("matmul", "fp8") not in rows and not any(g == "transfer" for g, _ in rows)
+    assert rows[("memory", "copy")]["unit"] == "GB/s" and rows[("memory", "copy")]["value"] > 0
+    decode = rows[("decode", "JPEG, PIL, one core")]
+    assert decode["unit"] == "images/s" and decode["value"] > 10
+    read = rows[("read", str(data))]
+    assert read["unit"] == "GB/s" and read["note"].startswith("3 MB from 1 file")
+    assert json.loads(kept_file().read_text())["rows"] == report["rows"]
+    code, out, _ = run_cli("bench", "node", *QUICK)
+    assert code == 0 and "no GPU, the CPU measured" in out and "TFLOP/s" in out
+
+
+def test_bench_node_refuses_a_missing_path(run_cli, tmp_path):
+    code, _, err = run_cli("bench", "node", *QUICK, "--data", str(tmp_path / "none"))
+    assert code == 2 and "no such file or folder" in err
+
+
+@pytest.mark.distributed
+def test_under_torchrun_it_measures_the_all_reduce_between_the_processes():
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node", "2", "-m", "hpctrain", "bench", "node", *QUICK,
+                           "--json"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(done.stdout)["rows"]
+    (reduce,) = [r for r in rows if r["group"] == "all-reduce"]
+    assert reduce["name"] == "gloo x 2" and reduce["unit"] == "GB/s" and reduce["value"] > 0
+    assert reduce["note"] == "bus bandwidth, 16 MB fp32"
+
+
+def test_mfu_divides_by_the_measured_peak_where_the_node_has_one(run_cli):
+    from hpctrain.train.mfu import measured_flops, peak_flops, spec_flops
+
+    code, out, err = run_cli("bench", "node", *QUICK, "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["device"] == "cpu"  # as a run's plan names this device
+    (fp32,) = [r for r in report["rows"] if r["group"] == "matmul" and r["name"] == "fp32"]
+    assert measured_flops("cpu", "fp32") == peak_flops("cpu", "fp32") == fp32["value"] * 1e12
+    assert spec_flops("cpu", "fp32") is None  # no spec sheet for a CPU
+    assert measured_flops("NVIDIA A100-SXM4-40GB", "bf16") is None  # measured another device
+    assert peak_flops("NVIDIA A100-SXM4-40GB", "bf16") == spec_flops(
+        "NVIDIA A100-SXM4-40GB", "bf16") == 312e12
+    assert spec_flops("NVIDIA H100 80GB HBM3", "fp8") == 1979e12
