@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from hpctrain.bench.node import bus_bandwidth, kept_file
+from hpctrain.bench.node import bus_bandwidth
+from hpctrain.runs.directory import node_limits_path
 
 QUICK = ["--size", "256", "--megabytes", "16", "--seconds", "0.05"]
 
@@ -34,7 +35,7 @@ def test_bench_node_measures_what_the_cpu_has(run_cli, tmp_path):
     assert decode["unit"] == "images/s" and decode["value"] > 10
     read = rows[("read", str(data))]
     assert read["unit"] == "GB/s" and read["note"].startswith("3 MB from 1 file")
-    assert json.loads(kept_file().read_text())["rows"] == report["rows"]
+    assert json.loads(node_limits_path().read_text())["rows"] == report["rows"]
     code, out, _ = run_cli("bench", "node", *QUICK)
     assert code == 0 and "no GPU, the CPU measured" in out and "TFLOP/s" in out
 

@@ -83,6 +83,13 @@ def join_dashed_values(argv: list[str]) -> list[str]:
     return joined
 
 
+def add_recipe(parser: argparse.ArgumentParser, overrides_help: str | None = None,
+               recipe_help: str | None = None) -> None:
+    """The RECIPE [key=value ...] positionals every verb that loads a recipe takes."""
+    parser.add_argument("recipe", nargs="?", default=None, help=recipe_help)
+    parser.add_argument("overrides", nargs="*", help=overrides_help)
+
+
 def add_job_options(parser: argparse.ArgumentParser) -> None:
     """The Slurm job's options, shared by submit, tune --submit and scale --submit."""
     parser.add_argument("--time", default="1:00:00", help="time limit per job (requeued "

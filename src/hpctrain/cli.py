@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from hpctrain.arguments import (Parser, add_job_options, count, counts, job_options,
+from hpctrain.arguments import (Parser, add_job_options, add_recipe, count, counts, job_options,
                                 join_dashed_values, seconds, size_bytes)
 from hpctrain import cli_bench, cli_runs, cli_tune
 from hpctrain.errors import ConfigError, Preempted, UserError
@@ -430,9 +430,8 @@ def build_parser() -> argparse.ArgumentParser:
     verbs.required = True
 
     run = _verb(verbs, "run", "train a recipe", RUN_EXAMPLE, cmd_run)
-    run.add_argument("recipe", nargs="?", default=None,
-                     help="shipped recipe name or YAML path (default: 'default')")
-    run.add_argument("overrides", nargs="*", help="key=value settings, e.g. train.epochs=5")
+    add_recipe(run, "key=value settings, e.g. train.epochs=5",
+               "shipped recipe name or YAML path (default: 'default')")
     run.add_argument("--json", action="store_true", help="print the summary as JSON")
 
     config = verbs.add_parser("config", help="inspect configurations")
@@ -441,13 +440,11 @@ def build_parser() -> argparse.ArgumentParser:
     show = _verb(config_verbs, "show", "print the resolved configuration",
                  "example:\n  hpctrain config show imagenet-resnet50 train.batch_size=512",
                  cmd_config_show)
-    show.add_argument("recipe", nargs="?", default=None)
-    show.add_argument("overrides", nargs="*")
+    add_recipe(show)
     show.add_argument("--json", action="store_true")
 
     submit = _verb(verbs, "submit", "train a recipe as a Slurm job", SUBMIT_EXAMPLE, cmd_submit)
-    submit.add_argument("recipe", nargs="?", default=None)
-    submit.add_argument("overrides", nargs="*", help="key=value settings for the run")
+    add_recipe(submit, "key=value settings for the run")
     submit.add_argument("--gpus", type=count(1), required=True, help="GPUs in all (one task each)")
     add_job_options(submit)
     submit.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2",
@@ -518,8 +515,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_verbs.required = True
     bench_data = _verb(bench_verbs, "data", "how fast the input pipeline runs, and whether "
                        "it keeps the model fed", BENCH_DATA_EXAMPLE, cmd_bench_data)
-    bench_data.add_argument("recipe", nargs="?", default=None)
-    bench_data.add_argument("overrides", nargs="*")
+    add_recipe(bench_data)
     bench_data.add_argument("--workers", help="DataLoader worker counts to try, e.g. 2,4,8 "
                             "(default: 1, 2, 4, ... up to the cores)")
     bench_data.add_argument("--prefetch", default="2,4", help="prefetch depths to try")
@@ -535,8 +531,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     profile = _verb(verbs, "profile", "where a training step's time goes, and what to "
                     "change", PROFILE_EXAMPLE, cmd_profile)
-    profile.add_argument("recipe", nargs="?", default=None)
-    profile.add_argument("overrides", nargs="*")
+    add_recipe(profile)
     profile.add_argument("--steps", type=int, default=5,
                          help="active (recorded) steps, after 2 wait and 2 warm-up steps")
     profile.add_argument("--trace", metavar="FILE_OR_DIR",
@@ -548,8 +543,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     memory = _verb(verbs, "memory", "what a training step holds per device, the batch "
                    "that fits, and which parallelism to use", MEMORY_EXAMPLE, cmd_memory)
-    memory.add_argument("recipe", nargs="?", default=None)
-    memory.add_argument("overrides", nargs="*")
+    add_recipe(memory)
     memory.add_argument("--gpu-memory", metavar="SIZE",
                         help="device memory: 80GB, 40GiB or a GPU name (default: this "
                              "machine's GPU, else an H100)")

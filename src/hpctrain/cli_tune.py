@@ -9,7 +9,7 @@ import shutil
 import signal
 import sys
 
-from hpctrain.arguments import add_job_options, count, job_options
+from hpctrain.arguments import add_job_options, add_recipe, count, job_options
 from hpctrain.errors import ConfigError
 
 TUNE_EXAMPLE = """examples:
@@ -41,8 +41,7 @@ def add_verbs(verbs, make_verb) -> None:
     tune = make_verb(verbs, "tune", "search hyper-parameters with Optuna, here or as a Slurm "
                      "array job ('tune status DIR': where a search stands)", TUNE_EXAMPLE,
                      cmd_tune)
-    tune.add_argument("recipe", nargs="?", default=None)
-    tune.add_argument("overrides", nargs="*", help="key=value settings for every trial")
+    add_recipe(tune, "key=value settings for every trial")
     tune.add_argument("--space", action="append", default=[], metavar="KEY=KIND(ARGS)",
                       help="a parameter to search (repeatable): loguniform(LOW,HIGH), "
                       "uniform(LOW,HIGH[,STEP]), int(LOW,HIGH[,STEP]), logint(LOW,HIGH), "
@@ -178,8 +177,7 @@ def _add_scale(verbs, make_verb) -> None:
     scale = make_verb(verbs, "scale", "a scaling study: throughput and efficiency at each GPU "
                       "count, and the count to ask for ('scale status DIR')", SCALE_EXAMPLE,
                       cmd_scale)
-    scale.add_argument("recipe", nargs="?", default=None)
-    scale.add_argument("overrides", nargs="*", help="key=value settings for every size")
+    add_recipe(scale, "key=value settings for every size")
     scale.add_argument("--gpus", required=True, metavar="N,N,...",
                        help="the sizes, e.g. 1,2,4,8 (processes without GPUs)")
     scale.add_argument("--steps", type=count(10), default=200, help="per size (default 200)")

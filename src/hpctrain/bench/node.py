@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import socket
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
-from hpctrain.runs.directory import state_dir
+from hpctrain.bench.timing import per_call
+from hpctrain.runs.directory import node_limits_path
+from hpctrain.writers import write_whole
 
 
 @dataclass
@@ -51,25 +51,6 @@ def bus_bandwidth(nbytes: int, seconds: float, ranks: int) -> float:
     return nbytes / seconds * 2 * (ranks - 1) / ranks
 
 
-def _timed(run, device: torch.device, seconds: float = 0.5, least: int = 3) -> float:
-    """Seconds per call of `run`: warmed up, then repeated for about `seconds`."""
-    run()
-    _sync(device)
-    calls, start = 0, time.perf_counter()
-    while calls < least or time.perf_counter() - start < seconds:
-        run()
-        calls += 1
-        if device.type == "cuda" and calls % 5 == 0:
-            _sync(device)
-    _sync(device)
-    return (time.perf_counter() - start) / calls
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def matmul_rows(device: torch.device, size: int, seconds: float) -> list[Row]:
     from hpctrain.train.mfu import spec_flops
 
@@ -85,7 +66,7 @@ def matmul_rows(device: torch.device, size: int, seconds: float) -> list[Row]:
             torch.backends.cuda.matmul.allow_tf32 = label == "tf32"
             a = torch.randn(size, size, device=device).to(dtype)
             b = torch.randn(size, size, device=device).to(dtype)
-            spent = _timed(lambda: a @ b, device, seconds)
+            spent = per_call(lambda: a @ b, device, seconds)
             spec = spec_flops(name, label)
             rows.append(Row("matmul", label, 2 * size ** 3 / spent / 1e12, "TFLOP/s",
                             spec / 1e12 if spec else None, f"{size} x {size}"))
@@ -104,7 +85,7 @@ def _fp8_row(device: torch.device, size: int, seconds: float, name: str) -> Row 
     a = torch.randn(size, size, device=device).to(torch.float8_e4m3fn)
     b = torch.randn(size, size, device=device).to(torch.float8_e4m3fn).t()  # column-major
     one = torch.tensor(1.0, device=device)
-    spent = _timed(lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one,
+    spent = per_call(lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one,
                                             out_dtype=torch.bfloat16), device, seconds)
     spec = spec_flops(name, "fp8")
     return Row("matmul", "fp8", 2 * size ** 3 / spent / 1e12, "TFLOP/s",
@@ -115,15 +96,15 @@ def memory_rows(device: torch.device, megabytes: int, seconds: float) -> list[Ro
     count = megabytes * 2 ** 20 // 4
     source = torch.ones(count, device=device)
     target = torch.empty_like(source)
-    spent = _timed(lambda: target.copy_(source), device, seconds)
+    spent = per_call(lambda: target.copy_(source), device, seconds)
     rows = [Row("memory", "device copy" if device.type == "cuda" else "copy",
                 2 * source.nbytes / spent / 1e9, "GB/s", note=f"{megabytes} MB read + written")]
     if device.type == "cuda":
         for pinned in (True, False):
             host = torch.ones(count, pin_memory=pinned)
             kind = "pinned" if pinned else "pageable"
-            up = _timed(lambda: target.copy_(host, non_blocking=pinned), device, seconds)
-            down = _timed(lambda: host.copy_(source, non_blocking=pinned), device, seconds)
+            up = per_call(lambda: target.copy_(host, non_blocking=pinned), device, seconds)
+            down = per_call(lambda: host.copy_(source, non_blocking=pinned), device, seconds)
             rows += [Row("transfer", f"host to device, {kind}", host.nbytes / up / 1e9, "GB/s"),
                      Row("transfer", f"device to host, {kind}", host.nbytes / down / 1e9,
                          "GB/s")]
@@ -138,7 +119,7 @@ def all_reduce_rows(device: torch.device, megabytes: int, seconds: float) -> lis
         return []
     ranks = dist.get_world_size()
     tensor = torch.ones(megabytes * 2 ** 20 // 4, device=device)
-    spent = _timed(lambda: dist.all_reduce(tensor), device, seconds)
+    spent = per_call(lambda: dist.all_reduce(tensor), device, seconds)
     spent = max(t for t in _gather(spent))  # the slowest rank's, as nccl-tests reports
     return [Row("all-reduce", f"{dist.get_backend()} x {ranks}",
                 bus_bandwidth(tensor.nbytes, spent, ranks) / 1e9, "GB/s",
@@ -168,14 +149,14 @@ def decode_rows(seconds: float) -> list[Row]:
     note = f"500 x 375, quality 90, {len(data) // 1024} KB"
     cpu = torch.device("cpu")
     rows = [Row("decode", "JPEG, PIL, one core",
-                1 / _timed(lambda: Image.open(io.BytesIO(data)).convert("RGB").load(), cpu,
+                1 / per_call(lambda: Image.open(io.BytesIO(data)).convert("RGB").load(), cpu,
                            seconds), "images/s", note=note)]
     try:
         import simplejpeg
     except ImportError:
         return rows
     return rows + [Row("decode", "JPEG, simplejpeg, one core",
-                       1 / _timed(lambda: simplejpeg.decode_jpeg(data), cpu, seconds),
+                       1 / per_call(lambda: simplejpeg.decode_jpeg(data), cpu, seconds),
                        "images/s", note=note)]
 
 
@@ -207,15 +188,9 @@ def bench_node(device: torch.device, size: int, megabytes: int, seconds: float,
     return rows
 
 
-def kept_file() -> Path:
-    return state_dir() / "node" / f"{socket.gethostname().split('.')[0]}.json"
-
-
 def keep(rows: list[Row], device_name: str) -> Path:
-    path = kept_file()
+    path = node_limits_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    partial.write_text(json.dumps({"time": time.time(), "device": device_name,
-                                   "rows": [r.to_json() for r in rows]}, indent=1) + "\n")
-    partial.replace(path)
+    write_whole(path, json.dumps({"time": time.time(), "device": device_name,
+                                  "rows": [r.to_json() for r in rows]}, indent=1) + "\n")
     return path

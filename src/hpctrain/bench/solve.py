@@ -5,11 +5,11 @@ the backward error each reaches, per factor precision. The baseline is the fp64 
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass
 
 import torch
 
+from hpctrain.bench.timing import best_of
 from hpctrain.linalg import NotRefinable, backward_error, conditioned_matrix, solve
 
 CONDITIONS = (1e1, 1e3, 1e6, 1e9, 1e12)
@@ -29,22 +29,6 @@ class Row:
         return asdict(self)
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _best_time(run, repeats: int, device: torch.device):
-    best, result = float("inf"), None
-    for _ in range(repeats):
-        _synchronize(device)
-        start = time.perf_counter()
-        result = run()
-        _synchronize(device)
-        best = min(best, time.perf_counter() - start)
-    return best, result
-
-
 def bench_solve(size: int, precisions: list[str], conditions=CONDITIONS, repeats: int = 3,
                 device: str = "cpu") -> list[Row]:
     where = torch.device(device)
@@ -53,11 +37,11 @@ def bench_solve(size: int, precisions: list[str], conditions=CONDITIONS, repeats
     rows = []
     for condition in conditions:
         A = conditioned_matrix(size, condition, device=where)
-        seconds, x = _best_time(lambda: torch.linalg.solve(A, b), repeats, where)
+        seconds, x = best_of(lambda: torch.linalg.solve(A, b), repeats, where)
         rows.append(Row(condition, "fp64", seconds, backward_error(A, x, b), ratio=1.0))
         for precision in precisions:
             try:
-                spent, found = _best_time(lambda: solve(A, b, precision), repeats, where)
+                spent, found = best_of(lambda: solve(A, b, precision), repeats, where)
             except NotRefinable:
                 rows.append(Row(condition, precision, None, None, method="refused"))
                 continue

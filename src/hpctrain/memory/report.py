@@ -11,6 +11,7 @@ from PIL import Image, ImageDraw, ImageFont
 from hpctrain.memory.advice import Advice
 from hpctrain.memory.estimate import Estimate
 from hpctrain.memory.sizes import fmt_bytes
+from hpctrain.writers import write_png
 
 COLOURS = {"parameters": "#29335c", "gradients": "#4f6d7a", "optimizer states": "#a8c686",
            "gradient buckets": "#6b8f71", "gathered parameters": "#7b2cbf",
@@ -115,7 +116,5 @@ def write_picture(est: Estimate, advice: Advice, path: Path) -> Path:
         if x > width - 150:
             x, y = 10, y + 18
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")
-    image.save(partial, format="PNG")
-    partial.replace(path)
+    write_png(path, image)
     return path

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw, ImageFont
 
+from hpctrain import writers
 from hpctrain.profiling.analysis import Evidence
 from hpctrain.profiling.verdict import Verdict
 
@@ -102,7 +103,7 @@ def write_html(path: Path, evidence: Evidence, verdict: Verdict, title: str,
     page = (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>"
             f"{html.escape(title)}</title></head>\n<body style='font-family:sans-serif'>\n"
             f"{_svg(shapes, height)}\n<pre>{html.escape(report_text)}</pre>\n</body></html>\n")
-    _atomic_write(path, page.encode())
+    writers.write_whole(path, page)
 
 
 def write_png(path: Path, evidence: Evidence, verdict: Verdict, title: str) -> None:
@@ -118,12 +119,4 @@ def write_png(path: Path, evidence: Evidence, verdict: Verdict, title: str) -> N
             draw.text((s.x, s.y), s.text, fill=s.colour, font=fonts[size])
         else:
             draw.rectangle([s.x, s.y, s.x + max(s.w, 1) - 1, s.y + s.h - 1], fill=s.colour)
-    partial = path.with_name(f".{path.name}.partial")
-    image.save(partial, format="PNG")
-    partial.replace(path)
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_bytes(data)
-    partial.replace(path)
+    writers.write_png(path, image)

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import html
 import math
-import os
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from PIL import Image, ImageDraw, ImageFont
+
+from hpctrain.writers import write_png
 
 WIDTH, HEIGHT = 560, 280
 LEFT, RIGHT, TOP, BOTTOM = 64, 14, 26, 40
@@ -133,10 +133,7 @@ def svg(chart: Chart, index: int) -> str:
 
 def png(chart: Chart, path: Path) -> None:
     """The same chart as a PNG (for papers and chat), written whole or not at all."""
-    # a name of this writer's own: two processes may draw the same picture at once
-    partial = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.partial")
-    image(chart).save(partial, format="PNG")
-    partial.replace(path)
+    write_png(path, image(chart))
 
 
 def image(chart: Chart) -> Image.Image:

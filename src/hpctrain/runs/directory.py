@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -173,6 +174,12 @@ def run_of_checkpoint(checkpoint: Path) -> Path:
 def state_dir() -> Path:
     return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / \
         "hpctrain"
+
+
+def node_limits_path() -> Path:
+    """This host's limits as `hpctrain bench node` measured them (bench/node.py); the MFU
+    divides by them (train/mfu.py)."""
+    return state_dir() / "node" / f"{socket.gethostname().split('.')[0]}.json"
 
 
 def output_dirs_path() -> Path:

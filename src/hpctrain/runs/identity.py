@@ -97,11 +97,12 @@ def _user() -> str:
 
 
 class Heartbeat:
-    """Touches run.json every HEARTBEAT_SECONDS on a thread of its own while the run lives,
-    and beats the run's row in a shared index when it has one (registry.py)."""
+    """Touches `path` (a run's run.json, a search's claim on a trial) every `every` seconds
+    on a thread of its own while its owner lives, and beats the run's row in a shared index
+    when it has one (registry.py)."""
 
-    def __init__(self, run_dir: Path, registration=None, every: float = HEARTBEAT_SECONDS):
-        self.path, self.registration, self.every = RunDir(run_dir).identity, registration, every
+    def __init__(self, path: Path, registration=None, every: float = HEARTBEAT_SECONDS):
+        self.path, self.registration, self.every = path, registration, every
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, name="hpctrain-heartbeat", daemon=True)
 

@@ -161,8 +161,8 @@ def _announce(parts: Parts, telemetry: Telemetry) -> Heartbeat:
             raise cannot_write(path, err, KEEP_GOING) from None
     telemetry.add_sinks(trackers.open_sinks(parts.config, parts.run_dir, identity))
     remember_output_dir(parts.run_dir.parent)
-    return Heartbeat(parts.run_dir, register(parts.distributed.env.runs_db,
-                                             parts.run_dir)).start()
+    return Heartbeat(run.identity, register(parts.distributed.env.runs_db,
+                                            parts.run_dir)).start()
 
 
 def _artifacts(run_dir) -> list:

@@ -9,14 +9,13 @@ Tensor Core figure; a device neither measured nor listed gets no MFU rather than
 
 from __future__ import annotations
 
-import json
-import socket
-
-from hpctrain.runs.directory import state_dir
+from hpctrain.readers import json_mapping
+from hpctrain.runs.directory import node_limits_path
 
 PEAK_TFLOPS = {  # name fragment (lower case) -> {precision: dense TFLOP/s}
     "h200": {"fp8": 1979.0, "bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0},
-    "h100 80gb hbm3": {"fp8": 1979.0, "bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0},  # SXM
+    "h100 80gb hbm3": {"fp8": 1979.0, "bf16": 989.0, "fp16": 989.0, "tf32": 494.0,  # SXM
+                       "fp32": 67.0},
     "h100": {"fp8": 1513.0, "bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.0},  # PCIe
     "a100": {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
     "v100": {"fp16": 125.0, "fp32": 15.7},
@@ -27,12 +26,8 @@ PEAK_TFLOPS = {  # name fragment (lower case) -> {precision: dense TFLOP/s}
 def measured_flops(device_name: str, precision: str) -> float | None:
     """FLOP/s of `precision`'s matrix multiplies as `hpctrain bench node` measured them on
     this host's `device_name`, or None."""
-    path = state_dir() / "node" / f"{socket.gethostname().split('.')[0]}.json"
-    try:
-        kept = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(kept, dict) or kept.get("device") != device_name:
+    kept = json_mapping(node_limits_path())
+    if kept is None or kept.get("device") != device_name:
         return None
     for row in kept.get("rows", []):
         if row.get("group") == "matmul" and row.get("name") == precision:

@@ -5,14 +5,13 @@ coordinates (one polyline per completed trial across its parameters, coloured by
 
 from __future__ import annotations
 
-import io
 import math
 from pathlib import Path
 
 from PIL import Image, ImageDraw, ImageFont
 
 from hpctrain.report import chart
-from hpctrain.tune.study import write_whole
+from hpctrain.writers import write_png
 
 WIDTH, HEIGHT, MARGIN, TOP = 760, 370, 70, 60
 
@@ -92,7 +91,5 @@ def parallel_picture(rows: list[dict], search, parameters: list, path: Path) -> 
         for text, at in ((name, TOP - 28), (highest, TOP - 14), (lowest, bottom + 4)):
             width = draw.textlength(text, font=font)
             draw.text((x - width / 2, at), text, fill="black", font=font)
-    data = io.BytesIO()
-    image.save(data, format="PNG")
-    write_whole(path, data.getvalue())
+    write_png(path, image)
     return True

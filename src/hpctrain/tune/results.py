@@ -1,6 +1,7 @@
 """What a search found: its trials, the best so far, the best configuration as a recipe
 (best.yaml, which `hpctrain run SEARCH/best.yaml` trains), parameter importances (Optuna's
-PED-ANOVA, its default: fANOVA would need scikit-learn), and two pictures: the optimisation history and parallel coordinates.
+PED-ANOVA, its default: fANOVA would need scikit-learn), and two pictures: the optimisation
+history and parallel coordinates.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from pathlib import Path
 
 from hpctrain.runs.directory import RunDir
 from hpctrain.tune.space import override, parse_all, shown
-from hpctrain.tune.study import Search, open_study, read_search, write_whole
+from hpctrain.tune.study import Search, open_study, read_search
+from hpctrain.writers import write_whole
 
 BEST_RECIPE = "best.yaml"
 RESULTS = "results.json"

@@ -13,17 +13,16 @@ beyond one device's: communication and synchronisation.
 
 from __future__ import annotations
 
-import io
 import json
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from hpctrain.errors import ConfigError
 from hpctrain.runs.directory import RunDir
-from hpctrain.tune.study import write_whole
+from hpctrain.tune.worker import hpctrain_run, torchrun
+from hpctrain.writers import write_png, write_whole
 
 SETTINGS = "scale.json"
 RESULT = "scale-result.json"
@@ -97,13 +96,6 @@ def read_study(folder: Path) -> Study:
                           "hpctrain scale RECIPE --gpus 1,2,4") from None
 
 
-def _command(study: Study, folder: Path, size: int, config) -> list[str]:
-    return [sys.executable, "-m", "hpctrain", "run",
-            *([study.recipe] if study.recipe else []), *study.overrides,
-            *study.size_overrides(config, size), f"output_dir={folder}",
-            f"run_name={study.run_name(size)}"]
-
-
 def run_locally(folder: Path, study: Study, say=print) -> None:
     """Each size in turn under torchrun (one process per GPU, or per share of the cores
     without GPUs); a size that fails is said and left out."""
@@ -111,12 +103,12 @@ def run_locally(folder: Path, study: Study, say=print) -> None:
 
     config = load_config(study.recipe, study.overrides)
     for size in study.sizes:
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                    "--nproc-per-node", str(size), "--no-python"] if size > 1 else []
         log = folder / f"{study.run_name(size)}.log"
         say(f"size {size}: {study.steps} steps ...")
+        overrides = [*study.overrides, *study.size_overrides(config, size),
+                     f"output_dir={folder}", f"run_name={study.run_name(size)}"]
         with open(log, "w") as out:
-            code = subprocess.call([*launcher, *_command(study, folder, size, config)],
+            code = subprocess.call([*torchrun(size), *hpctrain_run(study.recipe, overrides)],
                                    stdout=out, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL)
         if code != 0:
@@ -238,9 +230,7 @@ def _picture(rows: list[dict], study: Study, path: Path) -> None:
     both = Image.new("RGB", (left.width + right.width, left.height), "white")
     both.paste(left, (0, 0))
     both.paste(right, (left.width, 0))
-    data = io.BytesIO()
-    both.save(data, format="PNG")
-    write_whole(path, data.getvalue())
+    write_png(path, both)
 
 
 def text(result: dict) -> str:

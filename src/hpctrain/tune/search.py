@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from hpctrain.errors import ConfigError
 from hpctrain.tune.space import check_against, parse_all
 from hpctrain.tune.study import (SETTINGS, Search, check_storage, grid_size, objective,
                                  open_study, read_search)
-from hpctrain.tune.worker import STOPPED, Launch, Worker
+from hpctrain.tune.worker import STOPPED, Launch, Worker, torchrun
 
 RESERVED = ("run_name=", "resume=", "trial.")  # the worker sets these per trial
 
@@ -108,9 +107,7 @@ def local_launches(parallel: int, processes: int) -> list[Launch]:
         if gpus:
             devices = [(slot * processes + i) % gpus for i in range(processes)]
             environment["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
-        prefix = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                  "--nproc-per-node", str(processes), "--no-python"] if processes > 1 else []
-        launches.append(Launch(prefix, environment,
+        launches.append(Launch(torchrun(processes), environment,
                                cores[slot * share:(slot + 1) * share] if share else None,
                                signal.SIGTERM if processes > 1 else None))
     return launches

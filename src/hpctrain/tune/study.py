@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from hpctrain.errors import ConfigError
+from hpctrain.writers import write_whole
 
 SETTINGS = "tune.json"
 JOURNAL = "study.journal"
@@ -68,13 +67,6 @@ class Search:
     def save(self, folder: Path) -> None:
         write_whole(folder / SETTINGS, json.dumps(asdict(self), indent=1) + "\n")
 
-
-def write_whole(path: Path, data: str | bytes) -> None:
-    """`path` replaced at once, through a file of this writer's own: the search's workers
-    write the same results at the same time."""
-    partial = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.partial")
-    partial.write_bytes(data.encode() if isinstance(data, str) else data)
-    os.replace(partial, path)
 
 
 def read_search(folder: Path) -> Search:

@@ -30,8 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpctrain.runs.directory import RunDir
+from hpctrain.runs.identity import Heartbeat
 from hpctrain.tune.space import Parameter, override, parse_all, shown
-from hpctrain.tune.study import Search, open_study, read_search, write_whole
+from hpctrain.tune.study import Search, open_study, read_search
+from hpctrain.writers import write_whole
 
 CLAIMS = "claims"
 LOGS = "logs"
@@ -52,6 +54,18 @@ class Launch:
     # what stops a trial with a checkpoint, when not the recipe's preemption signal: torchrun
     # passes SIGTERM on to its processes (which save), while USR1 would end torchrun alone
     stop_signal: int | None = None
+
+
+def torchrun(processes: int) -> list[str]:
+    """The prefix that starts a command as `processes` torchrun processes on this machine;
+    none for one process."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+            str(processes), "--no-python"] if processes > 1 else []
+
+
+def hpctrain_run(recipe: str | None, overrides: list[str]) -> list[str]:
+    """`hpctrain run` of `recipe` with `overrides`, by this interpreter."""
+    return [sys.executable, "-m", "hpctrain", "run", *([recipe] if recipe else []), *overrides]
 
 
 @dataclass
@@ -214,8 +228,7 @@ class Worker:
         where = [f"output_dir={self.folder}", f"run_name={claim.run_name}", "resume=auto",
                  f"trial.study_dir={self.folder}", f"trial.number={claim.trial}"]
         chosen = [override(key, value) for key, value in claim.params.items()]
-        return [*self.launch.prefix, sys.executable, "-m", "hpctrain", "run",
-                *([s.recipe] if s.recipe else []), *s.overrides, *chosen, *where]
+        return [*self.launch.prefix, *hpctrain_run(s.recipe, [*s.overrides, *chosen, *where])]
 
     def _run_trial(self, claim: Claim) -> str | tuple:
         """'stopped', 'failed', or ('completed'|'pruned', summary)."""
@@ -224,9 +237,7 @@ class Worker:
                  f"(slot {self.slot}): {chosen}")
         log_path = self.folder / LOGS / f"{claim.run_name}.log"
         log_path.parent.mkdir(exist_ok=True)
-        beat = threading.Event()
-        heart = threading.Thread(target=self._beat, args=(beat,), daemon=True)
-        heart.start()
+        heart = Heartbeat(claim_file(self.folder, self.slot), every=HEARTBEAT_SECONDS).start()
         try:
             with open(log_path, "a") as log:
                 self.child = subprocess.Popen(
@@ -237,8 +248,7 @@ class Worker:
                     os.sched_setaffinity(self.child.pid, self.launch.cpus)
                 code = self.child.wait()
         finally:
-            beat.set()
-            heart.join()
+            heart.stop()
             self.child = None
         if code == STOPPED or (code != 0 and self.stopping.is_set()):
             self.say(f"trial {claim.trial}: stopped early (exit {code}); it continues where "
@@ -251,14 +261,6 @@ class Worker:
                      f"[log: {log_path}]")
             return "failed"
         return status, summary
-
-    def _beat(self, done: threading.Event) -> None:
-        path = claim_file(self.folder, self.slot)
-        while not done.wait(HEARTBEAT_SECONDS):
-            try:
-                os.utime(path)
-            except OSError:
-                pass
 
     def _tell(self, study, claim: Claim, outcome) -> None:
         from optuna.trial import TrialState
