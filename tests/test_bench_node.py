@@ -71,3 +71,9 @@ def test_mfu_divides_by_the_measured_peak_where_the_node_has_one(run_cli):
     assert peak_flops("NVIDIA A100-SXM4-40GB", "bf16") == spec_flops(
         "NVIDIA A100-SXM4-40GB", "bf16") == 312e12
     assert spec_flops("NVIDIA H100 80GB HBM3", "fp8") == 1979e12
+
+
+def test_bench_node_refuses_a_time_that_is_not_positive(run_cli):
+    with pytest.raises(SystemExit) as stop:
+        run_cli("bench", "node", "--seconds", "0")
+    assert stop.value.code == 2

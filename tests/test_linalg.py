@@ -106,3 +106,11 @@ def test_bench_solve_shows_refinement_reaching_fp64_and_where_it_stops(run_cli):
 def test_bench_solve_refuses_bad_input(run_cli, arguments, message):
     code, _, err = run_cli("bench", "solve", "--size", "8", *arguments)
     assert code == 2 and message in err
+
+
+def test_bench_solve_refuses_a_device_it_cannot_use(run_cli, monkeypatch):
+    code, _, err = run_cli("bench", "solve", "--size", "8", "--device", "tpu")
+    assert code == 2 and "--device tpu: use cpu, cuda or cuda:N" in err
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    code, _, err = run_cli("bench", "solve", "--size", "8", "--device", "cuda")
+    assert code == 2 and "--device cuda: no CUDA device here" in err

@@ -519,3 +519,13 @@ def test_the_final_evaluation_is_reported_but_never_prunes(run_cli, tiny, tmp_pa
     assert code == 0, err
     row = json.loads(out)["trials"][1]
     assert row["state"] == "complete" and row["evaluations"] == 1 and row["value"] < 1.0
+
+
+def test_a_study_or_search_that_cannot_be_opened_is_exit_2(run_cli, tiny, tmp_path):
+    code, _, err = run_cli("tune", "default", *tiny(), "--space", LR, "--trials", "2",
+                           "--storage", "postgresql://someone@127.0.0.1:9/study",
+                           "--dir", str(tmp_path / "search"))
+    assert code == 2 and "cannot open the study's database" in err
+    assert len(err.strip().splitlines()) == 1 and "password" not in err
+    code, _, err = run_cli("tune", "status", str(tmp_path))
+    assert code == 2 and "not a search folder (no tune.json)" in err

@@ -4,8 +4,9 @@ Parsing and printing only; the measurements are in bench/."""
 from __future__ import annotations
 
 import json
+import re
 
-from hpctrain.arguments import count
+from hpctrain.arguments import count, seconds
 from hpctrain.errors import ConfigError
 
 SOLVE_EXAMPLE = """examples:
@@ -38,7 +39,7 @@ def add_verbs(bench_verbs, make_verb) -> None:
                       "2048 on a CPU)")
     node.add_argument("--megabytes", type=count(1), default=256,
                       help="size of the copies and the all-reduce (default 256)")
-    node.add_argument("--seconds", type=float, default=0.5, help="timing per row")
+    node.add_argument("--seconds", type=seconds, default=0.5, help="timing per row")
     node.add_argument("--data", metavar="PATH", help="also read this file or folder")
     node.add_argument("--json", action="store_true")
     solve = make_verb(bench_verbs, "solve", "Ax = b to fp64 accuracy from low-precision LU "
@@ -71,6 +72,8 @@ def cmd_bench_solve(args) -> int:
     if not conditions or min(conditions) < 1:
         raise ConfigError(f"--conditions {args.conditions}: numbers of at least 1, e.g. "
                           "1e2,1e8")
+    if args.device != "cpu" and not re.fullmatch(r"cuda(:\d+)?", args.device):
+        raise ConfigError(f"--device {args.device}: use cpu, cuda or cuda:N")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"--device {args.device}: no CUDA device here; use --device cpu")
     rows = bench_solve(args.size, precisions, conditions, args.repeats, args.device)
