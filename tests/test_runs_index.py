@@ -224,6 +224,25 @@ def test_eight_processes_registering_at_once_lose_no_row(db_url, fleet, monkeypa
     assert names == {f"p{n}" for n in range(8)}
 
 
+def test_schema_creation_holds_the_sqlite_write_lock(tmp_path, fleet):
+    """CREATE TABLE commits on its own in SQLite, so two processes opening a new index could
+    both find no schema version and both write one; the next opening then took the index
+    for another version's and dropped every run (seen in CI). The write lock is held from
+    the version check on, and an index already holding the version twice keeps its runs."""
+    import sqlite3
+
+    where = str(tmp_path / "index.sqlite")
+    index = refreshed(where, fleet)
+    index.db.lock_schema()
+    other = sqlite3.connect(where, timeout=0)
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        other.execute("BEGIN IMMEDIATE")
+    index.db.commit()
+    other.execute("INSERT INTO schema_version SELECT version FROM schema_version")
+    other.commit()
+    assert len(Index(open_database(where)).runs()) == 5
+
+
 def test_the_verbs_print_tables_and_json(fleet, run_cli, tmp_path, private_state):
     db = ["--db", str(tmp_path / "cli.sqlite"), "--root", str(fleet)]
     code, out, _ = run_cli("runs", *db)

@@ -62,10 +62,14 @@ class Database:
                               "name = ?", (name,)))
 
     def lock_schema(self) -> None:
-        """Serialise schema creation between processes (PostgreSQL races on CREATE TABLE IF
-        NOT EXISTS; SQLite's write lock already serialises it)."""
+        """Serialise schema creation between processes until the next commit. PostgreSQL
+        races on CREATE TABLE IF NOT EXISTS. SQLite commits each CREATE on its own, so two
+        processes creating a new index could both find no schema version and both write
+        one: the write lock is taken first (BEGIN IMMEDIATE waits on the busy timeout)."""
         if self.postgres:
             self.execute("SELECT pg_advisory_xact_lock(80420)")
+        elif not self.connection.in_transaction:
+            self.execute("BEGIN IMMEDIATE")
 
     def close(self) -> None:
         self.connection.close()

@@ -68,8 +68,8 @@ class Index:
         if unversioned:  # written before the version was kept
             db.execute("INSERT INTO schema_version (version) VALUES (0)")
             found = [0]
-        if found and found != [SCHEMA_VERSION]:
-            self._replace_old_schema(found[0])
+        if found and set(found) != {SCHEMA_VERSION}:
+            self._replace_old_schema(min(found))
         if not found:
             db.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
         columns = ", ".join(f"{name} {kind}" for name, kind in COLUMNS.items())
