@@ -16,9 +16,14 @@ TINY_IMAGES = ["--model", "hpctrain:tiny_cnn", "--image-size", "16"]
 CASES = [
     ("engine_overhead.py", [*TINY_IMAGES, "--batch-size", "8", "--steps", "2", "--rounds", "2"],
      [r"hand-written PyTorch\s+[\d.]+\s+\d+\s+1\.000", r"hpctrain\s+[\d.]+\s+\d+\s+[\d.]+"]),
-    ("gpu_throughput.py", ["--device", "cpu", *TINY_IMAGES, "--batch-size", "4", "--steps", "1",
-                           "--warmup", "1", "--rows", "1,3,4,5"],  # tf32 (2) is GPU-only
-     [r"^fp32\s+\d+\s+n/a\s+1\.00", r"^bf16 \+ channels_last \+ compile\s+\d+"]),
+    ("gpu_throughput.py", ["--device", "cpu", "--table", "images", *TINY_IMAGES, "--batch-size",
+                           "4", "--steps", "1", "--warmup", "1", "--rows", "1,3,4,5"],  # 2: tf32
+     [r"^fp32\s+\d+\s+(n/a|[\d.]+%)\s+1\.00", r"^bf16 \+ channels_last \+ compile\s+\d+"]),
+    ("gpu_throughput.py", ["--device", "cpu", "--table", "transformer", "--gpt", "tiny",
+                           "--seq-len", "32", "--gpt-batch-size", "2", "--steps", "1",
+                           "--warmup", "1"],
+     [r"^bf16 \+ compile\s+\d+\s+(n/a|[\d.]+%)\s+1\.00",
+      r"^fp8 rowwise \+ compile\s+-.*not measured: precision=fp8 needs a GPU"]),
     ("ddp_overlap.py", [*TINY_IMAGES, "--batch-size", "8", "--steps", "2", "--rounds", "1"],
      [r"^1\s+[\d.]+\s+\d+\s+1\.00", r"^2\s+[\d.]+\s+\d+\s+[\d.]+\s+[\d.]+\s+\d+%"]),
     ("memory_accuracy.py", ["--models", "resnet18"],

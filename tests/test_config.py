@@ -29,7 +29,8 @@ def test_override_without_equals_sign_is_rejected():
     ("train.bach_size=64", "unknown key 'train.bach_size' (did you mean 'train.batch_size'?)"),
     ("train.batch_size=abc", "train.batch_size = 'abc'"),
     ("train.batch_size=0", "greater than or equal to 1"),
-    ("precision=fp8", "precision = 'fp8': expected 'auto', 'fp32', 'tf32', 'fp16' or 'bf16'"),
+    ("precision=fp4",
+     "precision = 'fp4': expected 'auto', 'fp32', 'tf32', 'fp16', 'bf16' or 'fp8'"),
     ("device=tpu", "device = 'tpu'"),
     ("data.augment.crop_scale=[0.9, 0.1]", "crop_scale must satisfy"),
 ])

@@ -153,3 +153,28 @@ def test_refinement_from_low_precision_factors_on_the_gpu_reaches_fp64(precision
     solution = solve(A, b, precision)
     assert solution.x.device.type == "cuda"
     assert solution.backward_error <= 2048 * FP64_EPS
+
+
+def test_fp8_trains_a_transformer_whose_layers_gain_and_the_profile_sees_fp8(tmp_path,
+                                                                              run_cli):
+    """Needs FP8 Tensor Cores (H100/H200) and torchao (carry its wheel to the device)."""
+    if torch.cuda.get_device_capability() < (8, 9):
+        code, _, err = run_cli("run", "tiny-lm", f"output_dir={tmp_path}", "precision=fp8")
+        assert code == 2 and "need 8.9 or newer" in err
+        return
+    width = ["model.kwargs.width=2048", "model.kwargs.heads=16", "data.tokens.seq_len=256",
+             "train.batch_size=16", "compile=false", "report=false", "tensorboard=false",
+             f"output_dir={tmp_path}"]
+    code, out, err = run_cli("run", "tiny-lm", *width, "precision=fp8", "train.max_steps=40",
+                             "train.log_every=10")
+    assert code == 0, err
+    assert "fp8: 12 of 13 Linear layers in float8 (" in out and "warning" not in out
+    (run,) = tmp_path.glob("tiny-lm-*")
+    rows = map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+    losses = [r["loss"] for r in rows if r.get("kind") == "train"]
+    assert losses[-1] < losses[0] - 1.0
+    code, out, err = run_cli("profile", "tiny-lm", *width, "precision=fp8", "--steps", "3",
+                             "--json")
+    assert code == 0, err
+    shares = json.loads(out)["ranks"][0]["tensor_cores"]["precision"]
+    assert shares.get("fp8", 0) > 0.5, shares

@@ -481,6 +481,21 @@ class MonitorConfig(Section):
     low_intervals: int = Field(3, ge=1, description="... for this many logging intervals")
 
 
+class Fp8Config(Section):
+    """precision=fp8 (train/fp8.py): which Linear layers compute in float8, and how their
+    tensors are scaled. The rest of the model runs under bf16 autocast."""
+
+    scaling: Literal["tensorwise", "rowwise"] = Field(
+        "tensorwise", description="one scale per tensor (fastest; FSDP gathers weights in "
+        "float8) or per row (more accurate, for models that diverge with tensorwise)")
+    layers: Literal["auto", "all"] = Field(
+        "auto", description="auto: only layers large enough to gain on an H100; all: every "
+        "Linear whose dimensions are multiples of 16")
+    skip: list[str] = Field(default_factory=list, description="name fragments of layers kept "
+                            "in bf16, e.g. [attention]")
+    output_layer: bool = Field(False, description="convert the last Linear (the logits) too")
+
+
 class TrialConfig(Section):
     """This run is one trial of a search (`hpctrain tune`, tune/): its evaluations go to the
     study, which may stop it early (pruning). Written by the tune worker, not by hand."""
@@ -497,7 +512,7 @@ class Config(Section):
     run_name: str | None = None
     resume: str | None = Field(None, description="'auto', a run directory or a checkpoint")
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
-    precision: Literal["auto", "fp32", "tf32", "fp16", "bf16"] = "auto"
+    precision: Literal["auto", "fp32", "tf32", "fp16", "bf16", "fp8"] = "auto"
     channels_last: bool | Auto = "auto"
     compile: bool | Auto = "auto"
     compile_mode: Literal["default", "reduce-overhead", "max-autotune",
@@ -517,6 +532,7 @@ class Config(Section):
     preemption: PreemptionConfig = PreemptionConfig()
     monitor: MonitorConfig = MonitorConfig()
     tracking: TrackingConfig = TrackingConfig()
+    fp8: Fp8Config = Fp8Config()
     trial: TrialConfig = TrialConfig()
 
     @model_validator(mode="before")

@@ -28,8 +28,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from hpctrain.memory.tracker import CATEGORIES, LiveMemory
-
-AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+from hpctrain.train.precision import AUTOCAST_DTYPES  # fp8 simulated as its bf16 autocast
 CUDA_GRANULARITY = 512  # the CUDA caching allocator rounds every block up to 512 bytes
 FIXED = ("parameters", "optimizer states")  # what does not grow with the batch
 SAMPLE_BATCH = 8  # the larger of the two real batches a fallback measures

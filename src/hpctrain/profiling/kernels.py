@@ -20,7 +20,7 @@ _NOT_MATRIX = re.compile(r"batch_?norm|bn_fw|bn_bw|layer_?norm|softmax|elementwi
 _TENSOR_CORE = re.compile(r"h884|s884|h1688|s1688|hmma|imma|i8816|16816|xmma|tensorop|wgmma|"
                           r"nvjet|sm80_|sm86_|sm89_|sm90_|sm100_|tf32|bf16|f16f16|e4m3|e5m2",
                           re.I)
-_PRECISIONS = (("fp8", re.compile(r"e4m3|e5m2|fp8", re.I)),
+_PRECISIONS = (("fp8", re.compile(r"e4m3|e5m2|fp8|f8f8", re.I)),  # f8f8: torch's rowwise
                ("int8", re.compile(r"i8816|imma|int8|_i8", re.I)),
                ("bf16", re.compile(r"bf16|bfloat16", re.I)),
                ("tf32", re.compile(r"tf32", re.I)),

@@ -63,6 +63,7 @@ def settings_from_run(run_dir: Path | None, recipe: str | None = None) -> Settin
     settings.num_workers = resolve_num_workers(data.get("num_workers", "auto"))
     settings.prefetch_factor = data.get("prefetch_factor")
     settings.precision = system.get("precision") or config.get("precision")
+    settings.device_name = system.get("device_name")
     settings.channels_last = system.get("channels_last")
     settings.compile = system.get("compile")
     settings.batch_size = summary.get("batch_size_per_device")

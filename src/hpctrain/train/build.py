@@ -28,7 +28,7 @@ from hpctrain.monitor.sampler import Sampler
 from hpctrain.monitor.start import make_sampler
 from hpctrain.report import trackers
 from hpctrain.runs.directory import RunDir
-from hpctrain.train import parallel, pipeline, tensor_parallel
+from hpctrain.train import fp8, parallel, pipeline, tensor_parallel
 from hpctrain.train.checkpoint import Checkpointer
 from hpctrain.train.layout import microbatches as layout_microbatches
 from hpctrain.train.layout import resolve_layout
@@ -65,6 +65,7 @@ class Parts:
     ema: WeightEma | None
     task: Task  # the batch on the device, the loss, the metrics
     pipeline: Pipeline | None  # this rank's pipeline stage and schedule, under parallel.pipeline
+    fp8: fp8.Fp8Plan | None  # which Linear layers compute in float8, under precision=fp8
     checkpointer: Checkpointer
     sampler: Sampler  # this rank's GPU (or CPU energy) in the background; the loop starts it
     deadline: float | None  # Unix time at which to save and stop, or None
@@ -188,6 +189,8 @@ def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
         model, held = pipeline.cut_to_stage(model, layout.coordinates(env.rank)[0],
                                             layout.pipeline, per_rank, blocks)
     model = parallel.split_tensors(model, distributed, config)
+    fp8_plan = fp8.convert(model, config.fp8, fsdp=strategy == "fsdp") \
+        if plan.precision == "fp8" else None
     if config.model.activation_checkpointing:
         model = enable_activation_checkpointing(model, config.model.name)
     wrapped = parallel.wrap_model(model, distributed, config, device, plan.precision)
@@ -225,7 +228,9 @@ def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
         loss_context=parallel.loss_context(config, layout), optimizer=optimizer,
         scheduler=scheduler,
         precision=Precision(plan.precision, device,
-                            distributed.clip_function(stages.copies if stages else ())),
+                            distributed.clip_function(stages.copies if stages else ()),
+                            fp8.after_step(model, fp8_plan)),
+        fp8=fp8_plan,
         ema=WeightEma(model, config.optim.ema.decay) if config.optim.ema.enabled else None,
         task=task, pipeline=stages,
         checkpointer=Checkpointer(RunDir(place.run_dir).checkpoints, config.checkpoint.keep_last,

@@ -239,6 +239,11 @@ def check_layout(config: Config, layout: Layout, device: torch.device, precision
         if precision == "fp16":
             raise ConfigError(f"{named} with precision=fp16 is not supported: use "
                               "precision=bf16 (no loss scaling needed)")
+        if precision == "fp8" and layout.tensor > 1:
+            raise ConfigError(f"parallel.tensor={layout.tensor} with precision=fp8 is not "
+                              "supported yet (the split layers would need float8 "
+                              "tensor-parallel styles); use precision=bf16 with tensor "
+                              "parallelism, or fp8 with DDP, FSDP or a pipeline")
         if config.optim.ema.enabled:
             raise ConfigError(f"optim.ema.enabled=true is not supported with {named} yet; "
                               "switch EMA off")
@@ -329,10 +334,11 @@ def wrap_model(model: nn.Module, distributed: Distributed, config: Config,
 
 
 def bf16_parameters(model: nn.Module, precision: str) -> bool:
-    """FSDP gathers bf16 copies of the parameters (half the traffic) when the run is bf16 and
-    no BatchNorm needs its fp32 statistics to match its weights' dtype; otherwise it gathers
-    fp32 and autocast still computes in bf16."""
-    return precision == "bf16" and not any(
+    """FSDP gathers bf16 copies of the parameters (half the traffic) when the run is bf16 or
+    fp8 (whose float8 layers gather their own way) and no BatchNorm needs its fp32 statistics
+    to match its weights' dtype; otherwise it gathers fp32 and autocast still computes in
+    bf16."""
+    return precision in ("bf16", "fp8") and not any(
         isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
 

@@ -2,7 +2,8 @@
 
 bf16 has fp32's exponent range and needs no scaling; fp16 does, so its gradients go through a
 GradScaler that skips steps with inf/NaN gradients and adapts the scale. tf32 is plain fp32
-code with Tensor Core matmuls, switched on globally in system.py.
+code with Tensor Core matmuls, switched on globally in system.py. fp8 is bf16 autocast around
+the float8 Linear layers of train/fp8.py, whose casts and scales are their own.
 """
 
 from __future__ import annotations
@@ -12,16 +13,18 @@ from collections.abc import Callable
 
 import torch
 
-AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}
 
 
 class Precision:
     def __init__(self, name: str, device: torch.device,
-                 clip: Callable = torch.nn.utils.clip_grad_norm_):
+                 clip: Callable = torch.nn.utils.clip_grad_norm_,
+                 after_step: Callable[[], None] | None = None):
         """`clip(parameters, max_norm)`: torch's, or grad_norm.clip_ when one model copy spans
-        several processes."""
+        several processes. `after_step()`: work on the new weights (fp8.after_step)."""
         self.name = name
         self.clip = clip
+        self.after_step = after_step
         self.device_type = device.type
         self.dtype = AUTOCAST_DTYPES.get(name)
         self.scaler = torch.amp.GradScaler(device.type) if name == "fp16" else None
@@ -46,6 +49,8 @@ class Precision:
         if clip_norm:
             self.clip(parameters, clip_norm)
         optimizer.step()
+        if self.after_step:
+            self.after_step()
 
     def state_dict(self) -> dict:
         return self.scaler.state_dict() if self.scaler else {}

@@ -39,6 +39,10 @@ def banner(parts, resume_from: Path | None) -> str:
                      f"{env.local_world_size}), {parts.distributed.layout.describe()}")
     if parts.pipeline is not None:
         lines.append(f"  pipeline: {parts.pipeline.describe()}")
+    if parts.fp8 is not None:
+        lines.append(f"  fp8: {parts.fp8.describe()}")
+        if warning := parts.fp8.warning():
+            lines.append(f"hpctrain: warning: {warning}")
     sampler = parts.sampler
     lines.append(f"  energy: {sampler.energy_source}" + (f" ({sampler.why_not})"
                                                          if sampler.why_not else ""))

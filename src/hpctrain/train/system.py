@@ -14,13 +14,14 @@ import torch
 
 from hpctrain.config import Config
 from hpctrain.errors import DeviceError
+from hpctrain.train import fp8
 
 
 @dataclass(frozen=True)
 class SystemPlan:
     device: str
     device_name: str
-    precision: str  # fp32 | tf32 | fp16 | bf16
+    precision: str  # fp32 | tf32 | fp16 | bf16 | fp8 (bf16 autocast around float8 Linears)
     channels_last: bool
     compile: bool
     cudnn_benchmark: bool
@@ -47,6 +48,9 @@ def resolve_device(setting: str) -> torch.device:
 
 
 def resolve_precision(setting: str, device: torch.device) -> str:
+    if setting == "fp8":
+        fp8.check_available(device)
+        return setting
     if device.type == "cuda":
         if setting == "auto":
             return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
