@@ -287,6 +287,7 @@ VIT = ["model.name=timm:vit_tiny_patch16_224", "model.kwargs.num_heads=2", "data
     (2, 2, ["parallel.tensor=2", "parallel.tensor_plan={'head': colwise}"],
      "has a built-in tensor-parallel plan; leave parallel.tensor_plan empty"),
     (2, 2, ["parallel.tensor=2", "optim.ema.enabled=true"], "ema.enabled=true is not supported"),
+    (2, 2, ["parallel.tensor=2", "train.fuse_eval=true"], "fuse_eval=true folds batch-norms"),
     (2, 2, ["parallel.pipeline=2", "optim.name=lamb"], "optim.name=lamb scales each layer"),
     (2, 2, ["parallel.data=0"], "parallel.data.*too few"),
     (2, 2, ["parallel.pipeline=2", "parallel.microbatches=0"], "parallel.microbatches.*too few"),

@@ -345,6 +345,10 @@ class TrainConfig(Section):
     label_smoothing: float = Field(0.0, ge=0, lt=1)
     log_every: int = Field(20, ge=1, description="optimiser steps between metric read-backs")
     eval_every_epochs: float = Field(1, gt=0)
+    fuse_eval: bool | Auto = Field(
+        "auto", description="evaluate with each batch-norm folded into the convolution before "
+        "it (train/fused_eval.py); auto: where the model has such pairs, traces with torch.fx "
+        "and is whole on each process (not FSDP, tensor or pipeline parallel)")
     nan_patience: int = Field(2, ge=1, description="stop after this many logging intervals "
                                                    "in a row with only non-finite losses")
 

@@ -28,7 +28,7 @@ from hpctrain.monitor.sampler import Sampler
 from hpctrain.monitor.start import make_sampler
 from hpctrain.report import trackers
 from hpctrain.runs.directory import RunDir
-from hpctrain.train import fp8, parallel, pipeline, tensor_parallel
+from hpctrain.train import fp8, fused_eval, parallel, pipeline, tensor_parallel
 from hpctrain.train.checkpoint import Checkpointer
 from hpctrain.train.layout import microbatches as layout_microbatches
 from hpctrain.train.layout import resolve_layout
@@ -66,6 +66,8 @@ class Parts:
     task: Task  # the batch on the device, the loss, the metrics
     pipeline: Pipeline | None  # this rank's pipeline stage and schedule, under parallel.pipeline
     fp8: fp8.Fp8Plan | None  # which Linear layers compute in float8, under precision=fp8
+    fused_eval: fused_eval.FusedEvaluation | None  # the model evaluated, conv+BN folded
+    unfused_why: str | None  # why fuse_eval found nothing to fold where it should have
     checkpointer: Checkpointer
     sampler: Sampler  # this rank's GPU (or CPU energy) in the background; the loop starts it
     deadline: float | None  # Unix time at which to save and stop, or None
@@ -101,6 +103,19 @@ def _on_rank0(distributed: Distributed, make):
     if kind == "error":
         raise value
     return value
+
+
+def _fused_evaluation(model: nn.Module, config: Config, layout, plan: SystemPlan):
+    """The folded evaluation (train.fuse_eval); or why there is none, where it was asked for
+    or the model has batch-norms; or None."""
+    setting = config.train.fuse_eval  # true with a split model: refused by check_layout
+    if setting is False or layout.model_parallel or layout.strategy == "fsdp":
+        return None
+    folded = fused_eval.fold(model, sync_buffers=layout.strategy == "ddp",
+                             compile_mode=config.compile_mode if plan.compile else None)
+    if isinstance(folded, str) and setting == "auto" and "no BatchNorm2d" in folded:
+        return None  # nothing to fold, nothing to say
+    return folded
 
 
 def _task(config: Config, data: DataBundle, device: torch.device, plan: SystemPlan,
@@ -197,6 +212,7 @@ def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
     if layout.pipeline > 1 and plan.compile:  # the schedule calls the stage, not `forward`
         plan = dataclasses.replace(plan, compile=False)
     forward = torch.compile(wrapped, mode=config.compile_mode) if plan.compile else wrapped
+    folded = _fused_evaluation(model, config, layout, plan)
 
     # ---- optimiser and schedule, sized by the global batch ----
     train_cfg = config.train
@@ -230,7 +246,8 @@ def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
         precision=Precision(plan.precision, device,
                             distributed.clip_function(stages.copies if stages else ()),
                             fp8.after_step(model, fp8_plan)),
-        fp8=fp8_plan,
+        fp8=fp8_plan, fused_eval=None if isinstance(folded, str) else folded,
+        unfused_why=folded if isinstance(folded, str) else None,
         ema=WeightEma(model, config.optim.ema.decay) if config.optim.ema.enabled else None,
         task=task, pipeline=stages,
         checkpointer=Checkpointer(RunDir(place.run_dir).checkpoints, config.checkpoint.keep_last,

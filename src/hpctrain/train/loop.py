@@ -379,7 +379,10 @@ def _evaluate_and_record(parts: Parts, progress: Progress, clock: Clock, telemet
                          stopper: Stopper, evaluation: int) -> None:
     """Evaluate (the `evaluation`-th time), record it, and report it to the search when the
     run is one of its trials: TrialPruned when the study stops it."""
-    values = evaluate(parts, parts.forward, stopper)
+    start = time.perf_counter()
+    model = parts.fused_eval.module() if parts.fused_eval else parts.forward
+    values = evaluate(parts, model, stopper)
+    seconds = time.perf_counter() - start  # the sums' read-back waited for the device
     if values is None:
         telemetry.message(f"step {progress.step}: evaluation cut short to stop in time")
         return
@@ -388,7 +391,7 @@ def _evaluate_and_record(parts: Parts, progress: Progress, clock: Clock, telemet
         values.update({f"{k}_ema": v for k, v in evaluate(parts, parts.ema.module).items()})
     run = report.totals(parts, progress, clock)  # where a leaderboard reads time to target
     telemetry.record("eval", progress.step, {
-        **values, "epoch": progress.step / parts.steps_per_epoch,
+        **values, "epoch": progress.step / parts.steps_per_epoch, "eval_seconds": seconds,
         **{key: run[key] for key in ("elapsed_seconds", "device_hours", "energy_joules")}})
     telemetry.message(f"step {progress.step}: " + "  ".join(
         f"{name} {value:.4f}" for name, value in values.items()))

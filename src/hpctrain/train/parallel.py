@@ -211,6 +211,10 @@ def check_layout(config: Config, layout: Layout, device: torch.device, precision
     if p.sync_batchnorm and strategy == "ddp" and device.type != "cuda":
         raise ConfigError("parallel.sync_batchnorm=true needs GPUs (torch's SyncBatchNorm "
                           "runs on CUDA only); set it to false on CPU")
+    if config.train.fuse_eval is True and (strategy == "fsdp" or layout.model_parallel):
+        raise ConfigError("train.fuse_eval=true folds batch-norms into whole convolutions; "
+                          "with FSDP, tensor or pipeline parallelism each process holds only "
+                          "part of them: set train.fuse_eval=auto (off there) or false")
     if strategy == "fsdp":
         if p.cpu_offload and device.type != "cuda":
             raise ConfigError("parallel.cpu_offload=true moves FSDP shards from GPU to host "

@@ -39,6 +39,10 @@ def banner(parts, resume_from: Path | None) -> str:
                      f"{env.local_world_size}), {parts.distributed.layout.describe()}")
     if parts.pipeline is not None:
         lines.append(f"  pipeline: {parts.pipeline.describe()}")
+    if parts.fused_eval is not None:
+        lines.append(f"  evaluation: {parts.fused_eval.describe()}")
+    elif parts.unfused_why:
+        lines.append(f"  evaluation unfused: {parts.unfused_why}")
     if parts.fp8 is not None:
         lines.append(f"  fp8: {parts.fp8.describe()}")
         if warning := parts.fp8.warning():
