@@ -414,13 +414,23 @@ def test_memory_predicts_the_gpt_step_the_cpu_measures(run_cli):
     assert abs(measured["relative_error"]) <= 0.1 and abs(measured["peak_relative_error"]) <= 0.1
 
 
-def test_profile_of_a_language_model_gives_a_verdict(tmp_path, run_cli, lm_cache):
-    code, out, err = run_cli("profile", "tiny-lm", *LM, f"data.arithmetic.cache_dir={lm_cache}",
-                             f"output_dir={tmp_path}", "train.batch_size=8", "--steps", "3",
-                             "--json")
+def test_profile_of_a_language_model_gives_a_verdict_and_its_mfu(tmp_path, run_cli, lm_cache,
+                                                                 monkeypatch):
+    """The MFU divides by the peak `hpctrain bench node` measured on this node (a CPU has no
+    spec sheet, so without the measurement there is none)."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    profile = ["profile", "tiny-lm", *LM, f"data.arithmetic.cache_dir={lm_cache}",
+               f"output_dir={tmp_path}", "train.batch_size=8", "--steps", "3"]
+    code, out, err = run_cli(*profile, "--json")
     assert code == 0, err
     verdict = json.loads(out)["verdict"]
     assert verdict["bound"] == "compute-bound" and "CPU-only trace" in verdict["reason"]
+    assert "mfu" not in verdict["numbers"]
+    assert run_cli("bench", "node", "--size", "256", "--megabytes", "16", "--seconds",
+                   "0.05")[0] == 0
+    code, out, err = run_cli(*profile)
+    assert code == 0, err
+    assert re.search(r"MFU \d+\.\d% of the measured fp32 peak", out), out
 
 
 def test_bench_data_measures_the_token_loader_against_the_model(run_cli, lm_cache):

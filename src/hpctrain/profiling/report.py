@@ -64,6 +64,7 @@ def settings_from_run(run_dir: Path | None, recipe: str | None = None) -> Settin
     settings.prefetch_factor = data.get("prefetch_factor")
     settings.precision = system.get("precision") or config.get("precision")
     settings.device_name = system.get("device_name")
+    settings.mfu, settings.mfu_peak = summary.get("mfu"), summary.get("mfu_peak")
     settings.channels_last = system.get("channels_last")
     settings.compile = system.get("compile")
     settings.batch_size = summary.get("batch_size_per_device")
@@ -131,6 +132,9 @@ def text_report(ranks: list[Evidence], verdict: Verdict) -> str:
     if e.top_kernels:
         lines.append("top kernels: " + ", ".join(
             f"{k['name'][:50]} {k['ms']:.1f} ms" for k in e.top_kernels[:3]))
+    if "mfu" in verdict.numbers:
+        lines.append(f"MFU {verdict.numbers['mfu']:.1%} of the {verdict.numbers['mfu_peak']} "
+                     "peak (hpctrain bench node measures this node's)")
     lines += ["", f"verdict: {verdict.bound.upper()}", f"  {verdict.reason}"]
     if verdict.recommendations:
         lines.append("recommendations, largest expected gain first:")

@@ -49,6 +49,8 @@ class Settings:
     strategy: str | None = None
     log_every: int | None = None
     cores: int | None = None
+    mfu: float | None = None  # the profiled run's model FLOPs utilisation (language models)
+    mfu_peak: str | None = None  # what it divides by: "measured bf16", "spec bf16"
 
 
 @dataclass
@@ -107,6 +109,8 @@ def decide(ranks: list[Evidence], settings: Settings = Settings()) -> Verdict:
         numbers.update(gpu_busy=round(1 - first.temporal["idle"], 4),
                        matrix_share=round(first.kernel_mix["matrix_share"], 4),
                        tensor_core_share=round(first.tensor_cores["share_of_matrix_time"], 4))
+    if settings.mfu is not None:
+        numbers.update(mfu=round(settings.mfu, 4), mfu_peak=settings.mfu_peak)
     recommendations = []
     for name, value in sorted(losses.items(), key=lambda kv: -kv[1]):
         if value >= MINOR:

@@ -40,6 +40,13 @@ def peak_flops(device_name: str, precision: str) -> float | None:
     return measured_flops(device_name, precision) or spec_flops(device_name, precision)
 
 
+def peak_source(device_name: str, precision: str) -> str | None:
+    """What peak_flops divides by, for the reader: "measured bf16", "spec bf16" or None."""
+    if measured_flops(device_name, precision):
+        return f"measured {precision}"
+    return f"spec {precision}" if spec_flops(device_name, precision) else None
+
+
 def spec_flops(device_name: str, precision: str) -> float | None:
     """The spec sheet's FLOP/s of one device at `precision`, or None for one not listed."""
     name = device_name.lower()

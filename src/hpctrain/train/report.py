@@ -13,7 +13,7 @@ import torch
 
 from hpctrain import __version__
 from hpctrain.monitor.sampler import add_energy, energy_of, job_means
-from hpctrain.train.mfu import model_flops_utilisation
+from hpctrain.train.mfu import model_flops_utilisation, peak_source
 from hpctrain.train.parallel import straggler
 
 
@@ -210,6 +210,7 @@ def _language_figures(parts, progress, clock, tokens_per_second) -> dict:
         "padding_fraction": clock.padding_fraction,
         "parameters": count,
         "mfu": model_flops_utilisation(count, tokens_per_second, parts.world_size, parts.plan),
+        "mfu_peak": peak_source(parts.plan.device_name, parts.plan.precision),
     }
 
 
