@@ -283,3 +283,57 @@ def test_pack_options_are_checked(image_folder, tmp_path, run_cli):
     assert code == 2 and "--shard-size 'x'" in err
     code, _, err = run_cli("pack", str(tmp_path / "nowhere"), str(tmp_path / "p"))
     assert code == 2 and "does not exist" in err
+
+
+def _flip(path: Path, at: int) -> None:
+    with open(path, "r+b") as handle:
+        handle.seek(at)
+        byte = handle.read(1)
+        handle.seek(at)
+        handle.write(bytes([byte[0] ^ 0x01]))
+
+
+def test_verify_names_every_damaged_shard_and_sample(packed, run_cli):
+    code, out, _ = run_cli("pack", "--verify", str(packed))
+    manifest = json.loads((packed / "pack.json").read_text())
+    samples = sum(e["samples"] for e in manifest["splits"].values())
+    assert code == 0 and "intact" in out and f"{samples:,} samples' CRC-32" in out
+    split = Pack(packed).split("train")
+    damaged = [0, 7]  # one bit flipped in each of two samples, and one in a tar header
+    for sample in damaged:
+        record = split.index[sample]
+        _flip(split.shards[int(record["shard"])], int(record["offset"]) + 50)
+    first = int(split.index[damaged[0]]["shard"])
+    header_only = next(i for i in range(len(split.shards))
+                       if i not in {int(split.index[s]["shard"]) for s in damaged})
+    _flip(split.shards[header_only], 10)  # a member name: no sample's bytes
+    (packed / Pack(packed).split("val").shards[0].name).unlink()
+    code, out, err = run_cli("pack", "--verify", str(packed), "--json")
+    assert code == 2, err
+    report = json.loads(out)
+    assert [s["sample"] for s in report["damaged_samples"]] == damaged
+    assert report["damaged_samples"][0]["shard"] == split.shards[first].name
+    files = report["damaged_files"]
+    assert f"{split.shards[header_only].name}: SHA-256 differs from the manifest's" in files
+    assert "val-00000.tar: missing" in files and len(files) == 2 + len({
+        int(split.index[s]["shard"]) for s in damaged})
+    code, out, _ = run_cli("pack", "--verify", str(packed))
+    assert code == 2 and "train sample 7 (label" in out and "fail their CRC-32" in out
+
+
+def test_verify_checks_a_token_pack_whole_and_refuses_what_is_no_pack(tmp_path, run_cli):
+    from hpctrain.data.token_pack import TokenPackOptions, pack_tokens
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.txt").write_text("the quick brown fox " * 200)
+    pack_tokens(tmp_path / "src", tmp_path / "tokens", TokenPackOptions(), workers=1,
+                log=quiet)
+    assert run_cli("pack", "--verify", str(tmp_path / "tokens"))[0] == 0
+    shard = next((tmp_path / "tokens").glob("*.bin"))
+    _flip(shard, 100)
+    code, out, _ = run_cli("pack", "--verify", str(tmp_path / "tokens"))
+    assert code == 2 and f"{shard.name}: SHA-256 differs" in out
+    code, _, err = run_cli("pack", "--verify", str(tmp_path / "src"))
+    assert code == 2 and "no readable pack.json" in err
+    code, _, err = run_cli("pack", "--verify", str(tmp_path / "tokens"), "a", "b")
+    assert code == 2 and "give no SRC DST" in err

@@ -184,9 +184,21 @@ PACK_EXAMPLE = """examples:
   hpctrain pack labels.csv /scratch/packed --store auto --raw-max-side 64
   hpctrain run imagenet-resnet50 data.dataset=shards data.path=/scratch/imagenet-packed
   hpctrain pack --tokens /scratch/corpus /scratch/corpus-tokens --tokenizer ./gpt2-tokenizer
+  hpctrain pack --verify /scratch/imagenet-packed
   hpctrain run tiny-lm data.dataset=tokens data.path=/scratch/corpus-tokens
 An interrupted pack resumes when run again with the same arguments.
 """
+
+
+def _verify_pack(args) -> int:
+    """Exit 2 naming every damaged file and sample; 0 when the pack is intact."""
+    from hpctrain.data.verify import verify
+
+    if args.src or args.dst:
+        raise ConfigError("hpctrain pack --verify PACK checks a pack: give no SRC DST with it")
+    result = verify(args.verify)
+    print(json.dumps(result.as_dict(), indent=1) if args.json else result.describe())
+    return 0 if result.ok else 2
 
 
 def _token_pack_options(args):
@@ -222,6 +234,11 @@ def _image_pack_options(args):
 
 
 def cmd_pack(args) -> int:
+    if args.verify:
+        return _verify_pack(args)
+    if not args.src or not args.dst:
+        raise ConfigError("hpctrain pack SRC DST: give the source and the pack folder (or "
+                          "--verify PACK to check a pack)")
     if args.tokens:
         from hpctrain.data.token_pack import describe, pack_tokens as write
         options = _token_pack_options(args)
@@ -475,11 +492,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     packer = _verb(verbs, "pack", "pack an image dataset into shards for fast reading, or a "
                    "text corpus into token shards (--tokens)", PACK_EXAMPLE, cmd_pack)
-    packer.add_argument("src", help="an ImageFolder tree (with train/ and val/, or one tree), "
-                        "or a CSV/list file of path,label lines; with --tokens a folder of "
-                        ".txt files (one document each) and .jsonl files (a 'text' field "
-                        "per line), optionally in train/ and val/")
-    packer.add_argument("dst", help="the pack folder (must be empty, or unfinished to resume)")
+    packer.add_argument("src", nargs="?", help="an ImageFolder tree (with train/ and val/, or "
+                        "one tree), or a CSV/list file of path,label lines; with --tokens a "
+                        "folder of .txt files (one document each) and .jsonl files (a 'text' "
+                        "field per line), optionally in train/ and val/")
+    packer.add_argument("dst", nargs="?", help="the pack folder (must be empty, or unfinished "
+                        "to resume)")
+    packer.add_argument("--verify", metavar="PACK", help="check every shard's SHA-256 and "
+                        "every sample's CRC-32 of PACK instead (exit 2 naming each damaged "
+                        "shard or sample)")
     packer.add_argument("--max-side", type=count(1), help="pre-resize: longer side at most this")
     packer.add_argument("--store", choices=("jpeg", "raw", "auto"), default="jpeg",
                         help="JPEG bytes, raw pixels (no decoding), or raw for images whose "
