@@ -4,8 +4,9 @@ over the same tar shards, and the decode-only limit of the same cores.
 The dataset is generated: photo-like JPEGs (1/f colour noise, the spectrum of natural images)
 of ImageNet's typical 500x375 size at quality 90, in ImageFolder layout, then packed. Every
 loader uses the same workers, batch and augmentation (random-resized-crop 224 + flip, uint8
-out). (c') is a pack with half the images stored raw (FFCV's mix), (c'') one with all of them
-raw (no decoding at all, 6.8x the bytes); on a machine with CUDA, (e)
+out). (c) reads the pack through hpctrain's batch buffers (data.loader=auto), (c-) through
+torch's DataLoader. (c') is a pack with half the images stored raw (FFCV's mix), (c'') one
+with all of them raw (no decoding at all, 6.8x the bytes); on a machine with CUDA, (e)
 adds batched nvJPEG decoding on the GPU. Run:
     python benchmarks/data_pipeline.py --images 3000 --workers 2
 Needs `pip install -e ".[bench]"` (webdataset, simplejpeg).
@@ -14,6 +15,7 @@ Needs `pip install -e ".[bench]"` (webdataset, simplejpeg).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import multiprocessing
 import os
 import time
@@ -25,6 +27,7 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 from hpctrain.config import AugmentConfig
+from hpctrain.data.batch_buffers import BufferedLoader
 from hpctrain.data.pack import PackOptions, pack
 from hpctrain.data.sampling import EpochSampler
 from hpctrain.data.shard_dataset import ShardDataset, decode_jpeg, jpeg_decoder
@@ -105,10 +108,14 @@ def webdataset_loader(shards: list[Path], workers: int, batch: int, samples: int
                          prefetch_factor=4).with_epoch(samples // batch)
 
 
-def shard_loader(packed: Path, workers: int, batch: int):
+def shard_loader(packed: Path, workers: int, batch: int, buffers: bool = True):
+    """hpctrain's loader of a pack: batch buffers (data.loader=auto), or torch's DataLoader
+    over the same dataset (data.loader=torch, the path before issue 24)."""
     split = Pack(packed).split("train")
     dataset = ShardDataset(split, None, True, AugmentConfig(crop_scale=(0.08, 1.0)), 0)
     sampler = EpochSampler(len(dataset), SIZE, shuffle=True)
+    if buffers:
+        return BufferedLoader(dataset, sampler, batch, True, workers, SIZE, prefetch_factor=4)
     return DataLoader(dataset, batch_size=batch, sampler=sampler, num_workers=workers,
                       drop_last=True, prefetch_factor=4)
 
@@ -158,10 +165,19 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count())
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--cache-dir", default="/tmp/hpctrain-bench-data")
+    parser.add_argument("--images-from", metavar="FOLDER", help="your own photographs in "
+                        "ImageFolder layout (FOLDER/<class>/*.jpg) instead of generated ones; "
+                        "packed once into --cache-dir")
     args = parser.parse_args()
     torch.set_num_threads(1)
     root = Path(args.cache_dir)
-    folder = make_dataset(root, args.images)
+    if args.images_from:
+        folder = Path(args.images_from).expanduser().resolve()
+        args.images = sum(1 for p in folder.rglob("*") if p.suffix.lower() in (".jpg", ".jpeg"))
+        root = root / f"from-{hashlib.sha256(str(folder).encode()).hexdigest()[:12]}"
+        root.mkdir(parents=True, exist_ok=True)
+    else:
+        folder = make_dataset(root, args.images)
     packed = root / f"packed-{args.images}"
     if not (packed / "pack.json").exists():
         pack(folder, packed, PackOptions(shard_bytes=16 << 20), overwrite=True)
@@ -178,15 +194,19 @@ def main() -> None:
         "(b) WebDataset, same tars": rate(webdataset_loader(shards, args.workers, args.batch,
                                                             args.images)),
         "(c) hpctrain shards": rate(shard_loader(packed, args.workers, args.batch)),
+        "(c-) shards, torch loader": rate(shard_loader(packed, args.workers, args.batch,
+                                                       buffers=False)),
         "(c') shards, half raw": rate(shard_loader(mixed, args.workers, args.batch)),
         "(c'') shards, all raw": rate(shard_loader(raw, args.workers, args.batch)),
         "(d) decode-only limit": decode_only(packed, args.workers),
     }
     if torch.cuda.is_available():
         results["(e) nvJPEG batched decode, 1 GPU"] = nvjpeg_rate(packed)
-    print(f"data_pipeline: {args.images} JPEGs 500x375 q90, {args.workers} workers, batch "
+    source = args.images_from or "generated, 500x375 q90"
+    print(f"data_pipeline: {args.images} JPEGs ({source}), {args.workers} workers, batch "
           f"{args.batch}, random-resized-crop {SIZE} + flip; decoder {jpeg_decoder()}; "
-          "(c') = pack --store auto --raw-fraction 0.5, (c'') = pack --store raw")
+          "(c') = pack --store auto --raw-fraction 0.5, (c'') = pack --store raw; (c-) = "
+          "the same pack through torch's DataLoader (data.loader=torch)")
     ours, mix = results["(c) hpctrain shards"], results["(c') shards, half raw"]
     print(f"{'loader':<26}{'img/s':>8}{'(c)/this':>10}{'(c' + chr(39) + ')/this':>11}")
     for name, value in results.items():

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import write_image_folder
+
 BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
 TINY_IMAGES = ["--model", "hpctrain:tiny_cnn", "--image-size", "16"]
 
@@ -66,7 +68,14 @@ CASES = [
       r"^tpe, pruner median\s+[\d.]+\s+[\d.]+\s+0\.000\s+[\d.]+\s+[\d.]+\s+\d+\s+[\d.]+"]),
     ("data_pipeline.py", ["--images", "48", "--workers", "1", "--batch", "8"],
      [r"\(b\) WebDataset, same tars\s+\d+", r"\(c\) hpctrain shards\s+\d+\s+1\.00",
-      r"\(d\) decode-only limit\s+\d+"]),
+      r"\(c-\) shards, torch loader\s+\d+", r"\(d\) decode-only limit\s+\d+"]),
+    ("data_pipeline.py", ["--images-from", "{tmp}/photos", "--workers", "1", "--batch", "8"],
+     [r"40 JPEGs \(.*photos\)", r"\(c\) hpctrain shards\s+\d+\s+1\.00"]),
+    ("data_stages.py", ["--images", "48", "--count", "20"],
+     [r"^decode\s+[\d.]+\s+\d+%", r"^to the training process\s+[\d.]+",
+      r"buffers loader"]),
+    ("data_stages.py", ["--images", "48", "--count", "20", "--loader", "torch"],
+     [r"^into the batch\s+[\d.]+", r"torch loader"]),
 ]
 
 
@@ -79,9 +88,12 @@ def test_every_benchmark_script_has_a_smoke_case():
 @pytest.mark.parametrize("script, arguments, expected", CASES,
                          ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
 def test_a_benchmark_runs_at_a_tiny_size(script, arguments, expected, tmp_path):
-    if script in ("data_pipeline.py", "stop_latency.py", "host_memory.py", "lm_overhead.py",
-                  "sequence_padding.py", "runs_index.py", "tune_search.py"):
+    if script in ("data_pipeline.py", "data_stages.py", "stop_latency.py", "host_memory.py",
+                  "lm_overhead.py", "sequence_padding.py", "runs_index.py", "tune_search.py"):
         arguments = [*arguments, "--cache-dir", str(tmp_path)]
+    if "{tmp}/photos" in arguments:  # a user's own photographs, in ImageFolder layout
+        write_image_folder(tmp_path / "photos", per_class=20, size=64)
+        arguments = [a.replace("{tmp}", str(tmp_path)) for a in arguments]
     done = subprocess.run([sys.executable, str(BENCHMARKS / script), *arguments],
                           capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]

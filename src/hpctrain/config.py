@@ -196,6 +196,10 @@ class DataConfig(Section):
         "auto", description="how DataLoader workers start; auto: Python's default (fork on "
         "Linux before 3.14), spawn or forkserver for code that must not be forked")
     pin_memory: bool | Auto = "auto"
+    loader: Literal["auto", "buffers", "torch"] = Field(
+        "auto", description="buffers: workers write each sample straight into batch buffers "
+        "in shared memory, reused every step (data/batch_buffers.py); torch: torch's "
+        "DataLoader; auto: buffers for packs and image folders decoded on the CPU")
     on_bad_image: Literal["skip", "fail"] = "skip"
     augment: AugmentConfig = AugmentConfig()
     progressive: ProgressiveConfig = ProgressiveConfig()

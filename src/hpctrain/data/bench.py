@@ -21,8 +21,10 @@ from dataclasses import asdict, dataclass, field
 from torch.utils.data import DataLoader, IterableDataset
 
 from hpctrain.config import Config, load_config
+from hpctrain.data.batch_buffers import BufferedLoader
 from hpctrain.data.datasets import ImageFolderDataset
-from hpctrain.data.loader import build_datasets, collate_for, token_datasets, usable_cpus
+from hpctrain.data.loader import (build_datasets, collate_for, token_datasets, usable_cpus,
+                                 uses_buffers)
 from hpctrain.data.sampling import EpochSampler
 from hpctrain.data.shard_dataset import ShardDataset, jpeg_decoder
 from hpctrain.data.streams import Stream
@@ -72,10 +74,10 @@ def worker_grid(cores: int) -> list[int]:
 
 
 def loader_rate(dataset, batch_size: int, image_size: int, workers: int, prefetch: int,
-                seconds: float, seed: int = 0, collate_fn=None) -> float:
-    """Images per second of a training DataLoader, timed from its first batch (worker start-up
-    excluded) for `seconds`, over as many shuffled epochs (or passes over a stream) as that
-    takes."""
+                seconds: float, seed: int = 0, collate_fn=None, buffers: bool = False) -> float:
+    """Images per second of a training loader (batch buffers where `buffers`, else torch's
+    DataLoader), timed from its first batch (worker start-up excluded) for `seconds`, over
+    as many shuffled epochs (or passes over a stream) as that takes."""
     options = dict(batch_size=batch_size, num_workers=workers, drop_last=True,
                    prefetch_factor=prefetch if workers else None, collate_fn=collate_fn)
     if isinstance(dataset, IterableDataset):  # your own stream: read pass after pass
@@ -85,7 +87,12 @@ def loader_rate(dataset, batch_size: int, image_size: int, workers: int, prefetc
         raise DataError(f"the training set has {len(dataset)} samples, fewer than one batch "
                         f"of train.batch_size={batch_size}; lower the batch size")
     sampler = EpochSampler(len(dataset), image_size, shuffle=True, seed=seed)
-    loader = DataLoader(dataset, sampler=sampler, persistent_workers=workers > 0, **options)
+    if buffers:
+        loader = BufferedLoader(dataset, sampler, batch_size, True, workers, image_size,
+                                prefetch_factor=prefetch)
+    else:
+        loader = DataLoader(dataset, sampler=sampler, persistent_workers=workers > 0,
+                            **options)
 
     def epochs():
         for epoch in itertools.count():
@@ -167,10 +174,11 @@ def bench_data(recipe: str | None, overrides: list[str], workers: list[int] | No
         decode_one_core=decode_rate(train_set, min(seconds, 3.0)))
     collate = collate_for(config.data) if not tokens else \
         pad_documents if config.data.tokens.batching == "documents" else None
+    buffers = not tokens and uses_buffers(config.data, train_set)
     for count in workers or worker_grid(cores):
         for depth in prefetch:
             rate = loader_rate(train_set, batch, config.data.image_size, count, depth,
-                               seconds, config.seed, collate)
+                               seconds, config.seed, collate, buffers)
             report.settings.append(Setting(count, depth, rate))
     report.best = max(report.settings, key=lambda s: s.samples_per_second)
     report.recommended = min(

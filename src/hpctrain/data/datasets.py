@@ -115,16 +115,25 @@ def crop_rows_columns(box: tuple) -> tuple[slice, slice]:
     return slice(top, max(bottom, top + 1)), slice(left, max(right, left + 1))
 
 
-def render_view(pixels: np.ndarray, box: tuple, size: int, flip: bool) -> torch.Tensor:
+def render_view(pixels: np.ndarray, box: tuple, size: int, flip: bool,
+                out: torch.Tensor | None = None) -> torch.Tensor:
     """The `box` region of HWC uint8 `pixels` resized to size x size (and flipped), as uint8
-    HWC. The crop is copied once, to a contiguous array that is already channels_last."""
+    HWC. The crop is copied once, to a contiguous array that is already channels_last. With
+    `out` (a size x size x 3 row of a batch buffer: batch_buffers.py) the last step writes
+    into it, bit for bit what is returned without."""
     crop = np.array(pixels[crop_rows_columns(box)], copy=True)
     image = torch.from_numpy(crop)[None].permute(0, 3, 1, 2)  # NCHW view, channels_last
     if image.shape[-2:] != (size, size):  # keeps channels_last: the fast uint8 kernel
+        if out is not None and not flip:
+            torch.ops.aten._upsample_bilinear2d_aa.out(
+                image, [size, size], False, None, None, out=out[None].permute(0, 3, 1, 2))
+            return out
         image = F.interpolate(image, size=(size, size), mode="bilinear", antialias=True,
                               align_corners=False)
     image = image[0].permute(1, 2, 0)
-    return image.flip(1) if flip else image
+    if out is None:
+        return image.flip(1) if flip else image
+    return torch.ops.aten.flip.out(image, [1], out=out) if flip else out.copy_(image)
 
 
 class ImageFolderDataset(Dataset):
@@ -144,12 +153,6 @@ class ImageFolderDataset(Dataset):
     def __len__(self) -> int:
         return len(self.samples)
 
-    def _transform(self, pixels: np.ndarray, key: SampleKey) -> torch.Tensor:
-        height, width = pixels.shape[:2]
-        box, flip = draw_view(self.seed, key, width, height, self.train, self.augment,
-                              self.val_resize_ratio)
-        return render_view(pixels, box, key.size, flip)
-
     def _load(self, path: str) -> np.ndarray:
         with Image.open(path) as image:
             return np.asarray(image.convert("RGB"))
@@ -159,18 +162,28 @@ class ImageFolderDataset(Dataset):
         return self._load(self.samples[position][0])
 
     def __getitem__(self, key: SampleKey) -> tuple[torch.Tensor, int]:
+        return self._render(key, None)
+
+    def render_into(self, key: SampleKey, out: torch.Tensor) -> int:
+        """The sample written into `out` (a batch buffer's row); its label."""
+        return self._render(key, out)[1]
+
+    def _render(self, key: SampleKey, out: torch.Tensor | None) -> tuple[torch.Tensor, int]:
         for attempt in range(MAX_CONSECUTIVE_BAD):
             index = (key.index + attempt) % len(self.samples)
             path, label = self.samples[index]
             try:
-                image = self._load(path)
+                pixels = self._load(path)
             except (OSError, ValueError, Image.DecompressionBombError) as err:
                 if self.on_bad_image == "fail":
                     raise DataError(f"unreadable image {path}: {err}. Remove or replace it, "
                                     "or set data.on_bad_image=skip") from None
                 self._report_skip(path, err)
                 continue
-            return self._transform(image, key._replace(index=index)), label
+            height, width = pixels.shape[:2]
+            box, flip = draw_view(self.seed, key._replace(index=index), width, height,
+                                  self.train, self.augment, self.val_resize_ratio)
+            return render_view(pixels, box, key.size, flip, out), label
         raise DataError(f"{MAX_CONSECUTIVE_BAD} unreadable images in a row from "
                         f"{self.samples[key.index][0]}: is the dataset corrupt?")
 

@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from hpctrain.config import DataConfig
+from hpctrain.data.batch_buffers import BufferedLoader
 from hpctrain.data.datasets import ImageFolderDataset, SyntheticDataset, image_folder_splits
 from hpctrain.data.device_decode import EncodedBatch, collate_encoded, decode_batch
 from hpctrain.data.modelnet import PointSplits, read_modelnet
@@ -38,7 +39,7 @@ from hpctrain.data.shapes3d import ensure_shapes3d
 from hpctrain.data.tokens import TokenBlocks, TokenDocuments, TokenPack, pad_documents
 from hpctrain.data.user_datasets import user_datasets
 from hpctrain.data.worker_signals import SignalSafeLoader
-from hpctrain.errors import DataError, DeviceError
+from hpctrain.errors import ConfigError, DataError, DeviceError
 
 
 @dataclass
@@ -247,10 +248,10 @@ def build_data(data: DataConfig, batch_size: int, seed: int, device: torch.devic
         (num_classes, None)
     common["collate_fn"] = collate_for(data)
     shard = dict(rank=rank, world_size=world_size)
-    val_sampler = EpochSampler(len(val_set), data.val_image_size or data.image_size,
-                               shuffle=False, pad=True, **shard)
-    val_loader = SignalSafeLoader(val_set, batch_size=batch_size * 2, sampler=val_sampler,
-                                  drop_last=False, **common)
+    val_size = data.val_image_size or data.image_size
+    val_sampler = EpochSampler(len(val_set), val_size, shuffle=False, pad=True, **shard)
+    val_loader = _image_loader(data, val_set, val_sampler, batch_size * 2, False, val_size,
+                               common, between_passes=False)
     if isinstance(train_set, IterableDataset):  # your own stream (streams.py)
         stream = Stream(train_set, data.dataset, rank, world_size, batch_size)
         # fresh workers each epoch: they take the stream's epoch and skip with them
@@ -264,10 +265,39 @@ def build_data(data: DataConfig, batch_size: int, seed: int, device: torch.devic
                         "batch size")
     train_sampler = EpochSampler(len(train_set), data.image_size, shuffle=True, seed=seed,
                                  **shard)
-    train_loader = SignalSafeLoader(train_set, batch_size=batch_size, sampler=train_sampler,
-                                    drop_last=True, **common)
+    train_loader = _image_loader(data, train_set, train_sampler, batch_size, True,
+                                 max(image_sizes(data)), common, between_passes=True)
     return DataBundle(train_loader, train_sampler, val_loader, val_sampler, num_classes, workers,
                       vocab_size)
+
+
+def uses_buffers(data: DataConfig, dataset: Dataset) -> bool:
+    """Whether data.loader means batch buffers for this dataset; a ConfigError for
+    data.loader=buffers where the dataset cannot render into them."""
+    renders = hasattr(dataset, "render_into") and data.decode == "cpu"
+    if data.loader == "buffers" and not renders:
+        raise ConfigError(f"data.loader=buffers: data.dataset={data.dataset} with "
+                          f"data.decode={data.decode} does not render into batch buffers (packs "
+                          "and image folders decoded on the CPU do); use data.loader=auto")
+    return renders and data.loader != "torch"
+
+
+def _image_loader(data: DataConfig, dataset: Dataset, sampler: EpochSampler, batch_size: int,
+                  drop_last: bool, largest: int, common: dict, between_passes: bool):
+    """Batch buffers (batch_buffers.py) where the dataset renders into them, else torch's
+    DataLoader; `largest`: the largest image side the sampler will ask for. Batch buffers
+    are kept `between_passes` only for training (with data.persistent_workers): the
+    validation loader's, twice as large, are freed after each evaluation."""
+    if not uses_buffers(data, dataset):
+        return SignalSafeLoader(dataset, batch_size=batch_size, sampler=sampler,
+                                drop_last=drop_last, **common)
+    return BufferedLoader(dataset, sampler, batch_size, drop_last, common["num_workers"],
+                          largest, prefetch_factor=common.get("prefetch_factor", 1),
+                          persistent_workers=between_passes and common.get(
+                              "persistent_workers", True),
+                          stop_signals=common["stop_signals"],
+                          context=common.get("multiprocessing_context"),
+                          pin=common["pin_memory"])
 
 
 def token_pack_of(data: DataConfig) -> TokenPack:

@@ -99,13 +99,14 @@ def stored_pixels(data, record, reduction: int = 1) -> np.ndarray:
 
 
 def decode_crop(data: memoryview, record, box: tuple[int, int, int, int], size: int,
-                flip: bool) -> torch.Tensor:
-    """One stored sample -> the `box` region resized to size x size, as uint8 HWC."""
+                flip: bool, out: torch.Tensor | None = None) -> torch.Tensor:
+    """One stored sample -> the `box` region resized to size x size, as uint8 HWC (written
+    into `out` when given)."""
     width, height = int(record["width"]), int(record["height"])
     pixels = stored_pixels(data, record, dct_reduction(box, size))
     scale_x, scale_y = pixels.shape[1] / width, pixels.shape[0] / height
     box = (box[0] * scale_x, box[1] * scale_y, box[2] * scale_x, box[3] * scale_y)
-    return render_view(pixels, box, size, flip)
+    return render_view(pixels, box, size, flip, out)
 
 
 class ShardDataset(Dataset):
@@ -141,6 +142,15 @@ class ShardDataset(Dataset):
         limit."""
         record = self.record(position)
         return stored_pixels(self.reader.read(record), record)
+
+    def render_into(self, key: SampleKey, out: torch.Tensor) -> int:
+        """The sample decoded, cropped, resized and flipped into `out` (a batch buffer's
+        row: batch_buffers.py); its label."""
+        record = self.record(key.index)
+        box, flip = draw_view(self.seed, key, int(record["width"]), int(record["height"]),
+                              self.train, self.augment, self.val_resize_ratio)
+        decode_crop(self.reader.read(record), record, box, key.size, flip, out)
+        return int(record["label"])
 
     def __getitem__(self, key: SampleKey) -> tuple[torch.Tensor, int]:
         record = self.record(key.index)

@@ -1,0 +1,295 @@
+"""Batches assembled where they are made (data.loader=buffers: packs and image folders
+decoded on the CPU).
+
+torch's DataLoader hands each batch from a worker to the training process through a fresh
+shared-memory segment: the worker stacks its samples into it (a copy), sends its handle, the
+training process maps it and the pages fault in on both sides. Per 224-px image that cost
+0.1 ms here against 0.73 ms of decoding (docs/benchmarks.md, data_stages). Here the batch
+buffers are allocated in shared memory once, a few more than the batches in flight, and reused
+every step: a worker renders each sample straight into its row (the resize or the flip writes
+into the buffer) and says only "batch n is ready". With pin=True (a GPU run) the buffers are
+page-locked once, so the copy to the device is asynchronous with no extra copy into pinned
+memory; a slot is refilled only after the copy from it was waited for.
+
+The batches are the ones torch's loader gives: the same samples, crops and flips (views are
+drawn from the sample keys alone: sampling.py), in order. A batch stays valid until two more
+have been asked for; clone it to keep it longer. A worker that dies is named with how it died,
+never waited for forever; one that raises passes its error on.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import queue
+import signal
+import weakref
+from collections import deque
+from collections.abc import Iterator
+
+import torch
+import torch.multiprocessing as mp
+
+from hpctrain.data.sampling import SampleKey
+from hpctrain.data.worker_signals import blocked, spare_worker
+from hpctrain.errors import DataError
+
+HELD = 2  # batches the consumer may still read after asking for the next
+POLL_SECONDS = 1.0  # how often a wait checks that the workers live
+
+
+class SharedBatches:
+    """`slots` batch buffers of `rows` images up to `side` x `side` x 3, and their labels."""
+
+    def __init__(self, slots: int, rows: int, side: int, shared: bool):
+        self.images = torch.empty((slots, rows * side * side * 3), dtype=torch.uint8)
+        self.labels = torch.empty((slots, rows), dtype=torch.int64)
+        if shared:
+            self.images.share_memory_()
+            self.labels.share_memory_()
+        self.pinned = False
+
+    def rows(self, slot: int, count: int, size: int) -> torch.Tensor:
+        """The first `count` images of `slot` at `size` px: a contiguous NHWC view."""
+        return self.images[slot, :count * size * size * 3].view(count, size, size, 3)
+
+    def pin(self) -> None:
+        """Page-lock the image buffers for asynchronous copies to the GPU."""
+        cudart = torch.cuda.cudart()
+        status = cudart.cudaHostRegister(self.images.data_ptr(),
+                                         self.images.numel(), 0)
+        self.pinned = int(status) == 0
+
+    def unpin(self) -> None:
+        if self.pinned:
+            torch.cuda.cudart().cudaHostUnregister(self.images.data_ptr())
+            self.pinned = False
+
+
+def render(dataset, batches: SharedBatches, slot: int, keys: list[SampleKey]) -> None:
+    images = batches.rows(slot, len(keys), keys[0].size)
+    for row, key in enumerate(keys):
+        batches.labels[slot, row] = dataset.render_into(key, images[row])
+
+
+def _work(number: int, dataset, batches: SharedBatches, tasks, done, stop_signals) -> None:
+    """A worker: render the batches it is given until told to stop, or until its parent is
+    gone (a killed training process leaves no worker behind)."""
+    spare_worker(stop_signals, number)
+    torch.set_num_threads(1)
+    parent = os.getppid()
+    while True:
+        try:
+            task = tasks.get(timeout=POLL_SECONDS)
+        except queue.Empty:
+            if os.getppid() != parent:
+                return
+            continue
+        if task is None:
+            return
+        batch, slot, keys = task
+        try:
+            render(dataset, batches, slot, keys)
+            done.put((batch, None))
+        except Exception as err:  # passed on to the training process, raised there
+            done.put((batch, _portable(err)))
+
+
+def _portable(err: Exception) -> Exception:
+    """`err` if it survives pickling, else a DataError saying what it was."""
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(err))
+        return err
+    except Exception:
+        return DataError(f"{type(err).__name__}: {err}")
+
+
+def _death(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        return f"killed by {signal.Signals(-exitcode).name}"
+    return f"exited with status {exitcode}"
+
+
+class _Workers:
+    """The worker processes, each with its own task queue, and one queue of finished
+    batches."""
+
+    def __init__(self, dataset, batches: SharedBatches, count: int, context: str | None,
+                 stop_signals: tuple[str, ...]):
+        ctx = mp.get_context(context)
+        self.done = ctx.Queue()
+        self.tasks = [ctx.Queue() for _ in range(count)]
+        self.processes = [ctx.Process(target=_work, daemon=True, name=f"hpctrain-input-{i}",
+                                      args=(i, dataset, batches, self.tasks[i], self.done,
+                                            stop_signals))
+                          for i in range(count)]
+        with blocked(stop_signals):  # see worker_signals.py
+            for process in self.processes:
+                process.start()
+
+    def send(self, batch: int, slot: int, keys: list[SampleKey]) -> None:
+        self.tasks[batch % len(self.tasks)].put((batch, slot, keys))
+
+    def finished(self, what: str) -> tuple[int, Exception | None]:
+        """The next finished batch; a DataError naming a worker that died meanwhile."""
+        while True:
+            try:
+                return self.done.get(timeout=POLL_SECONDS)
+            except queue.Empty:
+                for number, process in enumerate(self.processes):
+                    if not process.is_alive():
+                        raise DataError(
+                            f"input worker {number} (pid {process.pid}) "
+                            f"{_death(process.exitcode)} while making {what}: out of memory "
+                            "(dmesg), a full /dev/shm (df -h /dev/shm; the batch buffers live "
+                            "there) or a crash in the dataset code. Lower data.num_workers or "
+                            "data.prefetch_factor, or set data.loader=torch to compare"
+                        ) from None
+
+    def stop(self) -> None:
+        for tasks in self.tasks:
+            tasks.put(None)
+        for process in self.processes:
+            process.join(5)
+            if process.is_alive():
+                process.terminate()
+                process.join(5)
+
+
+class BufferedLoader:
+    """A DataLoader for datasets with `render_into(key, out) -> label`: yields (images NHWC
+    uint8, labels) batches of the keys `sampler` gives, rendered by `num_workers` processes
+    (none: in this process) into shared batch buffers.
+
+    The buffers hold workers x prefetch_factor + 3 batches of the largest image size. They
+    live with the workers: for the whole run with persistent_workers (the training loader),
+    for one pass without (the validation loader, whose batches are twice as large)."""
+
+    def __init__(self, dataset, sampler, batch_size: int, drop_last: bool, num_workers: int,
+                 max_size: int, prefetch_factor: int = 4, persistent_workers: bool = True,
+                 stop_signals: tuple[str, ...] = ("SIGUSR1",), context: str | None = None,
+                 pin: bool = False):
+        self.dataset, self.sampler, self.batch_size = dataset, sampler, batch_size
+        self.drop_last, self.num_workers = drop_last, num_workers
+        self.persistent_workers, self.stop_signals = persistent_workers, tuple(stop_signals)
+        self.context, self.pin, self.max_size = context, pin, max_size
+        self.slots = max(1, num_workers * prefetch_factor) + HELD + 1
+        # what the finaliser stops and frees with the loader
+        self._live: dict = {"workers": None, "batches": None}
+        self._unfinished: set[int] = set()  # batches sent by a pass that was left early
+        self._numbers = 0  # batches are numbered across passes
+        weakref.finalize(self, _shut_down, self._live)
+
+    @property
+    def _workers(self) -> _Workers | None:
+        return self._live["workers"]
+
+    @property
+    def batches(self) -> SharedBatches:
+        if self._live["batches"] is None:
+            self._live["batches"] = SharedBatches(self.slots, self.batch_size, self.max_size,
+                                                  shared=self.num_workers > 0)
+            if self.pin:
+                self._live["batches"].pin()
+        return self._live["batches"]
+
+    def __len__(self) -> int:
+        count = len(self.sampler)
+        return count // self.batch_size if self.drop_last else math.ceil(count / self.batch_size)
+
+    def _key_batches(self) -> Iterator[list[SampleKey]]:
+        batch = []
+        for key in self.sampler:
+            batch.append(key)
+            if len(batch) == self.batch_size:
+                yield batch
+                batch = []
+        if batch and not self.drop_last:
+            yield batch
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if self.num_workers == 0:
+            return self._inline()
+        if self._workers is None:
+            self._live["workers"] = _Workers(self.dataset, self.batches, self.num_workers,
+                                             self.context, self.stop_signals)
+        self._drain()
+        return self._pass()
+
+    def _inline(self):
+        for number, keys in enumerate(self._key_batches()):
+            slot = number % self.slots
+            render(self.dataset, self.batches, slot, keys)
+            yield self._batch(slot, keys)
+
+    def _batch(self, slot: int, keys: list[SampleKey]):
+        images = self.batches.rows(slot, len(keys), keys[0].size)
+        return images, self.batches.labels[slot, :len(keys)].clone()
+
+    def _drain(self) -> None:
+        """Wait for the batches an earlier pass sent and left unread: their workers are
+        still writing into the buffers this pass will reuse."""
+        while self._unfinished:
+            batch, _ = self._workers.finished("a batch of an earlier pass")
+            self._unfinished.discard(batch)
+
+    def _pass(self):
+        workers, keys, batches = self._workers, self._key_batches(), self.batches
+        free = deque(range(self.slots))
+        held: deque[tuple[int, torch.cuda.Event | None]] = deque()
+        sent: deque[tuple[int, int, list[SampleKey]]] = deque()  # (batch, slot, keys) in order
+        ready: dict[int, Exception | None] = {}
+        try:
+            while True:
+                while free and (chunk := next(keys, None)) is not None:
+                    number, slot = self._numbers, free.popleft()
+                    self._numbers += 1
+                    workers.send(number, slot, chunk)
+                    sent.append((number, slot, chunk))
+                    self._unfinished.add(number)
+                if not sent:
+                    break
+                number, slot, chunk = sent.popleft()
+                while number not in ready:
+                    batch, error = workers.finished(f"batch {number}")
+                    ready[batch] = error
+                    self._unfinished.discard(batch)
+                error = ready.pop(number)
+                if error is not None:
+                    raise error
+                yield self._batch(slot, chunk)
+                held.append((slot, _copy_event(batches)))
+                while len(held) > HELD:
+                    reused, event = held.popleft()
+                    if event is not None:
+                        event.synchronize()  # the device copy from it is done
+                    free.append(reused)
+        finally:
+            if not self.persistent_workers and not self._unfinished:
+                self.close()
+
+    def close(self) -> None:
+        """Stop the workers and free the buffers (made again by the next pass)."""
+        _shut_down(self._live)
+        self._unfinished.clear()
+
+
+def _copy_event(batches: SharedBatches):
+    """On pinned buffers, an event after whatever the consumer queued on the device from the
+    batch it just finished with."""
+    if not batches.pinned:
+        return None
+    event = torch.cuda.Event()
+    event.record()
+    return event
+
+
+def _shut_down(live: dict) -> None:
+    if live["workers"] is not None:
+        live["workers"].stop()
+        live["workers"] = None
+    if live["batches"] is not None:
+        live["batches"].unpin()
+        live["batches"] = None
