@@ -124,3 +124,19 @@ def test_a_workers_error_reaches_the_training_process(packs, tmp_path):
     sampler = EpochSampler(len(dataset), 24, shuffle=False)
     with pytest.raises(DataError, match="is corrupted.*CRC-32"):
         list(BufferedLoader(dataset, sampler, 4, True, 2, max_size=24))
+
+
+def test_spawned_workers_share_the_buffers_too(packs):
+    """data.worker_start=spawn: the buffers reach the workers through torch's sharing of
+    storages, not by inheritance. (Before, the datasets' skip counter, made in the fork
+    context, stopped spawned workers of torch's DataLoader as well.)"""
+    dataset = _dataset(packs, "raw")
+    sampler = EpochSampler(len(dataset), 24, shuffle=True)
+    expected = _batches(DataLoader(dataset, batch_size=4, sampler=sampler, drop_last=True,
+                                   num_workers=1, multiprocessing_context="spawn"),
+                        sampler, [(0, 24)])
+    loader = BufferedLoader(dataset, sampler, 4, True, 1, max_size=24, context="spawn")
+    got = _batches(loader, sampler, [(0, 24)])
+    assert len(got) == len(expected) and all(
+        torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(got, expected))
+    loader.close()

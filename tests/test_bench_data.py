@@ -66,3 +66,54 @@ def test_worker_grid_and_bad_lists(run_cli):
     assert worker_grid(16) == [1, 2, 4, 8, 16]
     code, _, err = run_cli("bench", "data", "default", "--workers", "0,x")
     assert code == 2 and "--workers '0,x': use positive whole numbers" in err
+
+
+def test_python_sampling_places_each_sample_in_a_stage_by_its_innermost_frame():
+    from hpctrain.data.python_sampling import parse_py_spy, stage_of
+
+    assert stage_of(["_work (batch_buffers.py:80)", "render_view (datasets.py:124)",
+                     "interpolate (torch/nn/functional.py:5257)"]) == "augmentation"
+    assert stage_of(["render_into (shard_dataset.py:150)", "decode_crop (shard_dataset.py:104)",
+                     "decode_jpeg (shard_dataset.py:62)"]) == "decoding"
+    assert stage_of(["_worker_loop (worker.py:300)", "default_collate (collate.py:200)"]) \
+        == "transport"
+    assert stage_of(["main (x.py:1)", "spin (x.py:9)"]) == "rest"
+    raw = ('process 10:"python";decode_jpeg (shard_dataset.py:62) 3\n'
+           'process 10:"python";process 11:"python";_work (b.py:1);decode_jpeg (s.py:62) 6\n'
+           'process 10:"python";process 11:"python";_work (b.py:1);ShardReader.read (s.py:9) 2\n'
+           'process 10:"python";_Workers.finished (b.py:5);Queue.get (queues.py:103) 1\n')
+    training, worker = parse_py_spy(raw, root=10)
+    assert (training.role, training.pid, training.samples) == ("training process", 10, 4)
+    assert training.stages["decoding"] == 0.75 and training.stages["transport"] == 0.25
+    assert (worker.role, worker.pid, worker.samples) == ("worker", 11, 8)
+    assert worker.stages["decoding"] == 0.75 and worker.stages["reading"] == 0.25
+    assert worker.hottest == [("decode_jpeg (s.py:62)", 0.75), ("ShardReader.read (s.py:9)",
+                                                                 0.25)]
+
+
+def test_bench_data_python_samples_the_workers_or_profiles_in_process(tmp_path, run_cli, tiny,
+                                                                      monkeypatch):
+    """py-spy follows the two workers from outside; without it, cProfile sees the same work
+    done in this process and says that transport is not measured."""
+    from conftest import write_image_folder
+    from hpctrain.data import python_sampling
+
+    photos = write_image_folder(tmp_path / "photos", per_class=16, size=320)  # decoding shows
+    pack(photos, tmp_path / "p", PackOptions(), workers=1, log=lambda *_: None)
+    recipe = ["default", *tiny("data.dataset=shards", f"data.path={tmp_path / 'p'}",
+                               "data.val_fraction=0.25", "train.batch_size=4",
+                               "data.image_size=64"),
+              "--workers", "2", "--prefetch", "2", "--seconds", "1", "--python"]
+    code, out, err = run_cli("bench", "data", *recipe, "--json")
+    assert code == 0, err
+    sampled = json.loads(out)["python"]
+    assert sampled["tool"] == "py-spy" and sampled["note"] is None
+    roles = [p["role"] for p in sampled["processes"]]
+    assert roles[0] == "training process" and roles.count("worker") == 2
+    workers = [p for p in sampled["processes"] if p["role"] == "worker"]
+    assert all(p["stages"]["decoding"] > 0.2 for p in workers), workers
+    monkeypatch.setattr(python_sampling, "py_spy_available", lambda: None)
+    code, out, err = run_cli("bench", "data", *recipe)
+    assert code == 0, err
+    assert "inside the processes (cProfile, 1 s): py-spy is not installed" in out
+    assert "transport is not measured" in out and "hottest in training process" in out

@@ -48,6 +48,24 @@ def test_a_run_reading_slow_images_is_input_bound(tiny, run_cli, slow_images, tm
     assert any(s.startswith("hpctrain bench data default") for s in settings)
 
 
+def test_python_sampling_follows_the_run_and_its_loader_worker(tiny, run_cli):
+    """profile --python: py-spy samples the training process and its loader workers for the
+    whole profiled run, each placed in the input path's stages."""
+    code, out, err = run_cli("profile", "default", *tiny("data.num_workers=1"), "--steps", "2",
+                             "--python", "--json")
+    assert code == 0, err
+    python = json.loads(out)["python"]
+    assert python["tool"] == "py-spy" and python["seconds"] > 0
+    training, *workers = python["processes"]
+    assert training["role"] == "training process" and training["samples"] > 0
+    # the loaders' workers (training, and validation's started for each evaluation); their
+    # shares by stage are checked on real photographs in test_bench_data.py
+    assert workers and {w["role"] for w in workers} == {"worker"}
+    assert all(sum(p["stages"].values()) == pytest.approx(1) for p in python["processes"])
+    code, _, err = run_cli("profile", "--trace", str(FIXTURES / "launch_bound"), "--python")
+    assert code == 2 and "without a recipe, overrides or --python" in err
+
+
 def test_a_fast_in_memory_run_is_not_input_bound_and_writes_every_output(tiny, run_cli):
     code, out, err = run_cli("profile", "default", *tiny(
         "data.dataset=synthetic", "data.image_size=32", "model.name=hpctrain:resnet_small",

@@ -257,6 +257,7 @@ BENCH_DATA_EXAMPLE = """examples:
   hpctrain bench data imagenet-resnet50 data.path=/scratch/imagenet-packed --model \\
       --processes-per-node 8             # per GPU of an 8-GPU node: its share of the cores
   hpctrain bench data default --workers 1,2 --prefetch 2 --seconds 3 --json
+  hpctrain bench data imagenet-resnet50 data.path=/scratch/imagenet-packed --python
 """
 
 
@@ -265,7 +266,7 @@ def cmd_bench_data(args) -> int:
 
     report = bench_data(args.recipe, args.overrides, counts(args.workers, "--workers"),
                         counts(args.prefetch, "--prefetch"), args.seconds, args.model,
-                        args.model_steps, args.processes_per_node)
+                        args.model_steps, args.processes_per_node, args.python)
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
         return 0
@@ -285,6 +286,8 @@ def cmd_bench_data(args) -> int:
               f"one core x {min(report.best.num_workers, report.cores)})")
     if report.model_samples_per_second is not None:
         print(f"model training step alone: {report.model_samples_per_second:,.0f} {rate}")
+    if report.python is not None:
+        print("\n".join(report.python.lines()))
     for line in report.advice:
         print(f"- {line}")
     return 0
@@ -383,16 +386,34 @@ def cmd_memory(args) -> int:
     return 0 if fits else 3
 
 
+def _with_python_sampling(train):
+    """(`train()`'s result, an InputProfile): the run sampled by py-spy with its loader
+    workers; where py-spy cannot attach, this process alone under cProfile."""
+    from hpctrain.data import python_sampling
+
+    recording = python_sampling.Recording()
+    if recording.failed:
+        done = {}
+        python = python_sampling.under_cprofile(lambda: done.setdefault("run", train()))
+        python.note = f"{recording.failed}: this process under cProfile, its workers not seen"
+        return done["run"], python
+    run = train()
+    python = recording.stop() or python_sampling.InputProfile("py-spy", 0.0,
+                                                              note=recording.failed)
+    return run, python
+
+
 def cmd_profile(args) -> int:
     from hpctrain.profiling.report import (analyse_traces, find_traces, settings_from_run,
                                            text_report, write_reports)
     from hpctrain.profiling.verdict import decide
     from hpctrain.runs.directory import RunDir
 
+    python = None
     if args.trace:
-        if args.recipe or args.overrides:
-            raise ConfigError("--trace analyses an existing trace: give it without a recipe "
-                              "or overrides")
+        if args.recipe or args.overrides or args.python:
+            raise ConfigError("--trace analyses an existing trace: give it without a recipe, "
+                              "overrides or --python")
         traces = find_traces(args.trace)
         folder = traces[0].parent
         run_dir = folder.parent if RunDir(folder.parent).config.is_file() else None
@@ -405,9 +426,13 @@ def cmd_profile(args) -> int:
         if args.steps < 1:
             raise ConfigError(f"--steps {args.steps}: profile at least 1 step")
         config = load_config(args.recipe, args.overrides)
-        # with --json, stdout carries the report alone: the run's own lines go to stderr
-        with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
-            run = profile_run(config, Schedule(active=args.steps))
+
+        def train():
+            # with --json, stdout carries the report alone: the run's own lines go to stderr
+            with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
+                return profile_run(config, Schedule(active=args.steps))
+
+        run, python = _with_python_sampling(train) if args.python else (train(), None)
         if run.rank != 0:  # rank 0 analyses every rank's trace
             return 0
         traces, folder = find_traces(run.trace_dir), run.trace_dir
@@ -420,10 +445,13 @@ def cmd_profile(args) -> int:
     if args.json:
         print(json.dumps({"verdict": verdict.to_json(), "ranks": [e.to_json() for e in ranks],
                           "traces": [str(t) for t in traces],
-                          "outputs": {k: str(v) for k, v in outputs.items()}}, indent=2))
+                          "outputs": {k: str(v) for k, v in outputs.items()},
+                          "python": python.to_json() if python else None}, indent=2))
         return 0
     print(title)
     print(text)
+    if python is not None:
+        print("\n" + "\n".join(python.lines()))
     print(f"\ntrace: {', '.join(str(t) for t in traces)} (opens in https://ui.perfetto.dev)")
     print(f"report: {', '.join(str(v) for v in outputs.values())}")
     return 0
@@ -547,6 +575,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench_data.add_argument("--model-steps", type=count(1), default=30)
     bench_data.add_argument("--processes-per-node", type=count(1), default=1,
                             help="training processes (GPUs) sharing this node's cores")
+    bench_data.add_argument("--python", action="store_true",
+                            help="then sample the training process and its workers at the "
+                            "recommended setting (py-spy, else cProfile): the hottest Python "
+                            "functions and the shares of reading, decoding, augmentation, "
+                            "transport and the rest")
     bench_data.add_argument("--json", action="store_true")
     cli_bench.add_verbs(bench_verbs, _verb)
 
@@ -555,6 +588,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_recipe(profile)
     profile.add_argument("--steps", type=int, default=5,
                          help="active (recorded) steps, after 2 wait and 2 warm-up steps")
+    profile.add_argument("--python", action="store_true",
+                         help="also sample the training process and its loader workers "
+                         "(py-spy, else cProfile): the hottest Python functions and the "
+                         "shares of reading, decoding, augmentation, transport and the rest")
     profile.add_argument("--trace", metavar="FILE_OR_DIR",
                          help="analyse this trace (or folder of per-rank traces, or run "
                               "directory) instead of running")

@@ -42,11 +42,8 @@ class SharedBatches:
     """`slots` batch buffers of `rows` images up to `side` x `side` x 3, and their labels."""
 
     def __init__(self, slots: int, rows: int, side: int, shared: bool):
-        self.images = torch.empty((slots, rows * side * side * 3), dtype=torch.uint8)
-        self.labels = torch.empty((slots, rows), dtype=torch.int64)
-        if shared:
-            self.images.share_memory_()
-            self.labels.share_memory_()
+        self.images = _empty((slots, rows * side * side * 3), torch.uint8, shared)
+        self.labels = _empty((slots, rows), torch.int64, shared)
         self.pinned = False
 
     def rows(self, slot: int, count: int, size: int) -> torch.Tensor:
@@ -64,6 +61,15 @@ class SharedBatches:
         if self.pinned:
             torch.cuda.cudart().cudaHostUnregister(self.images.data_ptr())
             self.pinned = False
+
+
+def _empty(shape: tuple[int, int], dtype: torch.dtype, shared: bool) -> torch.Tensor:
+    """An uninitialised tensor, made in shared memory where `shared` (share_memory_() would
+    first make it in private memory and copy it over: 1.3 s for 270 MB here, 0.17 s so)."""
+    if not shared:
+        return torch.empty(shape, dtype=dtype)
+    storage = torch.UntypedStorage._new_shared(math.prod(shape) * dtype.itemsize)
+    return torch.empty(0, dtype=dtype).set_(storage).view(shape)
 
 
 def render(dataset, batches: SharedBatches, slot: int, keys: list[SampleKey]) -> None:

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from torch.utils.data import DataLoader, IterableDataset
 
 from hpctrain.config import Config, load_config
+from hpctrain.data import python_sampling
 from hpctrain.data.batch_buffers import BufferedLoader
 from hpctrain.data.datasets import ImageFolderDataset
 from hpctrain.data.loader import (build_datasets, collate_for, token_datasets, usable_cpus,
@@ -62,6 +63,7 @@ class DataBench:
     model_samples_per_second: float | None = None  # the training step alone
     starved_fraction: float | None = None  # share of the step time the device would wait
     advice: list[str] = field(default_factory=list)
+    python: python_sampling.InputProfile | None = None  # --python, at the recommended setting
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -154,7 +156,8 @@ def model_rate(config: Config, num_classes: int | None, steps: int) -> float:
 
 def bench_data(recipe: str | None, overrides: list[str], workers: list[int] | None = None,
                prefetch: list[int] = (2, 4), seconds: float = 5.0, with_model: bool = False,
-               model_steps: int = 30, processes_per_node: int = 1) -> DataBench:
+               model_steps: int = 30, processes_per_node: int = 1,
+               python: bool = False) -> DataBench:
     config = load_config(recipe, overrides)
     tokens = config.data.kind == "tokens"
     if tokens and not config.data.from_user_code:
@@ -188,6 +191,14 @@ def bench_data(recipe: str | None, overrides: list[str], workers: list[int] | No
     if report.decode_one_core:
         report.ceiling = report.decode_one_core * min(max(1, report.best.num_workers), cores)
         report.ratio = report.best.samples_per_second / report.ceiling
+    if python:
+        chosen = report.recommended
+
+        def run(seconds: float, workers: int = chosen.num_workers) -> None:
+            loader_rate(train_set, batch, config.data.image_size, workers,
+                        chosen.prefetch_factor, seconds, config.seed, collate, buffers)
+
+        report.python = python_sampling.sample(run, seconds, lambda s: run(s, 0))
     if with_model:
         report.model_samples_per_second = model_rate(config, num_classes, model_steps)
         report.starved_fraction = max(

@@ -115,6 +115,13 @@ def crop_rows_columns(box: tuple) -> tuple[slice, slice]:
     return slice(top, max(bottom, top + 1)), slice(left, max(right, left + 1))
 
 
+def skip_counter():
+    """A count of skipped images shared with the loader's workers, however they start: made
+    in a spawn context, whose locks fork and forkserver workers may take too (one made in
+    the default fork context cannot reach a spawned worker)."""
+    return multiprocessing.get_context("spawn").Value("i", 0)
+
+
 def render_view(pixels: np.ndarray, box: tuple, size: int, flip: bool,
                 out: torch.Tensor | None = None) -> torch.Tensor:
     """The `box` region of HWC uint8 `pixels` resized to size x size (and flipped), as uint8
@@ -147,7 +154,7 @@ class ImageFolderDataset(Dataset):
         self.seed = seed
         self.val_resize_ratio = val_resize_ratio
         self.on_bad_image = on_bad_image
-        self.skipped = multiprocessing.Value("i", 0)  # shared with the workers
+        self.skipped = skip_counter()  # shared with the workers
         self._reported: set[str] = set()
 
     def __len__(self) -> int:
@@ -205,7 +212,7 @@ class SyntheticDataset(Dataset):
         self.num_classes = num_classes
         self.seed = seed
         self._pools: dict[int, torch.Tensor] = {}
-        self.skipped = multiprocessing.Value("i", 0)
+        self.skipped = skip_counter()
 
     def __len__(self) -> int:
         return self.num_samples

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import io
-import multiprocessing
 
 import numpy as np
 import torch
@@ -21,7 +20,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from hpctrain.config import AugmentConfig
-from hpctrain.data.datasets import draw_view, render_view
+from hpctrain.data.datasets import draw_view, render_view, skip_counter
 from hpctrain.data.sampling import SampleKey
 from hpctrain.data.shards import KIND_RAW, ShardReader, Split, raw_pixels
 from hpctrain.errors import DataError
@@ -123,7 +122,7 @@ class ShardDataset(Dataset):
         self.reader = ShardReader(split.shards)
         self.train, self.augment, self.seed = train, augment, seed
         self.val_resize_ratio = val_resize_ratio
-        self.skipped = multiprocessing.Value("i", 0)  # a pack holds no unreadable images
+        self.skipped = skip_counter()  # a pack holds no unreadable images
         self._index = None
 
     def __getstate__(self):

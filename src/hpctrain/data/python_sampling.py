@@ -1,0 +1,201 @@
+"""Inside the input pipeline's processes: which Python functions the training process and its
+loader workers spend their time in, and how that splits into reading, decoding,
+augmentation, transport and the rest (`hpctrain bench data --python`).
+
+py-spy (`pip install py-spy`, a static binary) samples this process and its children from
+outside, 100 times a second, without slowing them. Where py-spy is missing or may not attach
+(ptrace forbidden: /proc/sys/kernel/yama/ptrace_scope, containers), the loader runs once more
+in this process under cProfile: the same reading, decoding and augmentation, but no workers,
+so no transport is seen (said so in the result).
+
+A sample is put in a stage by its innermost frame that names one (the decoder called from the
+augmentation code is decoding); native code counts for the Python line that called it.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import os
+import pstats
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+STAGES = ("reading", "decoding", "augmentation", "transport", "rest")
+_PATTERNS = [  # innermost match wins; checked in this order within a frame
+    ("decoding", re.compile(r"decode_jpeg|decode_full|stored_pixels|ImageFile\.load|"
+                            r"Image\.convert|\bdraft\b|decompress|simplejpeg")),
+    ("reading", re.compile(r"ShardReader\.read|crc32|memmap|\bread\b|\bopen\b|readinto|"
+                           r"raw_pixels|_load \(datasets")),
+    ("augmentation", re.compile(r"render_view|interpolate|upsample|\bflip\b|draw_view|"
+                                r"crop_rows_columns|decode_crop|RandomResizedCrop|resize")),
+    ("transport", re.compile(r"collate|\bstack\b|pickle|Pickler|rebuild_|reduce_storage|"
+                             r"Queue\.(put|get)|_recv|_send|connection\.py|queues\.py|"
+                             r"share_memory|_shared|pin_memory")),
+]
+TOP = 5
+
+
+@dataclass
+class ProcessProfile:
+    role: str  # "training process" or "worker"
+    pid: int | None
+    samples: int
+    stages: dict[str, float]  # stage -> share of this process's samples
+    hottest: list[tuple[str, float]]  # (function (file:line), share), innermost frames
+
+
+@dataclass
+class InputProfile:
+    tool: str  # "py-spy" or "cProfile"
+    seconds: float
+    processes: list[ProcessProfile] = field(default_factory=list)
+    note: str | None = None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def lines(self) -> list[str]:
+        out = [f"inside the processes ({self.tool}, {self.seconds:.0f} s)"
+               + (f": {self.note}" if self.note else "")]
+        out.append(f"  {'process':<26}{'samples':>8}" + "".join(f"{s:>14}" for s in STAGES))
+        for p in self.processes:
+            name = p.role + (f" {p.pid}" if p.pid else "")
+            out.append(f"  {name:<26}{p.samples:>8}"
+                       + "".join(f"{p.stages[s]:>14.0%}" for s in STAGES))
+        for p in self.processes:
+            hottest = ", ".join(f"{name} {share:.0%}" for name, share in p.hottest)
+            out.append(f"  hottest in {p.role}{f' {p.pid}' if p.pid else ''}: {hottest}")
+        return out
+
+
+def stage_of(frames: list[str]) -> str:
+    """The stage of one sample, from its frames (outermost first)."""
+    for frame in reversed(frames):
+        for stage, pattern in _PATTERNS:
+            if pattern.search(frame):
+                return stage
+    return "rest"
+
+
+def _summarise(role: str, pid: int | None, weighted: list[tuple[list[str], float]]
+               ) -> ProcessProfile:
+    total = sum(count for _, count in weighted) or 1
+    stages, leaves = Counter(), Counter()
+    for frames, count in weighted:
+        stages[stage_of(frames)] += count
+        if frames:
+            leaves[frames[-1]] += count
+    return ProcessProfile(role, pid, round(sum(c for _, c in weighted)),
+                          {s: stages[s] / total for s in STAGES},
+                          [(name, count / total) for name, count in leaves.most_common(TOP)])
+
+
+def parse_py_spy(text: str, root: int) -> list[ProcessProfile]:
+    """py-spy's raw output (`process PID:"cmd";...;frame (file:line) COUNT` per line, with
+    --subprocesses) per process: `root` is the training process, the rest its workers."""
+    by_pid: dict[int, list[tuple[list[str], int]]] = defaultdict(list)
+    for line in text.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        parts = stack.split(";")
+        pids = [int(m.group(1)) for p in parts if (m := re.match(r"process (\d+):", p))]
+        frames = [p for p in parts if not p.startswith("process ")]
+        by_pid[pids[-1] if pids else root].append((frames, int(count)))
+    ordered = sorted(by_pid, key=lambda pid: (pid != root, pid))
+    return [_summarise("training process" if pid == root else "worker", pid, by_pid[pid])
+            for pid in ordered]
+
+
+def py_spy_available() -> str | None:
+    """py-spy's path, or None."""
+    return shutil.which("py-spy")
+
+
+class Recording:
+    """py-spy sampling this process and its children (100 Hz, only while on a CPU) from
+    construction to `stop()`; `failed` says why not where it could not start."""
+
+    def __init__(self):
+        self.failed: str | None = None
+        self.started = time.monotonic()
+        spy = py_spy_available()
+        if spy is None:
+            self.failed = "py-spy is not installed (pip install py-spy)"
+            return
+        self._folder = tempfile.TemporaryDirectory(prefix="hpctrain-py-spy-")
+        self._output = Path(self._folder.name) / "samples.txt"
+        self._recorder = subprocess.Popen(
+            [spy, "record", "--pid", str(os.getpid()), "--subprocesses", "--rate", "100",
+             "--format", "raw", "--nonblocking", "--output", str(self._output)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        time.sleep(0.5)  # attached, or failed to
+        if self._recorder.poll() is not None:
+            self.failed = _why(self._recorder.communicate()[1])
+            self._folder.cleanup()
+
+    def stop(self) -> InputProfile | None:
+        """What was sampled, or None (then `failed` says why)."""
+        if self.failed:
+            return None
+        self._recorder.send_signal(signal.SIGINT)  # py-spy writes what it has and exits
+        errors = self._recorder.communicate(timeout=60)[1]
+        try:
+            if self._output.is_file() and self._output.stat().st_size:
+                return InputProfile("py-spy", time.monotonic() - self.started,
+                                    parse_py_spy(self._output.read_text(), os.getpid()))
+            self.failed = _why(errors)
+            return None
+        finally:
+            self._folder.cleanup()
+
+
+def _why(errors: str | None) -> str:
+    last = (errors or "").strip().splitlines()[-1:] or ["no samples"]
+    return f"py-spy could not sample this process ({last[0][:200]})"
+
+
+def sample(run: Callable[[float], None], seconds: float,
+           run_inline: Callable[[float], None]) -> InputProfile:
+    """Profile `run(seconds)` (the loader with its workers) with py-spy from outside; where
+    py-spy cannot, `run_inline(seconds)` (the loader without workers) under cProfile."""
+    recording = Recording()
+    if not recording.failed:
+        run(seconds)
+        if (found := recording.stop()) is not None:
+            found.seconds = seconds
+            return found
+    profile = under_cprofile(lambda: run_inline(seconds))
+    profile.note = (f"{recording.failed}: the loader ran without workers in this process, so "
+                    "transport is not measured")
+    return profile
+
+
+def under_cprofile(work: Callable[[], object]) -> InputProfile:
+    """`work()` in this process under cProfile, as the profile of the training process (the
+    workers, other processes, are not seen)."""
+    started = time.monotonic()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        work()
+    finally:
+        profiler.disable()
+    stats = pstats.Stats(profiler).stats  # (file, line, name) -> (cc, nc, tt, ct, callers)
+    weighted = []
+    for (file, line, name), (_, _, own, _, callers) in stats.items():
+        frame = f"{name} ({Path(file).name}:{line})"
+        caller = next(iter(callers), None)  # one caller is enough to place native calls
+        frames = [f"{caller[2]} ({Path(caller[0]).name}:{caller[1]})", frame] if caller \
+            else [frame]
+        weighted.append((frames, own * 100))  # seconds as samples at py-spy's 100 Hz
+    return InputProfile("cProfile", time.monotonic() - started,
+                        [_summarise("training process", os.getpid(), weighted)])
