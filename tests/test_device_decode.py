@@ -1,5 +1,5 @@
-"""data.decode=gpu: the batched device decoding path, run here on the CPU (torchvision's
-decode_jpeg takes a list on any device), and its refusal without a GPU."""
+"""data.decode=gpu: the batched device decoding path, run here on the CPU (TorchCodec's and
+torchvision's decode_jpeg take a list on any device), and its refusal without a GPU."""
 
 import pytest
 import torch
@@ -37,6 +37,27 @@ def test_device_decoding_delivers_what_the_cpu_path_delivers(image_folder, tmp_p
     difference = (ours - theirs).abs() * 0.25 * 255  # back to pixel levels
     assert difference.max() <= 2 and difference.mean() < 0.3  # rounding of two resize kernels
     assert ours.shape == theirs.shape == (24, 3, 12, 12)
+
+
+def test_torchcodec_decodes_the_batches_where_installed_and_torchvision_agrees(image_folder,
+                                                                              tmp_path):
+    """TorchCodec is preferred (torchvision 0.29 deprecates its image decoding); the old path
+    stays for installations without it, and both give the same pixels."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    from hpctrain.data.device_decode import jpeg_batch_decoder
+    from hpctrain.data.shards import ShardReader
+
+    pack(image_folder, tmp_path / "p", PackOptions(), workers=1, log=lambda *_: None)
+    split = Pack(tmp_path / "p").split("train")
+    reader = ShardReader(split.shards)
+    payloads = [torch.frombuffer(bytearray(reader.read(r)), dtype=torch.uint8)
+                for r in split.index[:6]]
+    name, decode = jpeg_batch_decoder()
+    assert name == "torchcodec"  # a test extra
+    ours = decode(payloads, torch.device("cpu"))
+    theirs = decode_jpeg(payloads, mode=ImageReadMode.RGB, device="cpu")
+    assert len(ours) == 6 and all(a.equal(b) for a, b in zip(ours, theirs))
 
 
 def test_gpu_decoding_needs_shards_and_a_gpu(run_cli, tiny, image_folder, tmp_path):

@@ -3,7 +3,9 @@
 Workers then only read bytes and draw each sample's view (crop box and flip, the same draw as on
 the CPU path), so a node with few cores per GPU stops being the limit: batched nvJPEG on one
 A100 decodes about 7,800 img/s, 10-25 CPU cores' worth (anchors.md). The training process
-decodes the batch with one `torchvision.io.decode_jpeg(list, device=...)` call, then crops,
+decodes the batch with one batched call, TorchCodec's `decode_jpeg` where it is installed
+(`pip install 'hpctrain[gpu-decode]'`; torchvision 0.29 deprecated its own image decoding in
+TorchCodec's favour) and else torchvision.io's, the same nvJPEG underneath; then it crops,
 resizes (antialiased bilinear, as on the CPU) and flips each image on the device; raw samples
 are only copied there. The result is the NHWC uint8 batch the CPU path would deliver, so
 `DeviceBatcher` and everything after it are unchanged.
@@ -11,6 +13,8 @@ are only copied there. The result is the NHWC uint8 batch the CPU path would del
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -44,15 +48,27 @@ def collate_encoded(samples: list[tuple[tuple, int]]) -> tuple[EncodedBatch, tor
         size=encoded[0][5]), torch.tensor([label for _, label in samples])
 
 
+@functools.cache
+def jpeg_batch_decoder() -> tuple[str, Callable]:
+    """(name, decode(list of byte tensors, device) -> list of CHW uint8 RGB): TorchCodec's
+    where installed, else torchvision.io's."""
+    try:
+        from torchcodec.decoders import decode_jpeg as torchcodec_decode
+    except ImportError:
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        return "torchvision", lambda payloads, device: decode_jpeg(
+            payloads, mode=ImageReadMode.RGB, device=device)
+    return "torchcodec", lambda payloads, device: torchcodec_decode(
+        payloads, mode="RGB", device=device)
+
+
 def decode_batch(batch: EncodedBatch, device: torch.device) -> torch.Tensor:
     """EncodedBatch -> NHWC uint8 on `device`: nvJPEG for the JPEGs in one batched call."""
-    from torchvision.io import ImageReadMode, decode_jpeg
-
     jpegs = [i for i, kind in enumerate(batch.kinds.tolist()) if kind != KIND_RAW]
     images: list[torch.Tensor | None] = [None] * len(batch.payloads)
     if jpegs:
-        decoded = decode_jpeg([batch.payloads[i] for i in jpegs], mode=ImageReadMode.RGB,
-                              device=device)
+        decoded = jpeg_batch_decoder()[1]([batch.payloads[i] for i in jpegs], device)
         for i, image in zip(jpegs, decoded):
             images[i] = image
     for i, image in enumerate(images):
