@@ -265,8 +265,9 @@ def build_data(data: DataConfig, batch_size: int, seed: int, device: torch.devic
                         "batch size")
     train_sampler = EpochSampler(len(train_set), data.image_size, shuffle=True, seed=seed,
                                  **shard)
-    train_loader = _image_loader(data, train_set, train_sampler, batch_size, True,
-                                 max(image_sizes(data)), common, between_passes=True)
+    largest = max(image_sizes(data), default=data.image_size)  # points, tokens: none
+    train_loader = _image_loader(data, train_set, train_sampler, batch_size, True, largest,
+                                 common, between_passes=True)
     return DataBundle(train_loader, train_sampler, val_loader, val_sampler, num_classes, workers,
                       vocab_size)
 
