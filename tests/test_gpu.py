@@ -178,3 +178,31 @@ def test_fp8_trains_a_transformer_whose_layers_gain_and_the_profile_sees_fp8(tmp
     assert code == 0, err
     shares = json.loads(out)["ranks"][0]["tensor_cores"]["precision"]
     assert shares.get("fp8", 0) > 0.5, shares
+
+
+def test_batch_buffers_are_page_locked_and_copied_asynchronously_intact(image_folder,
+                                                                        tmp_path):
+    """data.loader=auto on a GPU run: the shared buffers are registered with CUDA once, the
+    copies from them are asynchronous, and what arrives is torch's DataLoader's batches."""
+    from torch.utils.data import DataLoader
+
+    from hpctrain.config import AugmentConfig
+    from hpctrain.data.batch_buffers import BufferedLoader
+    from hpctrain.data.pack import PackOptions, pack
+    from hpctrain.data.sampling import EpochSampler
+    from hpctrain.data.shard_dataset import ShardDataset
+    from hpctrain.data.shards import Pack
+
+    pack(image_folder, tmp_path / "p", PackOptions(), workers=1, log=lambda *_: None)
+    dataset = ShardDataset(Pack(tmp_path / "p").split("train"), None, True, AugmentConfig(), 0)
+    sampler = EpochSampler(len(dataset), 16, shuffle=True)
+    loader = BufferedLoader(dataset, sampler, 4, True, 2, max_size=16, pin=True)
+    on_device = []
+    for images, labels in loader:
+        assert images.is_pinned()
+        on_device.append(images.to("cuda", non_blocking=True))  # the buffer is reused later
+    expected = [images for images, _ in DataLoader(dataset, batch_size=4, sampler=sampler,
+                                                   drop_last=True)]
+    assert len(on_device) == len(expected) == 6
+    assert all(a.cpu().equal(b) for a, b in zip(on_device, expected))
+    loader.close()
