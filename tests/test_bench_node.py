@@ -4,11 +4,14 @@ gloo processes as nccl-tests' bus bandwidth, the results kept per host."""
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from hpctrain.bench.node import bus_bandwidth
 from hpctrain.runs.directory import node_limits_path
+
+FIXTURES = Path(__file__).parent / "fixtures"
 
 QUICK = ["--size", "256", "--megabytes", "16", "--seconds", "0.05"]
 
@@ -77,3 +80,14 @@ def test_bench_node_refuses_a_time_that_is_not_positive(run_cli):
     with pytest.raises(SystemExit) as stop:
         run_cli("bench", "node", "--seconds", "0")
     assert stop.value.code == 2
+
+
+@pytest.mark.distributed
+def test_ranks_whose_clocks_disagree_call_the_all_reduce_equally_often():
+    """Each rank timing its own loop let one leave while the other waited in one more
+    all-reduce forever (a suite run hung here for 300 s); the count is agreed first."""
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node", "2", str(FIXTURES / "collective_timing.py")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len([float(line) for line in done.stdout.split()]) == 2

@@ -4,6 +4,8 @@ import pytest
 import torch
 
 from hpctrain.config import load_config
+from hpctrain.data.batch_buffers import BufferedLoader
+from hpctrain.data.worker_signals import SignalSafeLoader
 from hpctrain.train.build import build_parts
 from hpctrain.train.intervals import Clock
 from hpctrain.train.loop import Progress, _run_steps
@@ -102,9 +104,13 @@ def test_training_switches_reach_their_one_place(tiny_config):
     assert torch.allclose(parts.task.loss(logits, batch), smoothed)
     assert parts.optimizer.param_groups[0]["nesterov"] is True
     loader = parts.data.train_loader
+    assert isinstance(loader, BufferedLoader)  # an image folder decoded on the CPU
     assert loader.num_workers == 1 and loader.persistent_workers and loader.prefetch_factor == 3
     assert loader.drop_last and not parts.data.val_loader.drop_last
+    assert not parts.data.val_loader.persistent_workers  # its buffers go between evaluations
     assert not loader.pin_memory  # pinned memory only helps copies to a GPU
+    torch_loader = build_parts(tiny_config("data.loader=torch")).data.train_loader
+    assert isinstance(torch_loader, SignalSafeLoader)
 
 
 FAULTS_PER_STEP = """

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from hpctrain.bench.timing import per_call
+from hpctrain.bench.timing import per_call, synchronize
 from hpctrain.runs.directory import node_limits_path
 from hpctrain.writers import write_whole
 
@@ -119,11 +119,28 @@ def all_reduce_rows(device: torch.device, megabytes: int, seconds: float) -> lis
         return []
     ranks = dist.get_world_size()
     tensor = torch.ones(megabytes * 2 ** 20 // 4, device=device)
-    spent = per_call(lambda: dist.all_reduce(tensor), device, seconds)
-    spent = max(t for t in _gather(spent))  # the slowest rank's, as nccl-tests reports
+    spent = max(_gather(_collective_per_call(lambda: dist.all_reduce(tensor), device,
+                                             seconds)))  # the slowest rank's, as nccl-tests
     return [Row("all-reduce", f"{dist.get_backend()} x {ranks}",
                 bus_bandwidth(tensor.nbytes, spent, ranks) / 1e9, "GB/s",
                 note=f"bus bandwidth, {megabytes} MB fp32")]
+
+
+def _collective_per_call(run, device: torch.device, seconds: float) -> float:
+    """Seconds per call of the collective `run`, called the same number of times on every
+    rank (the most any rank's estimate asks for): per_call's own clock would let one rank
+    stop a call earlier than another, which then waits in it forever (seen under load)."""
+    run()
+    synchronize(device)
+    start = time.perf_counter()
+    run()
+    synchronize(device)
+    calls = max(_gather(max(3, round(seconds / (time.perf_counter() - start)))))
+    start = time.perf_counter()
+    for _ in range(calls):
+        run()
+    synchronize(device)
+    return (time.perf_counter() - start) / calls
 
 
 def _gather(value: float) -> list[float]:

@@ -180,7 +180,8 @@ class BufferedLoader:
         self.dataset, self.sampler, self.batch_size = dataset, sampler, batch_size
         self.drop_last, self.num_workers = drop_last, num_workers
         self.persistent_workers, self.stop_signals = persistent_workers, tuple(stop_signals)
-        self.context, self.pin, self.max_size = context, pin, max_size
+        self.context, self.pin_memory, self.max_size = context, pin, max_size
+        self.prefetch_factor = prefetch_factor
         self.slots = max(1, num_workers * prefetch_factor) + HELD + 1
         # what the finaliser stops and frees with the loader
         self._live: dict = {"workers": None, "batches": None}
@@ -197,7 +198,7 @@ class BufferedLoader:
         if self._live["batches"] is None:
             self._live["batches"] = SharedBatches(self.slots, self.batch_size, self.max_size,
                                                   shared=self.num_workers > 0)
-            if self.pin:
+            if self.pin_memory:
                 self._live["batches"].pin()
         return self._live["batches"]
 
