@@ -142,20 +142,23 @@ class ShardDataset(Dataset):
         record = self.record(position)
         return stored_pixels(self.reader.read(record), record)
 
-    def render_into(self, key: SampleKey, out: torch.Tensor) -> int:
-        """The sample decoded, cropped, resized and flipped into `out` (a batch buffer's
-        row: batch_buffers.py); its label."""
+    def _view(self, key: SampleKey):
+        """(index record, crop box, flip) of one sample."""
         record = self.record(key.index)
         box, flip = draw_view(self.seed, key, int(record["width"]), int(record["height"]),
                               self.train, self.augment, self.val_resize_ratio)
+        return record, box, flip
+
+    def render_into(self, key: SampleKey, out: torch.Tensor) -> int:
+        """The sample decoded, cropped, resized and flipped into `out` (a batch buffer's
+        row: batch_buffers.py); its label."""
+        record, box, flip = self._view(key)
         decode_crop(self.reader.read(record), record, box, key.size, flip, out)
         return int(record["label"])
 
     def __getitem__(self, key: SampleKey) -> tuple[torch.Tensor, int]:
-        record = self.record(key.index)
+        record, box, flip = self._view(key)
         width, height, kind = int(record["width"]), int(record["height"]), int(record["kind"])
-        box, flip = draw_view(self.seed, key, width, height, self.train, self.augment,
-                              self.val_resize_ratio)
         data = self.reader.read(record)
         if not self.encoded:
             return decode_crop(data, record, box, key.size, flip), int(record["label"])

@@ -61,11 +61,14 @@ def index_name(split: str) -> str:
     return f"{split}.index.npy"
 
 
-def file_sha256(path: Path, chunk: int = 8 << 20) -> str:
+def file_sha256(path: Path, chunk: int = 8 << 20, advance=None) -> str:
+    """The file's SHA-256; `advance(bytes)` after each chunk read (a progress bar)."""
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         while block := handle.read(chunk):
             digest.update(block)
+            if advance is not None:
+                advance(len(block))
     return digest.hexdigest()
 
 

@@ -11,7 +11,6 @@ per-document checksum: their shards are checked whole.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import zlib
 from dataclasses import dataclass, field
@@ -22,11 +21,9 @@ from pydantic import ValidationError
 
 from hpctrain.data import shards as images
 from hpctrain.data import tokens
+from hpctrain.data.shards import file_sha256
 from hpctrain.errors import DataError
 from hpctrain.progress import progress_bar
-
-CHUNK = 8 << 20
-
 
 @dataclass
 class Verified:
@@ -71,20 +68,21 @@ def verify(root: Path | str) -> Verified:
     root = Path(root).expanduser()
     manifest = root / images.MANIFEST
     try:
-        found = json.loads(manifest.read_text()).get("format")
+        data = json.loads(manifest.read_text())
+        found = data.get("format")
     except (OSError, ValueError, AttributeError) as err:
         raise DataError(f"pack --verify {root}: no readable {images.MANIFEST} there ({err}); "
                         "give a pack folder made by hpctrain pack") from None
     if found == images.FORMAT:
         return _verify_images(root)
     if found == tokens.FORMAT:
-        return _verify_tokens(root)
+        return _verify_tokens(root, data)
     raise DataError(f"pack --verify {root}: {images.MANIFEST} is of format {found!r}, not an "
                     f"hpctrain pack ({images.FORMAT} or {tokens.FORMAT})")
 
 
 def _check_file(path: Path, size: int | None, sha256: str, result: Verified,
-                advance) -> bool:
+                advance=None) -> bool:
     """Whether the file is there, of its size, with its SHA-256; a damage recorded if not."""
     result.files += 1
     if not path.is_file():
@@ -94,13 +92,9 @@ def _check_file(path: Path, size: int | None, sha256: str, result: Verified,
     if size is not None and actual != size:
         result.damaged_files.append(f"{path.name}: {actual} bytes, the manifest says {size}")
         return False
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(CHUNK):
-            digest.update(block)
-            advance(len(block))
+    digest = file_sha256(path, advance=advance)
     result.bytes += actual
-    if digest.hexdigest() != sha256:
+    if digest != sha256:
         result.damaged_files.append(f"{path.name}: SHA-256 differs from the manifest's")
         return False
     return True
@@ -113,7 +107,7 @@ def _verify_images(root: Path) -> Verified:
     with progress_bar(f"verifying {root.name}", total) as advance:
         for name, entry in manifest.splits.items():
             index_path = root / entry.index.file
-            if not _check_file(index_path, None, entry.index.sha256, result, lambda n: None):
+            if not _check_file(index_path, None, entry.index.sha256, result):
                 continue  # without its index a split's samples cannot be located
             index = np.load(index_path, mmap_mode="r", allow_pickle=False)
             for number, shard in enumerate(entry.shards):
@@ -139,8 +133,7 @@ def _check_samples(path: Path, index: np.ndarray, number: int, split: str,
                                            "offset": start, "size": size})
 
 
-def _verify_tokens(root: Path) -> Verified:
-    data = json.loads((root / tokens.MANIFEST).read_text())
+def _verify_tokens(root: Path, data: dict) -> Verified:
     try:
         manifest = tokens.Manifest.model_validate(data)
     except ValidationError as err:
@@ -150,8 +143,7 @@ def _verify_tokens(root: Path) -> Verified:
     total = sum(s.bytes for e in manifest.splits.values() for s in e.shards)
     with progress_bar(f"verifying {root.name}", total) as advance:
         for entry in manifest.splits.values():
-            _check_file(root / entry.index.file, None, entry.index.sha256, result,
-                        lambda n: None)
+            _check_file(root / entry.index.file, None, entry.index.sha256, result)
             for shard in entry.shards:
                 _check_file(root / shard.file, shard.bytes, shard.sha256, result, advance)
     return result
