@@ -140,3 +140,10 @@ def test_spawned_workers_share_the_buffers_too(packs):
     assert len(got) == len(expected) and all(
         torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(got, expected))
     loader.close()
+
+
+def test_buffers_asked_for_a_dataset_that_cannot_render_into_them_is_exit_2(run_cli, tiny):
+    code, _, err = run_cli("run", "default", *tiny("data.dataset=synthetic",
+                                                   "data.loader=buffers"))
+    assert code == 2 and "data.loader=buffers: data.dataset=synthetic" in err
+    assert "use data.loader=auto" in err and "Traceback" not in err

@@ -337,3 +337,8 @@ def test_verify_checks_a_token_pack_whole_and_refuses_what_is_no_pack(tmp_path, 
     assert code == 2 and "no readable pack.json" in err
     code, _, err = run_cli("pack", "--verify", str(tmp_path / "tokens"), "a", "b")
     assert code == 2 and "give no SRC DST" in err
+
+
+def test_pack_without_source_and_destination_is_exit_2(run_cli, tmp_path):
+    code, _, err = run_cli("pack", str(tmp_path))
+    assert code == 2 and "give the source and the pack folder" in err and "--verify" in err
