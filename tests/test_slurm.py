@@ -219,6 +219,8 @@ def test_usr1_to_the_batch_shell_or_the_steps_continues_the_run_whose_figures_ad
     summary = json.loads((job.run_dir / "summary.json").read_text())
     assert len(chain) == 3 and summary["steps"] == 1500
     assert summary["restarts"] == job.status()["restarts"] == 2
+    err = job.logs(err=True)  # USR1 reached the workers and the resource tracker too
+    assert "Traceback" not in err and "leak" not in err, err[-3000:]
     stops = stop_steps(job)
     records = [json.loads(line) for line in (job.run_dir / "metrics.jsonl").read_text()
                .splitlines()]

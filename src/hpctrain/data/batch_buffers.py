@@ -125,13 +125,14 @@ class _Workers:
     def __init__(self, dataset, batches: SharedBatches, count: int, context: str | None,
                  stop_signals: tuple[str, ...]):
         ctx = mp.get_context(context)
-        self.done = ctx.Queue()
-        self.tasks = [ctx.Queue() for _ in range(count)]
-        self.processes = [ctx.Process(target=_work, daemon=True, name=f"hpctrain-input-{i}",
-                                      args=(i, dataset, batches, self.tasks[i], self.done,
-                                            stop_signals))
-                          for i in range(count)]
-        with blocked(stop_signals):  # see worker_signals.py
+        with blocked(stop_signals):  # the queues' helper and the workers: worker_signals.py
+            self.done = ctx.Queue()
+            self.tasks = [ctx.Queue() for _ in range(count)]
+            self.processes = [ctx.Process(target=_work, daemon=True,
+                                          name=f"hpctrain-input-{i}",
+                                          args=(i, dataset, batches, self.tasks[i], self.done,
+                                                stop_signals))
+                              for i in range(count)]
             for process in self.processes:
                 process.start()
 

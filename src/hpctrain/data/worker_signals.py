@@ -1,4 +1,5 @@
-"""DataLoader workers leave the stop signals to the training process.
+"""DataLoader workers, and every other helper process of a run, leave the stop signals to the
+training process.
 
 Slurm signals every process of a job step: `scancel` sends SIGTERM, `--signal=USR1@300` the
 preemption notice, to the DataLoader workers as much as to the training process. A worker that
@@ -8,9 +9,16 @@ and takes SIGTERM only from its parent, which is how the DataLoader shuts down a
 does not stop by itself (PyTorch's own worker handler does the same for the parent, and dies
 of anyone else's SIGTERM): a thread waits for SIGTERM with sigwaitinfo, which tells who sent it.
 
-No signal may reach a worker before that is set up: `SignalSafeLoader` forks its workers with
-the stop signals blocked; the training process unblocks them right after and then receives
-whatever came meanwhile.
+Ctrl-C in a terminal sends SIGINT to the whole foreground process group: a worker ignores it
+(else each prints its own KeyboardInterrupt traceback), and the training process, interrupted,
+shuts the workers down.
+
+No signal may reach a worker before that is set up: workers are forked with the stop signals
+blocked; the training process unblocks them right after and then receives whatever came
+meanwhile. multiprocessing's resource tracker (the helper that unlinks the semaphores and
+shared memory of queues and shared counters) is started at the run's start under the same
+block, which it keeps: it ignores SIGINT and SIGTERM by itself but dies of SIGUSR1, and its
+successor then reports every resource as leaked (two KeyError tracebacks and a warning).
 """
 
 from __future__ import annotations
@@ -20,12 +28,13 @@ import functools
 import os
 import signal
 import threading
+from multiprocessing import resource_tracker
 
 from torch.utils.data import DataLoader
 
 
 def _numbers(names: tuple[str, ...]) -> set[int]:
-    return {getattr(signal, name) for name in {"SIGTERM", *names}}
+    return {getattr(signal, name) for name in {"SIGTERM", "SIGINT", *names}}
 
 
 @contextlib.contextmanager
@@ -38,6 +47,14 @@ def blocked(names: tuple[str, ...]):
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
+def start_resource_tracker(names: tuple[str, ...]) -> None:
+    """multiprocessing's resource tracker, started now (before anything registers a semaphore
+    or a shared-memory segment with it) with the stop signals blocked for good. One already
+    running is left as it is."""
+    with blocked(names):
+        resource_tracker.ensure_running()
+
+
 def _take_sigterm_from_parent_only() -> None:
     parent = os.getppid()
     while True:
@@ -46,8 +63,9 @@ def _take_sigterm_from_parent_only() -> None:
 
 
 def spare_worker(names: tuple[str, ...], worker_id: int) -> None:
-    """A worker_init_fn: ignore the preemption signal(s), SIGTERM only from the parent. Runs
-    with both still blocked from the fork; SIGTERM stays blocked, for the waiting thread."""
+    """A worker_init_fn: ignore the preemption signal(s) and SIGINT, SIGTERM only from the
+    parent. Runs with all still blocked from the fork; SIGTERM stays blocked, for the waiting
+    thread."""
     for number in _numbers(names) - {signal.SIGTERM}:
         signal.signal(number, signal.SIG_IGN)  # also drops one that came since the fork
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # (not forked: spawned)

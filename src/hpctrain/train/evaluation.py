@@ -4,6 +4,10 @@ before Slurm's SIGKILL).
 
 Every rank runs the same number of batches (the sampler pads with repeats, which FSDP's
 collectives need); the repeats at the end of a rank's share are left out of the sums.
+
+An evaluation draws nothing from the training's random streams (a DataLoader draws its seed
+from torch's): the states are put back after it, so an evaluation cut short by a stop and done
+again after the resume leaves training exactly where an undisturbed run would be.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from hpctrain.train.checkpoint import capture_rng, restore_rng
 from hpctrain.train.resume import Progress
 
 
@@ -23,6 +28,7 @@ def evaluate(parts, model: nn.Module, stopper=None) -> dict | None:
     sums = torch.zeros(len(task.sum_names), device=parts.device, dtype=torch.float64)
     real = parts.data.val_sampler.real_count
     seen = 0
+    streams = capture_rng()
     try:
         for host_batch in parts.data.val_loader:
             if stopper is not None and stopper.check() is not None:
@@ -41,6 +47,7 @@ def evaluate(parts, model: nn.Module, stopper=None) -> dict | None:
                     sums += task.sums(outputs[:keep], kept, loss, False).to(sums.dtype)
     finally:
         model.train()
+        restore_rng(streams)
     totals = parts.distributed.sum_(sums).tolist()
     values = task.values(dict(zip(task.sum_names, totals)))
     return {f"val_{name}": value for name, value in values.items()

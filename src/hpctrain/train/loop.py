@@ -22,6 +22,7 @@ from hpctrain.cluster.environment import ProcessEnv, detect
 from hpctrain.cluster.job import requeue
 from hpctrain.config import Config, to_yaml
 from hpctrain.data.loader import image_size_for_epoch
+from hpctrain.data.worker_signals import start_resource_tracker
 from hpctrain.errors import DataError, OutputError, Preempted, RunFailed, cannot_write
 from hpctrain.monitor.sampler import add_energy, energy_of, interval_record
 from hpctrain.monitor.watchdog import Watchdog
@@ -37,7 +38,7 @@ from hpctrain.train.evaluation import evaluate, keep_best
 from hpctrain.train.intervals import Clock, Interval, RunningMetrics
 from hpctrain.train.parallel import collective_failure
 from hpctrain.train.preemption import Stopper
-from hpctrain.train.resume import Progress, completed_summary, restore, save
+from hpctrain.train.resume import Progress, completed_summary, is_complete, restore, save
 from hpctrain.train.run_dir import set_aside
 from hpctrain.train.telemetry import KEEP_GOING, Telemetry, write_summary
 from hpctrain.train.trial import TrialPruned
@@ -58,6 +59,7 @@ def train(config: Config, env: ProcessEnv | None = None,
     # worker killed by SIGUSR1 would crash the run).
     stopper = Stopper()
     stopper.install(config.preemption.signal)
+    start_resource_tracker((config.preemption.signal,))
     try:
         try:
             parts = build_parts(config, env)
@@ -84,7 +86,7 @@ def _train(parts: Parts, stopper: Stopper, on_step: Callable[[Parts, int], None]
     config, is_main = parts.config, parts.distributed.is_main
     progress, changes = restore(parts, parts.resume_from) if parts.resume_from else \
         (Progress(), [])
-    if progress.step >= parts.total_steps:  # a finished run: touch nothing
+    if is_complete(progress, parts.total_steps):  # a finished run: touch nothing
         if is_main:
             print(f"hpctrain: run {parts.run_dir} is already complete (step {progress.step} of "
                   f"{parts.total_steps}); nothing to train, its summary.json is left as it "
@@ -186,6 +188,8 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
     params = [p for p in parts.model.parameters() if p.requires_grad]
     parts.model.train()
     _stop_if_asked_during_start_up(stopper, progress)
+    if progress.eval_owed is not None:
+        _owed_evaluation(parts, progress, clock, telemetry, stopper, eval_every)
 
     while progress.step < parts.total_steps:
         epoch, batches = _start_epoch(parts, progress.step)
@@ -238,7 +242,8 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
                 _save(parts, progress, clock, telemetry)
             parts.checkpointer.poll()
             # ---- stop in time: a signal or the deadline, agreed by all ranks ----
-            stop = None if last else stopper.check()
+            # (after the last step only when it cut the final evaluation short)
+            stop = None if last and progress.eval_owed is None else stopper.check()
             if stop is not None:
                 if progress.step % cfg.log_every:  # the steps since the last read-back
                     interval.start += time.perf_counter() - paused
@@ -250,8 +255,8 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
                 clock.stop_seconds = stopper.seconds_since_signal()
                 after = "" if clock.stop_seconds is None else \
                     f" {clock.stop_seconds:.1f} s after the signal"
-                raise Preempted(f"stopped at step {progress.step} ({stop[0]}); checkpoint "
-                                f"{progress.last_good_checkpoint} saved{after}.",
+                raise Preempted(f"stopped at step {progress.step} ({stop[0]}){_owed(progress)}; "
+                                f"checkpoint {progress.last_good_checkpoint} saved{after}.",
                                 requeue=stop[1])
             interval.start += time.perf_counter() - paused
             if on_step is not None:
@@ -271,6 +276,28 @@ def _stop_if_asked_during_start_up(stopper: Stopper, progress: Progress) -> None
              progress.last_good_checkpoint else "nothing was trained or saved")
     raise Preempted(f"stopped during start-up, before step {progress.step + 1} ({stop[0]}); "
                     f"{where}.", requeue=stop[1])
+
+
+def _owed_evaluation(parts: Parts, progress: Progress, clock: Clock, telemetry: Telemetry,
+                     stopper: Stopper, eval_every: int) -> None:
+    """The scheduled evaluation that a stop cut short, at the step the run resumed from, done
+    before training on; the checkpoint of that step is saved again with it (the same
+    weights), so a later resume neither repeats nor skips it."""
+    telemetry.message(f"step {progress.step}: the evaluation a stop cut short, done now")
+    _evaluate_and_record(parts, progress, clock, telemetry, stopper,
+                         -(-progress.step // eval_every))
+    if progress.eval_owed is not None:
+        stop = stopper.check() or ("a stop", True)
+        raise Preempted(f"stopped at step {progress.step} ({stop[0]}){_owed(progress)}; "
+                        f"checkpoint {progress.last_good_checkpoint} kept.", requeue=stop[1])
+    _save(parts, progress, clock, telemetry)
+    _finish_saving(parts)
+
+
+def _owed(progress: Progress) -> str:
+    """What a stop message adds when the stop cut the step's evaluation short."""
+    return "" if progress.eval_owed is None else \
+        " during its evaluation, which the resume does first"
 
 
 def _save(parts: Parts, progress: Progress, clock: Clock, telemetry: Telemetry) -> None:
@@ -378,14 +405,17 @@ def _record_gpus(parts: Parts, progress: Progress, clock: Clock, telemetry: Tele
 def _evaluate_and_record(parts: Parts, progress: Progress, clock: Clock, telemetry: Telemetry,
                          stopper: Stopper, evaluation: int) -> None:
     """Evaluate (the `evaluation`-th time), record it, and report it to the search when the
-    run is one of its trials: TrialPruned when the study stops it."""
+    run is one of its trials: TrialPruned when the study stops it. An evaluation a stop cuts
+    short is owed (progress.eval_owed, checkpointed): the resume does it first."""
     start = time.perf_counter()
     model = parts.fused_eval.module() if parts.fused_eval else parts.forward
     values = evaluate(parts, model, stopper)
     seconds = time.perf_counter() - start  # the sums' read-back waited for the device
     if values is None:
+        progress.eval_owed = progress.step
         telemetry.message(f"step {progress.step}: evaluation cut short to stop in time")
         return
+    progress.eval_owed = None
     keep_best(progress, values)
     if parts.ema is not None:
         values.update({f"{k}_ema": v for k, v in evaluate(parts, parts.ema.module).items()})

@@ -49,6 +49,7 @@ class Progress:
     final_val_accuracy: float | None = None
     best_val_loss: float | None = None  # language models
     final_eval: dict = field(default_factory=dict)  # the last evaluation's val_* figures
+    eval_owed: int | None = None  # the step whose scheduled evaluation a stop cut short
     last_good_checkpoint: str | None = None
     nan_intervals: int = 0
     nan_since_step: int | None = None
@@ -235,6 +236,12 @@ def _not_loadable(path: Path, err: Exception, changes: dict) -> Exception:
         + (f"Settings that differ from the checkpoint's: {'; '.join(shaping)}. "
            if shaping else "")
         + "Resume with the checkpoint's settings, or start a new run (another run_name)")
+
+
+def is_complete(progress: Progress, total_steps: int) -> bool:
+    """Every step trained and the evaluation of the final weights written: a stop during that
+    evaluation leaves the run to be resumed, not finished."""
+    return progress.step >= total_steps and progress.eval_owed is None
 
 
 def completed_summary(parts, progress: Progress) -> dict:
