@@ -18,7 +18,7 @@ from hpctrain.data.pack import PackOptions, pack
 from hpctrain.data.sampling import EpochSampler
 from hpctrain.data.shard_dataset import ShardDataset
 from hpctrain.data.shards import Pack
-from hpctrain.errors import DataError
+from hpctrain.errors import DataError, DataPipelineFailed
 
 STORES = {"jpeg": PackOptions(shard_bytes=4000),
           "raw": PackOptions(store="raw", shard_bytes=4000),
@@ -102,8 +102,8 @@ def test_a_worker_killed_mid_epoch_is_named_not_waited_for(packs):
     victim = loader._workers.processes[1]
     os.kill(victim.pid, signal.SIGKILL)
     started = time.monotonic()
-    with pytest.raises(DataError, match=rf"input worker 1 \(pid {victim.pid}\) killed by "
-                       "SIGKILL while making batch"):
+    with pytest.raises(DataPipelineFailed, match=rf"input worker \(pid {victim.pid}\) was "
+                       "killed by SIGKILL while making batch"):
         for _ in batches:
             pass
     assert time.monotonic() - started < 15

@@ -235,6 +235,60 @@ def test_usr1_to_the_batch_shell_or_the_steps_continues_the_run_whose_figures_ad
     assert row["device_hours"] == summary["device_hours"] and row["steps"] == 1500
 
 
+def listening(marker: str, timeout: float = 120) -> None:
+    """Wait until the job's `hpctrain run` (its command line holds `marker`) takes SIGTERM:
+    started, before its first step (importing torch alone takes seconds)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for proc in Path("/proc").glob("[0-9]*"):
+            try:
+                command = (proc / "cmdline").read_bytes()
+                if marker.encode() in command and b"python" in command.split(b"\0")[0]:
+                    caught = next(line.split()[1] for line in (proc / "status").read_text()
+                                  .splitlines() if line.startswith("SigCgt"))
+                    if int(caught, 16) >> 14 & 1:  # SIGTERM is 15
+                        return
+            except (OSError, StopIteration):
+                continue
+        time.sleep(0.02)
+    raise AssertionError(f"no hpctrain run holding {marker} took SIGTERM")
+
+
+@pytest.mark.slurm
+def test_a_job_stopped_during_start_up_counts_in_every_figure_after_submit_resume(
+        slurm_cluster, home, tiny, run_cli, tmp_path):
+    """Three submissions of one run: cancelled mid-run; cancelled during start-up, before its
+    first step (it saves nothing); continued to the end by `submit resume=DIR`. Before, the
+    second vanished from the wall time and the restarts, and `status` (0 restarts: a new
+    submission) disagreed with summary.json. Now summary.json, `hpctrain status` and the runs
+    index agree on 2 restarts and the time of all three jobs."""
+    base = ("train.max_steps=400", "train.log_every=5", "data.num_workers=0")
+    first = submit("default", tiny("run_name=startup", *base), gpus=1, time_limit="10")
+    running(first)
+    slurm.cancel(first.id)
+    assert first.wait(timeout=60, poll=0.5) == "CANCELLED"
+    second = submit("default", tiny(f"resume={first.run_dir}", *base), gpus=1,
+                    time_limit="10")
+    listening(f"run_name={first.run_dir.name}")
+    slurm.cancel(second.id)
+    assert second.wait(timeout=120, poll=0.5) == "CANCELLED"
+    assert "stopped during start-up" in second.logs(err=True)
+    third = submit("default", tiny(f"resume={first.run_dir}", *base), gpus=1, time_limit="10")
+    assert third.wait(timeout=300, poll=1) == "COMPLETED", third.logs(err=True)[-3000:]
+    summary = json.loads((first.run_dir / "summary.json").read_text())
+    starts = json.loads((first.run_dir / "run.json").read_text())["starts"]
+    assert summary["steps"] == 400 and summary["restarts"] == 2
+    assert third.status()["restarts"] == 2 and len(starts) == 3
+    jobs = [elapsed(job.id) for job in (first, second, third)]
+    assert summary["wall_seconds"] == pytest.approx(sum(s["seconds"] for s in starts))
+    assert sum(jobs) - 10 < summary["wall_seconds"] < sum(jobs) + 3
+    code, out, _ = run_cli("runs", "--json", "--db", str(tmp_path / "index.sqlite"))
+    (row,) = [r for r in json.loads(out) if r["name"] == "startup"]
+    assert row["jobs"] == [first.id, second.id, third.id]
+    assert row["device_hours"] == summary["device_hours"]
+    assert row["wall_seconds"] == summary["wall_seconds"]
+
+
 @pytest.mark.slurm
 def test_a_job_slurm_preempts_and_requeues_saves_in_its_grace_time_and_finishes(
         slurm_preemption_cluster, home, tiny):

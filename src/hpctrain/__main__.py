@@ -1,3 +1,3 @@
-from hpctrain.cli import main
+from hpctrain.cli import entry
 
-raise SystemExit(main())
+entry()

@@ -1,8 +1,8 @@
 """The command line: one small function per verb; parsing and printing only.
 
-Exit codes: 0 done, 1 the run failed, 2 bad usage, configuration or input, 75 stopped early
-with a checkpoint (preemption or time limit: requeue me). A user mistake prints a message
-naming what, where and how to fix, never a traceback.
+Exit codes: errors.ExitCode, shown below every verb's --help. A user mistake prints a message
+naming what, where and how to fix, never a traceback; a bug prints its traceback and exits
+INTERNAL.
 """
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ import contextlib
 import json
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from hpctrain.arguments import (Parser, add_job_options, add_recipe, count, counts, job_options,
                                 join_dashed_values, seconds, size_bytes)
 from hpctrain import cli_bench, cli_runs, cli_tune
-from hpctrain.errors import ConfigError, Preempted, UserError
+from hpctrain.errors import ConfigError, ExitCode, Preempted, UserError, exit_code_table
 
 RUN_EXAMPLE = """examples:
   hpctrain run                                   # the built-in default (shapes dataset)
@@ -26,9 +27,6 @@ RUN_EXAMPLE = """examples:
   hpctrain run default resume=auto               # continue the latest run of this recipe
   torchrun --nproc-per-node 8 -m hpctrain run imagenet-resnet50 data.path=/scratch/imagenet
   srun --ntasks-per-node 8 hpctrain run imagenet-resnet50 run_name=rn50 resume=auto
-
-exit status 75: stopped early with a checkpoint (preemption signal or time limit); run the
-same command again with resume=auto to continue.
 """
 
 
@@ -313,7 +311,6 @@ MEMORY_EXAMPLE = """examples:
   torchrun --nproc-per-node 4 -m hpctrain memory imagenet-resnet50 --find-batch-size
 
 --gpu-memory takes a size (80GB, 40GiB, 81559MiB) or a GPU name (h100, a100-40gb, v100-32gb).
-Exit codes: 0 it fits (or the search found a batch), 3 it does not fit, 2 bad input.
 """
 
 
@@ -364,7 +361,7 @@ def cmd_memory(args) -> int:
         json.dumps(out, indent=2) + "\n")
     if args.json:
         print(json.dumps(out, indent=2))
-        return 0 if fits else 3
+        return ExitCode.DONE if fits else ExitCode.DOES_NOT_FIT
     print(text_report(est, advice, measured, counterpart))
     if search:
         limit = f", {fmt_bytes(target.capacity)} emulated by counting storages" \
@@ -383,7 +380,7 @@ def cmd_memory(args) -> int:
                   f"(global batch {search.global_batch_size})")
     print(f"\npicture: {picture} (and {config.name}-memory.json; with --out RUN_DIR, the "
           "run's report shows the prediction)")
-    return 0 if fits else 3
+    return ExitCode.DONE if fits else ExitCode.DOES_NOT_FIT
 
 
 def _with_python_sampling(train):
@@ -458,10 +455,11 @@ def cmd_profile(args) -> int:
 
 
 def _verb(verbs, name: str, help: str | None, epilog: str, func) -> argparse.ArgumentParser:
-    """A verb's parser: its help, its examples below the options, the function it runs."""
+    """A verb's parser: its help, its examples and the exit codes below the options, the
+    function it runs."""
     listed = {"help": help} if help is not None else {}  # None: a verb of another's
-    parser = verbs.add_parser(name, epilog=epilog, **listed,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = verbs.add_parser(name, epilog=f"{epilog.rstrip()}\n\n{exit_code_table()}",
+                              formatter_class=argparse.RawDescriptionHelpFormatter, **listed)
     parser.set_defaults(func=func)
     return parser
 
@@ -469,7 +467,8 @@ def _verb(verbs, name: str, help: str | None, epilog: str, func) -> argparse.Arg
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="hpctrain", description="Train deep-learning models on GPU clusters, fast.",
-        epilog="run 'hpctrain VERB --help' for a verb's options and examples",
+        epilog="run 'hpctrain VERB --help' for a verb's options and examples\n\n"
+               + exit_code_table(),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
     verbs.required = True
@@ -652,14 +651,20 @@ def _parse(argv: list[str] | None):
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
+def entry() -> None:
+    """The `hpctrain` command and `python -m hpctrain`: main() in a process of its own, which
+    ends with the verb (stop signals after a run has ended leave its exit status as it is)."""
+    sys.exit(main(own_process=True))
+
+
+def main(argv: list[str] | None = None, own_process: bool = False) -> int:
     started = time.perf_counter()  # a run's time counts from here (importing torch takes s)
     args = _parse(argv)
     args.started = started
     if args.verb in ("run", "profile"):  # they train: a stop signal must find them listening
         from hpctrain.train.preemption import catch_early
 
-        catch_early()
+        catch_early(until_exit=own_process)
     _split_recipe(args)
     try:
         return _dispatch(args)
@@ -682,8 +687,14 @@ def _dispatch(args) -> int:
         return stop.exit_code
     except KeyboardInterrupt:
         print("hpctrain: interrupted", file=sys.stderr)
-        return 130
+        return ExitCode.INTERRUPTED
+    except Exception:  # a bug: its traceback, and the code that says so
+        traceback.print_exc()
+        print("hpctrain: internal error: the exception above was not expected. Where its "
+              "traceback ends in your own model or dataset code, the bug is there; else "
+              "please report it to hpctrain with the traceback", file=sys.stderr)
+        return ExitCode.INTERNAL
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

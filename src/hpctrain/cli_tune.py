@@ -10,7 +10,7 @@ import signal
 import sys
 
 from hpctrain.arguments import add_job_options, add_recipe, count, job_options
-from hpctrain.errors import ConfigError
+from hpctrain.errors import ConfigError, ExitCode
 
 TUNE_EXAMPLE = """examples:
   hpctrain tune default --space 'optim.lr=loguniform(0.01,1)' --trials 8 --parallel 2
@@ -113,7 +113,7 @@ def cmd_tune(args) -> int:
     code = run_locally(folder, args.parallel, say)
     result = results.collect(folder)
     print(json.dumps(result, indent=1, default=str) if args.json else results.text(result))
-    if code == 75:
+    if code == ExitCode.STOPPED:
         say(f"stopped early; continue with: hpctrain tune --dir {folder}")
     return code
 

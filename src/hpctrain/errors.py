@@ -1,17 +1,67 @@
-"""The project's exception types.
+"""The project's exception types and its one table of exit codes.
 
-A ``UserError`` is a mistake the user can fix (bad recipe, missing data, wrong device): the
-CLI prints its message, never a traceback, and exits with its ``exit_code``. Anything else
-that escapes is a bug and keeps its traceback.
+A ``UserError`` is a mistake the user can fix (bad recipe, missing data, wrong device), or a
+run that could not finish for a reason its message names: the CLI prints its message, never a
+traceback, and exits with its ``exit_code``. Anything else that escapes is a bug: it keeps its
+traceback and exits INTERNAL.
 """
 
+import enum
 import sys
+import textwrap
+
+
+class ExitCode(enum.IntEnum):
+    """Every exit status of hpctrain; the README's table and each verb's --help come from
+    here (`exit_code_table`). 70, 74 and 75 are sysexits.h's."""
+
+    DONE = 0
+    FAILED = 1
+    BAD_INPUT = 2
+    DOES_NOT_FIT = 3
+    INTERNAL = 70
+    DATA_PIPELINE = 74
+    STOPPED = 75
+    INTERRUPTED = 130
+
+
+MEANINGS = {
+    ExitCode.DONE: "done (a run: every step trained and its final weights evaluated)",
+    ExitCode.FAILED: "the run failed: CUDA out of memory (with the settings that lower the "
+                     "peak), a loss that stays NaN, a peer lost; the last good checkpoint is "
+                     "kept; tune: 3 trials in a row failed; scale: no size finished",
+    ExitCode.BAD_INPUT: "bad usage, configuration or input (the message names the key or "
+                        "file and how to fix it); also files that cannot be written (a full "
+                        "disk, a quota): the last good checkpoint is kept",
+    ExitCode.DOES_NOT_FIT: "memory: the recipe does not fit the device (the advice says "
+                           "what would)",
+    ExitCode.INTERNAL: "internal error: an unexpected exception, with its traceback: a bug in "
+                       "hpctrain (please report it), or in your own model or dataset code "
+                       "where the traceback ends there",
+    ExitCode.DATA_PIPELINE: "the input pipeline failed mid-run: a loader worker died (out "
+                            "of memory, a full /dev/shm, a crash in the dataset code); what "
+                            "is consistent is saved, resume=auto continues",
+    ExitCode.STOPPED: "stopped to be resumed: a stop signal or the time limit saved a "
+                      "checkpoint; run it again with resume=auto (a job from submit "
+                      "continues by itself; tune --dir DIR continues a search)",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C): stopped at once, the last checkpoint kept",
+}
+
+
+def exit_code_table(markdown: bool = False) -> str:
+    """The exit codes and what each means: for --help, or as the README's Markdown table."""
+    if markdown:
+        return "\n".join(["| code | meaning |", "|---|---|",
+                          *(f"| {int(code)} | {text} |" for code, text in MEANINGS.items())])
+    return "exit status:\n" + "\n".join(
+        textwrap.fill(text, 88, initial_indent=f"  {int(code):>3}  ", subsequent_indent=" " * 7)
+        for code, text in MEANINGS.items())
 
 
 class UserError(Exception):
     """Bad usage, configuration or input: exit code 2."""
 
-    exit_code = 2
+    exit_code = ExitCode.BAD_INPUT
 
 
 class ConfigError(UserError):
@@ -39,14 +89,21 @@ def cannot_write(what, err: OSError, then: str) -> OutputError:
 class RunFailed(UserError):
     """The run started but could not finish (NaN loss, out of memory): exit code 1."""
 
-    exit_code = 1
+    exit_code = ExitCode.FAILED
+
+
+class DataPipelineFailed(UserError):
+    """A loader worker died mid-run (killed, out of memory, a crash in native code): exit code
+    74. Raised in the training process in place of the loader's own error."""
+
+    exit_code = ExitCode.DATA_PIPELINE
 
 
 class Preempted(Exception):
     """The run saved a checkpoint and stopped early (preemption signal or time limit) and wants
     to be started again: exit code 75 (EX_TEMPFAIL, "try again later")."""
 
-    exit_code = 75
+    exit_code = ExitCode.STOPPED
 
     def __init__(self, message: str, requeue: bool = True):
         super().__init__(message)

@@ -84,6 +84,8 @@ class Job:
                 earlier = [int(d.get("Restarts", 0)) for job_id in ids[:-1]
                            for d in slurm.job_details(job_id)]
                 status["restarts"] += len(ids) - 1 + sum(earlier)
+        if "elements" not in status and self.run_dir is not None:  # also earlier submissions'
+            status["restarts"] = max(status.get("restarts") or 0, self._run_restarts())
         if "elements" in status:
             for task in status["elements"]:
                 later = _follow(ids[-1], continuations, task)
@@ -91,6 +93,13 @@ class Job:
                     status["elements"][task] = Job(later[-1], self.run_dir)._own_status()["state"]
             status["state"] = _overall(list(status["elements"].values()))
         return status
+
+    def _run_restarts(self) -> int:
+        """How often the job's run was started again: its starts in run.json, which count the
+        jobs of earlier submissions (submit resume=DIR) and those Slurm requeued, less one."""
+        identity = RunDir(self.run_dir).read_identity()
+        starts = identity.get("starts") if identity else None
+        return len(starts) - 1 if isinstance(starts, list) and starts else 0
 
     def _own_status(self) -> dict:
         elements = slurm.job_details(self.id)

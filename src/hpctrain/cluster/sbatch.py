@@ -17,13 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpctrain.cluster.profiles import Profile
-from hpctrain.errors import ConfigError
+from hpctrain.errors import ConfigError, ExitCode
 from hpctrain.runs.directory import JOB_LOG, SHELL_LEDGER, RunDir
 
 # what may stand in an #SBATCH value: no spaces, quotes, newlines or shell syntax
 SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.,:@%+=/-]+$")
 TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
-REQUEUE_EXIT_CODE = 75
 
 
 @dataclass
@@ -278,12 +277,12 @@ def _command(request: JobRequest, run_dir: Path, own_environment: bool) -> list[
         launch,
         "run=$!",
         'while :; do wait "$run"; status=$?; kill -0 "$run" 2>/dev/null || break; done',
-        f"# {REQUEUE_EXIT_CODE}: saved and stopped early (preemption signal or time limit). "
+        f"# {int(ExitCode.STOPPED)}: saved and stopped early (preemption signal or time limit). "
         "Continue in a new job",
         "# that may start as soon as this one ends (a requeued job waits until its credential",
         "# expires, AuthInfo cred_expire, 2 minutes by default), and note it in the job ledger.",
         'restarts=$(( ${SLURM_RESTART_COUNT:-0} + ${HPCTRAIN_RESTARTS:-0} ))',
-        f'if [ "$status" -eq {REQUEUE_EXIT_CODE} ] && [ -z "$terminated" ] && '
+        f'if [ "$status" -eq {int(ExitCode.STOPPED)} ] && [ -z "$terminated" ] && '
         f'[ "$restarts" -lt {request.max_requeues} ]; then',
         *this_job,
         "    # this job's variables must not reach the next one (SLURM_CONF, if set, must)",

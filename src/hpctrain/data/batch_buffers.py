@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 import os
 import queue
-import signal
 import weakref
 from collections import deque
 from collections.abc import Iterator
@@ -31,6 +30,7 @@ import torch
 import torch.multiprocessing as mp
 
 from hpctrain.data.sampling import SampleKey
+from hpctrain.data.worker_death import how_it_died, worker_died
 from hpctrain.data.worker_signals import blocked, spare_worker
 from hpctrain.errors import DataError
 
@@ -112,11 +112,6 @@ def _portable(err: Exception) -> Exception:
         return DataError(f"{type(err).__name__}: {err}")
 
 
-def _death(exitcode: int | None) -> str:
-    if exitcode is not None and exitcode < 0:
-        return f"killed by {signal.Signals(-exitcode).name}"
-    return f"exited with status {exitcode}"
-
 
 class _Workers:
     """The worker processes, each with its own task queue, and one queue of finished
@@ -140,20 +135,15 @@ class _Workers:
         self.tasks[batch % len(self.tasks)].put((batch, slot, keys))
 
     def finished(self, what: str) -> tuple[int, Exception | None]:
-        """The next finished batch; a DataError naming a worker that died meanwhile."""
+        """The next finished batch; DataPipelineFailed naming a worker that died meanwhile."""
         while True:
             try:
                 return self.done.get(timeout=POLL_SECONDS)
             except queue.Empty:
-                for number, process in enumerate(self.processes):
+                for process in self.processes:
                     if not process.is_alive():
-                        raise DataError(
-                            f"input worker {number} (pid {process.pid}) "
-                            f"{_death(process.exitcode)} while making {what}: out of memory "
-                            "(dmesg), a full /dev/shm (df -h /dev/shm; the batch buffers live "
-                            "there) or a crash in the dataset code. Lower data.num_workers or "
-                            "data.prefetch_factor, or set data.loader=torch to compare"
-                        ) from None
+                        raise worker_died(process.pid, how_it_died(process.exitcode),
+                                          what) from None
 
     def stop(self) -> None:
         for tasks in self.tasks:

@@ -120,9 +120,11 @@ def _image_folder_samples(root: Path, val_fraction: float | None, seed: int):
     return (len(classes), *hold_out(splits["train"], val_fraction, seed))
 
 
-def build_datasets(data: DataConfig, seed: int) -> tuple[Dataset, Dataset, int]:
+def build_datasets(data: DataConfig, seed: int, rank: int = 0) -> tuple[Dataset, Dataset, int]:
+    """(train, val, number of classes) of data.dataset; `rank`: the data-parallel rank (your
+    own datasets' workers seed from it)."""
     if data.from_user_code:
-        return user_datasets(data, seed)
+        return user_datasets(data, seed, rank)
     if data.dataset == "synthetic":
         s = data.synthetic
         return (SyntheticDataset(s.num_train, s.num_classes, seed),
@@ -242,7 +244,7 @@ def build_data(data: DataConfig, batch_size: int, seed: int, device: torch.devic
             common["multiprocessing_context"] = data.worker_start
     if data.kind == "tokens" and not data.from_user_code:
         return _token_data(data, batch_size, seed, rank, world_size, common)
-    train_set, val_set, num_classes = build_datasets(data, seed)
+    train_set, val_set, num_classes = build_datasets(data, seed, rank)
     # your own token data: blocks of ids, stacked; the third figure is the vocabulary
     num_classes, vocab_size = (None, num_classes) if data.kind == "tokens" else \
         (num_classes, None)
@@ -253,7 +255,7 @@ def build_data(data: DataConfig, batch_size: int, seed: int, device: torch.devic
     val_loader = _image_loader(data, val_set, val_sampler, batch_size * 2, False, val_size,
                                common, between_passes=False)
     if isinstance(train_set, IterableDataset):  # your own stream (streams.py)
-        stream = Stream(train_set, data.dataset, rank, world_size, batch_size)
+        stream = Stream(train_set, data.dataset, rank, world_size, batch_size, seed)
         # fresh workers each epoch: they take the stream's epoch and skip with them
         train_loader = SignalSafeLoader(stream, batch_size=batch_size, drop_last=True,
                                         **{**common, "persistent_workers": False})

@@ -14,7 +14,9 @@ no index, such as tar shards read front to back or records from a database.
 - **Resume.** A resumed run starts the epoch it stopped in again and skips, in each worker, the
   items that went into the steps already trained. The result is exact for a stream that yields
   the same items in the same order for the same epoch, and it costs reading those items again.
-  A stream that is not repeatable gets other samples, not an error.
+  A stream that is not repeatable gets other samples, not an error. Each worker's `random`,
+  NumPy and torch are seeded from (seed, epoch, rank, worker) as its pass begins
+  (seeding.py), so random augmentation in the stream is repeated too.
 The validation set stays map-style: evaluation counts every sample once over all processes.
 """
 
@@ -26,6 +28,7 @@ from collections.abc import Iterable, Iterator
 from torch.utils.data import IterableDataset, get_worker_info
 
 from hpctrain.errors import DataError
+from hpctrain.seeding import seed_worker
 
 _share: tuple[int, int] = (0, 1)  # (index, count) of the worker iterating, set by Stream
 _sharded = False  # whether the stream being iterated called shard() itself
@@ -47,8 +50,8 @@ class Stream(IterableDataset):
     the skip reach them."""
 
     def __init__(self, dataset: IterableDataset, reference: str, rank: int, world_size: int,
-                 batch_size: int):
-        self.dataset, self.reference = dataset, reference
+                 batch_size: int, seed: int = 0):
+        self.dataset, self.reference, self.seed = dataset, reference, seed
         self.rank, self.world_size, self.batch_size = rank, world_size, batch_size
         self.epoch, self.skip_batches = 0, 0
         self.batches_per_epoch = (len(dataset) // (world_size * batch_size)) if \
@@ -73,6 +76,8 @@ class Stream(IterableDataset):
         index, count = self.rank * workers + worker, self.world_size * workers
         # the loader takes batches from its workers in turn: this worker made these of them
         skip = len(range(worker, self.skip_batches, workers)) * self.batch_size
+        if info is not None:  # the skipped items draw too: a resumed epoch draws alike
+            seed_worker(self.seed, self.epoch, self.rank, worker)
         while True:  # pass after pass; the loop stops at the epoch's end
             if hasattr(self.dataset, "set_epoch"):
                 self.dataset.set_epoch(self.epoch)

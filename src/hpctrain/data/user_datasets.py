@@ -5,8 +5,10 @@ The factory returns the training and validation `torch.utils.data.Dataset`s, as 
 parameters: `path` (data.path), `image_size`, `num_points`, `seq_len`, `seed`. The training
 set may also be a stream (an IterableDataset, streams.py). Map-style datasets take
 hpctrain's sampler (an epoch-seeded order, split over ranks, resumed mid-epoch at the exact
-batch); randomness inside your `__getitem__` comes from the worker's torch seed, so a resumed
-run sees the same samples in the same batches, but not bitwise the same augmentations.
+batch). Randomness inside your `__getitem__` (`random`, NumPy, torch) comes from `seed`: in the
+training process with data.num_workers=0, else in each worker reseeded at every epoch from
+(seed, epoch, rank, worker) (seeding.py). Two runs draw the same augmentations; a run resumed
+mid-epoch sees the same samples in the same batches, but not bitwise the same augmentations.
 
 Samples, checked on a few indices before training (the first bad one is named, with what it
 holds and what the task expects):
@@ -26,29 +28,39 @@ from collections.abc import Sized
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, IterableDataset
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from hpctrain import user_code
 from hpctrain.config import DataConfig
 from hpctrain.data.streams import first_items
 from hpctrain.errors import DataError, UserError
+from hpctrain.seeding import seed_worker
 
 
 class ByIndex(Dataset):
-    """Your dataset behind hpctrain's sampler, whose keys carry the epoch and size as well."""
+    """Your dataset behind hpctrain's sampler, whose keys carry the epoch and size as well; a
+    worker's random generators reseeded as each epoch begins."""
 
-    def __init__(self, dataset: Dataset):
-        self.dataset = dataset
+    def __init__(self, dataset: Dataset, seed: int = 0, rank: int = 0):
+        self.dataset, self.seed, self.rank = dataset, seed, rank
+        self.seeded_epoch = None  # in a worker: the epoch its generators were seeded for
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, key):
-        return self.dataset[int(key[0] if isinstance(key, tuple) else key)]
+        if isinstance(key, tuple):
+            worker = get_worker_info()
+            if worker is not None and key[1] != self.seeded_epoch:
+                seed_worker(self.seed, key[1], self.rank, worker.id)
+                self.seeded_epoch = key[1]
+            key = key[0]
+        return self.dataset[int(key)]
 
 
-def user_datasets(data: DataConfig, seed: int) -> tuple[Dataset, Dataset, int]:
-    """(train, val, number of classes) from the factory data.dataset names, checked."""
+def user_datasets(data: DataConfig, seed: int, rank: int = 0) -> tuple[Dataset, Dataset, int]:
+    """(train, val, number of classes) from the factory data.dataset names, checked; `rank`:
+    the data-parallel rank, which the workers' seeds derive from."""
     reference = data.dataset
     factory = user_code.load(reference, "data.dataset")
     tokens = data.kind == "tokens"
@@ -62,8 +74,8 @@ def user_datasets(data: DataConfig, seed: int) -> tuple[Dataset, Dataset, int]:
     for split, dataset in (("train", train), ("val", val)):
         check_samples(dataset, split, reference, data.kind, num_classes, data.tokens.seq_len)
     # a stream is wrapped where the loader is made (streams.py): it needs the layout
-    return train if isinstance(train, IterableDataset) else ByIndex(train), ByIndex(val), \
-        num_classes
+    return train if isinstance(train, IterableDataset) else ByIndex(train, seed, rank), \
+        ByIndex(val, seed, rank), num_classes
 
 
 def _train_and_val(made, reference: str) -> tuple[Dataset, Dataset]:

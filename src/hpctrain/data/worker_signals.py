@@ -32,6 +32,8 @@ from multiprocessing import resource_tracker
 
 from torch.utils.data import DataLoader
 
+from hpctrain.data.worker_death import from_torch
+
 
 def _numbers(names: tuple[str, ...]) -> set[int]:
     return {getattr(signal, name) for name in {"SIGTERM", "SIGINT", *names}}
@@ -84,5 +86,24 @@ class SignalSafeLoader(DataLoader):
         self.stop_signals = tuple(stop_signals)
 
     def __iter__(self):
+        watcher = signal.getsignal(signal.SIGCHLD)
         with blocked(self.stop_signals):  # workers are forked here (the first time)
-            return super().__iter__()
+            batches = super().__iter__()
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGCHLD, watcher)  # torch's: see _deaths_named
+        return _deaths_named(batches) if self.num_workers else batches
+
+
+def _deaths_named(batches):
+    """The batches; a worker's death as DataPipelineFailed (worker_death.py), found where a
+    batch is fetched (torch checks its workers while it waits, every 5 s), so between two
+    steps. torch's own SIGCHLD handler, installed at its first iterator and put back above,
+    raised the death wherever the training process was: inside an optimiser step, or in the
+    clean-up after it."""
+    try:
+        yield from batches
+    except (RuntimeError, ConnectionError, EOFError) as err:
+        failure = from_torch(err, "the next batch")
+        if failure is None:
+            raise
+        raise failure from None

@@ -5,6 +5,11 @@ a requeue, appends itself to `starts`), so that a run directory names itself: th
 keys a run by its `run_id` (found again, not duplicated, when the folder moves), and reads the
 Slurm job chain, the GPUs and the code from here. The file's modification time is the run's
 heartbeat (Heartbeat touches it), so a run killed without a word shows as lost.
+
+Each start also keeps its job's own figures (`seconds`, `device_hours`, `energy_joules`),
+written at every checkpoint and when the job ends: the run's time, device-hours, energy and
+restarts are the sum over its starts, so a job that saved nothing (stopped during start-up,
+before its first step) counts as much as one that did.
 """
 
 from __future__ import annotations
@@ -61,6 +66,39 @@ def record_start(run_dir: Path, config: dict, start: dict) -> dict:
     record["starts"] = [*record.get("starts", []), start]
     _write(run, record)
     return record
+
+
+def record_job(run_dir: Path, number: int, seconds: float, device_hours: float,
+               energy_joules: float | None) -> None:
+    """This job's figures so far into its start (`number`: its place in `starts`)."""
+    run = RunDir(run_dir)
+    record = run.read_identity()
+    starts = record.get("starts") if record is not None else None
+    if not isinstance(starts, list) or not 0 <= number < len(starts) or \
+            not isinstance(starts[number], dict):
+        return  # run.json replaced by hand meanwhile: the summary still tells this job
+    starts[number].update(seconds=seconds, device_hours=device_hours,
+                          energy_joules=energy_joules)
+    _write(run, record)
+
+
+def earlier_jobs(record: dict, number: int) -> dict | None:
+    """The figures of the starts before `number`, summed (wall_seconds, device_hours,
+    energy_joules: None where none was measured, restarts); None when one of them has none
+    (run by an hpctrain before these figures), and the checkpoint's are the best known."""
+    starts = record.get("starts", [])[:number]
+    figures = [s for s in starts if isinstance(s, dict) and _number(s.get("seconds")) is not None
+               and _number(s.get("device_hours")) is not None]
+    if len(figures) != len(starts):
+        return None
+    energies = [s["energy_joules"] for s in figures if _number(s.get("energy_joules")) is not None]
+    return {"wall_seconds": sum(s["seconds"] for s in figures),
+            "device_hours": sum(s["device_hours"] for s in figures),
+            "energy_joules": sum(energies) if energies else None, "restarts": len(starts)}
+
+
+def _number(value) -> float | None:
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def remember_tracker(run_dir: Path, tracker: str, run_id: str | dict) -> None:

@@ -31,6 +31,7 @@ class Clock:
     stop_seconds: float | None = None  # from a stop signal to its checkpoint, when one came
     padding_fraction: float | None = None  # of the last interval, when the task pads
     monitor_rows: list = field(default_factory=list)  # every rank's last sampler row (rank 0)
+    job_number: int | None = None  # this job's place among run.json's starts (rank 0)
 
 
 @dataclass

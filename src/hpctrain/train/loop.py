@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -23,17 +24,19 @@ from hpctrain.cluster.job import requeue
 from hpctrain.config import Config, to_yaml
 from hpctrain.data.loader import image_size_for_epoch
 from hpctrain.data.worker_signals import start_resource_tracker
-from hpctrain.errors import DataError, OutputError, Preempted, RunFailed, cannot_write
+from hpctrain.errors import (DataError, DataPipelineFailed, OutputError, Preempted, RunFailed,
+                             cannot_write)
 from hpctrain.monitor.sampler import add_energy, energy_of, interval_record
 from hpctrain.monitor.watchdog import Watchdog
 from hpctrain.profiling.regions import region
 from hpctrain.report import trackers
 from hpctrain.report.page import write_run_report
 from hpctrain.runs.directory import RunDir, remember_output_dir
-from hpctrain.runs.identity import Heartbeat, record_start
+from hpctrain.runs.identity import Heartbeat, earlier_jobs, record_job, record_start
 from hpctrain.runs.registry import register
 from hpctrain.train import report
 from hpctrain.train.build import Parts, build_parts
+from hpctrain.train.checkpoint import step_of
 from hpctrain.train.evaluation import evaluate, keep_best
 from hpctrain.train.intervals import Clock, Interval, RunningMetrics
 from hpctrain.train.parallel import collective_failure
@@ -101,7 +104,7 @@ def _train(parts: Parts, stopper: Stopper, on_step: Callable[[Parts, int], None]
         telemetry.message("  resuming with changed settings: " + "; ".join(changes)
                           + " (they apply from this step on)")
         telemetry.record("resume", progress.step, {"changes": changes})
-    heartbeat = _announce(parts, telemetry) if is_main else None
+    heartbeat = _announce(parts, progress, clock, telemetry) if is_main else None
     status, stopped, summary_problem = "failed", None, None
     parts.sampler.start()
     try:
@@ -115,6 +118,9 @@ def _train(parts: Parts, stopper: Stopper, on_step: Callable[[Parts, int], None]
         _finish_saving(parts)
     except torch.cuda.OutOfMemoryError:
         raise RunFailed(report.oom_advice(parts, progress.step)) from None
+    except DataPipelineFailed as failure:  # raised where a batch is fetched: between steps
+        failure.args = (f"{failure}. {_after_a_dead_worker(parts, progress, clock, telemetry)}",)
+        raise
     except KeyboardInterrupt:
         status = "interrupted"
         raise
@@ -125,8 +131,10 @@ def _train(parts: Parts, stopper: Stopper, on_step: Callable[[Parts, int], None]
         parts.sampler.stop()
         if heartbeat is not None:
             heartbeat.stop()
-        summary = report.summary(parts, progress, clock, status)
+        run = report.totals(parts, progress, clock)
+        summary = report.summary(parts, progress, clock, status, run)
         if is_main:
+            _record_job(parts, clock, run)
             summary_problem = write_summary(parts.run_dir, summary)
             if config.report and (problem := write_run_report(parts.run_dir)):
                 print(f"hpctrain: warning: {problem}", file=sys.stderr, flush=True)
@@ -147,9 +155,27 @@ def _train(parts: Parts, stopper: Stopper, on_step: Callable[[Parts, int], None]
     return summary if is_main else None
 
 
-def _announce(parts: Parts, telemetry: Telemetry) -> Heartbeat:
+def _after_a_dead_worker(parts: Parts, progress: Progress, clock: Clock,
+                         telemetry: Telemetry) -> str:
+    """What is kept after a loader worker died (found where a batch is fetched: between
+    steps). The weights and optimiser are the last whole step's, which one process saves (an
+    evaluation under way owed). Several processes cannot: the others wait in a collective of
+    the step the dead worker's rank never began; the last checkpoint stands."""
+    kept = progress.last_good_checkpoint
+    saved_now = kept and step_of(Path(kept)) == progress.step and progress.eval_owed is None
+    if parts.world_size > 1 or progress.step == 0 or saved_now:
+        return (f"The last checkpoint, {kept}, is kept" if kept else "No checkpoint was "
+                "saved yet") + "; run the same command with resume=auto to continue"
+    _save(parts, progress, clock, telemetry)
+    _finish_saving(parts)
+    return f"Saved {progress.last_good_checkpoint}; run the same command with resume=auto " \
+        "to continue"
+
+
+def _announce(parts: Parts, progress: Progress, clock: Clock, telemetry: Telemetry) -> Heartbeat:
     """Rank 0 writes the run's configuration and its identity with this start (run.json, whose
-    heartbeat then beats until the run ends), opens its trackers, and registers it in a
+    heartbeat then beats until the run ends), takes the earlier jobs' figures from there (every
+    start counts, also one that saved nothing), opens its trackers, and registers it in a
     shared index when the environment names one (HPCTRAIN_DB)."""
     run = RunDir(parts.run_dir)
     identity = {}
@@ -161,6 +187,11 @@ def _announce(parts: Parts, telemetry: Telemetry) -> Heartbeat:
             write()
         except OSError as err:
             raise cannot_write(path, err, KEEP_GOING) from None
+    clock.job_number = len(identity["starts"]) - 1
+    earlier = earlier_jobs(identity, clock.job_number)
+    if earlier is not None:  # else the checkpoint's: the earlier starts ran an older hpctrain
+        for figure, value in earlier.items():
+            setattr(progress, figure, value)
     telemetry.add_sinks(trackers.open_sinks(parts.config, parts.run_dir, identity))
     remember_output_dir(parts.run_dir.parent)
     return Heartbeat(run.identity, register(parts.distributed.env.runs_db,
@@ -304,6 +335,16 @@ def _save(parts: Parts, progress: Progress, clock: Clock, telemetry: Telemetry) 
     totals = report.totals(parts, progress, clock)
     if not save(parts, progress, totals["job_seconds"], totals["job_energy_joules"]):
         telemetry.message(f"step {progress.step}: weights are not finite, checkpoint skipped")
+    if parts.distributed.is_main:
+        _record_job(parts, clock, totals)
+
+
+def _record_job(parts: Parts, clock: Clock, totals: dict) -> None:
+    """This job's figures so far into its start in run.json (rank 0, once announced)."""
+    if clock.job_number is not None:
+        seconds = totals["job_seconds"]
+        record_job(parts.run_dir, clock.job_number, seconds,
+                   seconds * parts.world_size / 3600, totals["job_energy_joules"])
 
 
 def _finish_saving(parts: Parts) -> None:
@@ -409,10 +450,10 @@ def _evaluate_and_record(parts: Parts, progress: Progress, clock: Clock, telemet
     short is owed (progress.eval_owed, checkpointed): the resume does it first."""
     start = time.perf_counter()
     model = parts.fused_eval.module() if parts.fused_eval else parts.forward
+    progress.eval_owed = progress.step  # until recorded: a stop or a failure leaves it owed
     values = evaluate(parts, model, stopper)
     seconds = time.perf_counter() - start  # the sums' read-back waited for the device
     if values is None:
-        progress.eval_owed = progress.step
         telemetry.message(f"step {progress.step}: evaluation cut short to stop in time")
         return
     progress.eval_owed = None

@@ -14,7 +14,10 @@ Slurm sends when it preempts and requeues a job by itself.
 
 `catch_early` holds the stop signals from the first moment of `hpctrain run`, before torch is
 even imported (seconds): without it a signal in that window would kill the process with
-nothing said; the Stopper takes over what came meanwhile.
+nothing said; the Stopper takes over what came meanwhile. In hpctrain's own process
+(`until_exit`), once the run has ended a stop signal has nothing left to stop: the Stopper
+leaves them ignored, so a signal after the summary is written cannot turn exit 0 (or 75) into
+death by signal.
 """
 
 from __future__ import annotations
@@ -32,10 +35,14 @@ EARLY_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2")  # SIGTERM and the usual preem
 
 _early_previous: dict[int, object] = {}
 _early_received: list[int] = []
+_until_exit = False  # hpctrain's own process: stop signals stay ignored once the run has ended
 
 
-def catch_early(names: tuple[str, ...] = EARLY_SIGNALS) -> None:
-    """Record the stop signals from now on, until a Stopper takes them over."""
+def catch_early(names: tuple[str, ...] = EARLY_SIGNALS, until_exit: bool = False) -> None:
+    """Record the stop signals from now on, until a Stopper takes them over; `until_exit`:
+    this process ends with the run, and stop signals after it are ignored."""
+    global _until_exit
+    _until_exit = until_exit
     for name in names:
         number = getattr(signal, name)
         _early_previous.setdefault(number, signal.signal(number, _record_early))
@@ -116,8 +123,10 @@ class Stopper:
         return None if self.signalled_at is None else time.monotonic() - self.signalled_at
 
     def close(self) -> None:
+        """The run has ended: the handlers from before, or in hpctrain's own process none
+        (the signals ignored: the exit status stands)."""
         for number, handler in self._previous.items():
-            signal.signal(number, handler)
+            signal.signal(number, signal.SIG_IGN if _until_exit else handler)
         self._previous.clear()
 
     def check(self) -> tuple[str, bool] | None:

@@ -112,9 +112,9 @@ def _peak_memory(device: torch.device) -> tuple[int, str]:
 
 
 def totals(parts, progress, clock) -> dict:
-    """The run's time, device-hours and energy until now: the jobs before this one (as their
-    last checkpoint recorded) and this one (its energy as of the last logging interval, rank
-    0's own up to now)."""
+    """The run's time, device-hours and energy until now: the jobs before this one (progress:
+    as run.json records them, or their last checkpoint) and this one (its energy as of the
+    last logging interval, rank 0's own up to now)."""
     job_seconds = time.perf_counter() - clock.started
     rows = list(clock.monitor_rows) or [[]]
     rows[0] = parts.sampler.take(new_window=False)
@@ -134,10 +134,11 @@ def _energy_figures(parts, progress, run: dict) -> dict:
             "energy_source": parts.sampler.energy_source}
 
 
-def summary(parts, progress, clock, status: str) -> dict:
+def summary(parts, progress, clock, status: str, run: dict | None = None) -> dict:
     """The end-of-run figures. Time, device-hours and energy cover the whole run: the jobs
-    before this one (as their last checkpoint recorded) and this one."""
-    run = totals(parts, progress, clock)
+    before this one (as run.json records them) and this one (`run`: its totals, taken now
+    when not given)."""
+    run = run or totals(parts, progress, clock)
     job_seconds = run["job_seconds"]
     samples_per_second, units_per_second = _rates(parts, progress, clock)
     peak, peak_kind = _peak_memory(parts.device)

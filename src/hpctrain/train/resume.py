@@ -53,10 +53,12 @@ class Progress:
     last_good_checkpoint: str | None = None
     nan_intervals: int = 0
     nan_since_step: int | None = None
+    # the jobs before this one: as run.json's starts record them (loop._announce), or as the
+    # checkpoint does (up to its save) where they ran an hpctrain that kept no job figures
     restarts: int = 0
-    wall_seconds: float = 0.0  # of the jobs before this one, up to their last checkpoint
-    device_hours: float = 0.0  # likewise, devices x hours
-    energy_joules: float | None = None  # likewise, all devices (None: never measured)
+    wall_seconds: float = 0.0
+    device_hours: float = 0.0  # devices x hours
+    energy_joules: float | None = None  # all devices (None: never measured)
     changes: list = field(default_factory=list)  # [{"step", "settings"}] applied on resume
 
 

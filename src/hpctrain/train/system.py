@@ -14,6 +14,7 @@ import torch
 
 from hpctrain.config import Config
 from hpctrain.errors import DeviceError
+from hpctrain.seeding import seed_process
 from hpctrain.train import fp8
 
 
@@ -98,7 +99,8 @@ def plan_system(config: Config, device_setting: str | None = None) -> SystemPlan
 
 
 def apply_global_switches(plan: SystemPlan, seed: int) -> None:
-    """The process-wide flags: TF32, cudnn autotuning, determinism, seeds."""
+    """The process-wide flags: TF32, cudnn autotuning, determinism, the seeds (random, NumPy
+    and torch: seeding.py)."""
     tf32 = plan.precision != "fp32"
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
@@ -106,7 +108,7 @@ def apply_global_switches(plan: SystemPlan, seed: int) -> None:
     if plan.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
-    torch.manual_seed(seed)
+    seed_process(seed)
     if plan.device == "cpu":
         keep_freed_host_memory()
 

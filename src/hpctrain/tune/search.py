@@ -12,11 +12,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpctrain.errors import ConfigError
+from hpctrain.errors import ConfigError, ExitCode
 from hpctrain.tune.space import check_against, parse_all
 from hpctrain.tune.study import (SETTINGS, Search, check_storage, grid_size, objective,
                                  open_study, read_search)
-from hpctrain.tune.worker import STOPPED, Launch, Worker, torchrun
+from hpctrain.tune.worker import Launch, Worker, torchrun
 
 RESERVED = ("run_name=", "resume=", "trial.")  # the worker sets these per trial
 
@@ -128,7 +128,7 @@ def _gpu_count() -> int:
 def run_locally(folder: Path, parallel: int, say=print) -> int:
     """Run `parallel` workers here until the budget is spent. Ctrl-C stops every running
     trial with a checkpoint (the recipe's preemption signal): the same command continues
-    them. 0 done, 75 stopped early, 1 trials kept failing."""
+    them. DONE, STOPPED (stopped early) or FAILED (trials kept failing)."""
     from hpctrain.config import load_config
 
     search = read_search(folder)
@@ -142,7 +142,7 @@ def run_locally(folder: Path, parallel: int, say=print) -> int:
     launches = local_launches(parallel, search.processes_per_trial)
     workers = [Worker(folder, str(slot), launches[slot], said, getattr(signal, stop_signal))
                for slot in range(parallel)]
-    codes = [1] * parallel  # a worker that raised (its traceback is printed) stays 1
+    codes = [ExitCode.FAILED] * parallel  # a worker that raised (its traceback is printed)
 
     def work(slot: int) -> None:
         codes[slot] = workers[slot].run()
@@ -162,5 +162,5 @@ def run_locally(folder: Path, parallel: int, say=print) -> int:
             worker.stop()
         for thread in threads:
             thread.join()
-        return STOPPED
-    return max(codes)  # 75 (stopped early) above 1 (failing trials) above 0
+        return ExitCode.STOPPED
+    return max(codes)  # STOPPED above FAILED above DONE

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpctrain.errors import ExitCode
 from hpctrain.runs.directory import RunDir
 from hpctrain.runs.identity import Heartbeat
 from hpctrain.tune.space import Parameter, override, parse_all, shown
@@ -40,7 +41,6 @@ LOGS = "logs"
 HEARTBEAT_SECONDS = 30.0
 STALE_SECONDS = 600.0
 FAILURES_IN_A_ROW = 3
-STOPPED = 75  # the worker stopped early (a signal): its trial continues in its slot's next job
 
 
 @dataclass
@@ -203,25 +203,25 @@ class Worker:
             child.send_signal(self.launch.stop_signal or self.stop_signal)
 
     def run(self) -> int:
-        """0: the budget is spent; STOPPED: stopped early (its trial continues later); 1:
-        trials kept crashing."""
+        """DONE: the budget is spent; STOPPED: stopped early (its trial continues later);
+        FAILED: trials kept crashing."""
         slot_number = int(self.slot) if self.slot.isdigit() else 0
         study = open_study(self.folder, self.search, slot_number, self.parameters)
         crashes = 0
         while not self.stopping.is_set():
             claim = take_trial(study, self.search, self.folder, self.slot, self.parameters)
             if claim is None:
-                return 0
+                return ExitCode.DONE
             outcome = self._run_trial(claim)
             if outcome == "stopped":
-                return STOPPED
+                return ExitCode.STOPPED
             self._tell(study, claim, outcome)
             crashes = crashes + 1 if outcome == "failed" else 0
             if crashes >= FAILURES_IN_A_ROW:
                 self.say(f"slot {self.slot}: {crashes} trials in a row failed; stopping this "
                          f"worker (see the logs in {self.folder / LOGS})")
-                return 1
-        return STOPPED
+                return ExitCode.FAILED
+        return ExitCode.STOPPED
 
     def command(self, claim: Claim) -> list[str]:
         s = self.search
@@ -250,7 +250,7 @@ class Worker:
         finally:
             heart.stop()
             self.child = None
-        if code == STOPPED or (code != 0 and self.stopping.is_set()):
+        if code == ExitCode.STOPPED or (code != 0 and self.stopping.is_set()):
             self.say(f"trial {claim.trial}: stopped early (exit {code}); it continues where "
                      "it stopped when this search runs again")
             return "stopped"
