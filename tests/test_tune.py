@@ -15,7 +15,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState, create_trial
 
-from hpctrain.config import load_config
+from hpctrain.config import TASK_OBJECTIVE, TASK_OF_DATA, load_config
 from hpctrain.errors import ConfigError
 from hpctrain.runs.directory import RunDir
 from hpctrain.tune import space
@@ -529,3 +529,37 @@ def test_a_study_or_search_that_cannot_be_opened_is_exit_2(run_cli, tiny, tmp_pa
     assert len(err.strip().splitlines()) == 1 and "password" not in err
     code, _, err = run_cli("tune", "status", str(tmp_path))
     assert code == 2 and "not a search folder (no tune.json)" in err
+
+
+@pytest.mark.parametrize("recipe, task, extra", [
+    ("default", "image_classification", ["model.name=hpctrain:tiny_cnn", "data.image_size=16",
+                                         "data.shapes.image_size=16", "data.shapes.num_train=64",
+                                         "data.shapes.num_val=16", "train.batch_size=16"]),
+    ("tiny-lm", "language_modeling", ["data.dataset=arithmetic",
+                                      "data.arithmetic.num_train=200",
+                                      "data.arithmetic.num_val=16", "data.tokens.seq_len=32",
+                                      "model.kwargs.width=32", "model.kwargs.layers=1",
+                                      "train.max_steps=4", "train.batch_size=8"]),
+    ("pointnet", "point_cloud_classification", ["data.shapes3d.num_train=32",
+                                                "data.shapes3d.num_val=10",
+                                                "data.points.num_points=64",
+                                                "model.kwargs.width=0.125", "train.max_steps=4",
+                                                "train.batch_size=4"]),
+])
+def test_the_default_objective_is_the_tasks_own(run_cli, tmp_path, recipe, task, extra):
+    """Before, the default compared the task with "language" while it is called
+    "language_modeling": language-model studies maximised accuracy."""
+    caches = [f"data.{kind}.cache_dir={tmp_path / kind}"
+              for kind in ("shapes", "arithmetic", "shapes3d")]
+    code, out, err = run_cli("tune", recipe, f"output_dir={tmp_path}", *caches, *extra,
+                             "train.epochs=1", "data.num_workers=0", "tensorboard=false",
+                             "report=false", "--space", LR, "--trials", "1", "--dir",
+                             str(tmp_path / "search"), "--json")
+    assert code == 0, err[-3000:]
+    result = json.loads(out)
+    key, direction = TASK_OBJECTIVE[task].split(":")
+    assert (result["objective"], result["direction"]) == (key, direction + "imize")
+    trial, = result["trials"]
+    summary = RunDir(Path(trial["run_dir"])).read_summary()
+    assert summary["task"] == task and trial["value"] == summary[key] is not None
+    assert set(TASK_OBJECTIVE) == set(TASK_OF_DATA.values())

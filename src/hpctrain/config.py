@@ -256,6 +256,10 @@ POINT_DATASETS = ("shapes3d", "modelnet")
 TASK_OF_DATA = {"images": "image_classification", "tokens": "language_modeling",
                 "points": "point_cloud_classification"}
 KIND_OF_TASK = {task: kind for kind, task in TASK_OF_DATA.items()}
+# what `hpctrain tune` optimises by default for each task: a figure of its summary.json
+TASK_OBJECTIVE = {"image_classification": "best_val_accuracy:max",
+                  "language_modeling": "best_val_loss:min",
+                  "point_cloud_classification": "best_val_accuracy:max"}
 
 
 class TaskConfig(Section):
