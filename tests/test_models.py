@@ -89,3 +89,37 @@ def test_a_run_that_feeds_a_fixed_size_model_several_sizes_is_exit_2(run_cli, ti
     code, _, err = run_cli("run", "default", *tiny(
         "model.name=timm:swin_tiny_patch4_window7_224", "data.val_image_size=32"))
     assert code == 2 and "takes images of one fixed size" in err and "Traceback" not in err
+
+
+POINT_CLOUD_FACTORY = '''
+from hpctrain.models.pointnet import pointnet_small
+
+
+def forty(width=0.125):
+    return pointnet_small(num_classes=40, width=width)  # ModelNet40's head, on 10 classes
+'''
+
+
+@pytest.mark.parametrize("model, task", [
+    ("torchvision.models:resnet18", []),  # torchvision's own factory: **kwargs, no num_classes
+    ("{tmp}/forty.py:forty", ["task=point_cloud_classification", "data.dataset=shapes3d",
+                              "data.points.num_points=64", "train.batch_size=4"]),
+])
+def test_a_model_without_the_datas_classes_is_refused_naming_the_setting(
+        tmp_path, tiny, run_cli, model, task):
+    """Before, a factory that was not handed the data's classes trained a 1,000-way (or
+    40-way) head on 10 classes without a word: the loss and the accuracy do not notice."""
+    (tmp_path / "forty.py").write_text(POINT_CLOUD_FACTORY)
+    model = model.format(tmp=tmp_path)
+    args = [*tiny("train.max_steps=2", f"data.shapes3d.cache_dir={tmp_path / 'clouds'}",
+                  "data.shapes3d.num_train=16", "data.shapes3d.num_val=10"), *task,
+            f"model.name={model}"]
+    code, _, err = run_cli("run", "default", *args)
+    wrong = 1000 if "torchvision" in model else 40
+    assert code == 2 and err.strip().splitlines() == [
+        f"hpctrain: error: model.name {model} gives {wrong} outputs per sample, but the data "
+        f"has 10 classes: build it for the data's classes (a factory's num_classes "
+        f"parameter, or model.kwargs.num_classes=10)"]
+    if "torchvision" in model:  # the setting it names is the fix
+        code, _, err = run_cli("run", "default", *args, "model.kwargs.num_classes=10")
+        assert code == 0, err

@@ -124,10 +124,12 @@ def _task(config: Config, data: DataBundle, device: torch.device, plan: SystemPl
         return language_modeling(device, data.answer)
     if config.task_name == "point_cloud_classification":
         return point_cloud_classification(device, config.data.points, up_axis(config.data),
-                                          config.train.label_smoothing)
+                                          config.train.label_smoothing, data.num_classes,
+                                          config.model.name)
     return image_classification(
         DeviceBatcher(device, config.data.mean, config.data.std, plan.channels_last),
-        config.data.augment, data.num_classes, config.train.label_smoothing, batch_size)
+        config.data.augment, data.num_classes, config.train.label_smoothing, batch_size,
+        config.model.name)
 
 
 def _check_split(model: nn.Module, config: Config, layout) -> None:

@@ -63,7 +63,7 @@ def _soft_target_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tens
 
 
 def image_classification(batcher, augment, num_classes: int, label_smoothing: float,
-                         batch_size: int) -> Task:
+                         batch_size: int, model_name: str) -> Task:
     """Top-1 accuracy; mixup/CutMix (soft targets) in training when the recipe asks."""
     mixing = build_mixing(augment, num_classes, label_smoothing, batch_size)
     soft, hard = _soft_target_loss, nn.CrossEntropyLoss(label_smoothing=label_smoothing)
@@ -79,12 +79,22 @@ def image_classification(batcher, augment, num_classes: int, label_smoothing: fl
         return Batch(images, labels, labels)
 
     return Task("image_classification", "images", ("correct", "samples"), None, to_device,
-                loss, top1_sums, top1_accuracy)
+                loss, top1_sums(num_classes, model_name), top1_accuracy)
 
 
-def top1_sums(logits, batch: Batch, loss, training: bool) -> torch.Tensor:
-    correct = (logits.argmax(dim=1) == batch.labels).sum()
-    return torch.stack([correct, correct.new_full((), len(batch.labels))])
+def top1_sums(num_classes: int, model_name: str) -> Callable:
+    """The sums of top-1 accuracy, for logits of `num_classes` classes: a model with another
+    number of outputs (a factory that was not given the data's classes trains a 1,000-way
+    head on 8 classes without a word) is refused at its first batch, naming the setting."""
+    def sums(logits, batch: Batch, loss, training: bool) -> torch.Tensor:
+        if logits.shape[-1] != num_classes:
+            raise ConfigError(
+                f"model.name {model_name} gives {logits.shape[-1]} outputs per sample, but "
+                f"the data has {num_classes} classes: build it for the data's classes (a "
+                f"factory's num_classes parameter, or model.kwargs.num_classes={num_classes})")
+        correct = (logits.argmax(dim=1) == batch.labels).sum()
+        return torch.stack([correct, correct.new_full((), len(batch.labels))])
+    return sums
 
 
 def top1_accuracy(sums: dict) -> dict:
@@ -94,7 +104,8 @@ def top1_accuracy(sums: dict) -> dict:
 # ---- point-cloud classification -------------------------------------------------------------
 
 def point_cloud_classification(device: torch.device, augment, up_axis: int,
-                               label_smoothing: float) -> Task:
+                               label_smoothing: float, num_classes: int,
+                               model_name: str) -> Task:
     """Top-1 accuracy over clouds (batch, points, 3), perturbed on the device in training
     (data.points). A model that returns (logits, regulariser) while training, as PointNet does
     with its feature transform's, has the regulariser added to the loss."""
@@ -109,8 +120,10 @@ def point_cloud_classification(device: torch.device, augment, up_axis: int,
     def loss(outputs, batch: Batch) -> torch.Tensor:
         return criterion(outputs, batch.targets)
 
+    top1 = top1_sums(num_classes, model_name)
+
     def sums(outputs, batch: Batch, loss, training: bool) -> torch.Tensor:
-        return top1_sums(logits_of(outputs), batch, loss, training)
+        return top1(logits_of(outputs), batch, loss, training)
 
     return Task("point_cloud_classification", "clouds", ("correct", "samples"), None,
                 to_device, loss, sums, top1_accuracy)
