@@ -23,7 +23,6 @@ from harness import hpctrain_parts, make_batches, recipe_parts, time_hpctrain, w
 
 from hpctrain.errors import UserError
 from hpctrain.train.mfu import measured_flops, peak_flops
-from hpctrain.train.report import parameters
 
 RESNET50_TRAIN_FLOP_224 = 3 * 8.2e9  # forward 4.1 GMACs; a training step is about 3x forward
 
@@ -132,7 +131,7 @@ def transformer(args, tmp: str) -> None:
             continue
         rate = tokens / _timed(with_batches(parts, batches), args)
         peak, source = peak_for(parts.plan.device_name, "bf16")
-        mfu = 6 * parameters(parts.model) * rate / peak if peak else None
+        mfu = parts.model_flops.per_token(args.seq_len) * rate / peak if peak else None
         results.append((label, rate, mfu, source))
         del parts
     print(f"\nhpctrain:gpt_{args.gpt}, {args.seq_len} tokens, batch {args.gpt_batch_size}")

@@ -483,6 +483,27 @@ def test_a_transformers_causal_lm_trains_from_a_local_config(tmp_path, run_cli, 
     assert "(0.12 M parameters)" in out + err  # two layers, as model.kwargs asked
 
 
+def test_model_flops_are_palms_for_the_whole_model(hf_config):
+    """6N + 12·L·H·Q·T per token (PaLM, appendix B): N every parameter that multiplies (the
+    GPT's tied embedding once, as the output layer; Llama's input table, only looked up,
+    left out), L·H·Q from the model; a model of unknown shape counts 6N and says so."""
+    from hpctrain.models.gpt import gpt
+    from hpctrain.models.huggingface import causal_lm
+    from hpctrain.train.mfu import model_flops
+
+    model = gpt("124m", vocab_size=50304)
+    flops = model_flops(model)
+    assert flops.parameters == flops.multiplied == sum(p.numel() for p in model.parameters())
+    assert flops.attention == (12, 12, 64) and flops.formula.startswith("6N + 12LHQT")
+    assert flops.per_token(1024) == 6 * flops.multiplied + 12 * 12 * 12 * 64 * 1024
+    llama = model_flops(causal_lm(str(hf_config), {}))
+    assert llama.attention == (1, 4, 16)
+    assert llama.parameters - llama.multiplied == 320 * 64  # the input embedding table
+    plain = model_flops(torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 3)))
+    assert (plain.parameters, plain.multiplied, plain.attention) == (55, 15, None)
+    assert plain.per_token(1024) == 6 * 15 and "left out" in plain.formula
+
+
 @pytest.mark.parametrize("override, why", [
     ("model.kwargs.vocab_size=100", "has a vocabulary of 100 but the token data holds ids up "
                                     "to 256"),

@@ -141,6 +141,10 @@ class GPT(nn.Module):
     def context(self) -> int:
         return self.shape.context
 
+    def attention_shape(self) -> tuple[int, int, int]:
+        """(layers, heads, head dimension), for the model FLOPs (train/mfu.py)."""
+        return self.shape.layers, self.shape.heads, self.shape.head_dim
+
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """A pipeline stage lacks the parts other stages hold (None): the first takes token
         ids, the others the residual stream; the last returns logits, the others the

@@ -34,6 +34,18 @@ class CausalLM(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=tokens, use_cache=False).logits
 
+    def attention_shape(self) -> tuple[int, int, int] | None:
+        """(layers, heads, head dimension) from the config, for the model FLOPs
+        (train/mfu.py); None where the config names them otherwise."""
+        config = self.model.config
+        found = [next((getattr(config, f) for f in fields if getattr(config, f, None)), None)
+                 for fields in (("num_hidden_layers", "n_layer"),
+                                ("num_attention_heads", "n_head"), ("hidden_size", "n_embd"))]
+        if None in found:
+            return None
+        layers, heads, width = found
+        return layers, heads, getattr(config, "head_dim", None) or width // heads
+
 
 def causal_lm(path: str, kwargs: dict) -> CausalLM:
     try:

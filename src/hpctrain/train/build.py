@@ -32,6 +32,7 @@ from hpctrain.train import fp8, fused_eval, parallel, pipeline, tensor_parallel
 from hpctrain.train.checkpoint import Checkpointer
 from hpctrain.train.layout import microbatches as layout_microbatches
 from hpctrain.train.layout import resolve_layout
+from hpctrain.train.mfu import ModelFlops, model_flops
 from hpctrain.train.optim import WeightEma, build_optimizer, build_scheduler, scaled_lr
 from hpctrain.train.parallel import Distributed
 from hpctrain.train.pipeline import Pipeline
@@ -77,6 +78,7 @@ class Parts:
     batch_size: int  # per device and micro-step
     global_batch_size: int
     effective_lr: float
+    model_flops: ModelFlops  # parameters of the whole model, and its FLOPs per token
 
     @property
     def world_size(self) -> int:
@@ -186,6 +188,7 @@ def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
                         image_sizes=image_sizes(config.data))
     if data.vocab_size is not None:
         check_vocabulary(model, data.vocab_size, config.data.tokens.seq_len, config.model.name)
+    flops = model_flops(model)  # of the whole model: a pipeline stage holds only its part
     model = parallel.convert_batchnorm(model, config, strategy)
     memory_format = torch.channels_last if plan.channels_last else torch.preserve_format
     model = model.to(device=device, memory_format=memory_format)
@@ -258,4 +261,4 @@ def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
         deadline=deadline_at(config.preemption, job_end),
         trial=link(config, distributed),
         steps_per_epoch=steps_per_epoch, total_steps=total_steps, batch_size=batch_size,
-        global_batch_size=global_batch, effective_lr=lr)
+        global_batch_size=global_batch, effective_lr=lr, model_flops=flops)

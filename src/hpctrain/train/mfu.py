@@ -1,6 +1,14 @@
-"""Model FLOPs utilisation of a language model: 6 x parameters x tokens/s (forward and
-backward of every weight, attention left out, as in the PaLM paper's appendix B) against the
+"""Model FLOPs utilisation of a language model: model FLOPs per token x tokens/s against the
 devices' dense peak for the precision that ran.
+
+Model FLOPs per token are the PaLM paper's (Chowdhery et al. 2022, "PaLM: Scaling Language
+Modeling with Pathways", appendix B): 6N + 12·L·H·Q·T, where N is the number of parameters,
+L the layers, H the heads, Q the head dimension and T the sequence length; 6N is the forward
+and backward pass of every weight, 12·L·H·Q·T the attention's own matrix multiplies
+(scores and weighted values). N counts every parameter of the whole model once, on every
+pipeline stage (a stage holds only its own: counted on the model before it is cut), tied
+weights once, and leaves out embedding tables that are only looked up (no multiply). A model
+whose attention shape is unknown (your own) counts 6N and says so.
 
 The peak is this node's own where `hpctrain bench node` has measured it (the matrix multiply
 rate of that dtype on that device, kept per host), else the spec sheet's dense (not sparse)
@@ -8,6 +16,10 @@ Tensor Core figure; a device neither measured nor listed gets no MFU rather than
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
 
 from hpctrain.readers import json_mapping
 from hpctrain.runs.directory import node_limits_path
@@ -57,9 +69,41 @@ def spec_flops(device_name: str, precision: str) -> float | None:
     return None
 
 
-def model_flops_utilisation(parameters: int, tokens_per_second: float | None,
+@dataclass(frozen=True)
+class ModelFlops:
+    """A model's size as its FLOPs per token count it."""
+
+    parameters: int  # every stage's, tied weights once
+    multiplied: int  # N: the parameters less the embedding tables only looked up
+    attention: tuple[int, int, int] | None  # (L, H, Q) of a transformer; None: unknown
+
+    def per_token(self, seq_len: int) -> float:
+        """6N + 12·L·H·Q·T (6N where the attention's shape is unknown)."""
+        layers, heads, head_dim = self.attention or (0, 0, 0)
+        return 6 * self.multiplied + 12 * layers * heads * head_dim * seq_len
+
+    @property
+    def formula(self) -> str:
+        return "6N + 12LHQT (PaLM, appendix B)" if self.attention else \
+            "6N (PaLM, appendix B; the attention term left out: the model's shape is unknown)"
+
+
+def model_flops(model: nn.Module) -> ModelFlops:
+    """The counts of the whole `model` (before a pipeline cuts it). Its attention shape comes
+    from its `attention_shape()` (hpctrain's GPT, transformers' causal LMs) when it has one."""
+    unique = {id(p): p for p in model.parameters() if p.requires_grad}
+    multiplied = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
+    looked_up = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)
+                 and id(m.weight) not in multiplied}
+    shape = getattr(model, "attention_shape", None)
+    return ModelFlops(sum(p.numel() for p in unique.values()),
+                      sum(p.numel() for key, p in unique.items() if key not in looked_up),
+                      shape() if callable(shape) else None)
+
+
+def model_flops_utilisation(flops: ModelFlops, seq_len: int, tokens_per_second: float | None,
                             world_size: int, plan) -> float | None:
     peak = peak_flops(plan.device_name, plan.precision)
     if peak is None or not tokens_per_second:
         return None
-    return 6 * parameters * tokens_per_second / (peak * world_size)
+    return flops.per_token(seq_len) * tokens_per_second / (peak * world_size)

@@ -24,8 +24,8 @@ def banner(parts, resume_from: Path | None) -> str:
                                            else ""),
         f"  device {p.device} ({p.device_name}), precision {p.precision}, channels_last "
         f"{p.channels_last}, compile {p.compile}, cudnn.benchmark {p.cudnn_benchmark}",
-        f"  task {parts.task.name}, model {c.model.name} ({parameters(parts.model) / 1e6:.2f} M "
-        f"parameters), data {c.data.dataset} ({len(parts.data.train_loader.dataset)} train / "
+        f"  task {parts.task.name}, model {c.model.name} "
+        f"({parts.model_flops.parameters / 1e6:.2f} M parameters), data {c.data.dataset} ({len(parts.data.train_loader.dataset)} train / "
         f"{len(parts.data.val_loader.dataset)} val {_samples(parts)}, "
         f"{parts.data.num_workers} workers per process)",
         f"  global batch {parts.global_batch_size} (batch {parts.batch_size} x "
@@ -65,12 +65,6 @@ def start_record(parts) -> dict:
             "gpu_model": parts.plan.device_name if parts.device.type == "cuda" else None,
             "gpus": parts.world_size if parts.device.type == "cuda" else 0,
             "output_dir": str(parts.run_dir.parent)}
-
-
-def parameters(model: torch.nn.Module) -> int:
-    """Trainable parameters, each counted once (tied weights share one)."""
-    return sum(p.numel() for p in {id(p): p for p in model.parameters()
-                                   if p.requires_grad}.values())
 
 
 def _samples(parts) -> str:
@@ -201,7 +195,7 @@ def _rates(parts, progress, clock) -> tuple[float | None, float | None]:
 
 def _language_figures(parts, progress, clock, tokens_per_second) -> dict:
     best_loss = progress.best_val_loss
-    count = parameters(parts.model)
+    flops = parts.model_flops
     return {
         "tokens_per_second": tokens_per_second,
         "best_val_loss": best_loss,
@@ -209,9 +203,11 @@ def _language_figures(parts, progress, clock, tokens_per_second) -> dict:
         else None,
         "final_eval": progress.final_eval,
         "padding_fraction": clock.padding_fraction,
-        "parameters": count,
-        "mfu": model_flops_utilisation(count, tokens_per_second, parts.world_size, parts.plan),
+        "parameters": flops.parameters,
+        "mfu": model_flops_utilisation(flops, parts.config.data.tokens.seq_len,
+                                       tokens_per_second, parts.world_size, parts.plan),
         "mfu_peak": peak_source(parts.plan.device_name, parts.plan.precision),
+        "mfu_formula": flops.formula,
     }
 
 
