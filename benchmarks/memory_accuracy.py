@@ -5,7 +5,9 @@ fp32 and bf16, with and without activation checkpointing: the prediction (fake t
 memory) beside the measurement of the same step on real tensors.
 
 - on the CPU (default): what the step holds when forward ends (parameters, optimiser states,
-  autograd's saved tensors) and its peak, counted by hpctrain's storage tracker;
+  autograd's saved tensors) and its peak, by the CPU allocator's own account (torch.profiler's
+  memory records; hpctrain.memory.measure.allocator_step), not the storage tracker that makes
+  the prediction;
 - on a GPU (--device cuda): torch.cuda.max_memory_allocated against the predicted peak.
 
     python benchmarks/memory_accuracy.py               # the CPU table (a few minutes)
@@ -24,7 +26,8 @@ import torchvision
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from hpctrain.memory.simulate import StepSpec, measure_cpu, run_steps, simulate
+from hpctrain.memory.measure import allocator_step
+from hpctrain.memory.simulate import StepSpec, run_steps, simulate
 from hpctrain.memory.sizes import fmt_bytes
 from hpctrain.models.checkpointing import enable_activation_checkpointing
 
@@ -140,7 +143,8 @@ def main() -> None:
         predict_only(args)
         return
     worst, cases = 0.0, 0
-    what = "torch.cuda.max_memory_allocated" if args.device == "cuda" else "tracked peak"
+    what = "torch.cuda.max_memory_allocated" if args.device == "cuda" else \
+        "the CPU allocator's peak (torch.profiler's memory records)"
     print(f"measured: {what}; ratios are estimate / measured (1.00 is exact)\n")
     header = ("| model | batch | precision | ckpt | measured peak | hpctrain | ratio | "
               "states only | ratio |" + (" held after forward: ratio |"
@@ -160,9 +164,8 @@ def main() -> None:
                     if args.device == "cuda":
                         peak = measure_gpu(spec, batch)
                     else:
-                        real = measure_cpu(spec, batch)
-                        peak = real.peak
-                        held_ratio = held(predicted.end_of_forward) / held(real.end_of_forward)
+                        after_forward, peak, _ = allocator_step(spec, batch, steps=2)
+                        held_ratio = held(predicted.end_of_forward) / after_forward
                         extra = f" {held_ratio:.3f} |"
                         worst = max(worst, abs(held_ratio - 1))
                     ratio = predicted.peak / peak

@@ -137,15 +137,25 @@ def test_transformer_activations_follow_the_published_formula():
 # ---- prediction against real tensors -------------------------------------------------------------
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_the_prediction_matches_a_real_cpu_step(tiny_config, precision):
+def test_the_prediction_meets_the_cpu_allocators_own_account_of_a_real_step(tiny_config,
+                                                                            precision):
+    """--measure on the CPU reads the allocator's records (torch.profiler), not the storage
+    tracker that makes the prediction (before: the same tracker both ways, an error of 0.0 %
+    by construction). So it can disagree, and does where a kernel allocates for itself: the
+    CPU runs bf16 convolutions as im2col (_slow_conv2d), whose column buffers the tracker
+    cannot see; the report names the operator."""
     config = tiny_config("device=cpu", f"precision={precision}")
     est = estimate(config, resolve_target(config, "1GiB"))
     from hpctrain.memory.measure import measure
 
     measured = measure(est, config)
     assert measured["measured_bytes"] > est.info.parameters * 4
-    assert abs(measured["relative_error"]) < 0.10
-    assert abs(measured["peak_relative_error"]) < 0.10
+    assert abs(measured["relative_error"]) < 0.01  # what autograd holds: tensors both see
+    if precision == "fp32":
+        assert abs(measured["peak_relative_error"]) < 0.10 and measured["why"] is None
+    else:
+        assert measured["peak_relative_error"] < -0.25
+        assert "inside aten::_slow_conv2d_backward" in measured["why"]
 
 
 class ReadsAValue(nn.Module):

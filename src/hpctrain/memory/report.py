@@ -58,6 +58,11 @@ def text_report(est: Estimate, advice: Advice, measured: dict | None = None,
         lines += ["", f"measured ({measured['what']}): {fmt_bytes(measured['measured_bytes'])}"
                   f" against {fmt_bytes(measured['predicted_bytes'])} predicted, error "
                   f"{measured['relative_error']:+.1%}"]
+        if "measured_peak_bytes" in measured:
+            lines.append(f"  the step's peak: {fmt_bytes(measured['measured_peak_bytes'])} "
+                         f"against {fmt_bytes(measured['predicted_peak_bytes'])} predicted, "
+                         f"error {measured['peak_relative_error']:+.1%}"
+                         + (f" ({measured['why']})" if measured.get("why") else ""))
     lines += ["", advice.summary]
     for i, option in enumerate(advice.options, 1):
         mark = "fits" if option.fits else "does not fit"

@@ -26,12 +26,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.profiler import record_function
 
 from hpctrain.memory.tracker import CATEGORIES, LiveMemory
 from hpctrain.train.precision import AUTOCAST_DTYPES  # fp8 simulated as its bf16 autocast
 CUDA_GRANULARITY = 512  # the CUDA caching allocator rounds every block up to 512 bytes
 FIXED = ("parameters", "optimizer states")  # what does not grow with the batch
 SAMPLE_BATCH = 8  # the larger of the two real batches a fallback measures
+FORWARD = "hpctrain.forward"  # the profiler's name for a step's forward pass (measure.py)
 
 
 @dataclass
@@ -113,7 +115,7 @@ def run_steps(spec: StepSpec, model: nn.Module, optimizer: torch.optim.Optimizer
         tracker.phase = "inputs"
         images, labels = spec.make_batch(batch_size, device)
         tracker.phase = "forward"
-        with autocast_rules(device.type, spec.precision):
+        with autocast_rules(device.type, spec.precision), record_function(FORWARD):
             logits = model(images)
             loss = spec.criterion(logits, labels)
         end_of_forward = dict(tracker.totals)

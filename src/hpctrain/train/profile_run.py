@@ -85,8 +85,6 @@ def profile_run(config: Config, schedule: Schedule = Schedule()) -> ProfiledRun:
     config = config.model_copy(update=dict(
         name=f"{config.name}-profile", resume=None,
         train=config.train.model_copy(update=dict(max_steps=schedule.total_steps))))
-    if not torch.cuda.is_available():  # Kineto would log that it found no GPU, as an ERROR
-        os.environ.setdefault("KINETO_LOG_LEVEL", "5")
     recorder = _Recorder(schedule, env.rank)
     with recorder.profiler:
         summary = train(config, env, on_step=recorder.step)
