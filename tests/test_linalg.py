@@ -58,9 +58,13 @@ def test_gmres_ir_recovers_a_system_plain_refinement_cannot(rhs):
 
 
 def test_what_cannot_be_refined_is_a_clear_error(rhs):
-    with pytest.raises(NotRefinable, match="too ill-conditioned for factors in fp16.*factor "
-                                           "in fp32"):
+    with pytest.raises(NotRefinable, match="too ill-conditioned for factors in fp16.*its "
+                                           "condition number is .*solve in fp64"):
         solve(conditioned_matrix(128, 1e12), rhs, "fp16")
+    with pytest.raises(NotRefinable, match="condition number is 5.1e\\+10, beyond what "
+                                           "refinement from fp32 factors is assured.*solve in "
+                                           "fp64"):  # it named fp32, whose kappa x u is 3e3
+        solve(conditioned_matrix(64, 1e10), rhs[:64], "fp16")
     singular = torch.randn(128, 128, dtype=torch.float64,
                            generator=torch.Generator().manual_seed(2))
     singular[:, 5] = singular[:, 7]
@@ -114,3 +118,63 @@ def test_bench_solve_refuses_a_device_it_cannot_use(run_cli, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     code, _, err = run_cli("bench", "solve", "--size", "8", "--device", "cuda")
     assert code == 2 and "--device cuda: no CUDA device here" in err
+
+
+def test_b_zero_is_solved_by_x_zero():
+    """It was refused as singular (the check divided by ||b|| = 0)."""
+    solution = solve(conditioned_matrix(32, 10.0), torch.zeros(32, dtype=torch.float64))
+    assert torch.equal(solution.x, torch.zeros(32, dtype=torch.float64))
+    assert solution.backward_error == 0.0 and solution.method == "b = 0"
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "tf32", "fp32"])
+def test_a_rank_deficient_a_with_b_in_its_range_is_refused(precision):
+    """Rank 63 of 64, b = A x0: refinement reached a backward error of 1e-15 and returned one
+    of infinitely many solutions as the solution."""
+    generator = torch.Generator().manual_seed(0)
+    left, right = (torch.randn(64, 63, generator=generator, dtype=torch.float64)
+                   for _ in range(2))
+    A = left @ right.T
+    b = A @ torch.randn(64, generator=generator, dtype=torch.float64)
+    with pytest.raises(NotRefinable, match="A is rank-deficient: rank 63 of 64 in fp64.*even "
+                                           "with b in A's range"):
+        solve(A, b, precision)
+
+
+def test_an_ill_conditioned_but_regular_system_still_solves():
+    """The rank check settles a suspicious probe by A's singular values: kappa 1e8 passes."""
+    A = conditioned_matrix(128, 1e8)
+    b = A @ torch.ones(128, dtype=torch.float64)
+    assert solve(A, b, "fp32").backward_error <= 128 * FP64_EPS
+
+
+@pytest.mark.parametrize("where, value, message", [
+    ("A", float("nan"), "A holds NaN at row 3, column 5 \\(1 entry NaN or Inf in all\\)"),
+    ("A", float("-inf"), "A holds -Inf at row 3, column 5"),
+    ("b", float("inf"), "b holds \\+Inf at entry 3"),
+])
+def test_nan_or_inf_in_the_input_is_named(where, value, message):
+    """It was "singular to the factor precision (a zero pivot in column -1)"."""
+    A, b = conditioned_matrix(16, 10.0), torch.ones(16, dtype=torch.float64)
+    if where == "A":
+        A[3, 5] = value
+    else:
+        b[3] = value
+    with pytest.raises(NotRefinable, match=message):
+        solve(A, b)
+
+
+def test_fp16_overflow_is_named_with_the_bf16_and_scaling_hints():
+    A = conditioned_matrix(32, 10.0) * 1e6
+    b = torch.ones(32, dtype=torch.float64)
+    with pytest.raises(NotRefinable, match="overflows fp16 \\(its largest number is 65504\\): "
+                                           "factor in bf16.*scale A \\(and b\\) by a power of 2"):
+        solve(A, b, "fp16")
+    assert solve(A, b, "bf16").backward_error <= 32 * FP64_EPS
+    # Wilkinson's matrix: entries of 1, but partial pivoting doubles its last column's with
+    # each column, past fp16's range by the first trailing update (64 columns: 2^63)
+    growth = torch.eye(80, dtype=torch.float64) - torch.tril(torch.ones(80, 80), -1)
+    growth[:, -1] = 1
+    with pytest.raises(NotRefinable, match="the LU factorisation overflowed fp16's range at "
+                                           "column 64"):
+        solve(growth, torch.ones(80, dtype=torch.float64), "fp16")

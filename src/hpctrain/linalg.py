@@ -13,6 +13,23 @@ precision would do.
 
 torch.linalg has no LU in fp16 or bf16 (and none that rounds to tf32 on the CPU): the blocked
 LU here is ours, its panels and triangular solves torch's.
+
+The tolerance: a solution is accepted when its normwise backward error ||b - Ax|| / (||A||
+||x|| + ||b||) (infinity norms, computed in fp64) is at most max(n, 16) x 2^-53. LU with
+partial pivoting in fp64, torch.linalg.solve's, is backward stable with an error bound of
+order n x u (Higham, "Accuracy and Stability of Numerical Algorithms", 2nd ed., thm 9.4; in
+practice far below the bound): so the refined x is as good an answer as fp64's own solver
+gives, and no better can be asked of data stored in fp64. The floor of 16 keeps tiny systems
+from asking for less than a few units of roundoff.
+
+What is refused, each with why: NaN or Inf in A or b; entries beyond the factor precision's
+range (fp16 tops out at 65504), or a factorisation whose growth overflows it; a matrix
+singular in fp64, also when b lies in its range (a rank-deficient A then has infinitely many
+solutions: after the solve, a second solve for a random right-hand side shows whether A has a
+bounded inverse, and a suspicious one is settled by A's singular values in fp64); a system
+too ill-conditioned for the factor precision, with its condition number and the precision
+that would do. b = 0 is solved by x = 0, whatever A is (the least-norm solution), without
+factoring.
 """
 
 from __future__ import annotations
@@ -26,8 +43,10 @@ from hpctrain.errors import UserError
 
 FACTOR_PRECISIONS = ("fp16", "bf16", "tf32", "fp32")
 UNIT_ROUNDOFF = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8, "tf32": 2.0 ** -11, "fp32": 2.0 ** -24}
+LARGEST = {"fp16": 65504.0}  # finite range below fp32's, where inputs can overflow
 FP64_EPS = 2.0 ** -53
 BLOCK = 64
+PROBE_SEED = 1234  # the random right-hand side that tests A for a bounded inverse
 
 
 class NotRefinable(UserError):
@@ -74,7 +93,11 @@ def lu_factor(A: torch.Tensor, precision: str, block: int = BLOCK):
     for k in range(0, n, block):
         end = min(k + block, n)
         panel, pivots, info = torch.linalg.lu_factor_ex(work[k:, k:end])
-        if info.item() != 0 or not torch.isfinite(panel).all():
+        if not torch.isfinite(panel).all():
+            raise NotRefinable(f"the LU factorisation overflowed {precision}'s range at column "
+                               f"{k} (its entries grew beyond {LARGEST.get(precision, 3.4e38):g}"
+                               f"): {_range_hint(precision)}")
+        if info.item() != 0:
             raise NotRefinable(f"A is singular to the factor precision {precision} (a zero "
                                f"pivot in column {k + int(info.item()) - 1}): no solution "
                                "to refine; check A, or give a nonsingular one")
@@ -112,7 +135,8 @@ def backward_error(A: torch.Tensor, x: torch.Tensor, b: torch.Tensor) -> float:
 
 def solve(A: torch.Tensor, b: torch.Tensor, factor_precision: str = "fp32",
           max_iterations: int = 30, tolerance: float | None = None) -> Solution:
-    """x with Ax = b, to fp64 backward error, factoring A in `factor_precision`."""
+    """x with Ax = b, to fp64 backward error (the tolerance: see the module's docstring),
+    factoring A in `factor_precision`."""
     if factor_precision not in FACTOR_PRECISIONS:
         raise UserError(f"factor_precision={factor_precision!r}: use one of "
                         f"{', '.join(FACTOR_PRECISIONS)}")
@@ -120,32 +144,101 @@ def solve(A: torch.Tensor, b: torch.Tensor, factor_precision: str = "fp32",
         raise UserError(f"solve: A must be square (n, n) and b (n,); got {tuple(A.shape)} and "
                         f"{tuple(b.shape)}")
     A64, b64 = A.to(torch.float64), b.to(torch.float64)
+    _refuse_non_finite(A64, "A")
+    _refuse_non_finite(b64, "b")
+    if not b64.any():  # x = 0 solves it (the least-norm solution if A is singular)
+        return Solution(torch.zeros_like(b64), 0.0, 0, "b = 0", [0.0])
+    _refuse_out_of_range(A64, factor_precision)
     n = A.shape[0]
     tolerance = tolerance if tolerance is not None else max(n, 16) * FP64_EPS
     factors = lu_factor(A64, factor_precision)
-    x = _solve_factored(factors, b64)
-    history = [backward_error(A64, x, b64)]
+    solution = _checked(A64, b64, _refine(A64, b64, factors, factor_precision, tolerance,
+                                          max_iterations))
+    _refuse_rank_deficient(A64, factors, factor_precision, tolerance, max_iterations)
+    return solution
+
+
+def _refuse_non_finite(tensor: torch.Tensor, name: str) -> None:
+    bad = ~torch.isfinite(tensor)
+    if bad.any():
+        where = [int(i) for i in bad.nonzero()[0]]
+        value = tensor[tuple(where)].item()
+        what = "NaN" if math.isnan(value) else "+Inf" if value > 0 else "-Inf"
+        at = f"row {where[0]}, column {where[1]}" if len(where) == 2 else f"entry {where[0]}"
+        count = int(bad.sum())
+        raise NotRefinable(f"{name} holds {what} at {at} ({count} entr"
+                           f"{'y' if count == 1 else 'ies'} NaN or Inf in all): a linear "
+                           "system needs finite numbers; check how it was computed")
+
+
+def _refuse_out_of_range(A: torch.Tensor, precision: str) -> None:
+    largest = LARGEST.get(precision)
+    top = A.abs().max().item()
+    if largest is not None and top > largest:
+        raise NotRefinable(f"A's largest entry, {top:.3g}, overflows {precision} (its "
+                           f"largest number is {largest:g}): {_range_hint(precision)}")
+
+
+def _range_hint(precision: str) -> str:
+    if precision == "fp16":
+        return ("factor in bf16, which has fp32's range, or scale A (and b) by a power of 2 "
+                "(exact in every precision) so that its entries stay below 2^15")
+    return "scale A (and b) by a power of 2 (exact in every precision)"
+
+
+def _refine(A, b, factors, precision: str, tolerance: float, max_iterations: int) -> Solution:
+    """Plain refinement from the factors; GMRES-IR where it stalls; NotRefinable where that
+    fails too."""
+    x = _solve_factored(factors, b)
+    history = [backward_error(A, x, b)]
     for step in range(1, max_iterations + 1):
         if history[-1] <= tolerance:
-            return _checked(A64, b64, Solution(x, history[-1], step - 1, "refinement",
-                                               history))
-        x = x + _solve_factored(factors, b64 - A64 @ x)
-        history.append(backward_error(A64, x, b64))
+            return Solution(x, history[-1], step - 1, "refinement", history)
+        x = x + _solve_factored(factors, b - A @ x)
+        history.append(backward_error(A, x, b))
         if not math.isfinite(history[-1]) or (step >= 2 and history[-1] > 0.5 * history[-3]):
             break  # no longer halving in two steps: plain refinement has stalled
     if history[-1] <= tolerance:
-        return _checked(A64, b64, Solution(x, history[-1], len(history) - 1, "refinement",
-                                           history))
-    return _checked(A64, b64, _gmres_ir(A64, b64, factors, factor_precision, tolerance,
-                                        max_iterations))
+        return Solution(x, history[-1], len(history) - 1, "refinement", history)
+    return _gmres_ir(A, b, factors, precision, tolerance, max_iterations)
+
+
+def _refuse_rank_deficient(A, factors, precision: str, tolerance: float,
+                           max_iterations: int) -> None:
+    """A consistent system with a rank-deficient A (b in its range) refines to a small
+    backward error like any other: its x is one of infinitely many. A solve for a random
+    right-hand side shows whether A^-1 is bounded (||A|| ||y|| / ||r|| bounds kappa from
+    below); where it does not converge or hints at fp64 singularity, A's singular values in
+    fp64 decide (O(n^3), but only then)."""
+    r = torch.randn(A.shape[0], dtype=torch.float64,
+                    generator=torch.Generator().manual_seed(PROBE_SEED)).to(A.device)
+    try:
+        y = _refine(A, r, factors, precision, tolerance, max_iterations).x
+        suspicious = _kappa_bound(A, y, r) * A.shape[0] * FP64_EPS >= 1
+    except NotRefinable:
+        suspicious = True
+    if not suspicious:
+        return
+    values = torch.linalg.svdvals(A)
+    rank = int((values > A.shape[0] * FP64_EPS * values[0]).sum())
+    if rank < A.shape[0]:
+        raise NotRefinable(f"A is rank-deficient: rank {rank} of {A.shape[0]} in fp64 (its "
+                           f"smallest singular values are below n x eps x its largest), so "
+                           "Ax = b has no unique solution, even with b in A's range; remove "
+                           "the dependent rows and columns, or solve a least-squares problem "
+                           "(torch.linalg.lstsq)")
+
+
+def _kappa_bound(A, x, b) -> float:
+    """||A|| ||x|| / ||b||: kappa(A) is at least this, for any x with Ax = b."""
+    return (torch.linalg.matrix_norm(A, ord=math.inf) * x.abs().max() / b.abs().max()).item()
 
 
 def _checked(A, b, solution: Solution) -> Solution:
     """The solution, unless it shows A to be singular in fp64: kappa(A) >= ||A|| ||x|| / ||b||,
     and from 1/(n eps) on a small backward error only says that x solves a nearby singular
     system: its forward error may be as large as x."""
-    bound = (torch.linalg.matrix_norm(A, ord=math.inf) * solution.x.abs().max()
-             / b.abs().max()).item()
+    bound = _kappa_bound(A, solution.x, b)
     if not math.isfinite(bound) or bound * A.shape[0] * FP64_EPS >= 1:
         raise NotRefinable(f"A is singular to fp64 precision (its condition number is at "
                            f"least {bound:.1e}): Ax = b has no meaningful solution; check A")
@@ -168,11 +261,23 @@ def _gmres_ir(A, b, factors, precision: str, tolerance: float, max_iterations: i
             break
     if history[-1] <= tolerance:
         return Solution(x, history[-1], len(history) - 1, "gmres-ir", history)
-    higher = {"fp16": "fp32", "bf16": "fp32", "tf32": "fp32"}.get(precision, "fp64 "
-                                                                    "(torch.linalg.solve)")
     raise NotRefinable(f"the system is too ill-conditioned for factors in {precision}: the "
                        f"backward error stayed at {history[-1]:.1e} (needed {tolerance:.1e}) "
-                       f"after plain refinement and GMRES-IR; factor in {higher}")
+                       f"after plain refinement and GMRES-IR; {_advice(A, precision)}")
+
+
+def _advice(A, precision: str) -> str:
+    """The precision to factor in instead: the lowest whose unit roundoff u keeps kappa x u
+    below 1, where refinement is assured to converge (Carson and Higham 2018); kappa taken
+    in fp64 (O(n^3), on this failing path only)."""
+    kappa = torch.linalg.cond(A, p=math.inf).item()
+    for candidate in FACTOR_PRECISIONS[FACTOR_PRECISIONS.index(precision) + 1:]:
+        if kappa * UNIT_ROUNDOFF[candidate] < 1:
+            return (f"its condition number is {kappa:.1e}: factor in {candidate} "
+                    f"(kappa x u = {kappa * UNIT_ROUNDOFF[candidate]:.1e})")
+    return (f"its condition number is {kappa:.1e}, beyond what refinement from fp32 factors "
+            f"is assured to reach (kappa x u = {kappa * UNIT_ROUNDOFF['fp32']:.1e}): solve in "
+            "fp64 (torch.linalg.solve)")
 
 
 def _gmres(A, r, factors, iterations: int, reduction: float = 1e-10) -> torch.Tensor:
