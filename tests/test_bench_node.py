@@ -91,3 +91,23 @@ def test_ranks_whose_clocks_disagree_call_the_all_reduce_equally_often(tmp_path)
                            str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert all(float((tmp_path / f"rank{r}.txt").read_text()) > 0 for r in (0, 1))
+
+
+def test_each_multiply_is_sized_by_time_not_by_a_fixed_side():
+    """A dtype the device runs slowly (bf16 on this CPU: 60 s a call at 2048) is measured at
+    the side where one call takes under a sixteenth of the row's time; a fast one reaches the
+    largest side asked for."""
+    import time
+
+    import torch
+
+    from hpctrain.bench.node import time_sized
+
+    def slow(side: int):  # 10 ms at 256: a call 8 times longer each doubling
+        return lambda: time.sleep(0.01 * (side / 256) ** 3)
+
+    cpu = torch.device("cpu")
+    assert time_sized(slow, cpu, 0.1, 2048)[0] == 256  # 10 ms > 0.1 / 16: no doubling
+    assert time_sized(slow, cpu, 0.4, 2048)[0] == 512  # 10 ms < 0.4 / 16; 80 ms is not
+    assert time_sized(lambda side: lambda: None, cpu, 0.05, 2048)[0] == 2048
+    assert time_sized(lambda side: lambda: None, cpu, 0.05, 100)[0] == 100

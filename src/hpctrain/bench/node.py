@@ -1,8 +1,10 @@
 """`hpctrain bench node`: this node's limits, measured rather than read off a spec sheet.
 
-- matrix multiplies per dtype at a large size, as TFLOP/s and as a share of the spec (GPU:
-  fp64, fp32, tf32, bf16, fp16, and fp8 through torch._scaled_mm where the device has it;
-  CPU: fp64, fp32, bf16);
+- matrix multiplies per dtype, as TFLOP/s and as a share of the spec (GPU: fp64, fp32, tf32,
+  bf16, fp16, and fp8 through torch._scaled_mm where the device has it; CPU: fp64, fp32,
+  bf16), each sized by time: the side doubles from 128 up to --size while one multiply takes
+  under a sixteenth of the row's time, so a dtype the device runs slowly is measured at a
+  smaller side instead of for minutes (bf16 at 2048 took 60 s a call on a 2-core CPU);
 - memory bandwidth (a large copy: bytes read plus bytes written); on a GPU also host to
   device and back, from pinned and from pageable memory;
 - all-reduce bus bandwidth between the launch's processes (NCCL between GPUs, gloo between
@@ -64,16 +66,41 @@ def matmul_rows(device: torch.device, size: int, seconds: float) -> list[Row]:
     try:
         for label, dtype in dtypes:
             torch.backends.cuda.matmul.allow_tf32 = label == "tf32"
-            a = torch.randn(size, size, device=device).to(dtype)
-            b = torch.randn(size, size, device=device).to(dtype)
-            spent = per_call(lambda: a @ b, device, seconds)
+
+            def multiply(side: int, dtype=dtype):
+                a = torch.randn(side, side, device=device).to(dtype)
+                b = torch.randn(side, side, device=device).to(dtype)
+                return lambda: a @ b
+            side, spent = time_sized(multiply, device, seconds, size)
             spec = spec_flops(name, label)
-            rows.append(Row("matmul", label, 2 * size ** 3 / spent / 1e12, "TFLOP/s",
-                            spec / 1e12 if spec else None, f"{size} x {size}"))
+            rows.append(Row("matmul", label, 2 * side ** 3 / spent / 1e12, "TFLOP/s",
+                            spec / 1e12 if spec else None, f"{side} x {side}"))
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
     fp8 = _fp8_row(device, size, seconds, name)
     return rows + ([fp8] if fp8 else [])
+
+
+SMALLEST_SIDE = 128
+
+
+def time_sized(make, device: torch.device, seconds: float, largest: int) -> tuple[int, float]:
+    """(side, seconds per call) of the call `make(side)` returns: the side doubled from 128
+    (or `largest`, if smaller) while one call takes under a sixteenth of `seconds` (the next,
+    8 times the work, then stays within half of it), up to `largest`; then timed for about
+    `seconds`."""
+    side = min(SMALLEST_SIDE, largest)
+    while True:
+        run = make(side)
+        run()  # the first call: allocation, thread pools, kernel selection
+        synchronize(device)
+        start = time.perf_counter()
+        run()
+        synchronize(device)
+        once = time.perf_counter() - start
+        if side * 2 > largest or once * 16 > seconds:
+            return side, per_call(run, device, seconds, least=2)
+        side *= 2
 
 
 def _fp8_row(device: torch.device, size: int, seconds: float, name: str) -> Row | None:
@@ -82,14 +109,17 @@ def _fp8_row(device: torch.device, size: int, seconds: float, name: str) -> Row 
         return None
     from hpctrain.train.mfu import spec_flops
 
-    a = torch.randn(size, size, device=device).to(torch.float8_e4m3fn)
-    b = torch.randn(size, size, device=device).to(torch.float8_e4m3fn).t()  # column-major
     one = torch.tensor(1.0, device=device)
-    spent = per_call(lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one,
-                                            out_dtype=torch.bfloat16), device, seconds)
+
+    def multiply(side: int):
+        a = torch.randn(side, side, device=device).to(torch.float8_e4m3fn)
+        b = torch.randn(side, side, device=device).to(torch.float8_e4m3fn).t()  # column-major
+        return lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one,
+                                        out_dtype=torch.bfloat16)
+    side, spent = time_sized(multiply, device, seconds, size)
     spec = spec_flops(name, "fp8")
-    return Row("matmul", "fp8", 2 * size ** 3 / spent / 1e12, "TFLOP/s",
-               spec / 1e12 if spec else None, f"{size} x {size}, e4m3, tensorwise scales")
+    return Row("matmul", "fp8", 2 * side ** 3 / spent / 1e12, "TFLOP/s",
+               spec / 1e12 if spec else None, f"{side} x {side}, e4m3, tensorwise scales")
 
 
 def memory_rows(device: torch.device, megabytes: int, seconds: float) -> list[Row]:

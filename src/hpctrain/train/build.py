@@ -234,6 +234,8 @@ def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
                         "train.global_batch_size or train.grad_accum_steps")
     total_steps = train_cfg.max_steps or math.ceil(train_cfg.epochs * steps_per_epoch)
     task = with_user_functions(_task(config, data, device, plan, batch_size), config.task)
+    if layout.tensor > 1 and not config.parallel.loss_parallel:
+        task = tensor_parallel.local_logits(task)
     if layout.pipeline > 1:
         stages = pipeline.build(
             wrapped, held,

@@ -230,11 +230,31 @@ def _style(name: str, sequence_parallel: bool, loss_parallel: bool = False):
         "colwise": lambda: ColwiseParallel(),
         "rowwise": lambda: RowwiseParallel(output_layouts=between),
         "embedding": lambda: RowwiseParallel(input_layouts=Replicate(), output_layouts=between),
-        # loss parallelism: the logits stay a DTensor split over the vocabulary
-        "output": lambda: ColwiseParallel(input_layouts=between, output_layouts=Shard(-1),
-                                          use_local_output=False) if loss_parallel else
-        ColwiseParallel(input_layouts=between, output_layouts=Replicate()),
+        # the logits stay a DTensor: split over the vocabulary for loss parallelism, else
+        # whole on each rank, made local where the task reads them (local_logits)
+        "output": lambda: ColwiseParallel(input_layouts=between,
+                                          output_layouts=Shard(-1) if loss_parallel else
+                                          Replicate(), use_local_output=False),
         "norm": lambda: SequenceParallel(),
         "gather": lambda: PrepareModuleInput(input_layouts=(Shard(1),),
                                              desired_input_layouts=(Replicate(),)),
     }[name]()
+
+
+def local_logits(task):
+    """`task` reading a tensor-parallel model's whole logits (a Replicate DTensor, what the
+    output layer returns without loss parallelism) as this rank's plain tensor. The model
+    itself returns the DTensor: DTensor.to_local() returns a view, and FSDP2 warns of every
+    view its root module returns (an in-place op on it would skip its backward hook); made
+    local here, past the root, the view is the task's, where nothing changes it in place."""
+    import dataclasses
+
+    from torch.distributed.tensor import DTensor
+
+    def local(outputs):
+        return outputs.to_local() if isinstance(outputs, DTensor) else outputs
+
+    return dataclasses.replace(
+        task, loss=lambda outputs, batch: task.loss(local(outputs), batch),
+        sums=lambda outputs, batch, loss, training: task.sums(local(outputs), batch, loss,
+                                                               training))
