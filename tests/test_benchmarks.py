@@ -34,6 +34,8 @@ CASES = [
      [r"^1\s+[\d.]+\s+\d+\s+1\.00", r"^2\s+[\d.]+\s+\d+\s+[\d.]+\s+[\d.]+\s+\d+%"]),
     ("memory_accuracy.py", ["--models", "resnet18"],
      [r"\| resnet18 \| 16 \| bf16 \| yes \| .* \| [\d.]+ \|", r"worst relative error"]),
+    ("activation_formula.py", ["--cases", "tiny"],
+     [r"\| tiny \| 32 \| 64 \| 128 \| 4 \| 2 \| yes \| cudnn \| .* \| [\d.]+ \| [\d.]+ \|"]),
     ("memory_accuracy.py", ["--predict-only", "--models", "gpt"],
      [r"\| gpt \| 4 \| bf16 \| yes \| [\d.]+ \w+ \| [\d.]+ \w+ \| [\d.]+ \|"]),
     ("sequence_padding.py", ["--documents", "300", "--batch-size", "4", "--seq-len", "256",

@@ -388,3 +388,55 @@ def test_a_timm_vit_is_split_by_its_plan_without_sequence_parallelism_and_by_sta
     assert tp.target.layout_settings() == ["parallel.tensor=2"]
     # Megatron's count: 10 of a layer's 34 bytes per token and width stay whole on each rank
     assert tp.rows["activations"] == pytest.approx(base.rows["activations"] * 22 / 34, rel=1e-3)
+
+
+# ---- the attention kernel the target GPU would run ------------------------------------------
+
+@pytest.mark.parametrize("capability, dtype, head, mask, causal_square, training, kernel", [
+    ((9, 0), torch.bfloat16, 128, False, True, True, "cudnn"),  # H100: cuDNN first
+    ((9, 0), torch.bfloat16, 256, False, True, True, "flash"),  # beyond cuDNN's 128
+    ((8, 0), torch.bfloat16, 128, False, True, True, "flash"),  # A100
+    ((8, 0), torch.float32, 128, False, True, True, "efficient"),  # fp32: no flash
+    ((8, 0), torch.float16, 64, True, True, True, "efficient"),  # a mask: no flash
+    ((8, 0), torch.float16, 64, False, False, True, "efficient"),  # causal, s_q != s_k
+    ((8, 6), torch.float16, 200, False, True, True, "efficient"),  # sm86 training, (192, 224]
+    ((8, 6), torch.float16, 200, False, True, False, "flash"),  # ... but not evaluation
+    ((7, 0), torch.float16, 64, False, True, True, "efficient"),  # V100: no flash
+    ((7, 0), torch.float16, 100, False, True, True, "math"),  # head size not a multiple of 8
+])
+def test_the_attention_kernel_is_the_one_torch_picks_on_that_gpu(capability, dtype, head, mask,
+                                                                causal_square, training,
+                                                                kernel):
+    from hpctrain.memory.attention import choose
+
+    assert choose(capability, dtype, head, head, mask, causal_square, 0.0, training) == kernel
+
+
+def _gpt_layer_bytes(target: str, *extra: str) -> tuple[float, list[str]]:
+    """Activations per layer per (token x sequence x width unit), from 2 and 3 layers."""
+    def held(layers: int):
+        config = load_config("tiny-lm", ["precision=bf16", "model.name=hpctrain:gpt_small",
+                                         "data.tokens.seq_len=512", "train.batch_size=4",
+                                         f"model.kwargs.layers={layers}", *extra])
+        est = estimate(config, resolve_target(config, target))
+        return est.footprint.end_of_forward["activations"], est.footprint.notes
+    (two, notes), (three, _) = held(2), held(3)
+    return (three - two) / (512 * 4 * 384), notes
+
+
+def test_memory_predicts_the_fused_attention_the_gpu_runs_not_math_attention():
+    """Without a GPU, torch runs math attention on fake CUDA tensors, which keeps the
+    b x heads x s x s weights (Korthikanti et al.'s 5·a·s/h term: gpt-1b's 41 GiB of
+    activations where its formula gives 12). The prediction now runs the kernel the GPU
+    picks, and a layer holds 36 bytes per token and width unit: Korthikanti et al.'s 34
+    without the dropout masks (32), plus the 4 of the layer norms' fp32 inputs."""
+    per_layer, notes = _gpt_layer_bytes("h100")
+    assert per_layer == pytest.approx(36, abs=0.5)
+    assert "attention: cudnn (sm90, bfloat16, head size 64, causal), the kernel the GPU " \
+           "picks" in notes
+    per_layer, notes = _gpt_layer_bytes("a100-80gb")
+    assert per_layer == pytest.approx(36, abs=0.5) and any("attention: flash (sm80" in n
+                                                          for n in notes)
+    # a V100 in fp16: memory-efficient attention, whose statistics are padded to 32 rows
+    per_layer, notes = _gpt_layer_bytes("v100-32gb", "precision=fp16")
+    assert per_layer == pytest.approx(36, abs=0.5) and any("efficient (sm70" in n for n in notes)

@@ -28,7 +28,7 @@ from hpctrain.config import Config
 from hpctrain.data.tokenizer import BYTE_EOS
 from hpctrain.errors import ConfigError, UserError
 from hpctrain.memory.simulate import Footprint, StepSpec, predict
-from hpctrain.memory.sizes import fmt_bytes, lacks_bf16, parse_memory
+from hpctrain.memory.sizes import fmt_bytes, gpu_capability, lacks_bf16, parse_memory
 from hpctrain.models.checkpointing import enable_activation_checkpointing, is_block
 from hpctrain.models.gpt import GPT
 from hpctrain.models.registry import build_model
@@ -58,6 +58,7 @@ class Target:
     sequence_parallel: bool = False
     microbatches: int = 1  # pipeline micro-batches per step
     schedule: str = "1f1b"
+    capability: tuple[int, int] = (9, 0)  # the GPU's compute capability (its attention kernel)
 
     @property
     def data(self) -> int:
@@ -170,11 +171,14 @@ def resolve_target(config: Config, gpu_memory: str | None, world_size: int = 1,
                 torch.cuda.is_available() and not torch.cuda.is_bf16_supported()) else "bf16"
     else:
         precision = resolve_precision(config.precision, torch.device("cpu"))
+    capability = gpu_capability(DEFAULT_GPU)
     if gpu_memory is not None:
         capacity, source = parse_memory(gpu_memory), f"--gpu-memory {gpu_memory}"
+        capability = gpu_capability(gpu_memory) or capability
     elif device == "cuda" and torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         capacity, source = props.total_memory, f"this machine's {props.name}"
+        capability = (props.major, props.minor)
     elif device == "cuda":
         capacity = parse_memory(DEFAULT_GPU)
         source = f"assumed {DEFAULT_GPU.upper()} ({fmt_bytes(capacity)}); no GPU here, give " \
@@ -198,7 +202,7 @@ def resolve_target(config: Config, gpu_memory: str | None, world_size: int = 1,
         micro = p.microbatches if p.microbatches != "auto" else \
             MICROBATCHES_PER_STAGE * p.pipeline
     return Target(device, precision, capacity, source, world_size, strategy, p.tensor,
-                  p.pipeline, p.sequence_parallel, micro, p.schedule)
+                  p.pipeline, p.sequence_parallel, micro, p.schedule, capability)
 
 
 def output_width(config: Config) -> tuple[int, str | None]:
@@ -289,7 +293,8 @@ def step_spec(config: Config, target: Target, width: int) -> StepSpec:
         nn.CrossEntropyLoss(label_smoothing=config.train.label_smoothing))
     return StepSpec(build, make_batch,
                     lambda model: build_optimizer(model, config.optim, lr, optim_device),
-                    criterion, target.precision, target.device, config.optim.grad_clip_norm)
+                    criterion, target.precision, target.device, config.optim.grad_clip_norm,
+                    target.capability)
 
 
 def model_info(spec: StepSpec, precision: str, config: Config | None = None) -> ModelInfo:

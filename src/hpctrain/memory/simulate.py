@@ -28,6 +28,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.profiler import record_function
 
+from hpctrain.memory.attention import TargetAttention
 from hpctrain.memory.tracker import CATEGORIES, LiveMemory
 from hpctrain.train.precision import AUTOCAST_DTYPES  # fp8 simulated as its bf16 autocast
 CUDA_GRANULARITY = 512  # the CUDA caching allocator rounds every block up to 512 bytes
@@ -47,6 +48,7 @@ class StepSpec:
     precision: str  # fp32 | tf32 | fp16 | bf16
     target: str  # cuda | cpu: whose autocast rules and allocator to predict for
     clip_norm: float | None = None
+    capability: tuple[int, int] = (9, 0)  # the target GPU's: its attention kernel
 
 
 @dataclass
@@ -162,14 +164,18 @@ def _fake_model(spec: StepSpec, mode: FakeTensorMode, device: str) -> nn.Module:
     return model
 
 
-def _forward_split(spec: StepSpec, batch_size: int, device: str) -> dict[str, int]:
+def _forward_split(spec: StepSpec, batch_size: int, device: str) -> tuple[dict[str, int],
+                                                                          set[str]]:
+    """What the forward pass leaves on fake `device` tensors, and the attention kernels the
+    target GPU runs in it (attention.py)."""
     mode = FakeTensorMode()
     model = _fake_model(spec, mode, device)
     tracker = LiveMemory(CUDA_GRANULARITY if device == "cuda" else 1)
-    with mode, tracker:
+    attention = TargetAttention(spec.capability)
+    with mode, tracker, attention:
         tracker.track_model(model)
         return run_steps(spec, model, None, batch_size, torch.device(device), tracker,
-                         steps=1, forward_only=True)
+                         steps=1, forward_only=True), attention.chosen
 
 
 def simulate(spec: StepSpec, batch_size: int) -> Footprint:
@@ -184,13 +190,15 @@ def simulate(spec: StepSpec, batch_size: int) -> Footprint:
         end = run_steps(spec, model, optimizer, batch_size, torch.device("cpu"), tracker)
     at_peak, notes = dict(tracker.at_peak), []
     if spec.target == "cuda":
-        cuda = _forward_split(spec, batch_size, "cuda")
+        cuda, kernels = _forward_split(spec, batch_size, "cuda")
         for category in ("activations", "weight copies"):
             if end[category]:
                 ratio = cuda[category] / end[category]
                 at_peak[category] = round(at_peak[category] * ratio)
                 end[category] = cuda[category]
         notes.append("activations sized by CUDA's kernels and autocast rules")
+        notes.extend(f"attention: {kernel}, the kernel the GPU picks" for kernel in
+                     sorted(kernels))
     return Footprint(batch_size, sum(at_peak.values()), at_peak, end, "fake", notes)
 
 

@@ -19,6 +19,10 @@ GPUS = {"v100-16gb": 16160, "v100-32gb": 32510, "a100-40gb": 40960, "a100-80gb":
         "h100": 81559, "h100-80gb": 81559, "h100-94gb": 95830, "h200": 143771,
         "gh200": 97871, "l40s": 46068, "a40": 46068, "mi250x": 65520, "mi300x": 196592}
 WITHOUT_BF16 = {"v100-16gb", "v100-32gb"}  # Volta: fp16 Tensor Cores only
+# compute capability, which decides the attention kernel (memory/attention.py)
+CAPABILITY = {"v100-16gb": (7, 0), "v100-32gb": (7, 0), "a100-40gb": (8, 0),
+              "a100-80gb": (8, 0), "h100": (9, 0), "h100-80gb": (9, 0), "h100-94gb": (9, 0),
+              "h200": (9, 0), "gh200": (9, 0), "l40s": (8, 9), "a40": (8, 6)}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 
@@ -47,3 +51,8 @@ def fmt_bytes(n: float) -> str:
 def lacks_bf16(gpu_memory: str | None) -> bool:
     """Is --gpu-memory the name of a GPU without bf16 (so `precision=auto` means fp16)?"""
     return (gpu_memory or "").strip().lower() in WITHOUT_BF16
+
+
+def gpu_capability(gpu_memory: str | None) -> tuple[int, int] | None:
+    """The compute capability of the GPU --gpu-memory names (None: a size, or an AMD GPU)."""
+    return CAPABILITY.get((gpu_memory or "").strip().lower())

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hpctrain.models.casting import cast_once
+
 
 @dataclass(frozen=True)
 class GPTShape:
@@ -53,10 +55,10 @@ def rotary_tables(context: int, head_dim: int, base: float = 10000.0):
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of (batch, heads, time, head_dim): rotate each pair of halves."""
+    """Rotary embedding of (batch, time, heads, head_dim): rotate each pair of halves."""
     half = x.shape[-1] // 2
     a, b = x[..., :half], x[..., half:]
-    cos, sin = cos[:x.shape[-2]].to(x.dtype), sin[:x.shape[-2]].to(x.dtype)
+    cos, sin = (table[:x.shape[1], None].to(x.dtype) for table in (cos, sin))
     return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
 
 
@@ -81,10 +83,14 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, time = x.shape[:2]
-        q, k, v = (proj(x).view(batch, time, -1, self.head_dim).transpose(1, 2)
+        x = cast_once(x)
+        q, k, v = (proj(x).view(batch, time, -1, self.head_dim)
                    for proj in (self.q, self.k, self.v))
+        # rotated as (batch, time, heads, head_dim): the attention kernels lay their output
+        # out like the query, so going back to (batch, time, width) is a view, not a copy
         q, k = rotate(q, self.cos, self.sin), rotate(k, self.cos, self.sin)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                           v.transpose(1, 2), is_causal=True)
         return self.out(y.transpose(1, 2).reshape(batch, time, -1))
 
 

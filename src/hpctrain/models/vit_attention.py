@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import skip_init
 
+from hpctrain.models.casting import cast_once
+
 
 class SplitQKVAttention(nn.Module):
     """Multi-head self-attention with separate q, k, v projections; each works on however many
@@ -33,6 +35,7 @@ class SplitQKVAttention(nn.Module):
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None,
                 is_causal: bool = False) -> torch.Tensor:
         gate = self.gate(x).sigmoid() if self.gate is not None else None
+        x = cast_once(x)  # one copy for the three projections (casting.py)
         q, k, v = (self._heads(proj(x)) for proj in (self.q, self.k, self.v))
         x = F.scaled_dot_product_attention(
             self.q_norm(q), self.k_norm(k), v, attn_mask=attn_mask, is_causal=is_causal,
