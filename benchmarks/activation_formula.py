@@ -71,7 +71,7 @@ def main() -> None:
         formula = s * b * h * per_token * layers
         fp32_norms = s * b * h * (per_token + (4 / t if sp else 4)) * layers
         predicted = est.rows["activations"]
-        kernel = next((n.split(": ", 1)[1].split(",")[0].split(" (")[0]
+        kernel = next((n.split(": ", 1)[1].split(" (")[0]
                        for n in est.footprint.notes if n.startswith("attention:")), "-")
         print(f"| {name} | {b} | {s} | {h} | {a} | {t} | {'yes' if sp else 'no'} | {kernel} | "
               f"{fmt_bytes(formula)} | {fmt_bytes(fp32_norms)} | {fmt_bytes(predicted)} | "

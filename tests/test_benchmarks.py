@@ -35,7 +35,7 @@ CASES = [
     ("memory_accuracy.py", ["--models", "resnet18"],
      [r"\| resnet18 \| 16 \| bf16 \| yes \| .* \| [\d.]+ \|", r"worst relative error"]),
     ("activation_formula.py", ["--cases", "tiny"],
-     [r"\| tiny \| 32 \| 64 \| 128 \| 4 \| 2 \| yes \| cudnn \| .* \| [\d.]+ \| [\d.]+ \|"]),
+     [r"\| tiny \| 32 \| 64 \| 128 \| 4 \| 2 \| yes \| flash or cuDNN \| .* \| [\d.]+ \| [\d.]+ \|"]),
     ("memory_accuracy.py", ["--predict-only", "--models", "gpt"],
      [r"\| gpt \| 4 \| bf16 \| yes \| [\d.]+ \w+ \| [\d.]+ \w+ \| [\d.]+ \|"]),
     ("sequence_padding.py", ["--documents", "300", "--batch-size", "4", "--seq-len", "256",

@@ -206,3 +206,24 @@ def test_batch_buffers_are_page_locked_and_copied_asynchronously_intact(image_fo
     assert len(on_device) == len(expected) == 6
     assert all(a.cpu().equal(b) for a, b in zip(on_device, expected))
     loader.close()
+
+
+@pytest.mark.parametrize("dtype, head, masked", [
+    (torch.bfloat16, 128, False), (torch.float16, 64, False), (torch.bfloat16, 256, False),
+    (torch.float32, 64, False), (torch.float16, 64, True), (torch.bfloat16, 80, False)])
+def test_the_predicted_attention_kernel_is_the_one_torch_picks_here(dtype, head, masked):
+    """memory/attention.py's choice, made without a GPU, against torch's own on this one
+    (torch._fused_sdp_choice: the index of torch.nn.attention.SDPBackend); cuDNN attention
+    counts as flash, whose memory it keeps."""
+    from torch.nn.attention import SDPBackend
+
+    from hpctrain.memory.attention import choose
+
+    q = torch.randn(2, 4, 256, head, device="cuda", dtype=dtype, requires_grad=True)
+    mask = torch.ones(256, 256, device="cuda", dtype=torch.bool).tril() if masked else None
+    picked = SDPBackend(torch._fused_sdp_choice(q, q, q, mask, 0.0, not masked))
+    names = {SDPBackend.CUDNN_ATTENTION: "flash", SDPBackend.FLASH_ATTENTION: "flash",
+             SDPBackend.EFFICIENT_ATTENTION: "efficient", SDPBackend.MATH: "math"}
+    predicted = choose(torch.cuda.get_device_capability(), dtype, head, head, masked, True,
+                       0.0, True)
+    assert predicted == names[picked]

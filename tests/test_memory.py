@@ -393,8 +393,8 @@ def test_a_timm_vit_is_split_by_its_plan_without_sequence_parallelism_and_by_sta
 # ---- the attention kernel the target GPU would run ------------------------------------------
 
 @pytest.mark.parametrize("capability, dtype, head, mask, causal_square, training, kernel", [
-    ((9, 0), torch.bfloat16, 128, False, True, True, "cudnn"),  # H100: cuDNN first
-    ((9, 0), torch.bfloat16, 256, False, True, True, "flash"),  # beyond cuDNN's 128
+    ((9, 0), torch.bfloat16, 128, False, True, True, "flash"),  # H100 (or cuDNN: the same)
+    ((9, 0), torch.bfloat16, 256, False, True, True, "flash"),
     ((8, 0), torch.bfloat16, 128, False, True, True, "flash"),  # A100
     ((8, 0), torch.float32, 128, False, True, True, "efficient"),  # fp32: no flash
     ((8, 0), torch.float16, 64, True, True, True, "efficient"),  # a mask: no flash
@@ -432,8 +432,8 @@ def test_memory_predicts_the_fused_attention_the_gpu_runs_not_math_attention():
     without the dropout masks (32), plus the 4 of the layer norms' fp32 inputs."""
     per_layer, notes = _gpt_layer_bytes("h100")
     assert per_layer == pytest.approx(36, abs=0.5)
-    assert "attention: cudnn (sm90, bfloat16, head size 64, causal), the kernel the GPU " \
-           "picks" in notes
+    assert "attention: flash or cuDNN (sm90, bfloat16, head size 64, causal), the kernel " \
+           "the GPU picks" in notes
     per_layer, notes = _gpt_layer_bytes("a100-80gb")
     assert per_layer == pytest.approx(36, abs=0.5) and any("attention: flash (sm80" in n
                                                           for n in notes)

@@ -10,12 +10,13 @@ output and one fp32 softmax statistic per query row, O(b x heads x s).
 
 The choice follows torch's rules (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp), the
 parts that decide memory:
-- cuDNN attention first on Hopper and Blackwell (sm90, sm10x; torch 2.9 and later with cuDNN
-  9.15 or newer): fp16/bf16, head size a multiple of 8 and at most 128 (256 with recent
-  cuDNN), no dropout beyond multiples of 1/16;
 - flash attention on sm80 to sm121: fp16/bf16, head size at most 256, the same for q, k and v,
   no explicit mask, causal only with as many keys as queries (and on sm86/89/120 not training
-  with a head size in (192, 224]);
+  with a head size in (192, 224]). On Hopper and Blackwell (sm90, sm10x) a torch with cuDNN
+  9.15 or newer takes cuDNN attention first where it applies (head size a multiple of 8, at
+  most 128): it keeps the same (the output and one fp32 statistic per query row), and which
+  one runs depends on the target's torch and cuDNN, not on the model, so the prediction runs
+  flash and names both;
 - memory-efficient attention on sm50 to sm121, also fp32 and with a mask: head size a multiple
   of 8 for fp16/bf16 (Tensor Cores), of 4 for fp32 on sm80 and later;
 - math attention otherwise.
@@ -33,12 +34,10 @@ HALF = (torch.float16, torch.bfloat16)
 def choose(capability: tuple[int, int], dtype: torch.dtype, head_dim: int,
            value_dim: int, masked: bool, causal_square: bool, dropout: float,
            training: bool) -> str:
-    """cudnn | flash | efficient | math, as torch would choose on `capability`."""
+    """flash | efficient | math, as torch would choose on `capability` (flash standing for
+    cuDNN attention too, which keeps the same)."""
     major, minor = capability
     same = head_dim == value_dim
-    if (major == 9 and minor == 0 or major == 10) and dtype in HALF and same \
-            and head_dim % 8 == 0 and head_dim <= 128 and (dropout * 16).is_integer():
-        return "cudnn"
     in_range = (8, 0) <= capability <= (12, 1)
     sm86_89_120 = (8, 6) <= capability <= (8, 9) or (12, 0) <= capability <= (12, 1)
     if in_range and dtype in HALF and same and head_dim <= 256 and not masked \
@@ -71,13 +70,12 @@ class TargetAttention(TorchFunctionMode):
         causal, scale = call.get("is_causal", False), call.get("scale")
         kernel = choose(self.capability, q.dtype, q.shape[-1], v.shape[-1], mask is not None,
                         q.shape[-2] == k.shape[-2], dropout, q.requires_grad)
-        self.chosen.add(f"{kernel} (sm{self.capability[0]}{self.capability[1]}, "
+        hopper = self.capability[0] in (9, 10) and kernel == "flash"
+        self.chosen.add(f"{'flash or cuDNN' if hopper else kernel} "
+                        f"(sm{self.capability[0]}{self.capability[1]}, "
                         f"{str(q.dtype).removeprefix('torch.')}, head size {q.shape[-1]}"
                         f"{', causal' if causal else ''}{', masked' if mask is not None else ''})")
         aten = torch.ops.aten
-        if kernel == "cudnn":
-            return aten._scaled_dot_product_cudnn_attention(
-                q, k, v, None, True, dropout, causal, False, scale=scale)[0]
         if kernel == "flash":
             return aten._scaled_dot_product_flash_attention(
                 q, k, v, dropout, causal, False, scale=scale)[0]
