@@ -14,6 +14,7 @@ of autograd's engine) now shows as error.
 
 from __future__ import annotations
 
+import itertools
 import json
 import tempfile
 from dataclasses import replace
@@ -92,8 +93,13 @@ def allocator_step(spec: StepSpec, batch_size: int, steps: int) -> tuple[int, in
         recorded.export_chrome_trace(str(trace))
         events = json.loads(trace.read_text())["traceEvents"]
     forward, = [e for e in events if e.get("name") == FORWARD and e.get("ph") == "X"]
-    levels = sorted((e["ts"], e["args"]["Total Allocated"]) for e in events
-                    if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == 0)
+    # this thread's allocations and frees, summed: the allocator's own total counts every
+    # thread of the process (a test suite's leftover loader threads, say)
+    changes = sorted((e["ts"], e["args"]["Bytes"]) for e in events
+                     if e.get("name") == "[memory]" and e.get("tid") == forward.get("tid")
+                     and e.get("args", {}).get("Device Type") == 0)
+    levels = list(zip([time for time, _ in changes],
+                      itertools.accumulate(change for _, change in changes)))
     ended = forward["ts"] + forward["dur"]
     at_end = next((level for time, level in reversed(levels) if time <= ended), 0)
     top_time, top = max(levels, key=lambda pair: pair[1], default=(None, 0))
