@@ -88,7 +88,9 @@ class LocalSlurm:
         r = self.root
         # preemption: jobs of partition 'urgent' requeue those of the default partition, as
         # PreemptMode=REQUEUE sites do; KillWait is Slurm's default (the grace a save has),
-        # and a requeued job may start again after 10 s instead of cred_expire's 120
+        # and a requeued job may start again after 10 s instead of cred_expire's 120; the
+        # default partition keeps it too: a stop during start-up ends once torch is imported
+        # and the run built (6 s on a 2-core CI machine, past a KillWait of 5)
         partitions = (f"PartitionName=debug Nodes={node_list} Default=YES MaxTime=INFINITE "
                       "State=UP PriorityTier=1\n"
                       f"PartitionName=urgent Nodes={node_list} MaxTime=INFINITE State=UP "
@@ -97,7 +99,7 @@ class LocalSlurm:
                       "KillWait=30\nAuthInfo=cred_expire=10"
                       if self.preemption else
                       f"PartitionName=debug Nodes={node_list} Default=YES MaxTime=INFINITE "
-                      "State=UP\nKillWait=5")
+                      "State=UP\nKillWait=30")
         accounting = (f"AccountingStorageType=accounting_storage/slurmdbd\n"
                       f"AccountingStorageHost=localhost\nAccountingStoragePort={self.port + 1}"
                       if self.accounting else "AccountingStorageType=accounting_storage/none")
