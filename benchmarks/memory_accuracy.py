@@ -20,16 +20,20 @@ from __future__ import annotations
 import argparse
 import time
 
-import timm
-import torch
-import torchvision
-from torch import nn
-from torch.utils.checkpoint import checkpoint
+from hpctrain.profiling.kineto_log import quiet_without_gpu
 
-from hpctrain.memory.measure import allocator_step
-from hpctrain.memory.simulate import StepSpec, run_steps, simulate
-from hpctrain.memory.sizes import fmt_bytes
-from hpctrain.models.checkpointing import enable_activation_checkpointing
+quiet_without_gpu()  # before torch loads: the allocator's records come from its profiler
+
+import timm  # noqa: E402
+import torch  # noqa: E402
+import torchvision  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.checkpoint import checkpoint  # noqa: E402
+
+from hpctrain.memory.measure import allocator_step  # noqa: E402
+from hpctrain.memory.simulate import StepSpec, run_steps, simulate  # noqa: E402
+from hpctrain.memory.sizes import fmt_bytes  # noqa: E402
+from hpctrain.models.checkpointing import enable_activation_checkpointing  # noqa: E402
 
 
 class Gpt(nn.Module):
@@ -64,7 +68,9 @@ def image_model(build, size: int):
     return build, make
 
 
-def zoo(scale: int):
+def zoo(scale: int, image_size: int | None = None):
+    """name: (build(ac), input size or batch maker, base batch); `image_size` replaces the
+    image models' 128 and 224 (a smaller one for a quick check)."""
     context = 256
 
     def gpt_batch(batch, device):
@@ -72,10 +78,13 @@ def zoo(scale: int):
         return ids, torch.randint(0, 8192, (batch * context,), device=device)
 
     return {
-        "resnet18": (lambda ac: _ckpt(torchvision.models.resnet18(), ac), 128, 8 * scale),
-        "resnet50": (lambda ac: _ckpt(torchvision.models.resnet50(), ac), 128, 4 * scale),
-        "vit_small": (lambda ac: _ckpt(timm.create_model("vit_small_patch16_224"), ac), 224,
-                      4 * scale),
+        "resnet18": (lambda ac: _ckpt(torchvision.models.resnet18(), ac), image_size or 128,
+                     8 * scale),
+        "resnet50": (lambda ac: _ckpt(torchvision.models.resnet50(), ac), image_size or 128,
+                     4 * scale),
+        "vit_small": (lambda ac: _ckpt(timm.create_model(
+            "vit_small_patch16_224", img_size=image_size or 224), ac), image_size or 224,
+            4 * scale),
         "gpt": (lambda ac: Gpt(recompute=ac), gpt_batch, 4 * scale),
     }
 
@@ -119,7 +128,7 @@ def predict_only(args) -> None:
           "| states only / predicted |")
     print("|---|---|---|---|---|---|---|")
     for name in args.models.split(","):
-        build, data, base = zoo(args.scale)[name]
+        build, data, base = zoo(args.scale, args.image_size)[name]
         for precision in ("fp32", "bf16"):
             for ac in (False, True):
                 spec = spec_for(build, data, precision, ac, "cuda")
@@ -134,6 +143,8 @@ def main() -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--scale", type=int, default=1, help="multiply the batch sizes")
     parser.add_argument("--models", default="resnet18,resnet50,vit_small,gpt")
+    parser.add_argument("--image-size", type=int, default=None,
+                        help="the image models' side (default 128, ViT 224)")
     parser.add_argument("--predict-only", action="store_true",
                         help="the GPU prediction beside the states-only estimate, measuring "
                              "nothing (for batch sizes this machine cannot run)")
@@ -152,7 +163,7 @@ def main() -> None:
     print(header)
     print("|" + "---|" * (header.count("|") - 1))
     for name in args.models.split(","):
-        build, data, base = zoo(args.scale)[name]
+        build, data, base = zoo(args.scale, args.image_size)[name]
         for batch in (base, 2 * base):
             for precision in ("fp32", "bf16"):
                 for ac in (False, True):

@@ -32,7 +32,7 @@ CASES = [
       r"largest logit difference (\d\.\d\de-(0[5-9]|1\d)|0\.00e\+00); accuracies equal"]),
     ("ddp_overlap.py", [*TINY_IMAGES, "--batch-size", "8", "--steps", "2", "--rounds", "1"],
      [r"^1\s+[\d.]+\s+\d+\s+1\.00", r"^2\s+[\d.]+\s+\d+\s+[\d.]+\s+[\d.]+\s+\d+%"]),
-    ("memory_accuracy.py", ["--models", "resnet18"],
+    ("memory_accuracy.py", ["--models", "resnet18", "--image-size", "32"],
      [r"\| resnet18 \| 16 \| bf16 \| yes \| .* \| [\d.]+ \|", r"worst relative error"]),
     ("activation_formula.py", ["--cases", "tiny"],
      [r"\| tiny \| 32 \| 64 \| 128 \| 4 \| 2 \| yes \| flash or cuDNN \| .* \| [\d.]+ \| [\d.]+ \|"]),

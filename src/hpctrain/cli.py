@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import sys
 import time
 import traceback
@@ -666,11 +665,10 @@ def main(argv: list[str] | None = None, own_process: bool = False) -> int:
         from hpctrain.train.preemption import catch_early
 
         catch_early(until_exit=own_process)
-    if args.verb in ("profile", "memory") and not Path("/dev/nvidiactl").exists():
-        # they run torch's profiler, whose Kineto reads its log level once, as torch loads:
-        # without a GPU it only logs that it found none, and each start and stop (at level
-        # 5, its USDT lines, 5 silences the rest)
-        os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    if args.verb in ("profile", "memory"):  # they run torch's profiler
+        from hpctrain.profiling.kineto_log import quiet_without_gpu
+
+        quiet_without_gpu()
     _split_recipe(args)
     try:
         return _dispatch(args)
