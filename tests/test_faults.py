@@ -17,6 +17,7 @@ import json
 import os
 import pickle
 import shutil
+import resource
 import subprocess
 import sys
 import time
@@ -180,6 +181,11 @@ def _shift_range(records):
     records["offset"][0] = 10**9
 
 
+def _wrapping_range(records):
+    """offset + size passes 2**64 and wraps to 0: inside every shard, in uint64."""
+    records["offset"][0], records["size"][0] = 2**64 - 2**32 + 1, 2**32 - 1
+
+
 def _object_index(records):
     return np.array([{"not": "an index"}], dtype=object)
 
@@ -296,6 +302,9 @@ FAULTS = [
           ("image of 0 x",)),
     Fault("index pointing past its shard", index(_shift_range), 2,
           ("beyond the end of its shard",)),
+    Fault("index whose byte range wraps past 2**64", index(_wrapping_range), 2,
+          ("record 0 holds bytes 18446744069414584321 to 18446744073709551616",
+           "beyond the end of its shard"), isolate=True),
     Fault("JPEG larger than its index says", index(_field("width", 20)), 2,
           ("index says 20 x",)),
     Fault("index holding pickled objects", index(_object_index, allow_pickle=True), 2,
@@ -381,9 +390,11 @@ def world(tmp_path, shapes_cache, trained, packed, monkeypatch):
 
 
 def _run(world: World, arguments: list[str], isolate: bool, capsys) -> tuple[int, str]:
-    if isolate:
+    if isolate:  # within 4 GiB of address space: a broken defence must not take the machine
         done = subprocess.run([sys.executable, "-m", "hpctrain", *arguments],
-                              capture_output=True, text=True, timeout=300)
+                              capture_output=True, text=True, timeout=300,
+                              preexec_fn=lambda: resource.setrlimit(
+                                  resource.RLIMIT_AS, (4 << 30, 4 << 30)))
         return done.returncode, done.stdout + done.stderr
     try:
         code = cli.main(arguments)

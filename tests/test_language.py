@@ -3,9 +3,13 @@ grading, and training runs (loss falls, bitwise resume, 2 processes equal 1)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+import resource
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +22,7 @@ from hpctrain.data.arithmetic import problems
 from hpctrain.data.token_pack import TokenPackOptions, pack_tokens
 from hpctrain.data.tokenizer import BYTE_EOS, byte_tokenizer, huggingface_tokenizer
 from hpctrain.data.tokens import IGNORE, TokenBlocks, TokenDocuments, TokenPack, pad_documents
+from hpctrain.errors import DataError
 from hpctrain.models.gpt import gpt
 from hpctrain.train.tasks import answer_sums, language_modeling
 
@@ -347,6 +352,47 @@ def test_a_user_token_pack_trains(tmp_path, run_cli, packed):
     assert code == 0, err[-2000:]
     summary = json.loads((tmp_path / "mine" / "summary.json").read_text())
     assert summary["steps"] == 3 and "val_answer_accuracy" not in summary["final_eval"]
+
+
+def crafted_copy(pack: Path, folder: Path, start: int, length: int) -> Path:
+    """A copy of `pack` whose first training document is (start, length), re-hashed into the
+    manifest: what a crafted pack looks like."""
+    copy = folder / "crafted"
+    shutil.copytree(pack, copy)
+    manifest = json.loads((copy / "pack.json").read_text())
+    entry = manifest["splits"]["train"]["index"]
+    docs = np.load(copy / entry["file"])
+    docs["start"][0], docs["length"][0] = start, length
+    with open(copy / entry["file"], "wb") as handle:
+        np.save(handle, docs)
+    entry["sha256"] = hashlib.sha256((copy / entry["file"]).read_bytes()).hexdigest()
+    (copy / "pack.json").write_text(json.dumps(manifest))
+    return copy
+
+
+@pytest.mark.parametrize("start, length", [(2**64 - 2**32, 2**32 - 1), (2**64 - 1, 1),
+                                           (0, 2**32 - 1), (2**63, 0)])
+def test_a_document_range_past_its_shard_is_refused_whatever_the_numbers(
+        tmp_path, packed, start, length):
+    """start + length + 1 in uint64 wraps around: (2**64 - 2**32, 2**32 - 1) ended at 0 and
+    passed, and reading the document allocated 2**32 tokens (22.7 GB before the kernel killed
+    the run). The check never forms the sum."""
+    with pytest.raises(DataError, match=rf"document 0 \(shard 0, tokens {start} to "
+                                        rf"{start + length}\) points outside its shard"):
+        TokenPack(crafted_copy(packed, tmp_path, start, length))
+
+
+def test_a_run_on_a_crafted_token_pack_is_exit_2_under_a_memory_limit(tmp_path, packed):
+    """The whole run, in a process limited to 4 GiB of address space (had the check wrapped,
+    it would allocate 2**32 tokens): one line naming the document, exit 2."""
+    crafted = crafted_copy(packed, tmp_path, 2**64 - 2**32, 2**32 - 1)
+    done = subprocess.run(
+        [sys.executable, "-m", "hpctrain", "run", "tiny-lm", *token_run(tmp_path, crafted)],
+        capture_output=True, text=True, timeout=300, preexec_fn=lambda: resource.setrlimit(
+            resource.RLIMIT_AS, (4 << 30, 4 << 30)))
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "document 0" in done.stderr and "points outside its shard" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 @pytest.mark.parametrize("override, words", [

@@ -149,15 +149,17 @@ def _check_records(index: np.ndarray, shards: list[ShardEntry], classes: int,
         raise DataError(f"{name}: {len(index)} records but no shard; re-pack the source")
     sizes = np.array([s.bytes for s in shards] or [0], dtype=np.uint64)
     shard = index["shard"].astype(np.int64)
-    ends = index["offset"].astype(np.uint64) + index["size"].astype(np.uint64)
     width, height = index["width"].astype(np.int64), index["height"].astype(np.int64)
     digits = lambda v: np.floor(np.log10(np.maximum(v, 1))).astype(np.int64) + 1  # noqa: E731
     raw_size = 9 + digits(width) + digits(height) + width * height * 3
     problems = [
         (shard >= len(shards), lambda i: f"names shard {shard[i]}, the split has "
                                          f"{len(shards)}"),
-        ((shard < len(shards)) & (ends > sizes[np.minimum(shard, len(shards) - 1)]),
-         lambda i: f"ends at byte {ends[i]}, beyond the end of its shard"),
+        ((shard < len(shards)) & beyond(index["offset"], index["size"],
+                                        sizes[np.minimum(shard, len(shards) - 1)]),
+         lambda i: f"holds bytes {index['offset'][i]} to "
+                   f"{int(index['offset'][i]) + int(index['size'][i])}, beyond the end of "
+                   "its shard"),
         ((index["label"] < 0) | (index["label"] >= classes),
          lambda i: f"has label {index['label'][i]}, the pack has {classes} classes"),
         ((width < 1) | (height < 1) | (width * height > MAX_PIXELS),
@@ -171,6 +173,15 @@ def _check_records(index: np.ndarray, shards: list[ShardEntry], classes: int,
             first = int(np.argmax(bad))
             raise DataError(f"{name}: record {first} {say(first)}; the index does not "
                             "describe this pack. Re-pack the source with hpctrain pack")
+
+
+def beyond(starts: np.ndarray, lengths: np.ndarray, limits: np.ndarray) -> np.ndarray:
+    """Where the range [start, start + length) does not lie within [0, limit), for unsigned
+    index fields: the sum is never formed, since a crafted start near 2**64 wraps it around to
+    a small end that passes (and the reader then allocates `length` items)."""
+    starts, lengths = starts.astype(np.uint64), lengths.astype(np.uint64)
+    limits = limits.astype(np.uint64)
+    return (starts > limits) | (lengths > limits - np.minimum(starts, limits))
 
 
 @dataclass

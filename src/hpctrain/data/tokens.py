@@ -35,7 +35,7 @@ from pydantic import Field, StringConstraints, ValidationError
 from torch.utils.data import Dataset
 
 from hpctrain.data.sequences import pad_collate
-from hpctrain.data.shards import FileName, IndexEntry, Sha256, StrictModel, file_sha256
+from hpctrain.data.shards import FileName, IndexEntry, Sha256, StrictModel, beyond, file_sha256
 from hpctrain.errors import DataError
 
 FORMAT = "hpctrain-tokens"
@@ -170,10 +170,14 @@ class TokenSplit:
         if docs.dtype != DOC_DTYPE or len(docs) != entry.documents:
             raise DataError(f"{index_path} does not hold {entry.documents} document records")
         bad = (docs["shard"] >= len(self.shards))
-        bad[~bad] |= (docs["start"][~bad] + docs["length"][~bad] + 1 >
-                      self.shard_tokens[docs["shard"][~bad]])
+        # a document's tokens and its closing end-of-text
+        bad[~bad] |= beyond(docs["start"][~bad], docs["length"][~bad].astype(np.uint64) + 1,
+                            self.shard_tokens[docs["shard"][~bad]])
         if bad.any():
-            raise DataError(f"{index_path}: document {int(np.argmax(bad))} points outside its "
+            first = docs[int(np.argmax(bad))]
+            raise DataError(f"{index_path}: document {int(np.argmax(bad))} (shard "
+                            f"{first['shard']}, tokens {first['start']} to "
+                            f"{int(first['start']) + int(first['length'])}) points outside its "
                             "shard; pack again")
         self._maps: list[np.ndarray] | None = None
 
