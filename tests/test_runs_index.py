@@ -2,10 +2,12 @@
 directories gives the same usage and leaderboard on both; refreshes are incremental; damaged,
 half-written, moved and silent runs are listed as what they are."""
 
+import hashlib
 import json
 import multiprocessing
 import os
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -320,9 +322,99 @@ def test_an_index_of_another_version_or_a_damaged_file(tmp_path, fleet, postgres
     with psycopg.connect(url, autocommit=True) as connection:
         connection.execute("CREATE TABLE schema_version (version INTEGER)")
         connection.execute("INSERT INTO schema_version VALUES (0)")
+        connection.execute("CREATE TABLE runs (run_id TEXT PRIMARY KEY, path TEXT)")
     code, _, err = run_cli("runs", "--db", url)
     assert code == 2 and "another hpctrain version (schema 0" in err
+    with psycopg.connect(url) as connection:  # left as it was: not even marked
+        assert {row[0] for row in connection.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = "
+            "current_schema()")} == {"schema_version", "runs"}
     junk = tmp_path / "junk.sqlite"
     junk.write_bytes(b"not a database, " * 100)
     code, _, err = run_cli("runs", "--db", str(junk))
     assert code == 2 and str(junk) in err and "can be removed" in err
+
+
+# ---- a database that is not an index, a missing folder, a read-only index -------------------
+
+def _foreign_database(path: Path, tables: dict[str, str]) -> str:
+    """Another application's SQLite file (rollback journal, rows in every table); its hash."""
+    import sqlite3
+
+    with sqlite3.connect(path) as connection:
+        for name, columns in tables.items():
+            connection.execute(f"CREATE TABLE {name} ({columns})")
+            values = ", ".join(["7"] * (columns.count(",") + 1))
+            connection.execute(f"INSERT INTO {name} VALUES ({values})")
+    connection.close()
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("tables", [
+    {"runs": "id INTEGER, title TEXT", "evals": "run INTEGER, score REAL"},
+    {"schema_version": "version INTEGER"},
+    {"schema_version": "version INTEGER", "runs": "run_id TEXT, path TEXT, owner TEXT"},
+    {"notes": "body TEXT"},
+], ids=["runs-and-evals", "schema_version", "runs-with-other-columns", "any-table"])
+def test_another_applications_database_is_refused_and_left_as_it_was(
+        tmp_path, fleet, run_cli, private_state, tables):
+    """`runs --db F` (also --no-refresh, and through report and watch) on another
+    application's SQLite file dropped its runs and evals tables, rewrote a schema_version,
+    switched the file to WAL and exited 0. Now: exit 2, one line, not a byte changed."""
+    path = tmp_path / "app.sqlite"
+    digest = _foreign_database(path, tables)
+    for verb in (["runs", "--root", str(fleet)], ["runs", "--no-refresh"],
+                 ["runs", "show", "a1"], ["report", "a1"], ["watch", "a1", "--once"]):
+        code, _, err = run_cli(*verb, "--db", str(path))
+        assert code == 2 and "is not an hpctrain runs index" in err, (verb, err)
+        assert err.count("error:") == 1 and "Traceback" not in err
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("app")) == \
+        ["app.sqlite"]  # no -wal, -shm or -journal left beside it
+
+
+def test_an_index_written_before_the_mark_is_marked_and_keeps_its_runs(tmp_path, fleet):
+    import sqlite3
+
+    from hpctrain.runs.index import APPLICATION_ID, MARK_TABLE
+
+    where = tmp_path / "index.sqlite"
+    refreshed(str(where), fleet).db.close()
+    with sqlite3.connect(where) as connection:  # as the hpctrain before this one wrote it
+        connection.execute(f"DROP TABLE {MARK_TABLE}")
+        connection.execute("PRAGMA application_id = 0")
+    connection.close()
+    index = Index(open_database(str(where)))
+    assert len(index.runs()) == 5 and index.db.has_table(MARK_TABLE)
+    assert index.db.rows("PRAGMA application_id")[0]["application_id"] == APPLICATION_ID
+
+
+def test_db_in_a_folder_that_does_not_exist_is_an_error(tmp_path, run_cli, private_state):
+    code, _, err = run_cli("runs", "--db", str(tmp_path / "nowhere" / "index.sqlite"))
+    assert code == 2 and f"the folder {tmp_path / 'nowhere'} does not exist" in err
+    assert not (tmp_path / "nowhere").exists()
+    code, _, err = run_cli("runs", "--db", str(tmp_path))
+    assert code == 2 and "is a folder" in err
+
+
+def test_a_read_only_index_is_read_as_it_is(tmp_path, fleet, run_cli, private_state):
+    """On a read-only file system (also what a file of another user looks like): the runs it
+    holds, no refresh, a note that says so."""
+    folder = tmp_path / "index"
+    folder.mkdir()
+    refreshed(str(folder / "index.sqlite"), fleet).db.close()
+    shutil.rmtree(fleet / "b2")  # a refresh would mark it missing
+    read_only = tmp_path / "ro"
+    read_only.mkdir()
+    subprocess.run(["mount", "--bind", str(folder), str(read_only)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(read_only)], check=True)
+        code, out, err = run_cli("runs", "--json", "--db", str(read_only / "index.sqlite"),
+                                 "--root", str(fleet))
+    finally:
+        subprocess.run(["umount", "--lazy", str(read_only)], check=True)  # the CLI in this
+        # process may hold the file open until its index is collected
+    assert code == 0, err
+    assert "is read-only: shown as it is, not refreshed" in err
+    rows = json.loads(out)
+    assert len(rows) == 5 and {r["status"] for r in rows if r["name"] == "b2"} != {"missing"}

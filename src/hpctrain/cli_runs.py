@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -161,6 +162,10 @@ def _index(args):
     from hpctrain.runs.index import Index
 
     index = Index(open_database(args.db or os.environ.get("HPCTRAIN_DB")))
+    if index.db.read_only and not args.no_refresh:
+        print(f"hpctrain: note: the runs index {index.db.where} is read-only: shown as it "
+              "is, not refreshed from the run folders", file=sys.stderr)
+        args.no_refresh = True
     roots = _roots(args)
     if not args.no_refresh:
         index.refresh(roots, rescan=args.rescan)

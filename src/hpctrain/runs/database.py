@@ -27,10 +27,12 @@ def default_location() -> Path:
 
 
 class Database:
-    """One connection and its dialect."""
+    """One connection and its dialect; `read_only`: an SQLite file this user may not write,
+    read as it is."""
 
-    def __init__(self, connection, postgres: bool, where: str):
+    def __init__(self, connection, postgres: bool, where: str, read_only: bool = False):
         self.connection, self.postgres, self.where = connection, postgres, where
+        self.read_only = read_only
 
     def _sql(self, sql: str) -> str:
         return sql.replace("?", "%s") if self.postgres else sql
@@ -56,10 +58,34 @@ class Database:
         self.connection.rollback()
 
     def has_table(self, name: str) -> bool:
+        return name in self.tables()
+
+    def tables(self) -> set[str]:
+        """The tables of the database (PostgreSQL: of the connection's schema)."""
         if self.postgres:
-            return self.rows("SELECT to_regclass(?) AS found", (name,))[0]["found"] is not None
-        return bool(self.rows("SELECT name FROM sqlite_master WHERE type = 'table' AND "
-                              "name = ?", (name,)))
+            rows = self.rows("SELECT table_name AS name FROM information_schema.tables "
+                             "WHERE table_schema = current_schema()")
+        else:
+            rows = self.rows("SELECT name FROM sqlite_master WHERE type = 'table'")
+        return {row["name"] for row in rows}
+
+    def columns(self, table: str) -> set[str]:
+        if self.postgres:
+            rows = self.rows("SELECT column_name AS name FROM information_schema.columns "
+                             "WHERE table_schema = current_schema() AND table_name = ?",
+                             (table,))
+        else:
+            rows = self.rows("SELECT name FROM pragma_table_info(?)", (table,))
+        return {row["name"] for row in rows}
+
+    def mark_sqlite_file(self, application_id: int) -> None:
+        """SQLite's header field for the application that owns the file (`file` shows it),
+        and the write-ahead log, which the file keeps once set: called only on a file
+        recognised as hpctrain's own, never on another application's database."""
+        if not self.postgres:
+            self.execute(f"PRAGMA application_id = {int(application_id)}")
+            self.commit()
+            _write_ahead_log(self.connection)
 
     def lock_schema(self) -> None:
         """Serialise schema creation between processes until the next commit. PostgreSQL
@@ -81,21 +107,35 @@ def _plain(value):
 
 
 def open_database(where: str | None) -> Database:
-    """`where`: a PostgreSQL URL, a path for SQLite, or None for the default file."""
+    """`where`: a PostgreSQL URL, a path for SQLite, or None for the default file. Nothing
+    is changed in the file here: whether it is an index at all is the Index's to say. Only
+    the default file's folder is created; a file this user cannot write is opened to read."""
     if where and where.startswith(POSTGRES):
         return _postgres(where)
     path = Path(where).expanduser() if where else default_location()
+    if path.is_dir():
+        raise ConfigError(f"--db {path} is a folder; give the runs index's file, e.g. "
+                          f"{path / 'runs.sqlite'}")
+    if where and not path.parent.is_dir():
+        raise ConfigError(f"--db {path}: the folder {path.parent} does not exist; create it, "
+                          "or give a path in an existing folder")
+    read_only = path.exists() and not (os.access(path, os.W_OK) and
+                                       os.access(path.parent, os.W_OK))
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        connection = sqlite3.connect(path, timeout=60)
-        _write_ahead_log(connection)
-        connection.execute("PRAGMA synchronous=NORMAL")  # WAL stays consistent; it is an index
+        if where is None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        if read_only:  # immutable: a WAL file's shared memory cannot be made beside it
+            connection = sqlite3.connect(f"{path.absolute().as_uri()}?immutable=1", uri=True)
+        else:
+            connection = sqlite3.connect(path, timeout=60)
+            connection.execute("PRAGMA synchronous=NORMAL")  # enough for an index in WAL
+        connection.execute("SELECT count(*) FROM sqlite_master").fetchone()  # a database?
     except (OSError, sqlite3.Error) as err:
         raise ConfigError(f"--db {path}: cannot open the runs index there ({err}); give a "
                           "writable path on local disk, or a postgresql:// URL. The index "
                           "only mirrors the run directories: a damaged file can be removed, "
                           "the next hpctrain runs rebuilds it") from None
-    return Database(connection, False, str(path))
+    return Database(connection, False, str(path), read_only)
 
 
 def _write_ahead_log(connection: sqlite3.Connection) -> None:

@@ -40,6 +40,11 @@ COLUMNS = {
 EVAL_COLUMNS = ("run_id", "step", "metric", "value", "elapsed_seconds", "device_hours",
                 "energy_joules")
 SCHEMA_VERSION = 1  # raise it with any change of the tables below
+# An index's mark: a table of that name (both dialects) and, in SQLite, the header's
+# application id ("hpct"). A database without it is another application's, left untouched.
+MARK_TABLE = "hpctrain_index"
+APPLICATION_ID = 0x68706374
+TABLES = {"schema_version", "runs", "evals"}
 BATCH = 500  # runs per transaction while scanning
 USAGE_KEYS = {"user": "user_name", "recipe": "recipe", "cluster": "cluster", "month": "month"}
 # the status as read: a silent running run is lost
@@ -61,7 +66,22 @@ class Index:
 
     def _create(self) -> None:
         db = self.db
+        if db.read_only:
+            self._recognise()
+            found = {r["version"] for r in db.rows("SELECT version FROM schema_version")} \
+                if db.has_table("schema_version") else {0}
+            if found != {SCHEMA_VERSION}:
+                raise ConfigError(f"the runs index {db.where} is read-only and of another "
+                                  f"hpctrain version (schema {min(found, default=None)}); "
+                                  "give a writable --db to rebuild it from the run folders")
+            return
         db.lock_schema()
+        unmarked = self._recognise()
+        if unmarked:  # in the schema's transaction: an index of another version keeps none
+            db.execute(f"CREATE TABLE {MARK_TABLE} (application TEXT)")
+            db.execute(f"INSERT INTO {MARK_TABLE} (application) VALUES (?)",
+                       ("hpctrain runs index: the run directories are the truth; rebuilt by "
+                        "hpctrain runs",))
         unversioned = db.has_table("runs") and not db.has_table("schema_version")
         db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER)")
         found = [r["version"] for r in db.rows("SELECT version FROM schema_version")]
@@ -81,6 +101,31 @@ class Index:
         db.execute("CREATE INDEX IF NOT EXISTS runs_path ON runs (path)")
         db.execute("CREATE INDEX IF NOT EXISTS runs_recipe ON runs (recipe)")
         db.commit()
+        if unmarked:
+            db.mark_sqlite_file(APPLICATION_ID)
+
+    def _recognise(self) -> bool:
+        """Whether the database is an index hpctrain wrote (its mark, or the tables of one
+        written before the mark, whose runs table holds only hpctrain's columns) or empty:
+        True where the mark is still to be written. Anything else is another application's
+        database: refused, untouched."""
+        db = self.db
+        tables = db.tables()
+        if MARK_TABLE in tables:
+            return False
+        ours_before_the_mark = tables <= TABLES and "runs" in tables and \
+            {"run_id", "path"} <= db.columns("runs") <= set(COLUMNS)
+        if tables and not ours_before_the_mark:
+            db.rollback()
+            shown = ", ".join(sorted(tables)[:6]) + (", ..." if len(tables) > 6 else "")
+            raise ConfigError(f"--db {db.where} is not an hpctrain runs index (it holds the "
+                              f"tables {shown}, and no {MARK_TABLE} table): hpctrain leaves "
+                              "another application's database as it is. Give a new file, "
+                              "or an empty database")
+        if db.read_only and not tables:
+            raise ConfigError(f"the runs index {db.where} is read-only and empty; give a "
+                              "writable --db")
+        return True
 
     def _replace_old_schema(self, version: int) -> None:
         """An index another hpctrain version wrote. A user's SQLite file is a cache of the
