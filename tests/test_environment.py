@@ -1,6 +1,10 @@
 """The process layout read from the launchers' variables, and the checks made before any
 process group starts."""
 
+import resource
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -122,3 +126,47 @@ def test_restarts_count_slurm_requeues_and_continuations_in_new_jobs():
     assert detect({}).restart_count == 0
     assert detect({"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "1",
                    "HPCTRAIN_RESTARTS": "2"}).restart_count == 3
+
+
+@pytest.mark.parametrize("name, value", [("SLURM_RESTART_COUNT", "abc"),
+                                         ("SLURM_PROCID", "0x1"), ("MASTER_PORT", "")])
+def test_a_launcher_variable_that_is_not_a_number_is_named(name, value):
+    step = {"SLURM_JOB_ID": "4242", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "1",
+            "SLURM_STEP_NODELIST": "n1", name: value}
+    if not value.strip():  # empty: as if unset
+        assert detect(step).master_port == port_for_job("4242")
+        return
+    with pytest.raises(ConfigError, match=rf"{name}='{value}' is not a whole number"):
+        detect(step)
+
+
+def test_a_slurm_variable_that_is_not_a_number_stops_a_run_in_one_line(
+        monkeypatch, run_cli, tiny):
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "abc")
+    code, _, err = run_cli("run", "default", *tiny())
+    assert code == 2 and "SLURM_RESTART_COUNT='abc' is not a whole number" in err
+    assert err.count("error:") == 1 and "Traceback" not in err
+
+
+HUGE = """
+from hpctrain.cluster.environment import detect, tasks_per_node
+from hpctrain.errors import ConfigError
+env = detect({"SLURM_JOB_ID": "1", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "1",
+              "SLURM_STEP_NODELIST": "n[0-999999999]"})
+try:
+    tasks_per_node("4(x999999999)")
+except ConfigError as err:
+    print(env.master_addr, err)
+"""
+
+
+def test_a_huge_host_list_or_layout_is_not_expanded_in_full():
+    """'n[0-999999999]' expanded in full ran out of memory (23 GB) to find its first host; a
+    layout '4(x999999999)' likewise. In a child limited to 1 GiB of address space."""
+    done = subprocess.run([sys.executable, "-c", HUGE], capture_output=True, text=True,
+                          timeout=60, preexec_fn=lambda: resource.setrlimit(
+                              resource.RLIMIT_AS, (1 << 30, 1 << 30)))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("n0 cannot read the Slurm task layout '4(x999999999)'")
+    with pytest.raises(ConfigError, match="host list 'n\\[a-b\\]'"):
+        expand_hostlist("n[a-b]")

@@ -12,7 +12,7 @@ import dataclasses
 import os
 import re
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from hpctrain.errors import ConfigError
@@ -48,28 +48,31 @@ class ProcessEnv:
 def expand_hostlist(text: str) -> list[str]:
     """Slurm's compressed host list, e.g. 'gpu[01-03,07],login1' -> gpu01 gpu02 gpu03 gpu07 login1.
     Ranges keep their zero padding; several bracket groups in one name multiply out."""
-    hosts: list[str] = []
+    return list(hosts_of(text))
+
+
+def hosts_of(text: str) -> Iterator[str]:
+    """expand_hostlist one host at a time: the first of 'n[0-999999999]' without the rest."""
     for item in re.findall(r"(?:[^,\[]|\[[^\]]*\])+", text):
-        hosts.extend(_expand_one(item))
-    return hosts
+        yield from _expand_one(item)
 
 
-def _expand_one(name: str) -> list[str]:
+def _expand_one(name: str) -> Iterator[str]:
     match = re.search(r"\[([^\]]*)\]", name)
     if match is None:
-        return [name]
+        yield name
+        return
     head, tail = name[:match.start()], name[match.end():]
-    out = []
     for part in match.group(1).split(","):
         low, _, high = part.partition("-")
-        if high:
-            width = len(low)
-            values = [f"{i:0{width}d}" for i in range(int(low), int(high) + 1)]
-        else:
-            values = [low]
-        for value in values:
-            out.extend(_expand_one(head + value + tail))
-    return out
+        if not low.isdigit() or not (high.isdigit() or not high):
+            raise ConfigError(f"cannot read the Slurm host list {name!r} ({part!r} is not a "
+                              "number or a range of numbers)")
+        for number in range(int(low), int(high or low) + 1):
+            yield from _expand_one(f"{head}{number:0{len(low)}d}{tail}")
+
+
+MAX_NODES = 1_000_000  # beyond any machine: a layout that says more is damaged
 
 
 def tasks_per_node(text: str) -> list[int]:
@@ -77,7 +80,7 @@ def tasks_per_node(text: str) -> list[int]:
     counts: list[int] = []
     for part in text.split(","):
         match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
-        if match is None:
+        if match is None or len(counts) + int(match.group(2) or 1) > MAX_NODES:
             raise ConfigError(f"cannot read the Slurm task layout {text!r}")
         counts.extend([int(match.group(1))] * int(match.group(2) or 1))
     return counts
@@ -93,7 +96,12 @@ def port_for_job(job_id: str) -> int:
 def _int(environ: Mapping[str, str], *names: str, default: int | None = None) -> int:
     for name in names:
         if environ.get(name, "").strip():
-            return int(environ[name])
+            try:
+                return int(environ[name])
+            except ValueError:
+                raise ConfigError(f"the environment variable {name}={environ[name]!r} is not "
+                                  "a whole number; the launcher sets it, so unset or fix "
+                                  "what changed it") from None
     if default is None:
         raise ConfigError(f"the launcher did not set {' or '.join(names)}")
     return default
@@ -142,7 +150,7 @@ def _slurm_step(env: Mapping[str, str], host: str, job_id: str | None) -> Proces
             f"{', '.join(map(str, layout))}); data-parallel training needs the same number on "
             "each node. Ask for --ntasks-per-node=K (with --nodes=N) instead of --ntasks.")
     nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or host
-    master = env.get("MASTER_ADDR") or expand_hostlist(nodelist)[0]
+    master = env.get("MASTER_ADDR") or next(hosts_of(nodelist), host)
     port = _int(env, "MASTER_PORT", default=port_for_job(job_id or "0"))
     return ProcessEnv(
         launcher="slurm", rank=_int(env, "SLURM_PROCID"), world_size=world,
