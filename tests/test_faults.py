@@ -204,6 +204,19 @@ def recipe(text: bytes):
     return make
 
 
+def status_of_a_file(verb: str):
+    def make(world):
+        (world.tmp / "afile").write_text("x")
+        return [verb, "status", str(world.tmp / "afile")]
+    return make
+
+
+def report_out(where: Callable[[World], Path]):
+    def make(world):
+        return ["report", str(world.run_copy()), "--out", str(where(world))]
+    return make
+
+
 def output_dir_a_file(world):
     (world.tmp / "afile").write_text("x")
     return ["run", "default", *world.tiny(f"output_dir={world.tmp / 'afile' / 'runs'}")]
@@ -335,6 +348,17 @@ FAULTS = [
           2, ("not a plain name",)),
     Fault("recipe name climbing out", recipe(b"name: ../../x\n"), 2, ("not a plain name",)),
     Fault("recipe that is not UTF-8", recipe(b"\xff\xfe\x00train: 1\n"), 2, ("not UTF-8",)),
+    Fault("an empty recipe", recipe(b""), 2, ("mine.yaml is empty",)),
+    Fault("a recipe of comments only", recipe(b"# to do\n"), 2,
+          ("mine.yaml is empty (or only comments)",)),
+    Fault("tune status of a file", status_of_a_file("tune"), 2, ("not a search folder",)),
+    Fault("scale status of a file", status_of_a_file("scale"), 2, ("not a scaling study",)),
+    Fault("report --out into a folder that does not exist", report_out(
+        lambda w: w.tmp / "nowhere" / "r.html"), 2, ("nowhere does not exist",),
+        after=lambda w: not (w.tmp / "nowhere").exists() or pytest.fail("folder made")),
+    Fault("report --out that is a folder", report_out(lambda w: w.tmp), 2, ("is a folder",)),
+    Fault("report --out in /proc", report_out(lambda w: Path("/proc/r.html")), 2,
+          ("cannot write the report there",)),
     Fault("output_dir that is a file", output_dir_a_file, 2, ("is a file",)),
     Fault("output_dir on a read-only file system", output_dir_read_only, 2,
           ("cannot write in", "Read-only file system")),

@@ -415,7 +415,18 @@ def cmd_report(args) -> int:
                           "are)")
     out = Path(args.out) if args.out else (folders[0] / "report.html" if len(folders) == 1
                                            else Path("report.html"))
-    written = write(runs, out.absolute())
+    if out.is_dir():
+        raise ConfigError(f"--out {out} is a folder; give the page's file, e.g. "
+                          f"{out / 'report.html'}")
+    if not out.absolute().parent.is_dir():
+        raise ConfigError(f"--out {out}: the folder {out.absolute().parent} does not exist; "
+                          "create it, or give a path in an existing folder")
+    try:
+        written = write(runs, out.absolute())
+    except OSError as err:
+        raise ConfigError(f"--out {out}: cannot write the report there "
+                          f"({err.strerror or err}); give a path in a writable folder") \
+            from None
     if args.json:
         print(json.dumps([str(p) for p in written], indent=2))
     else:

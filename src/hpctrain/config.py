@@ -622,9 +622,10 @@ def _recipe_path(recipe: str) -> Path:
 
 
 def read_yaml_mapping(path: Path, what: str = "a recipe") -> dict:
-    """A YAML file that must hold a mapping (a recipe, cluster profiles), or a ConfigError."""
+    """A YAML file that must hold a mapping (a recipe, cluster profiles), or a ConfigError.
+    An empty file is refused: a recipe saved before it was written would train the defaults."""
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {err}") from None
     except UnicodeDecodeError as err:
@@ -632,6 +633,9 @@ def read_yaml_mapping(path: Path, what: str = "a recipe") -> dict:
                           f"{what} is a YAML text file") from None
     except OSError as err:
         raise ConfigError(f"{path}: cannot be read ({err.strerror or err})") from None
+    if data is None:
+        raise ConfigError(f"{path} is empty (or only comments): {what} holds at least one "
+                          "setting")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: {what} must be a mapping of keys, got "
                           f"{type(data).__name__}")

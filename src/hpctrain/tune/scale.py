@@ -89,11 +89,17 @@ def prepare(recipe: str | None, overrides: list[str], sizes: list[int], steps: i
 
 
 def read_study(folder: Path) -> Study:
+    path = Path(folder) / SETTINGS
     try:
-        return Study(**json.loads((Path(folder) / SETTINGS).read_text()))
-    except FileNotFoundError:
+        return Study(**json.loads(path.read_text()))
+    except (FileNotFoundError, NotADirectoryError):
         raise ConfigError(f"{folder}: not a scaling study (no {SETTINGS}); start one with "
                           "hpctrain scale RECIPE --gpus 1,2,4") from None
+    except OSError as err:
+        raise ConfigError(f"{path} cannot be read ({err.strerror or err})") from None
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"{path} is damaged ({err}); it is written by hpctrain scale") \
+            from None
 
 
 def run_locally(folder: Path, study: Study, say=print) -> None:

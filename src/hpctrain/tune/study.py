@@ -74,9 +74,11 @@ def read_search(folder: Path) -> Search:
     try:
         data = json.loads(path.read_text())
         return Search(**data)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         raise ConfigError(f"{folder}: not a search folder (no {SETTINGS}); start one with "
                           "hpctrain tune RECIPE --space ...") from None
+    except OSError as err:
+        raise ConfigError(f"{path} cannot be read ({err.strerror or err})") from None
     except (ValueError, TypeError) as err:
         raise ConfigError(f"{path} is damaged ({err}); it is written by hpctrain tune") \
             from None
