@@ -186,6 +186,18 @@ def _wrapping_range(records):
     records["offset"][0], records["size"][0] = 2**64 - 2**32 + 1, 2**32 - 1
 
 
+def a_shard_linking_out(world):
+    """The pack's first shard moved out of the pack and linked back: the same bytes, read
+    from a place the pack does not own."""
+    pack_dir = world.pack_copy()
+    name = json.loads((pack_dir / "pack.json").read_text())["splits"]["train"]["shards"][0][
+        "file"]
+    outside = world.tmp / "elsewhere.tar"
+    shutil.move(pack_dir / name, outside)
+    (pack_dir / name).symlink_to(outside)
+    return world.train_on(pack_dir)
+
+
 def _object_index(records):
     return np.array([{"not": "an index"}], dtype=object)
 
@@ -318,6 +330,8 @@ FAULTS = [
     Fault("index whose byte range wraps past 2**64", index(_wrapping_range), 2,
           ("record 0 holds bytes 18446744069414584321 to 18446744073709551616",
            "beyond the end of its shard"), isolate=True),
+    Fault("a shard that links out of the pack", a_shard_linking_out, 2,
+          ("train-00000.tar is a link to", "outside the pack")),
     Fault("JPEG larger than its index says", index(_field("width", 20)), 2,
           ("index says 20 x",)),
     Fault("index holding pickled objects", index(_object_index, allow_pickle=True), 2,

@@ -382,6 +382,16 @@ def test_a_document_range_past_its_shard_is_refused_whatever_the_numbers(
         TokenPack(crafted_copy(packed, tmp_path, start, length))
 
 
+def test_a_token_shard_that_links_out_of_the_pack_is_refused(tmp_path, packed):
+    copy = Path(shutil.copytree(packed, tmp_path / "copy"))
+    name = json.loads((copy / "pack.json").read_text())["splits"]["train"]["shards"][0]["file"]
+    shutil.move(copy / name, tmp_path / "elsewhere.bin")
+    (copy / name).symlink_to(tmp_path / "elsewhere.bin")
+    with pytest.raises(DataError, match=rf"{name} is a link to .*elsewhere.bin, outside the "
+                                        "pack"):
+        TokenPack(copy)
+
+
 def test_a_run_on_a_crafted_token_pack_is_exit_2_under_a_memory_limit(tmp_path, packed):
     """The whole run, in a process limited to 4 GiB of address space (had the check wrapped,
     it would allocate 2**32 tokens): one line naming the document, exit 2."""

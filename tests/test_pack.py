@@ -3,6 +3,7 @@ checks, and reading samples back exactly."""
 
 import json
 import os
+import shutil
 import subprocess
 import tarfile
 from pathlib import Path
@@ -337,6 +338,23 @@ def test_verify_checks_a_token_pack_whole_and_refuses_what_is_no_pack(tmp_path, 
     assert code == 2 and "no readable pack.json" in err
     code, _, err = run_cli("pack", "--verify", str(tmp_path / "tokens"), "a", "b")
     assert code == 2 and "give no SRC DST" in err
+
+
+def test_verify_reads_no_file_that_links_out_of_the_pack(packed, tmp_path, run_cli):
+    """A shard moved out and linked back holds the right bytes, but is not the pack's: named,
+    not read, exit 2; a link inside the pack is the pack's own."""
+    copy = Path(shutil.copytree(packed, tmp_path / "pack"))
+    name = json.loads((copy / "pack.json").read_text())["splits"]["train"]["shards"][0]["file"]
+    shutil.move(copy / name, tmp_path / "elsewhere.tar")
+    (copy / name).symlink_to(tmp_path / "elsewhere.tar")
+    code, out, _ = run_cli("pack", "--verify", str(copy), "--json")
+    assert code == 2
+    assert f"{name}: a link out of the pack (to {tmp_path / 'elsewhere.tar'}), not read" in \
+        json.loads(out)["damaged_files"]
+    shutil.move(tmp_path / "elsewhere.tar", copy / "kept.bin")
+    (copy / name).unlink()
+    (copy / name).symlink_to("kept.bin")
+    assert run_cli("pack", "--verify", str(copy))[0] == 0
 
 
 def test_pack_without_source_and_destination_is_exit_2(run_cli, tmp_path):

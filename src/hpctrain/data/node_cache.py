@@ -19,7 +19,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from hpctrain.data.shards import MANIFEST, Pack
+from hpctrain.data.shards import MANIFEST, Pack, pack_file
 from hpctrain.errors import DataError
 
 CACHE_FOLDER = "hpctrain-cache"
@@ -111,7 +111,7 @@ def node_local_pack(pack: Pack, setting: str) -> Pack:
     partial.mkdir()
     try:
         for name, _, sha256 in pack_files(pack):
-            _copy_verified(pack.root / name, partial / name, sha256)
+            _copy_verified(pack_file(pack.root, name), partial / name, sha256)
         (partial / VERIFIED).touch()
         try:
             partial.rename(target)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,6 +176,18 @@ def _check_records(index: np.ndarray, shards: list[ShardEntry], classes: int,
                             "describe this pack. Re-pack the source with hpctrain pack")
 
 
+def pack_file(root: Path, name: str) -> Path:
+    """The file `name` (a plain name, checked with the manifest) of the pack folder `root`;
+    refused where it is a link that leads out of the folder: a pack reads only its own files,
+    not what a crafted pack points at (another user's data, /etc)."""
+    path = root / name
+    if path.is_symlink() and not path.resolve().is_relative_to(root.resolve()):
+        raise DataError(f"pack {root}: {name} is a link to {os.readlink(path)}, outside the "
+                        "pack; a pack reads only its own files: copy the file in, or pack "
+                        "again")
+    return path
+
+
 def beyond(starts: np.ndarray, lengths: np.ndarray, limits: np.ndarray) -> np.ndarray:
     """Where the range [start, start + length) does not lie within [0, limit), for unsigned
     index fields: the sum is never formed, since a crafted start near 2**64 wraps it around to
@@ -217,7 +230,7 @@ class Pack:
         if entry is None:
             raise DataError(f"pack {self.root} has no '{name}' split (it has "
                             f"{', '.join(self.splits)})")
-        index_path = self.root / entry.index.file
+        index_path = pack_file(self.root, entry.index.file)
         if not index_path.is_file():
             raise DataError(f"pack {self.root}: index {index_path.name} is missing; re-run "
                             "hpctrain pack")
@@ -235,7 +248,7 @@ class Pack:
                             f"type {index.dtype}, the manifest expects {entry.samples}")
         shards = []
         for shard in entry.shards:
-            path = self.root / shard.file
+            path = pack_file(self.root, shard.file)
             if not path.is_file():
                 raise DataError(f"pack {self.root}: shard {shard.file} is missing "
                                 f"({len(entry.shards)} shards expected); restore it or "

@@ -35,7 +35,8 @@ from pydantic import Field, StringConstraints, ValidationError
 from torch.utils.data import Dataset
 
 from hpctrain.data.sequences import pad_collate
-from hpctrain.data.shards import FileName, IndexEntry, Sha256, StrictModel, beyond, file_sha256
+from hpctrain.data.shards import (FileName, IndexEntry, Sha256, StrictModel, beyond, file_sha256,
+                                  pack_file)
 from hpctrain.errors import DataError
 
 FORMAT = "hpctrain-tokens"
@@ -150,7 +151,7 @@ class TokenSplit:
     def __init__(self, root: Path, name: str, entry: SplitEntry, dtype: np.dtype,
                  vocab_size: int):
         self.name, self.dtype, self.vocab_size = name, dtype, vocab_size
-        self.shards = [root / shard.file for shard in entry.shards]
+        self.shards = [pack_file(root, shard.file) for shard in entry.shards]
         self.shard_tokens = np.array([shard.tokens for shard in entry.shards], dtype=np.int64)
         for shard, path in zip(entry.shards, self.shards):
             size = path.stat().st_size if path.is_file() else None
@@ -158,7 +159,7 @@ class TokenSplit:
                 raise DataError(f"token pack shard {path} is {size} bytes, the manifest says "
                                 f"{shard.bytes} ({shard.tokens} tokens): missing, truncated or "
                                 "replaced; copy or pack it again")
-        index_path = root / entry.index.file
+        index_path = pack_file(root, entry.index.file)
         if not index_path.is_file() or file_sha256(index_path) != entry.index.sha256:
             raise DataError(f"{index_path} is missing or is not the index this pack was written "
                             "with (SHA-256 differs); pack again")

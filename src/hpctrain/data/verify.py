@@ -12,6 +12,7 @@ per-document checksum: their shards are checked whole.
 from __future__ import annotations
 
 import json
+import os
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,7 @@ from pydantic import ValidationError
 
 from hpctrain.data import shards as images
 from hpctrain.data import tokens
-from hpctrain.data.shards import file_sha256
+from hpctrain.data.shards import file_sha256, pack_file
 from hpctrain.errors import DataError
 from hpctrain.progress import progress_bar
 
@@ -81,10 +82,16 @@ def verify(root: Path | str) -> Verified:
                     f"hpctrain pack ({images.FORMAT} or {tokens.FORMAT})")
 
 
-def _check_file(path: Path, size: int | None, sha256: str, result: Verified,
+def _check_file(root: Path, name: str, size: int | None, sha256: str, result: Verified,
                 advance=None) -> bool:
-    """Whether the file is there, of its size, with its SHA-256; a damage recorded if not."""
+    """Whether the pack's file `name` is there (its own, not a link out of the pack), of its
+    size, with its SHA-256; a damage recorded if not."""
     result.files += 1
+    path = _own_file(root, name)
+    if path is None:
+        result.damaged_files.append(f"{name}: a link out of the pack (to "
+                                    f"{os.readlink(root / name)}), not read")
+        return False
     if not path.is_file():
         result.damaged_files.append(f"{path.name}: missing")
         return False
@@ -100,6 +107,14 @@ def _check_file(path: Path, size: int | None, sha256: str, result: Verified,
     return True
 
 
+def _own_file(root: Path, name: str) -> Path | None:
+    """The pack's file `name`; None where it is a link out of the pack (never read)."""
+    try:
+        return pack_file(root, name)
+    except DataError:
+        return None
+
+
 def _verify_images(root: Path) -> Verified:
     manifest = images._read_manifest(root / images.MANIFEST)
     result = Verified(str(root), "image")
@@ -107,13 +122,13 @@ def _verify_images(root: Path) -> Verified:
     with progress_bar(f"verifying {root.name}", total) as advance:
         for name, entry in manifest.splits.items():
             index_path = root / entry.index.file
-            if not _check_file(index_path, None, entry.index.sha256, result):
+            if not _check_file(root, entry.index.file, None, entry.index.sha256, result):
                 continue  # without its index a split's samples cannot be located
             index = np.load(index_path, mmap_mode="r", allow_pickle=False)
             for number, shard in enumerate(entry.shards):
-                path = root / shard.file
-                _check_file(path, shard.bytes, shard.sha256, result, advance)
-                if path.is_file() and path.stat().st_size == shard.bytes:
+                _check_file(root, shard.file, shard.bytes, shard.sha256, result, advance)
+                path = _own_file(root, shard.file)
+                if path is not None and path.is_file() and path.stat().st_size == shard.bytes:
                     _check_samples(path, index, number, name, result)
     return result
 
@@ -143,7 +158,7 @@ def _verify_tokens(root: Path, data: dict) -> Verified:
     total = sum(s.bytes for e in manifest.splits.values() for s in e.shards)
     with progress_bar(f"verifying {root.name}", total) as advance:
         for entry in manifest.splits.values():
-            _check_file(root / entry.index.file, None, entry.index.sha256, result)
+            _check_file(root, entry.index.file, None, entry.index.sha256, result)
             for shard in entry.shards:
-                _check_file(root / shard.file, shard.bytes, shard.sha256, result, advance)
+                _check_file(root, shard.file, shard.bytes, shard.sha256, result, advance)
     return result
