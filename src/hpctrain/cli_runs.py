@@ -418,9 +418,6 @@ def cmd_report(args) -> int:
     if out.is_dir():
         raise ConfigError(f"--out {out} is a folder; give the page's file, e.g. "
                           f"{out / 'report.html'}")
-    if not out.absolute().parent.is_dir():
-        raise ConfigError(f"--out {out}: the folder {out.absolute().parent} does not exist; "
-                          "create it, or give a path in an existing folder")
     try:
         written = write(runs, out.absolute())
     except OSError as err:
