@@ -176,12 +176,19 @@ def _check_records(index: np.ndarray, shards: list[ShardEntry], classes: int,
                             "describe this pack. Re-pack the source with hpctrain pack")
 
 
+def links_out(root: Path, name: str) -> bool:
+    """Whether the file `name` of the pack folder `root` is a link leading out of the folder:
+    a pack reads only its own files, not what a crafted pack points at (another user's data,
+    /etc)."""
+    path = root / name
+    return path.is_symlink() and not path.resolve().is_relative_to(root.resolve())
+
+
 def pack_file(root: Path, name: str) -> Path:
     """The file `name` (a plain name, checked with the manifest) of the pack folder `root`;
-    refused where it is a link that leads out of the folder: a pack reads only its own files,
-    not what a crafted pack points at (another user's data, /etc)."""
+    refused where it links out of the folder."""
     path = root / name
-    if path.is_symlink() and not path.resolve().is_relative_to(root.resolve()):
+    if links_out(root, name):
         raise DataError(f"pack {root}: {name} is a link to {os.readlink(path)}, outside the "
                         "pack; a pack reads only its own files: copy the file in, or pack "
                         "again")

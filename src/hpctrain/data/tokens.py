@@ -175,8 +175,9 @@ class TokenSplit:
         bad[~bad] |= beyond(docs["start"][~bad], docs["length"][~bad].astype(np.uint64) + 1,
                             self.shard_tokens[docs["shard"][~bad]])
         if bad.any():
-            first = docs[int(np.argmax(bad))]
-            raise DataError(f"{index_path}: document {int(np.argmax(bad))} (shard "
+            number = int(np.argmax(bad))
+            first = docs[number]
+            raise DataError(f"{index_path}: document {number} (shard "
                             f"{first['shard']}, tokens {first['start']} to "
                             f"{int(first['start']) + int(first['length'])}) points outside its "
                             "shard; pack again")

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from hpctrain.errors import ConfigError
 from hpctrain.runs.directory import RunDir
+from hpctrain.tune.study import read_settings
 from hpctrain.tune.worker import hpctrain_run, torchrun
 from hpctrain.writers import write_png, write_whole
 
@@ -89,17 +90,8 @@ def prepare(recipe: str | None, overrides: list[str], sizes: list[int], steps: i
 
 
 def read_study(folder: Path) -> Study:
-    path = Path(folder) / SETTINGS
-    try:
-        return Study(**json.loads(path.read_text()))
-    except (FileNotFoundError, NotADirectoryError):
-        raise ConfigError(f"{folder}: not a scaling study (no {SETTINGS}); start one with "
-                          "hpctrain scale RECIPE --gpus 1,2,4") from None
-    except OSError as err:
-        raise ConfigError(f"{path} cannot be read ({err.strerror or err})") from None
-    except (ValueError, TypeError) as err:
-        raise ConfigError(f"{path} is damaged ({err}); it is written by hpctrain scale") \
-            from None
+    return read_settings(folder, SETTINGS, Study, "a scaling study",
+                         "hpctrain scale RECIPE --gpus 1,2,4")
 
 
 def run_locally(folder: Path, study: Study, say=print) -> None:

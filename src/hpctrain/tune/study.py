@@ -70,18 +70,24 @@ class Search:
 
 
 def read_search(folder: Path) -> Search:
-    path = Path(folder) / SETTINGS
+    return read_settings(folder, SETTINGS, Search, "a search folder",
+                         "hpctrain tune RECIPE --space ...")
+
+
+def read_settings(folder: Path, name: str, build, what: str, start: str):
+    """`build(**settings)` from the JSON file `name` of a study's folder (tune.json,
+    scale.json); a folder without it, or a file given as the folder, is `what` not, and
+    damage is named: one line each."""
+    path = Path(folder) / name
     try:
-        data = json.loads(path.read_text())
-        return Search(**data)
+        return build(**json.loads(path.read_text()))
     except (FileNotFoundError, NotADirectoryError):
-        raise ConfigError(f"{folder}: not a search folder (no {SETTINGS}); start one with "
-                          "hpctrain tune RECIPE --space ...") from None
+        raise ConfigError(f"{folder}: not {what} (no {name}); start one with {start}") \
+            from None
     except OSError as err:
         raise ConfigError(f"{path} cannot be read ({err.strerror or err})") from None
     except (ValueError, TypeError) as err:
-        raise ConfigError(f"{path} is damaged ({err}); it is written by hpctrain tune") \
-            from None
+        raise ConfigError(f"{path} is damaged ({err}); it is written by hpctrain") from None
 
 
 def objective(text: str) -> tuple[str, str]:
