@@ -5,6 +5,7 @@ so a test can tell whether it ran."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import pickle
 from pathlib import Path
@@ -65,3 +66,27 @@ DAMAGE = {
     "empty index": (lambda c: (c / ".metadata").write_bytes(b""), ".metadata is not a checkpoint"),
     "missing RNG state": (lambda c: (c / "rng_rank0.pt").unlink(), "rng_rank0.pt is missing"),
 }
+
+
+def edit_meta(checkpoint: Path, change) -> None:
+    """Rewrite the checkpoint's meta.json with `change(meta)` applied (a valid JSON file whose
+    fields a resume must not trust)."""
+    path = checkpoint / "meta.json"
+    meta = json.loads(path.read_text())
+    change(meta)
+    path.write_text(json.dumps(meta))
+
+
+# name -> how meta.json's fields are damaged (JSON still valid), and the words naming it
+META_DAMAGE = {
+    "no scaler": (lambda m: m.pop("scaler"), "scaler is missing"),
+    "step of text": (lambda m: m["progress"].update(step="x"), 'progress.step is "x"'),
+    "bad scheduler": (lambda m: m["scheduler"].update(last_epoch=[1]),
+                      "scheduler.last_epoch is [1]"),
+    "changes a number": (lambda m: m["progress"].update(changes=5), "progress.changes is 5"),
+    "wall seconds of text": (lambda m: m["progress"].update(wall_seconds="soon"),
+                             'progress.wall_seconds is "soon"'),
+    "scheduler a number": (lambda m: m.update(scheduler=7), "scheduler is 7"),
+}
+DAMAGE["meta.json with a step of text"] = (
+    lambda c: edit_meta(c, META_DAMAGE["step of text"][0]), META_DAMAGE["step of text"][1])

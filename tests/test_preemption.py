@@ -152,6 +152,19 @@ def test_a_signal_during_start_up_stops_the_run_before_its_first_step(tmp_path, 
     assert not list_checkpoints(tmp_path / "runs" / "early" / "checkpoints")
 
 
+@pytest.mark.parametrize("after", [0.3, 1.0, 1.6, 3.0])
+def test_ctrl_c_at_any_moment_of_start_up_is_interrupted_and_130(tmp_path, tiny, after):
+    """From the interpreter's first import of hpctrain (about 0.1 s) through torch's import,
+    the build and the first steps: a Ctrl-C was a traceback, a RecursionError from a
+    half-imported NumPy, or lost (the run trained on to exit 0)."""
+    process = start_run(tiny, "train.max_steps=100000", "run_name=cut")
+    time.sleep(after)
+    os.killpg(process.pid, signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err[-3000:]
+    assert err.strip().splitlines()[-1] == "hpctrain: interrupted" and "Traceback" not in err
+
+
 def test_an_evaluation_is_cut_short_by_a_stop(tiny_config):
     from hpctrain.train.build import build_parts
     from hpctrain.train.evaluation import evaluate

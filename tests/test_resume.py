@@ -9,10 +9,11 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 
-from hostile import DAMAGE, plant_hostile_index, plant_hostile_value
+from hostile import DAMAGE, META_DAMAGE, edit_meta, plant_hostile_index, plant_hostile_value
 from hpctrain.runs.directory import list_checkpoints
 from hpctrain.train.checkpoint import read_checkpoint
-from hpctrain.train.safe_checkpoint import DamagedCheckpoint
+from hpctrain.train.progress_state import PROGRESS_RULES, Progress
+from hpctrain.train.safe_checkpoint import DamagedCheckpoint, problem
 
 
 def steps(run_dir) -> list[int]:
@@ -105,6 +106,23 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, ru
     assert steps(run) == [5, 10, 12]
     aside, = run.glob("checkpoints/set-aside-*")
     assert words in json.loads((aside / "why.json").read_text())["step_00000010"]
+
+
+def test_every_field_a_resume_relies_on_in_meta_json_is_checked(tmp_path, run_cli, tiny):
+    assert run_cli("run", "default", *tiny("run_name=fields", "train.max_steps=2"))[0] == 0
+    whole = tmp_path / "runs" / "fields" / "checkpoints" / "step_00000002"
+    assert problem(whole) is None
+    for name, (change, words) in META_DAMAGE.items():
+        copy = tmp_path / name / "step_00000002"
+        shutil.copytree(whole, copy)
+        edit_meta(copy, change)
+        assert words in (problem(copy) or ""), name
+
+
+def test_the_rules_cover_every_field_of_the_progress():
+    import dataclasses
+
+    assert set(PROGRESS_RULES) == {f.name for f in dataclasses.fields(Progress)}
 
 
 def test_no_whole_checkpoint_or_a_damaged_one_asked_for_is_named(tmp_path, run_cli, tiny):

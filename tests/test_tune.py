@@ -18,6 +18,7 @@ from optuna.trial import TrialState, create_trial
 from hpctrain.config import TASK_OBJECTIVE, TASK_OF_DATA, load_config
 from hpctrain.errors import ConfigError
 from hpctrain.runs.directory import RunDir
+from hpctrain.runs.identity import read_identity
 from hpctrain.tune import space
 from hpctrain.tune.search import Options, prepare
 from hpctrain.tune.study import OBJECTIVES, check_storage, open_study, read_search
@@ -137,7 +138,7 @@ def test_a_local_search_runs_each_trial_once_in_its_own_run_directory(local_sear
         assert config.optim.lr == pytest.approx(row["params"]["optim.lr"])
         assert run.read_summary()["status"] == {"complete": "completed",
                                                 "pruned": "pruned"}[row["state"]]
-        assert len(run.read_identity()["starts"]) == 1
+        assert len(read_identity(run.path)[0]["starts"]) == 1
     completed = [r for r in rows if r["state"] == "complete"]
     best = max(completed, key=lambda r: r["value"])
     assert result["best"]["trial"] == best["trial"]
@@ -155,7 +156,7 @@ def test_pruning_stops_poor_trials_early(local_search):
     assert all(r["steps"] < steps_per_trial for r in pruned)
     assert result["steps_trained"] < steps_per_trial * len(result["trials"])
     for row in pruned:
-        records, _ = RunDir(Path(row["run_dir"])).read_metrics()
+        records, *_ = RunDir(Path(row["run_dir"])).read_metrics()
         assert any(r["kind"] == "eval" for r in records)
         assert row["evaluations"] >= 1 and full.train.epochs == 3
 
@@ -302,7 +303,7 @@ def test_a_two_element_array_runs_four_trials_each_exactly_once(slurm_cluster, h
     assert _started(folder) == [0, 1, 2, 3]
     for trial in trials:
         run = RunDir(folder / f"trial-{trial.number:04d}")
-        assert run.read_summary()["steps"] == 6 and len(run.read_identity()["starts"]) == 1
+        assert run.read_summary()["steps"] == 6 and len(read_identity(run.path)[0]["starts"]) == 1
     assert (folder / "best.yaml").is_file()  # the last worker wrote the results
     script = (folder / "job.sbatch").read_text()
     assert "#SBATCH --array=0-1" in script and "tune worker" in script
@@ -335,7 +336,7 @@ def test_a_trial_preempted_by_sigusr1_resumes_as_the_same_trial(slurm_cluster, h
     run = RunDir(folder / "trial-0000")
     summary = run.read_summary()
     assert summary["steps"] == 1500 and summary["restarts"] == 1
-    assert len(run.read_identity()["starts"]) == 2
+    assert len(read_identity(run.path)[0]["starts"]) == 2
     assert "trial 0 started" in logs and "trial 0 resumed" in logs
     assert "stopped early" in logs
 
@@ -504,7 +505,7 @@ def test_ctrl_c_saves_the_running_trials_and_tune_dir_resumes_them(tiny, tmp_pat
     assert [(r["trial"], r["state"], r["steps"]) for r in result["trials"]] == \
         [(0, "complete", 500)]
     assert "trial 0 resumed" in done.stderr
-    assert len(RunDir(folder / "trial-0000").read_identity()["starts"]) == 2
+    assert len(read_identity(folder / "trial-0000")[0]["starts"]) == 2
 
 
 def test_the_final_evaluation_is_reported_but_never_prunes(run_cli, tiny, tmp_path):

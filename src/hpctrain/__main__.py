@@ -1,3 +1,3 @@
-from hpctrain.cli import entry
+from hpctrain.console import entry
 
 entry()

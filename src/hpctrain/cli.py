@@ -13,6 +13,7 @@ import json
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 from hpctrain.arguments import (Parser, add_job_options, add_recipe, count, counts, job_options,
@@ -651,19 +652,17 @@ def _parse(argv: list[str] | None):
     return args
 
 
-def entry() -> None:
-    """The `hpctrain` command and `python -m hpctrain`: main() in a process of its own, which
-    ends with the verb (stop signals after a run has ended leave its exit status as it is)."""
-    sys.exit(main(own_process=True))
-
-
 def main(argv: list[str] | None = None, own_process: bool = False) -> int:
+    """The verb `argv` names; its exit code. `own_process`: hpctrain's own command
+    (console.entry), which ends with the verb: stop signals after a run has ended leave its
+    exit status as it is."""
+    from hpctrain.train.preemption import catch_early, release_early
+
     started = time.perf_counter()  # a run's time counts from here (importing torch takes s)
     args = _parse(argv)
     args.started = started
-    if args.verb in ("run", "profile"):  # they train: a stop signal must find them listening
-        from hpctrain.train.preemption import catch_early
-
+    trains = args.verb in ("run", "profile")
+    if trains:  # a stop signal must find them listening; the run's Stopper takes them over
         catch_early(until_exit=own_process)
     if args.verb in ("profile", "memory"):  # they run torch's profiler
         from hpctrain.profiling.kineto_log import quiet_without_gpu
@@ -671,17 +670,18 @@ def main(argv: list[str] | None = None, own_process: bool = False) -> int:
         quiet_without_gpu()
     _split_recipe(args)
     try:
-        return _dispatch(args)
+        return _dispatch(args, release_early if not trains else None)
     finally:
-        if args.verb in ("run", "profile"):
-            from hpctrain.train.preemption import release_early
-
+        if trains:
             release_early()
 
 
-def _dispatch(args) -> int:
-    """Run the verb; a user's mistake becomes its message and exit code."""
+def _dispatch(args, release_held: Callable[[], None] | None = None) -> int:
+    """Run the verb; a user's mistake becomes its message and exit code. `release_held`: give
+    back the signals held since the start (a Ctrl-C meanwhile is acted on there)."""
     try:
+        if release_held is not None:
+            release_held()
         return args.func(args)
     except UserError as err:
         print(f"hpctrain: error: {err}", file=sys.stderr)
@@ -698,7 +698,3 @@ def _dispatch(args) -> int:
               "traceback ends in your own model or dataset code, the bug is there; else "
               "please report it to hpctrain with the traceback", file=sys.stderr)
         return ExitCode.INTERNAL
-
-
-if __name__ == "__main__":
-    entry()

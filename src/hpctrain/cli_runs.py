@@ -409,6 +409,10 @@ def cmd_report(args) -> int:
 
     folders = [_run_folder(reference, args.db) for reference in args.runs]
     runs = [read_run(folder) for folder in folders]
+    for run in runs:  # the page says it too, beside the run
+        for damage in run.damage:
+            print(f"hpctrain: warning: {run.path}: {damage}; left out of the report",
+                  file=sys.stderr)
     if not any(run.panels or run.summary for run in runs):
         raise ConfigError(f"{', '.join(map(str, folders))}: no metrics.jsonl or summary.json "
                           "there; give run directories (where config.yaml and metrics.jsonl "
@@ -460,6 +464,8 @@ def _watch_view(shot) -> str:
              *[f"{k} {v:.4g}" for k, v in shot.val.items() if isinstance(v, (int, float))]]
     if any(extra):
         lines.append("  " + "  ".join(e for e in extra if e))
+    if shot.damage:
+        lines.append(f"  damaged: {shot.damage}")
     return "\n".join(lines)
 
 

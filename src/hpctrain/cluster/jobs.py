@@ -26,6 +26,7 @@ from hpctrain.cluster.sbatch import JobRequest, layout, render
 from hpctrain.config import code_references, load_config, plain_name
 from hpctrain.errors import ConfigError
 from hpctrain.runs.directory import SUMMARY, RunDir, is_checkpoint, read_ledger, remember_job
+from hpctrain.runs.identity import read_identity
 
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
                 "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
@@ -97,9 +98,8 @@ class Job:
     def _run_restarts(self) -> int:
         """How often the job's run was started again: its starts in run.json, which count the
         jobs of earlier submissions (submit resume=DIR) and those Slurm requeued, less one."""
-        identity = RunDir(self.run_dir).read_identity()
-        starts = identity.get("starts") if identity else None
-        return len(starts) - 1 if isinstance(starts, list) and starts else 0
+        identity, _ = read_identity(self.run_dir)  # damaged: no restarts known
+        return len(identity["starts"]) - 1 if identity and identity["starts"] else 0
 
     def _own_status(self) -> dict:
         elements = slurm.job_details(self.id)

@@ -12,10 +12,10 @@ from hpctrain.profiling.collect import collect
 from hpctrain.profiling.picture import write_html, write_png
 from hpctrain.profiling.trace import TraceError
 from hpctrain.profiling.verdict import Settings, Verdict
-from hpctrain.runs.directory import PROFILE, RunDir
+from hpctrain.runs.directory import PROFILE, PROFILE_SUMMARY, RunDir
 
 TRACE_PATTERNS = ("*.json.gz", "*.json")
-OUTPUTS = ("profile.json", "profile.html", "profile.png")
+OUTPUTS = (PROFILE_SUMMARY, "profile.html", "profile.png")
 
 
 def find_traces(path: Path | str) -> list[Path]:
@@ -151,9 +151,9 @@ def write_reports(folder: Path, ranks: list[Evidence], verdict: Verdict, title: 
     paths = {name: folder / name for name in OUTPUTS}
     document = {"title": title, "verdict": verdict.to_json(),
                 "ranks": [e.to_json() for e in ranks]}
-    partial = folder / ".profile.json.partial"
+    partial = folder / f".{PROFILE_SUMMARY}.partial"
     partial.write_text(json.dumps(document, indent=2))
-    partial.replace(paths["profile.json"])
+    partial.replace(paths[PROFILE_SUMMARY])
     write_html(paths["profile.html"], ranks[0], verdict, title, text)
     write_png(paths["profile.png"], ranks[0], verdict, title)
     return paths

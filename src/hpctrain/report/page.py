@@ -146,11 +146,12 @@ def _software_and_verdicts(runs: list[RunSeries]) -> str:
         lines = [f"user {who.get('user', '-')}, cluster {who.get('cluster') or '-'}, "
                  f"commit {who.get('git_commit') or '-'}",
                  ", ".join(f"{k} {v}" for k, v in software.items() if k != "python") or "-"]
+        lines += [f"damaged, left out: {damage}" for damage in run.damage]
         if run.memory:
             lines.append(_memory_line(run.memory, run.summary))
         if run.profile:
-            lines.append(f"profile verdict: {run.profile.get('bound', '?').upper()}: "
-                         f"{run.profile.get('reason', '')}")
+            lines.append(f"profile verdict: {run.profile['bound'].upper()}: "
+                         f"{run.profile['reason']}")
             lines += [f"  {i}. {r.get('change', r) if isinstance(r, dict) else r}"
                       for i, r in enumerate(run.profile.get("recommendations") or [], 1)]
         parts.append(f"<h3>{html.escape(run.name)}</h3><pre>"
@@ -161,10 +162,10 @@ def _software_and_verdicts(runs: list[RunSeries]) -> str:
 def _memory_line(memory: dict, summary: dict) -> str:
     """The prediction (hpctrain memory) beside what the run measured."""
     mib = 2**20
-    line = (f"memory predicted (hpctrain memory, {memory.get('device')}, batch "
-            f"{memory.get('batch_size')}, {memory.get('precision')}): peak allocated "
-            f"{memory.get('peak_allocated_bytes', 0) / mib:,.0f} MiB, in use "
-            f"{memory.get('in_use_bytes', 0) / mib:,.0f} MiB")
+    line = (f"memory predicted (hpctrain memory, {memory['device']}, batch "
+            f"{memory['batch_size']}, {memory['precision']}): peak allocated "
+            f"{memory['peak_allocated_bytes'] / mib:,.0f} MiB, in use "
+            f"{memory['in_use_bytes'] / mib:,.0f} MiB")
     measured = summary.get("peak_memory_bytes")
     if isinstance(measured, (int, float)):
         line += f"; measured peak {measured / mib:,.0f} MiB ({summary.get('peak_memory_kind')})"
@@ -225,7 +226,7 @@ def write_run_report(run_dir: Path) -> str | None:
 
     try:
         write([read_run(run_dir)], RunDir(run_dir).report)
-    except (OSError, ValueError) as err:
-        return f"the run's report could not be written ({err}); make it later with " \
-               f"hpctrain report {run_dir}"
+    except Exception as err:  # whatever it is: the run trained, and its summary stands
+        return f"the run's report could not be written ({type(err).__name__}: {err}); make " \
+               f"it later with hpctrain report {run_dir}"
     return None

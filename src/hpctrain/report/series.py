@@ -11,9 +11,11 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpctrain.readers import json_mapping
-from hpctrain.runs.directory import RunDir
-from hpctrain.runs.identity import job_chain
+from hpctrain.profiling.verdict import CLASSES
+from hpctrain.readers import (COUNT, FLAG, MAPPING, TEXT, Kind, field_problem, json_mapping,
+                              list_of, optional)
+from hpctrain.runs.directory import PROFILE_SUMMARY, RunDir
+from hpctrain.runs.identity import job_chain, read_identity
 
 # (panel, curve label, record kind, key); a panel gathers curves of one unit
 CURVES = [
@@ -31,6 +33,11 @@ CURVES = [
     ("GPU memory (GiB, largest rank)", "GPU memory", "gpu", "memory_gib_max"),
 ]
 PANELS = list(dict.fromkeys(panel for panel, *_ in CURVES))
+# what the report prints of profile.json's verdict and of a memory prediction
+VERDICT_RULES = {"bound": Kind(f"one of {', '.join(CLASSES)}", lambda v: v in CLASSES),
+                 "reason": TEXT, "recommendations": list_of(MAPPING | TEXT)}
+ESTIMATE_RULES = {"device": TEXT, "batch_size": COUNT, "precision": TEXT,
+                  "peak_allocated_bytes": COUNT, "in_use_bytes": COUNT, "fits": optional(FLAG)}
 
 
 @dataclass
@@ -52,6 +59,7 @@ class RunSeries:
     identity: dict
     profile: dict | None  # profile/profile.json's verdict, when the run was profiled
     memory: dict | None  # hpctrain memory's prediction, when written into the run directory
+    damage: list[str] = field(default_factory=list)  # files left out, and why
 
     @property
     def jobs(self) -> list[str]:
@@ -71,9 +79,7 @@ def _value(record: dict, key: str) -> float | None:
 
 def read_run(path: Path) -> RunSeries:
     run = RunDir(path)
-    records = [r for r in run.read_metrics()[0]  # those a chart can place
-               if isinstance(r.get("step"), (int, float)) and isinstance(r.get("time"),
-                                                                         (int, float))]
+    records, _, metrics_damage = run.read_metrics()  # each placed by its step and time
     start = min((r["time"] for r in records), default=0.0)
     panels: dict[str, list[Curve]] = {}
     for panel, label, kind, key in CURVES:
@@ -81,28 +87,42 @@ def read_run(path: Path) -> RunSeries:
         for record in records:
             value = _value(record, key) if record.get("kind") == kind else None
             if value is not None:
-                curve.points.append((int(record["step"]), record["time"] - start, value))
+                curve.points.append((record["step"], record["time"] - start, value))
         if curve.points:
             panels.setdefault(panel, []).append(curve)
-    identity = run.read_identity() or {}
-    profile = (json_mapping(run.profile / "profile.json") or {}).get("verdict")
+    identity, identity_damage = read_identity(path)
+    profile, profile_damage = _part(run.profile / PROFILE_SUMMARY, "verdict", VERDICT_RULES,
+                                    ("bound", "reason"))
     predictions = run.memory_predictions()
-    memory = (json_mapping(predictions[0]) or {}).get("estimate") if predictions else None
+    memory, memory_damage = _part(predictions[0], "estimate", ESTIMATE_RULES,
+                                  tuple(k for k in ESTIMATE_RULES if k != "fits")) \
+        if predictions else (None, None)
     return RunSeries(path=path, name=path.name, panels=panels,
-                     restarts=_restarts(identity, records, start),
+                     restarts=_restarts(identity or {}, records, start),
                      summary=run.read_summary() or {}, config=run.read_config() or {},
-                     identity=identity, profile=profile,
-                     memory=memory if isinstance(memory, dict) else None)
+                     identity=identity or {}, profile=profile, memory=memory,
+                     damage=[d for d in (identity_damage, metrics_damage, profile_damage,
+                                         memory_damage) if d is not None])
+
+
+def _part(path: Path, key: str, rules: dict[str, Kind], required: tuple[str, ...]) \
+        -> tuple[dict | None, str | None]:
+    """The mapping under `key` in the JSON file `path`, checked by `rules`: (part, None), or
+    (None, why) when the file holds one that breaks them; (None, None) when it has none."""
+    part = (json_mapping(path) or {}).get(key)
+    if not isinstance(part, dict):
+        return None, None
+    why = field_problem(part, rules, required)
+    return (part, None) if why is None else (None, f"{path.name}: {key}.{why}")
 
 
 def _restarts(identity: dict, records: list[dict], start: float) -> list[tuple[int, float]]:
     """(step, seconds) of the first record after each start but the first."""
     marks = []
-    starts = [s.get("time") for s in identity.get("starts", [])[1:] if isinstance(s, dict)]
-    for began in starts:
-        if not isinstance(began, (int, float)):
+    for began in [s.get("time") for s in identity.get("starts", [])[1:]]:
+        if began is None:
             continue
         after = next((r for r in records if r["time"] >= began), None)
         if after is not None:
-            marks.append((int(after["step"]), after["time"] - start))
+            marks.append((after["step"], after["time"] - start))
     return marks

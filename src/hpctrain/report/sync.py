@@ -14,8 +14,7 @@ import tempfile
 from pathlib import Path
 
 from hpctrain.errors import ConfigError
-from hpctrain.runs.directory import RunDir
-from hpctrain.runs.identity import remember_tracker
+from hpctrain.runs.identity import read_identity, remember_tracker
 
 BATCH = 1000  # MLflow's most metrics per log_batch
 
@@ -44,8 +43,10 @@ def copy_mlflow(run_dir: Path, source_uri: str, target_uri: str) -> str:
     from mlflow.entities import Metric, Param
     from mlflow.tracking import MlflowClient
 
-    identity = RunDir(run_dir).read_identity() or {}
-    trackers = identity.get("trackers") or {}
+    identity, damage = read_identity(run_dir)
+    if damage is not None:
+        raise ConfigError(f"{run_dir}: {damage}; its tracker runs cannot be found")
+    trackers = (identity or {}).get("trackers") or {}
     run_id = trackers.get("mlflow")
     if not run_id:
         raise ConfigError(f"{run_dir}: no MLflow run (the run did not have mlflow in "

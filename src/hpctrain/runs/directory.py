@@ -2,6 +2,7 @@
 
     <output_dir>/<name>/config.yaml    the resolved configuration
                         run.json       who, where and which jobs (written at every start)
+                        run.lock       the living run that holds the folder (runs/lock.py)
                         metrics.jsonl  one JSON object per logging interval and evaluation
                         summary.json   the end-of-run figures
                         checkpoints/   step_NNNNNNNN/ folders, each with meta.json
@@ -25,15 +26,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpctrain.readers import json_mapping, yaml_mapping
+from hpctrain.readers import (AMOUNT, COUNT, FINITE, TEXT, TIME, field_problem, json_mapping,
+                              list_of, optional, yaml_mapping)
 
 CONFIG = "config.yaml"
 IDENTITY = "run.json"
+LOCK = "run.lock"
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 CHECKPOINTS = "checkpoints"
 TENSORBOARD = "tb"
 PROFILE = "profile"
+PROFILE_SUMMARY = "profile.json"  # in profile/: hpctrain profile's verdict and figures
 REPORT = "report.html"
 JOB_SCRIPT = "job.sbatch"
 JOB_RECORD = "job.json"
@@ -43,6 +47,15 @@ CHECKPOINT_META = "meta.json"  # inside each checkpoint folder, written last
 CHECKPOINT_NAME = re.compile(r"^step_(\d{8,})$")
 SET_ASIDE = "set-aside-{time}"  # in checkpoints/: what a resume took out of the run's history
 SET_ASIDE_REASONS = "why.json"
+# what a metrics.jsonl record must hold to be read (train/telemetry.py writes them); a figure
+# such as a loss may be NaN, what places the record (step, time, spent) may not
+METRIC_RULES = {
+    "kind": TEXT, "step": COUNT, "time": TIME, "epoch": FINITE, "elapsed_seconds": AMOUNT,
+    "eval_seconds": AMOUNT, "device_hours": AMOUNT, "energy_joules": optional(AMOUNT),
+    "memory_used_bytes": list_of(optional(COUNT)), "utilization": list_of(optional(FINITE)),
+    "power_watts": list_of(optional(FINITE)), "step_seconds": list_of(AMOUNT),
+    "utilization_mean": optional(FINITE), "power_watts_total": optional(FINITE),
+}
 # the user's state folder ($XDG_STATE_HOME/hpctrain, ~/.local/state/hpctrain by default)
 LEDGER = "jobs.jsonl"
 OUTPUT_DIRS = "output_dirs"  # where runs were written
@@ -63,6 +76,10 @@ class RunDir:
     @property
     def identity(self) -> Path:
         return self.path / IDENTITY
+
+    @property
+    def lock(self) -> Path:
+        return self.path / LOCK
 
     @property
     def metrics(self) -> Path:
@@ -110,23 +127,24 @@ class RunDir:
         """Every job log in the folder (all jobs of a chain, both streams)."""
         return sorted(self.path.glob(JOB_LOG.format(job="*", stream="*")))
 
-    def read_metrics(self) -> tuple[list[dict], int]:
-        """metrics.jsonl's records, and how many lines were not records (cut by a crash)."""
+    def read_metrics(self) -> tuple[list[dict], int, str | None]:
+        """metrics.jsonl's records; how many lines were not records (cut by a crash, or
+        damaged); and the first damaged one named (a record breaking METRIC_RULES: a step of
+        1e23, a time of Infinity), None when the others were merely cut."""
         try:
             lines = self.metrics.read_text(errors="replace").splitlines()
         except OSError:
-            return [], 0
-        records, bad = [], 0
-        for line in lines:
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                record = None
-            if isinstance(record, dict):
+            return [], 0, None
+        records, bad, damage = [], 0, None
+        for number, line in enumerate(lines, 1):
+            record, why = metric_record(line)
+            if record is not None:
                 records.append(record)
-            else:
-                bad += 1
-        return records, bad
+                continue
+            bad += 1
+            if why is not None and damage is None:
+                damage = f"{METRICS} line {number}: {why}"
+        return records, bad, damage
 
     def read_summary(self) -> dict | None:
         """summary.json, or None when missing or unreadable (a crash may have cut it)."""
@@ -135,11 +153,21 @@ class RunDir:
     def read_config(self) -> dict | None:
         return yaml_mapping(self.config)
 
-    def read_identity(self) -> dict | None:
-        return json_mapping(self.identity)
-
     def list_checkpoints(self) -> list[Path]:
         return list_checkpoints(self.checkpoints)
+
+
+def metric_record(line: str) -> tuple[dict | None, str | None]:
+    """One metrics.jsonl line: (record, None); (None, why) when it is a JSON object breaking
+    METRIC_RULES; (None, None) when it is no JSON object (cut by a crash, or by a seek)."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return None, None
+    if not isinstance(record, dict):
+        return None, None
+    why = field_problem(record, METRIC_RULES, ("kind", "step", "time"))
+    return (record, None) if why is None else (None, why)
 
 
 def modified(path: Path) -> float | None:

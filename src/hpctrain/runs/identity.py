@@ -24,11 +24,42 @@ import time
 import uuid
 from pathlib import Path
 
-from hpctrain.runs.directory import RunDir
+from hpctrain.readers import (AMOUNT, COUNT, MAPPING, TEXT, TIME, field_problem, json_mapping,
+                              list_of, optional)
+from hpctrain.runs.directory import IDENTITY, RunDir
 
 # what says where a run lives, not what it trains: not part of the configuration's hash
 LOCATION_KEYS = ("output_dir", "run_name", "resume")
 HEARTBEAT_SECONDS = 60.0
+DAMAGED = IDENTITY + ".damaged-{time}"  # a damaged run.json, kept aside when a start replaces it
+# what run.json must hold to be read (record_start writes it), and each of its starts
+RECORD_RULES = {
+    "run_id": TEXT, "name": TEXT, "recipe": optional(TEXT), "created": TIME,
+    "user": optional(TEXT), "cluster": optional(TEXT), "git_commit": optional(TEXT),
+    "config_hash": optional(TEXT), "starts": list_of(MAPPING), "trackers": MAPPING,
+}
+START_RULES = {
+    "time": TIME, "job_id": optional(TEXT), "restart": COUNT, "launcher": TEXT,
+    "world_size": COUNT, "hosts": list_of(TEXT), "gpu_model": optional(TEXT),
+    "gpus": optional(COUNT), "output_dir": TEXT, "seconds": optional(AMOUNT),
+    "device_hours": optional(AMOUNT), "energy_joules": optional(AMOUNT),
+}
+
+
+def read_identity(run_dir: Path) -> tuple[dict | None, str | None]:
+    """run.json's record, checked field by field: (record, None); (None, why) when it is there
+    but damaged (cut short, or a field breaking RECORD_RULES); (None, None) when absent."""
+    path = RunDir(run_dir).identity
+    record = json_mapping(path)
+    if record is None:
+        return None, (f"{IDENTITY} cannot be read (cut short or not a JSON object)"
+                      if path.exists() else None)
+    why = field_problem(record, RECORD_RULES, ("run_id", "starts"))
+    for number, start in enumerate(record.get("starts") if why is None else []):
+        if (problem := field_problem(start, START_RULES)) is not None:
+            why = f"starts[{number}].{problem}"
+            break
+    return (None, f"{IDENTITY}: {why}") if why else (record, None)
 
 
 def config_hash(config: dict) -> str:
@@ -55,8 +86,10 @@ def record_start(run_dir: Path, config: dict, start: dict) -> dict:
     """Create or extend run.json with this start (`start`: time, job_id, hosts, world_size,
     gpu_model, gpus, launcher); the whole record. Written atomically."""
     run = RunDir(run_dir)
-    record = run.read_identity()
-    if record is None or not isinstance(record.get("run_id"), str):
+    record, damage = read_identity(run_dir)
+    if damage is not None:  # kept, not overwritten: the new record starts afresh
+        os.replace(run.identity, run_dir / DAMAGED.format(time=time.strftime("%Y%m%d-%H%M%S")))
+    if record is None:
         record = {"run_id": uuid.uuid4().hex, "name": run_dir.name,
                   "recipe": config.get("name"), "created": time.time(),
                   "user": _user(), "cluster": start.pop("cluster", None),
@@ -72,11 +105,10 @@ def record_job(run_dir: Path, number: int, seconds: float, device_hours: float,
                energy_joules: float | None) -> None:
     """This job's figures so far into its start (`number`: its place in `starts`)."""
     run = RunDir(run_dir)
-    record = run.read_identity()
-    starts = record.get("starts") if record is not None else None
-    if not isinstance(starts, list) or not 0 <= number < len(starts) or \
-            not isinstance(starts[number], dict):
-        return  # run.json replaced by hand meanwhile: the summary still tells this job
+    record, _ = read_identity(run_dir)
+    starts = record["starts"] if record is not None else []
+    if not 0 <= number < len(starts):
+        return  # run.json damaged or replaced meanwhile: the summary still tells this job
     starts[number].update(seconds=seconds, device_hours=device_hours,
                           energy_joules=energy_joules)
     _write(run, record)
@@ -105,7 +137,9 @@ def remember_tracker(run_dir: Path, tracker: str, run_id: str | dict) -> None:
     """Keep a tracker's run id in run.json, so that the next start continues that run (and
     `runs sync` knows what it copied where)."""
     run = RunDir(run_dir)
-    record = run.read_identity() or {}
+    record, _ = read_identity(run_dir)
+    if record is None:
+        return  # written at the start, before trackers open: damaged since, nothing to extend
     record.setdefault("trackers", {})[tracker] = run_id
     _write(run, record)
 

@@ -5,16 +5,16 @@ data wait from the same interval."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from hpctrain.runs.directory import RunDir
+from hpctrain.runs.directory import RunDir, metric_record
 
 TAIL_BYTES = 256 * 1024  # the last records of a long metrics.jsonl
 
 
-def tail_records(metrics: Path) -> list[dict]:
-    """The records among the file's last TAIL_BYTES, oldest first."""
+def tail_reading(metrics: Path) -> tuple[list[dict], str | None]:
+    """The records among the file's last TAIL_BYTES, oldest first, and the first damaged line
+    among them named (a record breaking directory.METRIC_RULES), None when there is none."""
     try:
         with open(metrics, "rb") as file:
             file.seek(0, 2)
@@ -22,21 +22,20 @@ def tail_records(metrics: Path) -> list[dict]:
             file.seek(max(0, size - TAIL_BYTES))
             text = file.read().decode(errors="replace")
     except OSError:
-        return []
-    records = []
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # the first line cut by the seek, or one being written
-        if isinstance(record, dict) and isinstance(record.get("kind"), str):
+        return [], None
+    records, damage = [], None
+    for line in text.splitlines():  # the first line cut by the seek, or one being written: out
+        record, why = metric_record(line)
+        if record is not None:
             records.append(record)
-    return records
+        elif why is not None and damage is None:
+            damage = f"{metrics.name}: a line left out: {why}"
+    return records, damage
 
 
 def latest_records(metrics: Path) -> dict[str, dict]:
     """kind -> the newest record of that kind among the file's last TAIL_BYTES."""
-    return {record["kind"]: record for record in tail_records(metrics)}
+    return {record["kind"]: record for record in tail_reading(metrics)[0]}
 
 
 def rank_rows(run_dir: Path, hosts: list[str] | None = None) -> list[dict]:

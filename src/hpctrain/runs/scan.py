@@ -18,7 +18,8 @@ from pathlib import Path
 
 from hpctrain.runs.directory import (CONFIG, IDENTITY, JOB_SCRIPT, METRICS, SUMMARY, RunDir,
                                     modified)
-from hpctrain.runs.identity import config_hash, job_chain
+from hpctrain.readers import COUNT, TEXT
+from hpctrain.runs.identity import config_hash, job_chain, read_identity
 
 # a live run touches run.json every minute (identity.Heartbeat); silence this long is a loss
 LOST_AFTER_SECONDS = 15 * 60
@@ -41,6 +42,15 @@ def signature(path: Path) -> str:
     return "|".join(parts)
 
 
+def _text(value) -> str | None:
+    """A summary's or configuration's text for a column; anything else (damage) is none."""
+    return value if TEXT.holds(value) else None
+
+
+def _count(value) -> int | None:
+    return value if COUNT.holds(value) else None
+
+
 def _number(value) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
         and math.isfinite(value) else None
@@ -52,7 +62,7 @@ def evaluations(records: list[dict]) -> list[tuple]:
     first = next((r.get("time") for r in records if _number(r.get("time"))), None)
     rows = []
     for record in records:
-        if record.get("kind") != "eval" or not isinstance(record.get("step"), int):
+        if record.get("kind") != "eval":
             continue
         elapsed = _number(record.get("elapsed_seconds"))
         if elapsed is None and first is not None and _number(record.get("time")):
@@ -90,12 +100,15 @@ def scan_run(path: Path) -> tuple[dict, list[tuple]]:
     """The index row of the run directory `path`, and its evaluations."""
     run = RunDir(path)
     folder_mtime = modified(path)  # before reading: a write meanwhile shows at the next refresh
-    identity = run.read_identity() or {}
+    identity, identity_damage = read_identity(path)
+    identity = identity or {}
     config = run.read_config() or {}
     summary = run.read_summary()
-    records, bad_lines = run.read_metrics()
+    records, bad_lines, metrics_damage = run.read_metrics()
     heartbeat = max(filter(None, (modified(run.identity), modified(run.metrics))), default=None)
     status, problem = _status(run, summary, heartbeat)
+    if problem is None and (identity_damage or metrics_damage):
+        status, problem = "damaged", identity_damage or metrics_damage
     if bad_lines and problem is None:
         problem = f"{bad_lines} line(s) of {METRICS} unreadable (skipped)"
     summary = summary or {}
@@ -112,7 +125,8 @@ def scan_run(path: Path) -> tuple[dict, list[tuple]]:
         "run_id": identity.get("run_id") if isinstance(identity.get("run_id"), str)
         else _legacy_id(path, records),
         "path": str(path), "name": path.name,
-        "recipe": identity.get("recipe") or config.get("name") or path.name.split("-")[0],
+        "recipe": identity.get("recipe") or _text(config.get("name")) or
+        path.name.split("-")[0],
         "status": status, "problem": problem,
         "user_name": identity.get("user"), "host": (last_start.get("hosts") or [None])[0],
         "cluster": identity.get("cluster") or last_start.get("cluster"),
@@ -122,18 +136,18 @@ def scan_run(path: Path) -> tuple[dict, list[tuple]]:
         "config_hash": identity.get("config_hash") or (config_hash(config) if config else None),
         "git_commit": identity.get("git_commit"),
         "jobs": json.dumps(jobs),
-        "gpu_model": last_start.get("gpu_model") or (summary.get("device")
+        "gpu_model": last_start.get("gpu_model") or (_text(summary.get("device"))
                                                      if summary.get("device") != "cpu" else None),
         "gpu_count": last_start.get("gpus", 0 if summary.get("device") == "cpu" else None),
-        "world_size": last_start.get("world_size") or summary.get("world_size"),
+        "world_size": last_start.get("world_size") or _count(summary.get("world_size")),
         "device_hours": _number(summary.get("device_hours")) or
         _number(progress.get("device_hours")),
         "energy_joules": _number(summary.get("energy_joules")) or
         _number(progress.get("energy_joules")),
-        "energy_source": summary.get("energy_source"),
+        "energy_source": _text(summary.get("energy_source")),
         "best_metric": best_metric, "best_value": best_value,
-        "steps": summary.get("steps") if isinstance(summary.get("steps"), int) else
-        max((r["step"] for r in records if isinstance(r.get("step"), int)), default=None),
+        "steps": _count(summary.get("steps")) if _count(summary.get("steps")) is not None
+        else max((r["step"] for r in records), default=None),
         "wall_seconds": _number(summary.get("wall_seconds")) or
         _number(progress.get("elapsed_seconds")),
         "heartbeat": heartbeat,

@@ -4,12 +4,14 @@ Slurm state. Plain reading: the view and the loop are the CLI's."""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpctrain.runs.directory import RunDir, modified
-from hpctrain.runs.live import tail_records
+from hpctrain.runs.identity import read_identity
+from hpctrain.runs.live import tail_reading
 from hpctrain.runs.scan import FINAL
 
 BARS = "▁▂▃▄▅▆▇█"
@@ -18,7 +20,7 @@ SPARK_POINTS = 40
 
 def sparkline(values: list[float], width: int = SPARK_POINTS) -> str:
     """The last `width` values as bars, lowest to highest."""
-    values = [v for v in values if v is not None][-width:]
+    values = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)][-width:]
     if not values:
         return ""
     low, high = min(values), max(values)
@@ -42,6 +44,7 @@ class Snapshot:
     throughput_spark: str = ""
     slurm_state: str | None = None
     age_seconds: float | None = None  # since the last record
+    damage: str | None = None  # a file of the run that could not be read, and why
 
     @property
     def ended(self) -> bool:
@@ -54,21 +57,24 @@ def _total_steps(config: dict, train: dict) -> int | None:
     if isinstance(settings.get("max_steps"), int):
         return settings["max_steps"]
     epoch, step = train.get("epoch"), train.get("step")
-    if isinstance(settings.get("epochs"), (int, float)) and epoch and step:
-        return round(settings["epochs"] * step / epoch)
+    epochs = settings.get("epochs")
+    if isinstance(epochs, (int, float)) and math.isfinite(epochs) and epoch and step and \
+            math.isfinite(total := epochs * step / epoch):
+        return round(total)
     return None
 
 
 def snapshot(run_dir: Path) -> Snapshot:
     run = RunDir(run_dir)
-    records = tail_records(run.metrics)  # read once: the curves and the latest of each kind
+    records, damage = tail_reading(run.metrics)  # once: the curves and the latest of each kind
     trains = [r for r in records if r.get("kind") == "train"]
     latest = {r["kind"]: r for r in records}
     summary = run.read_summary() or {}
     status = summary.get("status", "running" if trains else "not started")
     if summary and trains and trains[-1].get("time", 0) > (modified(run.summary) or 0.0):
         status = "running"  # started again after its last summary (a requeue)
-    shot = Snapshot(str(run_dir), status)
+    shot = Snapshot(str(run_dir), status if isinstance(status, str) else "damaged",
+                    damage=read_identity(run_dir)[1] or damage)
     if not trains:
         return shot
     last = trains[-1]

@@ -9,6 +9,7 @@ import dataclasses
 import math
 import os
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -154,8 +155,14 @@ def _sketch(config: Config) -> nn.Module:
                            image_sizes=image_sizes(config.data))
 
 
-def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
-    """All parts of a run; `env` defaults to the environment this process was started in."""
+def build_parts(config: Config, env: ProcessEnv | None = None,
+                held: ExitStack | None = None) -> Parts:
+    """All parts of a run; `env` defaults to the environment this process was started in.
+    What the run holds until it ends (its run directory's lock) is released by `held`'s close,
+    built or not; without `held` (a test or benchmark driving the parts itself), once built."""
+    if held is None:
+        with ExitStack() as for_the_build:
+            return build_parts(config, env, for_the_build)
     env = env or detect()
     trackers.check(config)  # a tracker's missing library, said before anything is built
     # ---- decide and check the layout before any process group exists ----
@@ -175,7 +182,8 @@ def build_parts(config: Config, env: ProcessEnv | None = None) -> Parts:
 
     distributed = parallel.start(config, env, layout, device)
     apply_global_switches(plan, config.seed)
-    place = _on_rank0(distributed, lambda: resolve_run(config))
+    place = _on_rank0(distributed, lambda: resolve_run(config, env.job_id, env.restart_count))
+    held.callback(place.lock.release)
     job_end = _on_rank0(distributed, lambda: job_end_time(env.job_id, os.environ)
                         if env.job_id and config.preemption.deadline == "auto" else None)
     with distributed.node_leader_first():  # one rank per node fills the dataset cache

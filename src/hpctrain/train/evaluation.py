@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from hpctrain.train.checkpoint import capture_rng, restore_rng
-from hpctrain.train.resume import Progress
+from hpctrain.train.progress_state import Progress
 
 
 @torch.no_grad()

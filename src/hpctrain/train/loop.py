@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 
 import torch
@@ -41,7 +42,8 @@ from hpctrain.train.evaluation import evaluate, keep_best
 from hpctrain.train.intervals import Clock, Interval, RunningMetrics
 from hpctrain.train.parallel import collective_failure
 from hpctrain.train.preemption import Stopper
-from hpctrain.train.resume import Progress, completed_summary, is_complete, restore, save
+from hpctrain.train.progress_state import Progress
+from hpctrain.train.resume import completed_summary, is_complete, restore, save
 from hpctrain.train.run_dir import set_aside
 from hpctrain.train.telemetry import KEEP_GOING, Telemetry, write_summary
 from hpctrain.train.trial import TrialPruned
@@ -61,16 +63,18 @@ def train(config: Config, env: ProcessEnv | None = None,
     # forked later, inherit the harmless handler (Slurm signals every process of a step; a
     # worker killed by SIGUSR1 would crash the run).
     stopper = Stopper()
-    stopper.install(config.preemption.signal)
-    start_resource_tracker((config.preemption.signal,))
+    held = ExitStack()  # the run directory's lock, from its claim to the run's end
     try:
+        stopper.install(config.preemption.signal)  # a Ctrl-C held meanwhile: interrupted here
+        start_resource_tracker((config.preemption.signal,))
         try:
-            parts = build_parts(config, env)
+            parts = build_parts(config, env, held)
         except RuntimeError as err:
             _raise_readable(err, env, "while starting", config)
         stopper.attach(parts.distributed, parts.deadline)
         return _train(parts, stopper, on_step, Clock(started=started))
     finally:
+        held.close()
         stopper.close()
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
@@ -100,6 +104,8 @@ def _train(parts: Parts, stopper: Stopper, on_step: Callable[[Parts, int], None]
     telemetry.message(report.banner(parts, parts.resume_from))
     if moved:
         telemetry.message(moved)
+    if parts.place.lock.taken_over:
+        telemetry.message(f"  took over {parts.place.lock.path}: {parts.place.lock.taken_over}")
     if changes:
         telemetry.message("  resuming with changed settings: " + "; ".join(changes)
                           + " (they apply from this step on)")

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -26,6 +25,7 @@ from hpctrain.errors import ConfigError
 from hpctrain.monitor.sampler import add_energy
 from hpctrain.runs.directory import RunDir, run_of_checkpoint
 from hpctrain.train import checkpoint as ckpt
+from hpctrain.train.progress_state import Progress
 from hpctrain.train.safe_checkpoint import DamagedCheckpoint, read_meta
 
 # settings whose change makes a checkpoint's state unusable, and why
@@ -38,28 +38,6 @@ STATE_SETTINGS = {
 }
 # where the run lives is not a change
 LOCATION_SETTINGS = ("resume", "run_name", "output_dir")
-
-
-@dataclass
-class Progress:
-    """What a checkpoint carries besides the model and optimiser."""
-
-    step: int = 0
-    best_val_accuracy: float | None = None
-    final_val_accuracy: float | None = None
-    best_val_loss: float | None = None  # language models
-    final_eval: dict = field(default_factory=dict)  # the last evaluation's val_* figures
-    eval_owed: int | None = None  # the step whose scheduled evaluation a stop cut short
-    last_good_checkpoint: str | None = None
-    nan_intervals: int = 0
-    nan_since_step: int | None = None
-    # the jobs before this one: as run.json's starts record them (loop._announce), or as the
-    # checkpoint does (up to its save) where they ran an hpctrain that kept no job figures
-    restarts: int = 0
-    wall_seconds: float = 0.0
-    device_hours: float = 0.0  # devices x hours
-    energy_joules: float | None = None  # all devices (None: never measured)
-    changes: list = field(default_factory=list)  # [{"step", "settings"}] applied on resume
 
 
 # the optimiser's state and settings keyed by parameter name ("state.blocks.3.mlp.up.weight.
@@ -177,8 +155,7 @@ def restore(parts, path: Path) -> tuple[Progress, list[str]]:
     parts.precision.load_state_dict(meta["scaler"])
     if rng is not None:
         ckpt.restore_rng(rng)
-    progress = Progress(**{k: v for k, v in meta["progress"].items()
-                           if k in {f.name for f in dataclasses.fields(Progress)}})
+    progress = Progress.from_record(meta["progress"])
     progress.last_good_checkpoint = str(path)
     progress.restarts += 1
     described = [f"{key}: {old!r} -> {new!r}" for key, (old, new) in changes.items()]
@@ -217,7 +194,8 @@ def _apply_settings(parts, settings: list[dict], scheduler_state: dict) -> None:
     for group, values in zip(groups, settings):
         group.update(values)
     scheduler = parts.scheduler
-    scheduler.load_state_dict(scheduler_state)
+    own = scheduler.state_dict()  # only what this schedule holds: never another attribute
+    scheduler.load_state_dict({k: v for k, v in scheduler_state.items() if k in own})
     scheduler.base_lrs = [values["initial_lr"] for values in settings]
     for group, base, rule in zip(groups, scheduler.base_lrs, scheduler.lr_lambdas):
         group["lr"] = base * rule(scheduler.last_epoch)

@@ -20,27 +20,35 @@ import os
 import re
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpctrain.config import Config
 from hpctrain.errors import ConfigError, DataError
-from hpctrain.runs.directory import SET_ASIDE, SET_ASIDE_REASONS, RunDir, is_checkpoint
+from hpctrain.runs.directory import (SET_ASIDE, SET_ASIDE_REASONS, RunDir, is_checkpoint,
+                                     run_of_checkpoint)
+from hpctrain.runs.lock import RunLock, claim, claim_new
 from hpctrain.train.checkpoint import step_of
 from hpctrain.train.safe_checkpoint import DamagedCheckpoint, problem
 from hpctrain.train.telemetry import drop_records_after
 
-STAMP = r"\d{8}-\d{6}(?:-\d+)?"  # what _new_run_dir appends to the recipe name
+STAMP = r"\d{8}-\d{6}(?:-\d+)?"  # what _new_run appends to the recipe name
 
 
 @dataclass
 class RunPlace:
-    """Where a run lives, the checkpoint it resumes from, and the checkpoints that must leave
-    its history first (with why) once that resume has succeeded."""
+    """Where a run lives (its directory, locked for it), the checkpoint it resumes from, and
+    the checkpoints that must leave its history first (with why) once that resume has
+    succeeded."""
 
-    run_dir: Path
+    lock: RunLock
     resume_from: Path | None = None
     set_aside: list[tuple[Path, str]] = field(default_factory=list)
+
+    @property
+    def run_dir(self) -> Path:
+        return self.lock.run_dir
 
 
 def _latest_run(output_dir: Path, name: str) -> Path | None:
@@ -60,16 +68,6 @@ def _latest_run(output_dir: Path, name: str) -> Path | None:
 def _recipe_of(run: Path) -> str | None:
     """The recipe name a run's config.yaml records (None when it cannot be read)."""
     return (RunDir(run).read_config() or {}).get("name")
-
-
-def _new_run_dir(output_dir: Path, name: str) -> Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    run = output_dir / f"{name}-{stamp}"
-    suffix = 1
-    while run.exists():
-        suffix += 1
-        run = output_dir / f"{name}-{stamp}-{suffix}"
-    return run
 
 
 def writable_output_dir(setting: str) -> Path:
@@ -92,14 +90,14 @@ def writable_output_dir(setting: str) -> Path:
     return output_dir
 
 
-def _newest_whole(run: Path, checkpoints: list[Path]) -> RunPlace:
-    """Resume from the newest checkpoint that passes the check; newer damaged ones are set
-    aside, named."""
-    damaged = []
-    for checkpoint in reversed(checkpoints):
+def _newest_whole(lock: RunLock) -> RunPlace:
+    """Resume from the newest checkpoint of the locked run that passes the check; newer
+    damaged ones are set aside, named."""
+    run, damaged = lock.run_dir, []
+    for checkpoint in reversed(RunDir(run).list_checkpoints()):
         reason = problem(checkpoint)
         if reason is None:
-            return RunPlace(run, checkpoint, [(c, f"damaged: {why}") for c, why in damaged])
+            return RunPlace(lock, checkpoint, [(c, f"damaged: {why}") for c, why in damaged])
         damaged.append((checkpoint, reason))
     raise DamagedCheckpoint(
         f"every checkpoint of {run} is damaged:\n  " + "\n  ".join(why for _, why in damaged)
@@ -107,46 +105,80 @@ def _newest_whole(run: Path, checkpoints: list[Path]) -> RunPlace:
         "that is whole")
 
 
-def _branch_from(checkpoint: Path) -> RunPlace:
-    """Resume from the checkpoint folder given: newer checkpoints of its run leave its
-    history."""
+def _branch_from(checkpoint: Path, lock: RunLock) -> RunPlace:
+    """Resume from the checkpoint folder given: newer checkpoints of its (locked) run leave
+    its history."""
     reason = problem(checkpoint)
     if reason is not None:
         raise DamagedCheckpoint(f"resume={checkpoint}: {reason}. Resume from another "
                                 "checkpoint, or from the run directory (the newest whole "
                                 "checkpoint is taken)")
-    later = [c for c in RunDir(checkpoint.parent.parent).list_checkpoints() if step_of(c) > step_of(checkpoint)]
-    return RunPlace(checkpoint.parent.parent, checkpoint,
+    later = [c for c in RunDir(lock.run_dir).list_checkpoints()
+             if step_of(c) > step_of(checkpoint)]
+    return RunPlace(lock, checkpoint,
                     [(c, f"after {checkpoint.name}, the checkpoint resumed from: another "
                       "branch of the run") for c in later])
 
 
-def resolve_run(config: Config) -> RunPlace:
-    """Where this run lives and what it resumes from. Only output_dir is created here: the run
-    directory appears when the run first reports (Telemetry), so a run that fails to start
-    leaves nothing behind."""
+def resolve_run(config: Config, job_id: str | None = None, restart: int = 0) -> RunPlace:
+    """Where this run lives and what it resumes from, with the run directory locked for this
+    run (runs/lock.py: RunInUse when a living run holds it). The claim makes the folders it
+    needs, and `place.lock.release()` removes those the run left empty, so a run that fails to
+    start leaves nothing behind. `job_id`, `restart`: this process's Slurm job and start."""
     output_dir = writable_output_dir(config.output_dir)
     named = output_dir / config.run_name if config.run_name else None
     if config.resume == "auto":
         run = named if named else _latest_run(output_dir, config.name)
-        checkpoints = RunDir(run).list_checkpoints() if run is not None else []
-        if checkpoints:
-            return _newest_whole(run, checkpoints)
-        return RunPlace(run or _new_run_dir(output_dir, config.name))
+        if run is None:
+            return RunPlace(_new_run(output_dir, config.name, job_id, restart))
+        return _locked(claim(run, job_id, restart, _setting(config)), _resume_in)
     if config.resume:
         target = Path(config.resume).expanduser()
-        if is_checkpoint(target):
-            return _branch_from(target)
-        checkpoints = RunDir(target).list_checkpoints()
-        if not checkpoints:
+        run = run_of_checkpoint(target) if is_checkpoint(target) else target
+        if not is_checkpoint(target) and not RunDir(target).list_checkpoints():
             raise ConfigError(f"resume={config.resume}: no checkpoint there; give a run "
                               "directory with checkpoints/, one checkpoint folder "
                               "(checkpoints/step_N), or resume=auto")
-        return _newest_whole(target, checkpoints)
-    if named is not None and RunDir(named).list_checkpoints():
-        raise ConfigError(f"run_name={config.run_name}: {named} already holds checkpoints; "
-                          "continue it with resume=auto, or choose another run_name")
-    return RunPlace(named or _new_run_dir(output_dir, config.name))
+        return _locked(claim(run, job_id, restart, f"resume={config.resume}"),
+                       lambda lock: _branch_from(target, lock) if is_checkpoint(target)
+                       else _newest_whole(lock))
+    if named is None:
+        return RunPlace(_new_run(output_dir, config.name, job_id, restart))
+    return _locked(claim(named, job_id, restart, _setting(config)), _fresh_named(config))
+
+
+def _setting(config: Config) -> str:
+    return f"run_name={config.run_name}" if config.run_name else "resume=auto"
+
+
+def _new_run(output_dir: Path, name: str, job_id: str | None, restart: int):
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return claim_new(output_dir, f"{name}-{stamp}", job_id, restart)
+
+
+def _locked(lock: RunLock, place: Callable[[RunLock], RunPlace]) -> RunPlace:
+    """`place(lock)`, the lock released when it fails."""
+    try:
+        return place(lock)
+    except BaseException:
+        lock.release()
+        raise
+
+
+def _resume_in(lock: RunLock) -> RunPlace:
+    """resume=auto in a locked run directory: its newest whole checkpoint, or a fresh start
+    when it has none."""
+    return _newest_whole(lock) if RunDir(lock.run_dir).list_checkpoints() else RunPlace(lock)
+
+
+def _fresh_named(config: Config) -> Callable[[RunLock], RunPlace]:
+    def place(lock: RunLock) -> RunPlace:
+        if RunDir(lock.run_dir).list_checkpoints():
+            raise ConfigError(f"run_name={config.run_name}: {lock.run_dir} already holds "
+                              "checkpoints; continue it with resume=auto, or choose another "
+                              "run_name")
+        return RunPlace(lock)
+    return place
 
 
 def set_aside(place: RunPlace) -> str | None:

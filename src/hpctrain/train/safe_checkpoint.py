@@ -9,8 +9,8 @@ admits only DCP's metadata types (a few dataclasses, torch.Size, dtypes and layo
 file the index names must be a plain file of the folder holding the byte ranges it claims, and
 values are accepted only when `torch.load(weights_only=True)` can read them.
 
-`problem(path)` is the cheap check run before a resume chooses a checkpoint: meta.json, the
-index, the shard files' sizes, one RNG file per rank. It catches truncated or empty files and
+`problem(path)` is the cheap check run before a resume chooses a checkpoint: meta.json (by
+progress_state's rules), the index, the shard files' sizes, one RNG file per rank. It catches truncated or empty files and
 a broken meta.json without reading the tensors.
 """
 
@@ -32,6 +32,7 @@ from torch.distributed.checkpoint.filesystem import _StorageInfo
 from hpctrain.errors import DataError
 from hpctrain.runs.directory import CHECKPOINT_META as META
 from hpctrain.runs.directory import CHECKPOINT_NAME as NAME
+from hpctrain.train.progress_state import meta_problem
 
 INDEX = ".metadata"
 
@@ -141,9 +142,8 @@ def problem(folder: Path) -> str | None:
     rank."""
     try:
         meta = read_meta(folder)
-        if not isinstance(meta.get("progress"), dict) or not isinstance(
-                meta.get("scheduler"), dict):
-            raise DamagedCheckpoint(f"checkpoint {folder}: {META} lacks the run's progress")
+        if (why := meta_problem(meta)) is not None:
+            raise DamagedCheckpoint(f"checkpoint {folder}: {META}: {why}")
         read_index(folder)
         for rank in range(meta["world_size"]):
             rng = folder / f"rng_rank{rank}.pt"

@@ -1,0 +1,29 @@
+"""The `hpctrain` command (and `python -m hpctrain`): its first act is to hold Ctrl-C.
+
+Python turns Ctrl-C into KeyboardInterrupt wherever the main thread is, and during start-up
+that is inside the import of NumPy or torch (seconds): a traceback, a half-imported NumPy that
+fails later with a RecursionError, or an interrupt swallowed by a library's import fallback and
+lost, the run training on to exit 0. Held from here (preemption.catch_early), a Ctrl-C is
+acted on where hpctrain can: when the verb starts (cli.main), or for `run` and `profile` when
+the run's Stopper takes the held signals over; it ends as "interrupted" with exit 130.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def entry() -> None:
+    from hpctrain.train.preemption import catch_early
+
+    catch_early(("SIGINT",))
+    from hpctrain.errors import ExitCode
+
+    try:
+        from hpctrain.cli import main
+
+        code = main(own_process=True)
+    except KeyboardInterrupt:  # one held, handed back where no verb was left to catch it
+        print("hpctrain: interrupted", file=sys.stderr)
+        code = ExitCode.INTERRUPTED
+    sys.exit(code)

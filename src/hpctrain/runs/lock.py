@@ -1,0 +1,242 @@
+"""One run directory, one run: the lock a run holds on its directory for its whole life.
+
+    <run_dir>/run.lock   {"pid", "host", "job_id", "restart", "started"} of the holder
+
+The lock is created whole and exclusively (written to a file of its own, then hard-linked to
+its name: a link fails when the name exists, on local disks and on NFS, GPFS and Lustre alike),
+and its modification time is a heartbeat (touched every HEARTBEAT_SECONDS). A second run that
+finds it is refused (RunInUse, exit 2), naming the holder, unless the holder is gone:
+
+- it ran on this host and its process no longer exists;
+- it was an earlier start of this same Slurm job (a requeue runs only after the job ended);
+- its heartbeat is older than STALE_SECONDS (a dead node's process cannot be asked).
+
+A gone holder's lock is taken over: renamed away (only one of two racing runs can rename it),
+checked to be the lock that was judged, then replaced by this run's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hpctrain.errors import ConfigError
+from hpctrain.readers import json_mapping
+from hpctrain.runs.directory import RunDir
+from hpctrain.runs.identity import HEARTBEAT_SECONDS, Heartbeat
+
+STALE_SECONDS = 5 * HEARTBEAT_SECONDS  # a holder silent this long is taken for dead
+ATTEMPTS = 5  # claims tried while other runs take over the same stale lock
+
+
+class RunInUse(ConfigError):
+    """Another living run holds the run directory (exit 2: a choice of the user's)."""
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a run directory, as its lock records it."""
+
+    pid: int
+    host: str
+    job_id: str | None
+    restart: int
+    started: float
+
+    @classmethod
+    def this_process(cls, job_id: str | None, restart: int) -> Holder:
+        return cls(os.getpid(), socket.gethostname(), job_id, restart, time.time())
+
+    @classmethod
+    def read(cls, path: Path) -> Holder | None:
+        """The holder a lock file names; None when it is unreadable or of another shape."""
+        record = json_mapping(path)
+        if record is None:
+            return None
+        pid, host, job, restart, started = (record.get(k) for k in
+                                             ("pid", "host", "job_id", "restart", "started"))
+        whole = isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 and \
+            isinstance(host, str) and isinstance(job, (str, type(None))) and \
+            isinstance(restart, int) and isinstance(started, (int, float))
+        return cls(pid, host, job, restart, float(started)) if whole else None
+
+    def describe(self) -> str:
+        job = f", Slurm job {self.job_id}" if self.job_id else ""
+        return (f"process {self.pid} on host {self.host}{job}, since "
+                f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(self.started))}")
+
+
+def gone_why(holder: Holder | None, beat: float | None, me: Holder,
+             now: float | None = None) -> str | None:
+    """Why the run holding a lock is known to be gone (None: it may be alive). `beat`: the
+    lock's modification time."""
+    now = time.time() if now is None else now
+    if beat is None:
+        return "its lock vanished"
+    if holder is not None and holder.host == me.host and not _alive(holder.pid):
+        return f"process {holder.pid} on {holder.host} has ended"
+    if holder is not None and holder.job_id and holder.job_id == me.job_id and \
+            holder.restart != me.restart:
+        return f"it was start {holder.restart + 1} of Slurm job {holder.job_id}, requeued since"
+    if now - beat > STALE_SECONDS:
+        return f"its heartbeat stopped {now - beat:.0f} s ago"
+    return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+@dataclass
+class RunLock:
+    """This run's hold on its directory; `release()` ends it (and removes the folders the
+    claim made, when the run left nothing in them). A copy sent to another rank (pickled)
+    names the lock but does not hold it: its release does nothing."""
+
+    path: Path
+    made: list[Path] = field(default_factory=list)  # folders the claim created, outermost first
+    taken_over: str | None = None  # why the previous holder was taken for gone, when it was
+    heartbeat: Heartbeat | None = None
+    held: bool = True
+
+    @property
+    def run_dir(self) -> Path:
+        return self.path.parent
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "heartbeat": None, "held": False, "made": []}
+
+    def release(self) -> None:
+        if not self.held:
+            return
+        self.held = False
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+            self.heartbeat = None
+        try:
+            self.path.unlink()
+        except OSError:
+            pass
+        for folder in reversed(self.made):
+            try:
+                folder.rmdir()  # only when empty: a run that wrote something keeps its folder
+            except OSError:
+                break
+        self.made = []
+
+
+def _make_folders(folder: Path, exclusive: bool) -> list[Path]:
+    """Create `folder` and its missing parents; those created, outermost first. Exclusive:
+    FileExistsError when `folder` itself exists (another run took the name)."""
+    missing = []
+    parent = folder.parent
+    while not parent.exists() and parent != parent.parent:
+        missing.append(parent)
+        parent = parent.parent
+    made = []
+    for path in reversed(missing):
+        try:
+            path.mkdir()
+            made.append(path)
+        except FileExistsError:
+            pass
+    folder.mkdir(exist_ok=not exclusive)
+    return [*made, folder]
+
+
+def claim_new(output_dir: Path, base: str, job_id: str | None, restart: int) -> RunLock:
+    """A run directory named `base` (or `base-2`, `base-3`, ... when taken) created for this
+    run alone, and locked."""
+    suffix = 1
+    while True:
+        run = output_dir / (base if suffix == 1 else f"{base}-{suffix}")
+        try:
+            made = _make_folders(run, exclusive=True)
+        except FileExistsError:
+            suffix += 1
+            continue
+        return _hold(run, made, Holder.this_process(job_id, restart))
+
+
+def claim(run: Path, job_id: str | None, restart: int, setting: str) -> RunLock:
+    """Lock the existing or named run directory `run` for this run; RunInUse when a living
+    run holds it. `setting` names what chose the directory, for the message."""
+    me = Holder.this_process(job_id, restart)
+    made = [p for p in [*reversed(run.parents), run] if not p.exists()]
+    for path in made:
+        path.mkdir(exist_ok=True)
+    lock_path = RunDir(run).lock
+    taken_over = None
+    for _ in range(ATTEMPTS):
+        try:
+            lock = _hold(run, made, me)
+            lock.taken_over = taken_over
+            return lock
+        except FileExistsError:
+            pass
+        holder = Holder.read(lock_path)
+        beat = _modified(lock_path)
+        why = gone_why(holder, beat, me)
+        if why is None:
+            held = holder.describe() if holder is not None else "a run whose lock cannot be read"
+            raise RunInUse(
+                f"{setting}: {run} is in use by {held} (its lock: {lock_path}). Wait for it "
+                "to end, or choose another run_name; if that process is gone, delete the lock "
+                "file") from None
+        if _set_aside(lock_path, holder, beat):
+            taken_over = why
+    raise RunInUse(f"{setting}: {run}: other runs keep taking its lock ({lock_path}); "
+                   "start one run at a time in a run directory")
+
+
+def _hold(run: Path, made: list[Path], me: Holder) -> RunLock:
+    """Create the lock whole, or FileExistsError when another has it."""
+    lock_path = RunDir(run).lock
+    draft = lock_path.with_name(f".{lock_path.name}.{uuid.uuid4().hex}")
+    draft.write_text(json.dumps(dataclasses.asdict(me)) + "\n")
+    try:
+        os.link(draft, lock_path)
+    finally:
+        draft.unlink()
+    heartbeat = Heartbeat(lock_path).start()
+    return RunLock(lock_path, made, heartbeat=heartbeat)
+
+
+def _set_aside(lock_path: Path, judged: Holder | None, beat: float | None) -> bool:
+    """Remove the lock judged gone, unless another run replaced it meanwhile (then it is put
+    back). True when this call removed it."""
+    if beat is None:
+        return False  # already gone: claim again
+    aside = lock_path.with_name(f".{lock_path.name}.gone-{uuid.uuid4().hex}")
+    try:
+        os.rename(lock_path, aside)
+    except FileNotFoundError:
+        return False  # another run took it over first
+    if Holder.read(aside) == judged and _modified(aside) == beat:
+        aside.unlink()
+        return True
+    try:  # a fresh lock of a run that took over first: back where it was
+        os.link(aside, lock_path)
+    except FileExistsError:
+        pass
+    aside.unlink()
+    return False
+
+
+def _modified(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None

@@ -1,0 +1,133 @@
+"""Files of a run that hpctrain reads back, damaged: each is named by its one validating reader,
+and `runs`, `report` and `watch` mark that run and go on (issue 37, item 4)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+FIRST = 1795600000.0  # when the fleet's runs started
+INF = float("inf")
+
+
+def write_run(run: Path, number: int) -> None:
+    """A finished run's files, as hpctrain writes them (no checkpoints: nothing reads them)."""
+    run.mkdir(parents=True)
+    started = FIRST + number * 60
+    (run / "config.yaml").write_text("name: fleet\ntrain:\n  max_steps: 4\n")
+    (run / "run.json").write_text(json.dumps({
+        "run_id": f"id-{number:04d}", "name": run.name, "recipe": "fleet", "created": started,
+        "user": "ada", "cluster": None, "git_commit": None, "config_hash": "f" * 16,
+        "starts": [{"time": started, "job_id": None, "restart": 0, "launcher": "single",
+                    "world_size": 1, "hosts": ["n1"], "gpu_model": None, "gpus": 0,
+                    "output_dir": str(run.parent), "seconds": 30.0, "device_hours": 0.01,
+                    "energy_joules": None}]}))
+    records = [{"kind": "train", "step": step, "time": started + step, "loss": 2.0 / step,
+                "samples_per_second": 100.0} for step in (2, 4)]
+    records.append({"kind": "eval", "step": 4, "time": started + 5, "val_accuracy": 0.5,
+                    "elapsed_seconds": 5.0, "device_hours": 0.01, "energy_joules": None})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (run / "summary.json").write_text(json.dumps({
+        "status": "completed", "steps": 4, "best_val_accuracy": 0.5, "device": "cpu",
+        "world_size": 1, "device_hours": 0.01, "wall_seconds": 30.0}))
+
+
+def _edit(path: Path, change) -> None:
+    record = json.loads(path.read_text())
+    change(record)
+    path.write_text(json.dumps(record))
+
+
+def _append(run: Path, record: dict) -> None:
+    with open(run / "metrics.jsonl", "a") as metrics:
+        metrics.write(json.dumps({"time": FIRST, **record}) + "\n")
+
+
+# name -> (how a run's file is damaged, the words naming it, read by `runs` too)
+DAMAGE = {
+    "created": (lambda r: _edit(r / "run.json", lambda j: j.update(created=1e300)),
+                "run.json: created is 1e+300", True),
+    "starts": (lambda r: _edit(r / "run.json", lambda j: j.update(starts=5)),
+               "run.json: starts is 5", True),
+    "hosts": (lambda r: _edit(r / "run.json", lambda j: j["starts"][0].update(hosts={})),
+              "run.json: starts[0].hosts is {}", True),
+    "recipe": (lambda r: _edit(r / "run.json", lambda j: j.update(recipe={})),
+               "run.json: recipe is {}", True),
+    "eval step": (lambda r: _append(r, {"kind": "eval", "step": 10**23, "val_accuracy": 0.9}),
+                  "metrics.jsonl line 4: step is 100000000000000000000000", True),
+    "eval step float": (lambda r: _append(r, {"kind": "eval", "step": 1e23}),
+                        "metrics.jsonl line 4: step is 1e+23", True),
+    "step infinite": (lambda r: _append(r, {"kind": "train", "step": INF, "loss": 1.0}),
+                      "metrics.jsonl line 4: step is Infinity", True),
+    "memory infinite": (lambda r: _append(r, {"kind": "gpu", "step": 4,
+                                              "memory_used_bytes": [INF]}),
+                        "metrics.jsonl line 4: memory_used_bytes is [Infinity]", True),
+    "profile bound": (lambda r: (r / "profile").mkdir() or (r / "profile" / "profile.json")
+                      .write_text(json.dumps({"verdict": {"bound": 7, "reason": "?"}})),
+                      "profile.json: verdict.bound is 7", False),
+    "memory size": (lambda r: (r / "fleet-memory.json").write_text(json.dumps({"estimate": {
+        "device": "cuda", "batch_size": 8, "precision": "bf16", "peak_allocated_bytes": "big",
+        "in_use_bytes": 1}})), 'fleet-memory.json: estimate.peak_allocated_bytes is "big"',
+        False),
+}
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory) -> tuple[Path, dict[str, tuple[str, bool]]]:
+    """1,000 runs, one in ten damaged (each kind of DAMAGE ten times): the folder, and each
+    damaged run's name -> (the words naming its damage, whether `runs` reads that file)."""
+    root = tmp_path_factory.mktemp("fleet") / "runs"
+    damaged = {}
+    kinds = list(DAMAGE.items())
+    for number in range(1000):
+        run = root / f"fleet-{number:04d}"
+        write_run(run, number)
+        if number % 10 == 3:
+            name, (spoil, words, listed) = kinds[(number // 10) % len(kinds)]
+            spoil(run)
+            damaged[run.name] = (words, listed)
+    return root, damaged
+
+
+def test_runs_lists_a_fleet_with_damaged_runs_naming_each(fleet, run_cli, tmp_path,
+                                                          monkeypatch):
+    root, damaged = fleet
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    db = tmp_path / "runs.sqlite"
+    code, out, err = run_cli("runs", "--root", str(root), "--db", str(db), "--json",
+                             "--limit", "5000")
+    assert code == 0 and "Traceback" not in err
+    rows = {row["name"]: row for row in json.loads(out)}
+    assert len(rows) == 1000
+    for name, (words, listed) in damaged.items():
+        if listed:
+            assert rows[name]["status"] == "damaged" and words in rows[name]["problem"], name
+        else:  # `runs` does not read profile.json or a memory prediction
+            assert rows[name]["status"] == "completed"
+    assert sum(row["status"] == "completed" for row in rows.values()) == 920
+    code, out, _ = run_cli("runs", "--db", str(db), "usage", "--by", "recipe")  # remembered
+    assert code == 0 and "fleet" in out
+
+
+def test_report_of_a_fleet_with_damaged_runs_names_each_and_writes_the_page(fleet, run_cli,
+                                                                            tmp_path):
+    root, damaged = fleet
+    runs = sorted(str(run) for run in root.iterdir())
+    code, out, err = run_cli("report", *runs, "--out", str(tmp_path / "fleet.html"))
+    assert code == 0 and "Traceback" not in err, err[-2000:]
+    page = (tmp_path / "fleet.html").read_text()
+    for name, (words, _) in damaged.items():
+        assert f"{root / name}: {words}" in err, name
+        assert words.replace('"', "&quot;") in page
+
+
+def test_watch_names_the_damage_and_goes_on(fleet, run_cli):
+    root, damaged = fleet
+    for name, (words, listed) in damaged.items():
+        if not listed:
+            continue
+        code, out, err = run_cli("watch", str(root / name), "--once")
+        assert code == 0 and "Traceback" not in err, name
+        assert "damaged: " in out and words.split(": ")[-1] in out, name
