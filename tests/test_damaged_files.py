@@ -131,3 +131,18 @@ def test_watch_names_the_damage_and_goes_on(fleet, run_cli):
         code, out, err = run_cli("watch", str(root / name), "--once")
         assert code == 0 and "Traceback" not in err, name
         assert "damaged: " in out and words.split(": ")[-1] in out, name
+
+
+def test_the_end_of_run_report_never_fails_the_run(tmp_path, monkeypatch):
+    from hpctrain.report import chart
+    from hpctrain.report.page import write_run_report
+
+    run = tmp_path / "finished"
+    write_run(run, 0)
+    assert write_run_report(run) is None and (run / "report.html").is_file()
+
+    def broken(*_):
+        raise RuntimeError("a charting bug")
+    monkeypatch.setattr(chart, "png", broken)
+    said = write_run_report(run)  # returned for the run to print, never raised
+    assert "RuntimeError: a charting bug" in said and f"hpctrain report {run}" in said

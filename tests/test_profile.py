@@ -99,6 +99,10 @@ def test_a_fast_in_memory_run_is_not_input_bound_and_writes_every_output(tiny, r
     code, again, err = run_cli("profile", "--trace", str(trace.parent.parent), "--json")
     assert code == 0, err
     assert json.loads(again)["verdict"]["bound"] == "compute-bound"
+    from hpctrain.report.series import read_run
+
+    profiled = read_run(trace.parent.parent)  # what the run's report prints: the verdict whole
+    assert profiled.profile == report["verdict"] and not profiled.damage
 
 
 @pytest.mark.distributed

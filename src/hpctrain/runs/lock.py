@@ -26,7 +26,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpctrain.errors import ConfigError
+from hpctrain.errors import ConfigError, cannot_write
 from hpctrain.readers import json_mapping
 from hpctrain.runs.directory import RunDir
 from hpctrain.runs.identity import HEARTBEAT_SECONDS, Heartbeat
@@ -138,22 +138,19 @@ class RunLock:
 
 
 def _make_folders(folder: Path, exclusive: bool) -> list[Path]:
-    """Create `folder` and its missing parents; those created, outermost first. Exclusive:
-    FileExistsError when `folder` itself exists (another run took the name)."""
-    missing = []
-    parent = folder.parent
-    while not parent.exists() and parent != parent.parent:
-        missing.append(parent)
-        parent = parent.parent
+    """Create `folder` and its missing parents; those this call created, outermost first.
+    Exclusive: FileExistsError when `folder` itself exists (another run took the name)."""
     made = []
-    for path in reversed(missing):
+    for path in [*reversed(folder.parents), folder]:
+        if path != folder and path.is_dir():
+            continue
         try:
             path.mkdir()
             made.append(path)
         except FileExistsError:
-            pass
-    folder.mkdir(exist_ok=not exclusive)
-    return [*made, folder]
+            if path == folder and exclusive:
+                raise
+    return made
 
 
 def claim_new(output_dir: Path, base: str, job_id: str | None, restart: int) -> RunLock:
@@ -167,6 +164,8 @@ def claim_new(output_dir: Path, base: str, job_id: str | None, restart: int) -> 
         except FileExistsError:
             suffix += 1
             continue
+        except OSError as err:
+            raise cannot_write(run, err, "Choose an output_dir where you can write") from None
         return _hold(run, made, Holder.this_process(job_id, restart))
 
 
@@ -174,9 +173,10 @@ def claim(run: Path, job_id: str | None, restart: int, setting: str) -> RunLock:
     """Lock the existing or named run directory `run` for this run; RunInUse when a living
     run holds it. `setting` names what chose the directory, for the message."""
     me = Holder.this_process(job_id, restart)
-    made = [p for p in [*reversed(run.parents), run] if not p.exists()]
-    for path in made:
-        path.mkdir(exist_ok=True)
+    try:
+        made = _make_folders(run, exclusive=False)
+    except OSError as err:
+        raise cannot_write(run, err, "Choose an output_dir where you can write") from None
     lock_path = RunDir(run).lock
     taken_over = None
     for _ in range(ATTEMPTS):
@@ -205,7 +205,11 @@ def _hold(run: Path, made: list[Path], me: Holder) -> RunLock:
     """Create the lock whole, or FileExistsError when another has it."""
     lock_path = RunDir(run).lock
     draft = lock_path.with_name(f".{lock_path.name}.{uuid.uuid4().hex}")
-    draft.write_text(json.dumps(dataclasses.asdict(me)) + "\n")
+    try:
+        draft.write_text(json.dumps(dataclasses.asdict(me)) + "\n")
+    except OSError as err:
+        raise cannot_write(lock_path, err, "A run needs a run directory it can write in") \
+            from None
     try:
         os.link(draft, lock_path)
     finally:
