@@ -3,7 +3,7 @@
 import json
 
 from hpctrain.config import load_config
-from hpctrain.data.bench import DataBench, Setting, advise, worker_grid
+from hpctrain.bench.data_path import DataBench, Setting, advise, worker_grid
 from hpctrain.data.pack import PackOptions, pack
 
 

@@ -5,7 +5,8 @@ From Python: `hpctrain.fit(model, train_data, val_data)` and `hpctrain.load_conf
 imported on first use, so that the command line starts without torch.
 """
 
-__version__ = "0.1.0"
+from hpctrain.version import __version__
+
 __all__ = ["fit", "load_config", "shard"]
 
 

@@ -261,7 +261,7 @@ BENCH_DATA_EXAMPLE = """examples:
 
 
 def cmd_bench_data(args) -> int:
-    from hpctrain.data.bench import bench_data
+    from hpctrain.bench.data_path import bench_data
 
     report = bench_data(args.recipe, args.overrides, counts(args.workers, "--workers"),
                         counts(args.prefetch, "--prefetch"), args.seconds, args.model,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from hpctrain import __version__
+from hpctrain.version import __version__
 from hpctrain.monitor.sampler import add_energy, energy_of, job_means
 from hpctrain.train.mfu import model_flops_utilisation, peak_source
 from hpctrain.train.parallel import straggler
