@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import signal
 from datetime import datetime
+from enum import Enum
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -369,6 +370,18 @@ class CheckpointConfig(Section):
                                                 "goes on (the state is copied to host first)")
 
 
+class Strategy(str, Enum):
+    """How the data dimension holds the model: the closed set of names, compared as members
+    everywhere (train/layout.py decides which one a run gets)."""
+
+    NONE = "none"  # one data-parallel copy: nothing to synchronise
+    DDP = "ddp"  # a whole copy per process, gradients all-reduced
+    FSDP = "fsdp"  # parameters, gradients and optimiser state sharded (FSDP2)
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class ParallelConfig(Section):
     data: int | Auto = Field("auto", description="processes in the data dimension (each a "
                              "share of the batch); auto: the world size / (tensor x pipeline)")
@@ -376,7 +389,7 @@ class ParallelConfig(Section):
                         "(tensor parallelism, within one node)")
     pipeline: int = Field(1, ge=1, description="processes that each hold a run of the "
                           "model's blocks (pipeline parallelism)")
-    strategy: Literal["auto", "none", "ddp", "fsdp"] = Field(
+    strategy: Literal[("auto", *(member.value for member in Strategy))] = Field(
         "auto", description="the data dimension: auto is ddp with more than one process and "
         "only data parallelism, fsdp with tensor or pipeline parallelism, none with one")
     microbatches: int | Auto = Field("auto", description="pipeline parallelism: micro-batches "

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from hpctrain.config import Config
+from hpctrain.config import Config, Strategy
 from hpctrain.errors import ConfigError
 from hpctrain.memory.estimate import Estimate, Target, estimate, with_layout
 from hpctrain.memory.sizes import fmt_bytes
@@ -98,7 +98,7 @@ def _option(settings: list[str], est: Estimate, effect: str) -> Option:
 
 def smallest_fsdp(base: Estimate, config: Config) -> Estimate | None:
     for degree in DEGREES:
-        sharded = with_layout(base, config, degree, "fsdp")
+        sharded = with_layout(base, config, degree, Strategy.FSDP)
         if sharded.fits:
             return sharded
     return None
@@ -210,7 +210,7 @@ def split_layouts(base: Estimate, config: Config) -> list[Estimate]:
     layouts = sorted(((t, p) for t in (1, *info.tensor_sizes) for p in
                       (1, *info.pipeline_sizes) if t * p > 1), key=lambda tp: (tp[0] * tp[1],
                                                                              tp[1]))
-    tried = [with_layout(base, config, t * p, "none", t, p) for t, p in layouts]
+    tried = [with_layout(base, config, t * p, Strategy.NONE, t, p) for t, p in layouts]
     fitting = [est for est in tried if est.fits]
     return fitting[:2] if fitting else [min(tried, key=lambda est: est.in_use)]
 
@@ -251,12 +251,12 @@ def _model_parallel(base: Estimate, config: Config) -> Advice:
     split = split_layouts(base, config)
     if split and split[0].fits:
         return _split_advice(base, split)
-    one = _smallest_step(with_layout(base, config, 1, "none"), config)
+    one = _smallest_step(with_layout(base, config, 1, Strategy.NONE), config)
     need = math.ceil(one.peak / base.target.usable())
     return Advice("model-parallel", f"nothing fits on {fmt_bytes(base.target.capacity)} "
                   "devices even sharded over 1024 of them: split the layers over at least "
                   f"{need} devices with parallel.tensor (within a node) and parallel.pipeline; "
                   "this estimate does not predict those layouts yet", [_option(
                       ["parallel.strategy=fsdp", "--gpus 1024", *_settings_of(one, config)],
-                      with_layout(one, config, 1024, "fsdp"),
+                      with_layout(one, config, 1024, Strategy.FSDP),
                       "the least hpctrain can hold per device")])

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hpctrain.config import Config
+from hpctrain.config import Config, Strategy
 from hpctrain.data.tokenizer import BYTE_EOS
 from hpctrain.errors import ConfigError, UserError
 from hpctrain.memory.simulate import Footprint, StepSpec, predict
@@ -32,7 +32,7 @@ from hpctrain.memory.sizes import fmt_bytes, gpu_capability, lacks_bf16, parse_m
 from hpctrain.models.checkpointing import enable_activation_checkpointing, is_block
 from hpctrain.models.gpt import GPT
 from hpctrain.models.registry import build_model
-from hpctrain.train.layout import MICROBATCHES_PER_STAGE
+from hpctrain.train.layout import MICROBATCHES_PER_STAGE, choose_strategy
 from hpctrain.train.optim import build_optimizer, scaled_lr
 from hpctrain.train.parallel import bf16_parameters, per_device_batch
 from hpctrain.train.system import resolve_precision
@@ -52,7 +52,7 @@ class Target:
     capacity: int
     capacity_source: str
     world_size: int = 1
-    strategy: str = "none"  # none | ddp | fsdp: the data dimension
+    strategy: Strategy = Strategy.NONE  # how the data dimension holds the model
     tensor: int = 1
     pipeline: int = 1
     sequence_parallel: bool = False
@@ -159,8 +159,7 @@ class Estimate:
                 "notes": self.notes + self.footprint.notes}
 
 
-def resolve_target(config: Config, gpu_memory: str | None, world_size: int = 1,
-                   strategy: str | None = None) -> Target:
+def resolve_target(config: Config, gpu_memory: str | None, world_size: int = 1) -> Target:
     """The device the recipe is meant for: a GPU unless config.device says cpu; its capacity
     from --gpu-memory, else this machine's GPU, else an H100 (said so)."""
     device = "cpu" if config.device == "cpu" else "cuda"
@@ -191,12 +190,8 @@ def resolve_target(config: Config, gpu_memory: str | None, world_size: int = 1,
     if world_size % per_copy:
         raise ConfigError(f"--world-size {world_size} is not a multiple of parallel.tensor="
                           f"{p.tensor} x parallel.pipeline={p.pipeline}")
-    if strategy is None:
-        strategy = p.strategy
-        if strategy == "auto":
-            strategy = "fsdp" if per_copy > 1 else "ddp"
-    if world_size == per_copy:
-        strategy = "none"
+    strategy = choose_strategy(p.strategy, world_size // per_copy, per_copy > 1,
+                               f"--world-size {world_size}")
     micro = 1
     if p.pipeline > 1:
         micro = p.microbatches if p.microbatches != "auto" else \
@@ -373,12 +368,12 @@ def layout_rows(footprint: Footprint, info: ModelInfo, target: Target,
             rows[key] = math.ceil(rows.get(key, 0) * share)
         for key in ("activations", "temporaries"):
             rows[key] = math.ceil(rows.get(key, 0) * activation_share(target))
-    if target.strategy == "ddp":
+    if target.strategy == Strategy.DDP:
         # DDP keeps every gradient in its buckets for the whole step, from the first on
         rows["gradients"] = math.ceil(info.gradient_bytes() * share)
         if not config.parallel.gradient_as_bucket_view:
             rows["gradient buckets"] = rows["gradients"]
-    elif target.strategy == "fsdp":
+    elif target.strategy == Strategy.FSDP:
         gather_bytes = 2 if info.bf16_gather else 4
         for key in ("parameters", "gradients", "optimizer states"):
             rows[key] = math.ceil(rows[key] / n)
@@ -410,14 +405,15 @@ def estimate(config: Config, target: Target, batch_size: int | None = None,
                     config.model.activation_checkpointing, notes)
 
 
-def with_layout(base: Estimate, config: Config, world_size: int, strategy: str,
+def with_layout(base: Estimate, config: Config, world_size: int, strategy: Strategy,
                 tensor: int = 1, pipeline: int = 1) -> Estimate:
     """The same step on another layout: no new simulation. A pipeline takes the default
     micro-batches per stage and 1F1B; tensor parallelism, sequence parallelism where the
     model's plan has it."""
     per_copy = tensor * pipeline
     target = replace(base.target, world_size=world_size,
-                     strategy=strategy if world_size > per_copy else "none", tensor=tensor,
+                     strategy=choose_strategy(strategy, world_size // per_copy, per_copy > 1,
+                                              f"--world-size {world_size}"), tensor=tensor,
                      pipeline=pipeline,
                      sequence_parallel=tensor > 1 and base.info.sequence_parallel,
                      microbatches=MICROBATCHES_PER_STAGE * pipeline if pipeline > 1 else 1,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 
+from hpctrain.config import Strategy
 from hpctrain.profiling.analysis import Evidence
 
 PRIMARY = 0.15  # a cause costing this share of the step is the verdict
@@ -226,7 +227,7 @@ def _communication_advice(e: Evidence, gain: float, s: Settings) -> list[Recomme
     out = [Recommendation("train.grad_accum_steps=2", "gradients are reduced once per "
                           "accumulated step: half the communication per sample",
                           f"about {gain / 2:.0%} shorter steps per sample", gain * 0.5)]
-    if s.strategy == "fsdp":
+    if s.strategy == Strategy.FSDP:
         out.append(Recommendation("parallel.reshard_after_forward=false", "ZeRO-2: keep "
                                   "gathered parameters for backward, one all-gather fewer",
                                   _up_to(gain / 2), gain * 0.45))

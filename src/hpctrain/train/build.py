@@ -19,7 +19,7 @@ from torch import nn
 from hpctrain import user_code
 from hpctrain.cluster.environment import ProcessEnv, detect
 from hpctrain.cluster.job import job_end_time
-from hpctrain.config import Config
+from hpctrain.config import Config, Strategy
 from hpctrain.data.loader import DataBundle, DeviceBatcher, build_data, image_sizes, up_axis
 from hpctrain.data.streams import Stream
 from hpctrain.errors import ConfigError, DataError
@@ -112,9 +112,9 @@ def _fused_evaluation(model: nn.Module, config: Config, layout, plan: SystemPlan
     """The folded evaluation (train.fuse_eval); or why there is none, where it was asked for
     or the model has batch-norms; or None."""
     setting = config.train.fuse_eval  # true with a split model: refused by check_layout
-    if setting is False or layout.model_parallel or layout.strategy == "fsdp":
+    if setting is False or layout.model_parallel or layout.strategy == Strategy.FSDP:
         return None
-    folded = fused_eval.fold(model, sync_buffers=layout.strategy == "ddp",
+    folded = fused_eval.fold(model, sync_buffers=layout.strategy == Strategy.DDP,
                              compile_mode=config.compile_mode if plan.compile else None)
     if isinstance(folded, str) and setting == "auto" and "no BatchNorm2d" in folded:
         return None  # nothing to fold, nothing to say
@@ -217,7 +217,7 @@ def build_parts(config: Config, env: ProcessEnv | None = None,
         model, held = pipeline.cut_to_stage(model, layout.coordinates(env.rank)[0],
                                             layout.pipeline, per_rank, blocks)
     model = parallel.split_tensors(model, distributed, config)
-    fp8_plan = fp8.convert(model, config.fp8, fsdp=strategy == "fsdp") \
+    fp8_plan = fp8.convert(model, config.fp8, fsdp=strategy == Strategy.FSDP) \
         if plan.precision == "fp8" else None
     if config.model.activation_checkpointing:
         model = enable_activation_checkpointing(model, config.model.name)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hpctrain.cluster.environment import ProcessEnv
-from hpctrain.config import Config
+from hpctrain.config import Config, Strategy
 from hpctrain.errors import ConfigError
 
 
@@ -23,7 +23,7 @@ class Layout:
     data: int  # data-parallel replicas (or FSDP shards): each trains on its share of the batch
     tensor: int = 1  # ranks that split each layer's matrices
     pipeline: int = 1  # ranks that each hold a run of consecutive blocks
-    strategy: str = "none"  # the data dimension: none | ddp | fsdp
+    strategy: Strategy = Strategy.NONE  # how the data dimension holds the model
 
     @property
     def ranks_per_stage(self) -> int:
@@ -84,7 +84,8 @@ def resolve_layout(config: Config, env: ProcessEnv) -> Layout:
             f"{env.local_world_size} process(es); use parallel.tensor="
             f"{' or '.join(map(str, divisors))}, or start a multiple of {p.tensor} processes "
             "per node")
-    return Layout(data, p.tensor, p.pipeline, _strategy(config, env, data, per_copy > 1))
+    return Layout(data, p.tensor, p.pipeline, choose_strategy(
+        p.strategy, data, per_copy > 1, f"{env.world_size} processes, {env.launcher}"))
 
 
 # pipeline micro-batches per stage by default: the bubble, (p - 1) / (m + p - 1), is then
@@ -111,15 +112,17 @@ def microbatches(config: Config, layout: Layout, batch_size: int) -> int:
     return wanted
 
 
-def _strategy(config: Config, env: ProcessEnv, data: int, model_parallel: bool) -> str:
-    wanted = config.parallel.strategy
+def choose_strategy(wanted: str, data: int, model_parallel: bool, started: str) -> Strategy:
+    """The one rule for parallel.strategy: none with one data-parallel copy; auto is FSDP
+    where one copy spans processes (tensor or pipeline), else DDP; `none` with several copies
+    is refused (`started`: the processes, for the message)."""
     if data == 1:
-        return "none"
-    if wanted == "none":
+        return Strategy.NONE
+    if wanted == Strategy.NONE:
         raise ConfigError(
             f"parallel.strategy=none, but {data} data-parallel copies of the model were "
-            f"started ({env.world_size} processes, {env.launcher}): each would train its own "
-            "copy. Use parallel.strategy=ddp, fsdp or auto, or start fewer processes.")
+            f"started ({started}): each would train its own copy. Use parallel.strategy=ddp, "
+            "fsdp or auto, or start fewer processes.")
     if wanted == "auto":
-        return "fsdp" if model_parallel else "ddp"
-    return wanted
+        return Strategy.FSDP if model_parallel else Strategy.DDP
+    return Strategy(wanted)

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hpctrain.cluster.environment import ProcessEnv
-from hpctrain.config import Config
+from hpctrain.config import Config, Strategy
 from hpctrain.data.loader import usable_cpus
 from hpctrain.errors import ConfigError, DeviceError, RunFailed
 from hpctrain.models.checkpointing import is_block
@@ -45,7 +45,7 @@ class Distributed:
     mesh: object | None = None
 
     @property
-    def strategy(self) -> str:  # the data dimension: none | ddp | fsdp
+    def strategy(self) -> Strategy:  # how the data dimension holds the model
         return self.layout.strategy
 
     @property
@@ -134,7 +134,7 @@ class Distributed:
         """DDP: give every rank rank 0's buffers (BatchNorm statistics), as DDP itself does at
         the next forward. Between steps they differ per rank, and a checkpoint keeps one
         copy of what it takes to be replicated: it must be the copy training goes on with."""
-        if self.active and self.strategy == "ddp":
+        if self.active and self.strategy == Strategy.DDP:
             for buffer in model.buffers():
                 dist.broadcast(buffer, src=0)
 
@@ -142,7 +142,7 @@ class Distributed:
         """FSDP: rank 0's parameters and buffers on every rank before sharding (DDP does it
         itself). A user's model or factory may draw its initial weights without a common
         seed; each rank would then keep a shard of a different initialisation."""
-        if self.active and self.strategy == "fsdp":
+        if self.active and self.strategy == Strategy.FSDP:
             for tensor in [*model.parameters(), *model.buffers()]:
                 dist.broadcast(tensor.data, src=0)
 
@@ -203,19 +203,19 @@ def check_layout(config: Config, layout: Layout, device: torch.device, precision
     p, strategy = config.parallel, layout.strategy
     if p.backend == "nccl" and device.type != "cuda":
         raise ConfigError("parallel.backend=nccl needs GPUs; on CPU use gloo (or auto)")
-    if p.static_graph and strategy == "ddp" and config.train.grad_accum_steps > 1:
+    if p.static_graph and strategy == Strategy.DDP and config.train.grad_accum_steps > 1:
         raise ConfigError("parallel.static_graph=true cannot be combined with "
                           "train.grad_accum_steps>1 (DDP's static graph does not support "
                           "skipping the gradient reduction on accumulation micro-steps); "
                           "set one of them back")
-    if p.sync_batchnorm and strategy == "ddp" and device.type != "cuda":
+    if p.sync_batchnorm and strategy == Strategy.DDP and device.type != "cuda":
         raise ConfigError("parallel.sync_batchnorm=true needs GPUs (torch's SyncBatchNorm "
                           "runs on CUDA only); set it to false on CPU")
-    if config.train.fuse_eval is True and (strategy == "fsdp" or layout.model_parallel):
+    if config.train.fuse_eval is True and (strategy == Strategy.FSDP or layout.model_parallel):
         raise ConfigError("train.fuse_eval=true folds batch-norms into whole convolutions; "
                           "with FSDP, tensor or pipeline parallelism each process holds only "
                           "part of them: set train.fuse_eval=auto (off there) or false")
-    if strategy == "fsdp":
+    if strategy == Strategy.FSDP:
         if p.cpu_offload and device.type != "cuda":
             raise ConfigError("parallel.cpu_offload=true moves FSDP shards from GPU to host "
                               "memory; on CPU there is nothing to offload: set it to false")
@@ -287,7 +287,7 @@ def start(config: Config, env: ProcessEnv, layout: Layout, device: torch.device)
     if layout.model_parallel:
         from torch.distributed.device_mesh import init_device_mesh
 
-        ddp = layout.strategy == "ddp"
+        ddp = layout.strategy == Strategy.DDP
         mesh = init_device_mesh(
             device.type, (layout.pipeline, layout.data if ddp else 1,
                           1 if ddp else layout.data, layout.tensor),
@@ -312,12 +312,12 @@ def wrap_model(model: nn.Module, distributed: Distributed, config: Config,
                device: torch.device, precision: str) -> nn.Module:
     """The module the training step calls: DDP around `model`, or `model` sharded in place."""
     p = config.parallel
-    if distributed.strategy == "ddp" and distributed.mesh is None:
+    if distributed.strategy == Strategy.DDP and distributed.mesh is None:
         return nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None,
             bucket_cap_mb=p.bucket_cap_mb, gradient_as_bucket_view=p.gradient_as_bucket_view,
             static_graph=p.static_graph)
-    if distributed.strategy in ("ddp", "fsdp"):  # ddp here: FSDP2 replicating, on the mesh
+    if distributed.strategy in (Strategy.DDP, Strategy.FSDP):  # ddp here: FSDP2 replicating, on the mesh
         from torch.distributed.fsdp import (
             CPUOffloadPolicy,
             MixedPrecisionPolicy,
@@ -346,8 +346,8 @@ def bf16_parameters(model: nn.Module, precision: str) -> bool:
         isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
 
-def convert_batchnorm(model: nn.Module, config: Config, strategy: str) -> nn.Module:
-    if strategy == "ddp" and config.parallel.sync_batchnorm:
+def convert_batchnorm(model: nn.Module, config: Config, strategy: Strategy) -> nn.Module:
+    if strategy == Strategy.DDP and config.parallel.sync_batchnorm:
         return nn.SyncBatchNorm.convert_sync_batchnorm(model)
     return model
 

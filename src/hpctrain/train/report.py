@@ -11,10 +11,11 @@ from pathlib import Path
 
 import torch
 
-from hpctrain.version import __version__
+from hpctrain.config import Strategy
 from hpctrain.monitor.sampler import add_energy, energy_of, job_means
 from hpctrain.train.mfu import model_flops_utilisation, peak_source
 from hpctrain.train.parallel import straggler
+from hpctrain.version import __version__
 
 
 def banner(parts, resume_from: Path | None) -> str:
@@ -88,7 +89,7 @@ def oom_advice(parts, step: int) -> str:
         tips.append("model.activation_checkpointing=true (recompute block activations)")
     if parts.plan.precision in ("fp32", "tf32"):
         tips.append("precision=bf16 (half-size activations)")
-    if parts.world_size > 1 and parts.distributed.strategy == "ddp":
+    if parts.world_size > 1 and parts.distributed.strategy == Strategy.DDP:
         tips.append("parallel.strategy=fsdp (shard parameters, gradients and optimiser state)")
     if parts.data.vocab_size is not None:
         tips.append(f"a shorter data.tokens.seq_len (now {c.data.tokens.seq_len})")
