@@ -4,7 +4,6 @@ tune/search.py (here) and tune/submit.py (Slurm), the scaling study tune/scale.p
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import sys
@@ -161,8 +160,9 @@ def cmd_tune_worker(args) -> int:
     from hpctrain.tune.search import local_launches
     from hpctrain.tune.worker import Launch, Worker
 
-    in_job = "SLURM_JOB_ID" in os.environ and shutil.which("srun") is not None
-    launch = Launch(["srun"]) if in_job else local_launches(1, 1)[0]
+    from hpctrain.cluster.environment import in_job
+
+    launch = Launch(["srun"]) if in_job() and shutil.which("srun") else local_launches(1, 1)[0]
     worker = Worker(args.folder, str(args.slot), launch,
                     lambda text: print(f"hpctrain tune: {text}", flush=True))
     signal.signal(signal.SIGUSR1, lambda *_: worker.stop(forward=True))

@@ -179,7 +179,7 @@ class DataConfig(Section):
     decode: Literal["cpu", "gpu"] = Field("cpu", description="shards: where JPEGs are "
                                           "decoded; gpu: batched nvJPEG on the device")
     cache: str = Field("off", description="shards: copy the pack once per node to local "
-                       "storage: auto ($SLURM_TMPDIR or $TMPDIR), a path, or off")
+                       "storage: auto (the job's scratch folder, else $TMPDIR), a path, or off")
     num_classes: int | None = Field(None, ge=1, description="expected number of classes, "
                                     "checked against the data (None: take the data's)")
     val_fraction: float | None = Field(None, gt=0, lt=1)

@@ -14,6 +14,7 @@ import re
 import socket
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from hpctrain.errors import ConfigError
 
@@ -105,6 +106,23 @@ def _int(environ: Mapping[str, str], *names: str, default: int | None = None) ->
     if default is None:
         raise ConfigError(f"the launcher did not set {' or '.join(names)}")
     return default
+
+
+# the node-local folder a job may fill: the scheduler's per-job scratch, else the system's
+NODE_LOCAL_VARIABLES = ("SLURM_TMPDIR", "TMPDIR")
+
+
+def node_local_scratch(environ: Mapping[str, str] | None = None) -> Path | None:
+    """This node's scratch folder for the job (the first of NODE_LOCAL_VARIABLES set), or
+    None when there is none."""
+    env = os.environ if environ is None else environ
+    return next((Path(env[name]) for name in NODE_LOCAL_VARIABLES if env.get(name)), None)
+
+
+def in_job(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process runs inside a scheduler's job (its tasks are started with srun)."""
+    env = os.environ if environ is None else environ
+    return bool(env.get("SLURM_JOB_ID"))
 
 
 def detect(environ: Mapping[str, str] | None = None) -> ProcessEnv:

@@ -2,8 +2,8 @@
 
 Random reads of small samples are what parallel file systems (GPFS, Lustre) serve worst; the
 node's own SSD or RAM disk serves them at memory speed. The copy goes to
-`<base>/hpctrain-cache/<pack_id>/`, where base is $SLURM_TMPDIR or $TMPDIR (`auto`) or a given
-path. Every file is hashed while it is copied and compared with the manifest's SHA-256, so a
+`<base>/hpctrain-cache/<pack_id>/`, where base is the job's node-local scratch (`auto`:
+cluster.environment.node_local_scratch) or a given path. Every file is hashed while it is copied and compared with the manifest's SHA-256, so a
 corrupt source is named instead of cached. The copy is made under a temporary name and renamed
 when complete and verified, so a crashed copy is never mistaken for a cache, and two jobs on one
 node copying at once both end with one good cache. Reuse checks the manifest's bytes and every
@@ -13,19 +13,18 @@ file's size; the per-sample CRC-32 at read time catches later corruption.
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import sys
 import uuid
 from pathlib import Path
 
+from hpctrain.cluster.environment import node_local_scratch
 from hpctrain.data.shards import MANIFEST, Pack, pack_file
 from hpctrain.errors import DataError
 
 CACHE_FOLDER = "hpctrain-cache"
 VERIFIED = ".verified"
 SPACE_MARGIN = 1.05  # leave the node's disk 5 % more than the pack needs
-NODE_LOCAL_VARIABLES = ("SLURM_TMPDIR", "TMPDIR")
 
 
 def _log(text: str) -> None:
@@ -37,10 +36,7 @@ def cache_base(setting: str) -> Path | None:
     if setting == "off":
         return None
     if setting == "auto":
-        for variable in NODE_LOCAL_VARIABLES:
-            if os.environ.get(variable):
-                return Path(os.environ[variable])
-        return None
+        return node_local_scratch()
     return Path(setting).expanduser()
 
 
