@@ -31,6 +31,15 @@ RUN_EXAMPLE = """examples:
 """
 
 
+def _add_run(verbs) -> None:
+    """`hpctrain run`'s arguments."""
+
+    run = _verb(verbs, "run", "train a recipe", RUN_EXAMPLE, cmd_run)
+    add_recipe(run, "key=value settings, e.g. train.epochs=5",
+               "shipped recipe name or YAML path (default: 'default')")
+    run.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
 def cmd_run(args) -> int:
     from hpctrain.config import load_config
     from hpctrain.train.loop import train
@@ -47,6 +56,18 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _add_config_show(verbs) -> None:
+    """`hpctrain config show`'s arguments."""
+    config = verbs.add_parser("config", help="inspect configurations")
+    config_verbs = config.add_subparsers(dest="config_verb", metavar="ACTION")
+    config_verbs.required = True
+    show = _verb(config_verbs, "show", "print the resolved configuration",
+                 "example:\n  hpctrain config show imagenet-resnet50 train.batch_size=512",
+                 cmd_config_show)
+    add_recipe(show)
+    show.add_argument("--json", action="store_true")
+
+
 def cmd_config_show(args) -> int:
     from hpctrain.config import load_config, to_yaml
 
@@ -56,6 +77,13 @@ def cmd_config_show(args) -> int:
     else:
         print(to_yaml(config), end="")
     return 0
+
+
+def _add_recipes(verbs) -> None:
+    """`hpctrain recipes`'s arguments."""
+    recipes = _verb(verbs, "recipes", "list the shipped recipes",
+                    "example:\n  hpctrain recipes --json", cmd_recipes)
+    recipes.add_argument("--json", action="store_true")
 
 
 def cmd_recipes(args) -> int:
@@ -91,6 +119,19 @@ shipped ones (generic, jean-zay-v100/-a100/-h100) and yours in ~/.config/hpctrai
 """
 
 
+def _add_submit(verbs) -> None:
+    """`hpctrain submit`'s arguments."""
+    submit = _verb(verbs, "submit", "train a recipe as a Slurm job", SUBMIT_EXAMPLE, cmd_submit)
+    add_recipe(submit, "key=value settings for the run")
+    submit.add_argument("--gpus", type=count(1), required=True, help="GPUs in all (one task each)")
+    add_job_options(submit)
+    submit.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2",
+                        help="one array job over the values (repeat: cartesian product); "
+                        "each element gets its own run directory")
+    submit.add_argument("--dry-run", action="store_true", help="print the script only")
+    submit.add_argument("--json", action="store_true")
+
+
 def cmd_submit(args) -> int:
     from hpctrain.cluster import jobs
     from hpctrain.cluster.profiles import get_profile
@@ -115,6 +156,14 @@ def cmd_submit(args) -> int:
     return 0
 
 
+def _add_jobs(verbs) -> None:
+    """`hpctrain jobs`'s arguments."""
+    queue = _verb(verbs, "jobs", "your Slurm jobs", "example:\n  hpctrain jobs --json",
+                  cmd_jobs)
+    queue.add_argument("--name", help="only jobs of this name")
+    queue.add_argument("--json", action="store_true")
+
+
 def cmd_jobs(args) -> int:
     from hpctrain.cluster import jobs
 
@@ -131,6 +180,15 @@ def cmd_jobs(args) -> int:
                       row["nodes"], row["reason"])
     Console().print(table if rows else "no jobs in the queue")
     return 0
+
+
+def _add_logs(verbs) -> None:
+    """`hpctrain logs`'s arguments."""
+    logs = _verb(verbs, "logs", "a job's output",
+                 "example:\n  hpctrain logs 123456 --follow", cmd_logs)
+    logs.add_argument("job")
+    logs.add_argument("--err", action="store_true", help="the error log instead")
+    logs.add_argument("--follow", action="store_true", help="keep printing until it ends")
 
 
 def cmd_logs(args) -> int:
@@ -156,6 +214,13 @@ def cmd_logs(args) -> int:
         time.sleep(1)
 
 
+def _add_cancel(verbs) -> None:
+    """`hpctrain cancel`'s arguments."""
+    cancel = _verb(verbs, "cancel", "cancel jobs", "example:\n  hpctrain cancel 123456",
+                   cmd_cancel)
+    cancel.add_argument("jobs", nargs="+")
+
+
 def cmd_cancel(args) -> int:
     from hpctrain.cluster.jobs import Job
 
@@ -163,6 +228,14 @@ def cmd_cancel(args) -> int:
         Job(job_id).cancel()
         print(f"cancelled job {job_id}")
     return 0
+
+
+def _add_status(verbs) -> None:
+    """`hpctrain status`'s arguments."""
+    status = _verb(verbs, "status", "where a job stands",
+                   "example:\n  hpctrain status 123456 --json", cmd_status)
+    status.add_argument("job")
+    status.add_argument("--json", action="store_true")
 
 
 def cmd_status(args) -> int:
@@ -232,6 +305,50 @@ def _image_pack_options(args):
                        shard_bytes=size_bytes(args.shard_size, "--shard-size"))
 
 
+def _add_pack(verbs) -> None:
+    """`hpctrain pack`'s arguments."""
+    packer = _verb(verbs, "pack", "pack an image dataset into shards for fast reading, or a "
+                   "text corpus into token shards (--tokens)", PACK_EXAMPLE, cmd_pack)
+    packer.add_argument("src", nargs="?", help="an ImageFolder tree (with train/ and val/, or "
+                        "one tree), or a CSV/list file of path,label lines; with --tokens a "
+                        "folder of .txt files (one document each) and .jsonl files (a 'text' "
+                        "field per line), optionally in train/ and val/")
+    packer.add_argument("dst", nargs="?", help="the pack folder (must be empty, or unfinished "
+                        "to resume)")
+    packer.add_argument("--verify", metavar="PACK", help="check every shard's SHA-256 and "
+                        "every sample's CRC-32 of PACK instead (exit 2 naming each damaged "
+                        "shard or sample)")
+    packer.add_argument("--max-side", type=count(1), help="pre-resize: longer side at most this")
+    packer.add_argument("--store", choices=("jpeg", "raw", "auto"), default="jpeg",
+                        help="JPEG bytes, raw pixels (no decoding), or raw for images whose "
+                        "longer side is at most --raw-max-side (default: jpeg)")
+    packer.add_argument("--raw-max-side", type=count(1), default=64)
+    packer.add_argument("--raw-fraction", type=float, default=0.0, metavar="F",
+                        help="with --store auto, also store this share of the larger images "
+                        "raw: no decoding, ~6x the bytes (FFCV's proportion mode; default 0)")
+    packer.add_argument("--quality", type=int, help="re-encode every JPEG at this quality "
+                        "(default: keep original JPEG bytes; re-encoded images use 90)")
+    packer.add_argument("--shard-size", default="256MB", help="about this much per shard")
+    packer.add_argument("--workers", type=count(1), help="processes (default: all cores)")
+    packer.add_argument("--keep-order", action="store_true",
+                        help="keep the source order (sample i of the pack is line or file i); "
+                        "default: shuffled, so that sequential tar readers see mixed classes")
+    packer.add_argument("--strict", action="store_true",
+                        help="abort on an unreadable image (or a text file that is not "
+                        "UTF-8) instead of skipping it")
+    packer.add_argument("--overwrite", action="store_true",
+                        help="replace what DST holds")
+    packer.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    packer.add_argument("--tokens", action="store_true",
+                        help="tokenize text into a token pack (data.dataset=tokens)")
+    packer.add_argument("--tokenizer", metavar="PATH", help="--tokens: a Hugging Face "
+                        "tokenizer.json or its folder (needs hpctrain[text]); default: "
+                        "byte-level, nothing to download")
+    packer.add_argument("--val-fraction", type=float, default=0.01, metavar="F",
+                        help="--tokens without train/ and val/ folders: the share of "
+                        "documents held out for validation (default 0.01)")
+
+
 def cmd_pack(args) -> int:
     if args.verify:
         return _verify_pack(args)
@@ -258,6 +375,33 @@ BENCH_DATA_EXAMPLE = """examples:
   hpctrain bench data default --workers 1,2 --prefetch 2 --seconds 3 --json
   hpctrain bench data imagenet-resnet50 data.path=/scratch/imagenet-packed --python
 """
+
+
+def _add_bench(verbs) -> None:
+    """`hpctrain bench` and its parts' arguments."""
+    bench = verbs.add_parser("bench", help="measure one part of the training pipeline")
+    bench_verbs = bench.add_subparsers(dest="bench_verb", metavar="PART")
+    bench_verbs.required = True
+    bench_data = _verb(bench_verbs, "data", "how fast the input pipeline runs, and whether "
+                       "it keeps the model fed", BENCH_DATA_EXAMPLE, cmd_bench_data)
+    add_recipe(bench_data)
+    bench_data.add_argument("--workers", help="DataLoader worker counts to try, e.g. 2,4,8 "
+                            "(default: 1, 2, 4, ... up to the cores)")
+    bench_data.add_argument("--prefetch", default="2,4", help="prefetch depths to try")
+    bench_data.add_argument("--seconds", type=seconds, default=5.0,
+                            help="timing per setting (default 5)")
+    bench_data.add_argument("--model", action="store_true",
+                            help="also time the recipe's training step on synthetic data")
+    bench_data.add_argument("--model-steps", type=count(1), default=30)
+    bench_data.add_argument("--processes-per-node", type=count(1), default=1,
+                            help="training processes (GPUs) sharing this node's cores")
+    bench_data.add_argument("--python", action="store_true",
+                            help="then sample the training process and its workers at the "
+                            "recommended setting (py-spy, else cProfile): the hottest Python "
+                            "functions and the shares of reading, decoding, augmentation, "
+                            "transport and the rest")
+    bench_data.add_argument("--json", action="store_true")
+    cli_bench.add_verbs(bench_verbs, _verb)
 
 
 def cmd_bench_data(args) -> int:
@@ -313,6 +457,28 @@ MEMORY_EXAMPLE = """examples:
 
 --gpu-memory takes a size (80GB, 40GiB, 81559MiB) or a GPU name (h100, a100-40gb, v100-32gb).
 """
+
+
+def _add_memory(verbs) -> None:
+    """`hpctrain memory`'s arguments."""
+    memory = _verb(verbs, "memory", "what a training step holds per device, the batch "
+                   "that fits, and which parallelism to use", MEMORY_EXAMPLE, cmd_memory)
+    add_recipe(memory)
+    memory.add_argument("--gpu-memory", metavar="SIZE",
+                        help="device memory: 80GB, 40GiB or a GPU name (default: this "
+                             "machine's GPU, else an H100)")
+    memory.add_argument("--world-size", type=int, metavar="N",
+                        help="devices the run will use (default: this launch's processes)")
+    memory.add_argument("--measure", action="store_true",
+                        help="run real steps here and compare with the prediction")
+    memory.add_argument("--find-batch-size", action="store_true",
+                        help="search the largest batch that fits with real steps (under "
+                             "torchrun: on every rank, all agreeing)")
+    memory.add_argument("--steps", type=count(1), default=3,
+                        help="real steps per measurement or try (default 3)")
+    memory.add_argument("--out", metavar="DIR",
+                        help="where the PNG goes (default: the recipe's output_dir)")
+    memory.add_argument("--json", action="store_true")
 
 
 def cmd_memory(args) -> int:
@@ -401,6 +567,25 @@ def _with_python_sampling(train):
     return run, python
 
 
+def _add_profile(verbs) -> None:
+    """`hpctrain profile`'s arguments."""
+    profile = _verb(verbs, "profile", "where a training step's time goes, and what to "
+                    "change", PROFILE_EXAMPLE, cmd_profile)
+    add_recipe(profile)
+    profile.add_argument("--steps", type=int, default=5,
+                         help="active (recorded) steps, after 2 wait and 2 warm-up steps")
+    profile.add_argument("--python", action="store_true",
+                         help="also sample the training process and its loader workers "
+                         "(py-spy, else cProfile): the hottest Python functions and the "
+                         "shares of reading, decoding, augmentation, transport and the rest")
+    profile.add_argument("--trace", metavar="FILE_OR_DIR",
+                         help="analyse this trace (or folder of per-rank traces, or run "
+                              "directory) instead of running")
+    profile.add_argument("--out", metavar="DIR",
+                         help="where profile.json/html/png go (default: beside the trace)")
+    profile.add_argument("--json", action="store_true")
+
+
 def cmd_profile(args) -> int:
     from hpctrain.profiling.report import (analyse_traces, find_traces, settings_from_run,
                                            text_report, write_reports)
@@ -473,155 +658,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
     verbs.required = True
-
-    run = _verb(verbs, "run", "train a recipe", RUN_EXAMPLE, cmd_run)
-    add_recipe(run, "key=value settings, e.g. train.epochs=5",
-               "shipped recipe name or YAML path (default: 'default')")
-    run.add_argument("--json", action="store_true", help="print the summary as JSON")
-
-    config = verbs.add_parser("config", help="inspect configurations")
-    config_verbs = config.add_subparsers(dest="config_verb", metavar="ACTION")
-    config_verbs.required = True
-    show = _verb(config_verbs, "show", "print the resolved configuration",
-                 "example:\n  hpctrain config show imagenet-resnet50 train.batch_size=512",
-                 cmd_config_show)
-    add_recipe(show)
-    show.add_argument("--json", action="store_true")
-
-    submit = _verb(verbs, "submit", "train a recipe as a Slurm job", SUBMIT_EXAMPLE, cmd_submit)
-    add_recipe(submit, "key=value settings for the run")
-    submit.add_argument("--gpus", type=count(1), required=True, help="GPUs in all (one task each)")
-    add_job_options(submit)
-    submit.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2",
-                        help="one array job over the values (repeat: cartesian product); "
-                        "each element gets its own run directory")
-    submit.add_argument("--dry-run", action="store_true", help="print the script only")
-    submit.add_argument("--json", action="store_true")
-
-    queue = _verb(verbs, "jobs", "your Slurm jobs", "example:\n  hpctrain jobs --json",
-                  cmd_jobs)
-    queue.add_argument("--name", help="only jobs of this name")
-    queue.add_argument("--json", action="store_true")
-
-    logs = _verb(verbs, "logs", "a job's output",
-                 "example:\n  hpctrain logs 123456 --follow", cmd_logs)
-    logs.add_argument("job")
-    logs.add_argument("--err", action="store_true", help="the error log instead")
-    logs.add_argument("--follow", action="store_true", help="keep printing until it ends")
-
-    cancel = _verb(verbs, "cancel", "cancel jobs", "example:\n  hpctrain cancel 123456",
-                   cmd_cancel)
-    cancel.add_argument("jobs", nargs="+")
-
-    status = _verb(verbs, "status", "where a job stands",
-                   "example:\n  hpctrain status 123456 --json", cmd_status)
-    status.add_argument("job")
-    status.add_argument("--json", action="store_true")
-
-    packer = _verb(verbs, "pack", "pack an image dataset into shards for fast reading, or a "
-                   "text corpus into token shards (--tokens)", PACK_EXAMPLE, cmd_pack)
-    packer.add_argument("src", nargs="?", help="an ImageFolder tree (with train/ and val/, or "
-                        "one tree), or a CSV/list file of path,label lines; with --tokens a "
-                        "folder of .txt files (one document each) and .jsonl files (a 'text' "
-                        "field per line), optionally in train/ and val/")
-    packer.add_argument("dst", nargs="?", help="the pack folder (must be empty, or unfinished "
-                        "to resume)")
-    packer.add_argument("--verify", metavar="PACK", help="check every shard's SHA-256 and "
-                        "every sample's CRC-32 of PACK instead (exit 2 naming each damaged "
-                        "shard or sample)")
-    packer.add_argument("--max-side", type=count(1), help="pre-resize: longer side at most this")
-    packer.add_argument("--store", choices=("jpeg", "raw", "auto"), default="jpeg",
-                        help="JPEG bytes, raw pixels (no decoding), or raw for images whose "
-                        "longer side is at most --raw-max-side (default: jpeg)")
-    packer.add_argument("--raw-max-side", type=count(1), default=64)
-    packer.add_argument("--raw-fraction", type=float, default=0.0, metavar="F",
-                        help="with --store auto, also store this share of the larger images "
-                        "raw: no decoding, ~6x the bytes (FFCV's proportion mode; default 0)")
-    packer.add_argument("--quality", type=int, help="re-encode every JPEG at this quality "
-                        "(default: keep original JPEG bytes; re-encoded images use 90)")
-    packer.add_argument("--shard-size", default="256MB", help="about this much per shard")
-    packer.add_argument("--workers", type=count(1), help="processes (default: all cores)")
-    packer.add_argument("--keep-order", action="store_true",
-                        help="keep the source order (sample i of the pack is line or file i); "
-                        "default: shuffled, so that sequential tar readers see mixed classes")
-    packer.add_argument("--strict", action="store_true",
-                        help="abort on an unreadable image (or a text file that is not "
-                        "UTF-8) instead of skipping it")
-    packer.add_argument("--overwrite", action="store_true",
-                        help="replace what DST holds")
-    packer.add_argument("--json", action="store_true", help="print the manifest as JSON")
-    packer.add_argument("--tokens", action="store_true",
-                        help="tokenize text into a token pack (data.dataset=tokens)")
-    packer.add_argument("--tokenizer", metavar="PATH", help="--tokens: a Hugging Face "
-                        "tokenizer.json or its folder (needs hpctrain[text]); default: "
-                        "byte-level, nothing to download")
-    packer.add_argument("--val-fraction", type=float, default=0.01, metavar="F",
-                        help="--tokens without train/ and val/ folders: the share of "
-                        "documents held out for validation (default 0.01)")
-
-    bench = verbs.add_parser("bench", help="measure one part of the training pipeline")
-    bench_verbs = bench.add_subparsers(dest="bench_verb", metavar="PART")
-    bench_verbs.required = True
-    bench_data = _verb(bench_verbs, "data", "how fast the input pipeline runs, and whether "
-                       "it keeps the model fed", BENCH_DATA_EXAMPLE, cmd_bench_data)
-    add_recipe(bench_data)
-    bench_data.add_argument("--workers", help="DataLoader worker counts to try, e.g. 2,4,8 "
-                            "(default: 1, 2, 4, ... up to the cores)")
-    bench_data.add_argument("--prefetch", default="2,4", help="prefetch depths to try")
-    bench_data.add_argument("--seconds", type=seconds, default=5.0,
-                            help="timing per setting (default 5)")
-    bench_data.add_argument("--model", action="store_true",
-                            help="also time the recipe's training step on synthetic data")
-    bench_data.add_argument("--model-steps", type=count(1), default=30)
-    bench_data.add_argument("--processes-per-node", type=count(1), default=1,
-                            help="training processes (GPUs) sharing this node's cores")
-    bench_data.add_argument("--python", action="store_true",
-                            help="then sample the training process and its workers at the "
-                            "recommended setting (py-spy, else cProfile): the hottest Python "
-                            "functions and the shares of reading, decoding, augmentation, "
-                            "transport and the rest")
-    bench_data.add_argument("--json", action="store_true")
-    cli_bench.add_verbs(bench_verbs, _verb)
-
-    profile = _verb(verbs, "profile", "where a training step's time goes, and what to "
-                    "change", PROFILE_EXAMPLE, cmd_profile)
-    add_recipe(profile)
-    profile.add_argument("--steps", type=int, default=5,
-                         help="active (recorded) steps, after 2 wait and 2 warm-up steps")
-    profile.add_argument("--python", action="store_true",
-                         help="also sample the training process and its loader workers "
-                         "(py-spy, else cProfile): the hottest Python functions and the "
-                         "shares of reading, decoding, augmentation, transport and the rest")
-    profile.add_argument("--trace", metavar="FILE_OR_DIR",
-                         help="analyse this trace (or folder of per-rank traces, or run "
-                              "directory) instead of running")
-    profile.add_argument("--out", metavar="DIR",
-                         help="where profile.json/html/png go (default: beside the trace)")
-    profile.add_argument("--json", action="store_true")
-
-    memory = _verb(verbs, "memory", "what a training step holds per device, the batch "
-                   "that fits, and which parallelism to use", MEMORY_EXAMPLE, cmd_memory)
-    add_recipe(memory)
-    memory.add_argument("--gpu-memory", metavar="SIZE",
-                        help="device memory: 80GB, 40GiB or a GPU name (default: this "
-                             "machine's GPU, else an H100)")
-    memory.add_argument("--world-size", type=int, metavar="N",
-                        help="devices the run will use (default: this launch's processes)")
-    memory.add_argument("--measure", action="store_true",
-                        help="run real steps here and compare with the prediction")
-    memory.add_argument("--find-batch-size", action="store_true",
-                        help="search the largest batch that fits with real steps (under "
-                             "torchrun: on every rank, all agreeing)")
-    memory.add_argument("--steps", type=count(1), default=3,
-                        help="real steps per measurement or try (default 3)")
-    memory.add_argument("--out", metavar="DIR",
-                        help="where the PNG goes (default: the recipe's output_dir)")
-    memory.add_argument("--json", action="store_true")
-
-    recipes = _verb(verbs, "recipes", "list the shipped recipes",
-                    "example:\n  hpctrain recipes --json", cmd_recipes)
-    recipes.add_argument("--json", action="store_true")
-
+    for add in (_add_run, _add_config_show, _add_submit, _add_jobs, _add_logs, _add_cancel,
+                _add_status, _add_pack, _add_bench, _add_profile, _add_memory, _add_recipes):
+        add(verbs)  # each beside its handler below
     cli_runs.add_verbs(verbs, _verb)
     cli_tune.add_verbs(verbs, _verb)
     return parser
