@@ -214,13 +214,27 @@ def _or_stop(command: str, problem: str) -> str:
 
 
 def _command(request: JobRequest, run_dir: Path, own_environment: bool) -> list[str]:
+    """The script's body: what a sweep or a resume sets, the launch, and the continuation in
+    a new job when the run stopped early."""
+    python = _python(request, run_dir, own_environment)
+    lines, command = _run_command(request, run_dir, python)
+    about, launch = _launch(request, python, command)
+    return lines + [*about, *_continuation(request, run_dir, launch)]
+
+
+def _python(request: JobRequest, run_dir: Path, own_environment: bool) -> list[str]:
     if request.container:
-        python = ["apptainer", "exec", "--nv", "--bind", str(run_dir.parent),
-                  str(Path(request.container).expanduser()), "python3"]
-    elif own_environment:  # modules, a venv or a conda environment bring their python3
-        python = ["python3"]
-    else:
-        python = [sys.executable]  # the interpreter that submitted: hpctrain is installed there
+        return ["apptainer", "exec", "--nv", "--bind", str(run_dir.parent),
+                str(Path(request.container).expanduser()), "python3"]
+    if own_environment:  # modules, a venv or a conda environment bring their python3
+        return ["python3"]
+    return [sys.executable]  # the interpreter that submitted: hpctrain is installed there
+
+
+def _run_command(request: JobRequest, run_dir: Path, python: list[str]) \
+        -> tuple[list[str], str]:
+    """The lines that set what the run needs (PYTHONPATH for user code, the sweep element,
+    the checkpoint of a first start), and the `hpctrain run` command line."""
     arguments = [*python, "-m", "hpctrain", "run", *([request.recipe] if request.recipe else []),
                  *request.overrides]
     where = [f"output_dir={run_dir.parent}", f"run_name={run_dir.name}"]
@@ -247,15 +261,25 @@ def _command(request: JobRequest, run_dir: Path, own_environment: bool) -> list[
         command += ' "resume=$resume"'
     if request.sweep:
         command += ' "${ELEMENT[@]}" run_name="element-$SLURM_ARRAY_TASK_ID"'
-    about = ["# One task per GPU; hpctrain reads the layout from srun (no MASTER_ADDR to "
-             "export)."]
-    launch = f"srun {command} &"
+    return lines, command
+
+
+def _launch(request: JobRequest, python: list[str], command: str) -> tuple[list[str], str]:
+    """What the script starts in the background (the run under srun, or a search's worker),
+    with the comment that says so."""
     if request.worker:  # the worker sruns each trial itself
-        command = " ".join(shlex.quote(str(a)) for a in [*python, "-m", "hpctrain",
-                                                        *request.worker])
-        about = ["# This element's worker runs trial after trial, each with srun (one task per",
-                 "# GPU) until the search's budget is spent."]
-        launch = f'{command} --slot "$SLURM_ARRAY_TASK_ID" &'
+        worker = " ".join(shlex.quote(str(a)) for a in [*python, "-m", "hpctrain",
+                                                       *request.worker])
+        return (["# This element's worker runs trial after trial, each with srun (one task per",
+                 "# GPU) until the search's budget is spent."],
+                f'{worker} --slot "$SLURM_ARRAY_TASK_ID" &')
+    return (["# One task per GPU; hpctrain reads the layout from srun (no MASTER_ADDR to "
+             "export)."], f"srun {command} &")
+
+
+def _continuation(request: JobRequest, run_dir: Path, launch: str) -> list[str]:
+    """The launch, the signals passed on to it, and the job that continues a run that saved
+    and stopped early (noted in the job ledger)."""
     if request.array:  # an element continues alone, as a one-element array of the same index
         this_job = ['    this_job="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"',
                     '    element="$SLURM_ARRAY_TASK_ID"']
@@ -264,8 +288,7 @@ def _command(request: JobRequest, run_dir: Path, own_environment: bool) -> list[
         this_job, same_element = ['    this_job="$SLURM_JOB_ID"'], ""
     script = shlex.quote(str(RunDir(run_dir).job_script))
     record = shlex.quote(json.dumps(str(run_dir)))
-    return lines + [
-        *about,
+    return [
         "export HPCTRAIN_CONTINUES=script  # the continuation below is this script's job",
         "# USR1 to this shell (scancel --batch --signal=USR1, --signal=B:USR1@300) goes on to",
         "# the run, which saves; srun runs in the background so that the shell takes it at once.",
