@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -101,15 +102,7 @@ def _train(parts: Parts, stopper: Stopper, on_step: Callable[[Parts, int], None]
         return completed_summary(parts, progress) if is_main else None
     moved = set_aside(parts.place) if is_main else None  # only once the resume succeeded
     telemetry = Telemetry(parts.run_dir, parts.total_steps, progress.step, enabled=is_main)
-    telemetry.message(report.banner(parts, parts.resume_from))
-    if moved:
-        telemetry.message(moved)
-    if parts.place.lock.taken_over:
-        telemetry.message(f"  took over {parts.place.lock.path}: {parts.place.lock.taken_over}")
-    if changes:
-        telemetry.message("  resuming with changed settings: " + "; ".join(changes)
-                          + " (they apply from this step on)")
-        telemetry.record("resume", progress.step, {"changes": changes})
+    _tell_start(parts, progress, telemetry, moved, changes)
     heartbeat = _announce(parts, progress, clock, telemetry) if is_main else None
     status, stopped, summary_problem = "failed", None, None
     parts.sampler.start()
@@ -149,16 +142,38 @@ def _train(parts: Parts, stopper: Stopper, on_step: Callable[[Parts, int], None]
     if summary_problem and stopped is None:
         raise OutputError(summary_problem)
     if stopped is not None:
-        env = parts.distributed.env
-        if is_main and env.job_id and stopped.requeue and config.preemption.requeue == "auto":
-            if env.restart_count < config.preemption.max_requeues:
-                stopped.args = (f"{stopped} {requeue(env.job_id, env.script_continues)}",)
-            else:
-                stopped.args = (f"{stopped} Not requeued: the job has been restarted "
-                                f"{env.restart_count} times (preemption.max_requeues).",)
-        stopped.quiet = not is_main
-        raise stopped
+        _requeue_and_raise(parts, stopped)
     return summary if is_main else None
+
+
+def _tell_start(parts: Parts, progress: Progress, telemetry: Telemetry, moved: str | None,
+                changes: list[str]) -> None:
+    """The banner, and what this start changed: checkpoints set aside, a stale lock taken
+    over, settings changed since the checkpoint (also recorded in metrics.jsonl)."""
+    telemetry.message(report.banner(parts, parts.resume_from))
+    if moved:
+        telemetry.message(moved)
+    if parts.place.lock.taken_over:
+        telemetry.message(f"  took over {parts.place.lock.path}: {parts.place.lock.taken_over}")
+    if changes:
+        telemetry.message("  resuming with changed settings: " + "; ".join(changes)
+                          + " (they apply from this step on)")
+        telemetry.record("resume", progress.step, {"changes": changes})
+
+
+def _requeue_and_raise(parts: Parts, stopped: Preempted) -> NoReturn:
+    """After a stop and save: under Slurm, rank 0 asks for the requeue the stop wants (up to
+    preemption.max_requeues); then the stop goes up to the CLI, which says it and exits."""
+    env, preemption = parts.distributed.env, parts.config.preemption
+    if parts.distributed.is_main and env.job_id and stopped.requeue and \
+            preemption.requeue == "auto":
+        if env.restart_count < preemption.max_requeues:
+            stopped.args = (f"{stopped} {requeue(env.job_id, env.script_continues)}",)
+        else:
+            stopped.args = (f"{stopped} Not requeued: the job has been restarted "
+                            f"{env.restart_count} times (preemption.max_requeues).",)
+    stopped.quiet = not parts.distributed.is_main
+    raise stopped
 
 
 def _after_a_dead_worker(parts: Parts, progress: Progress, clock: Clock,
@@ -213,12 +228,8 @@ def _artifacts(run_dir) -> list:
 def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Telemetry,
                stopper: Stopper, on_step: Callable[[Parts, int], None] | None = None) -> None:
     cfg = parts.config.train
-    eval_every = max(1, round(cfg.eval_every_epochs * parts.steps_per_epoch))
-    ckpt_cfg = parts.config.checkpoint
-    ckpt_every = ckpt_cfg.every_steps or max(1, round((ckpt_cfg.every_epochs or 1e9)
-                                                      * parts.steps_per_epoch))
-    task = parts.task
-    metrics = RunningMetrics(parts.device, task)
+    eval_every, ckpt_every = _every(parts)
+    metrics = RunningMetrics(parts.device, parts.task)
     interval = Interval()
     watchdog = Watchdog(parts.config.monitor.low_utilization, parts.config.monitor.low_intervals,
                         parts.config.name)
@@ -231,38 +242,7 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
     while progress.step < parts.total_steps:
         epoch, batches = _start_epoch(parts, progress.step)
         for _ in range(progress.step % parts.steps_per_epoch, parts.steps_per_epoch):
-            # ---- the training step: accumulate gradients over micro-batches, then step ----
-            for micro in range(cfg.grad_accum_steps):
-                waited = time.perf_counter()
-                with region("data_wait"):
-                    host_batch = _next_batch(batches)
-                clock.data_wait_seconds += time.perf_counter() - waited
-                with region("h2d_copy"):
-                    batch = task.to_device(host_batch, training=True)
-                if parts.pipeline is not None:  # forward and backward over micro-batches
-                    with region("pipeline"), parts.loss_context():
-                        outputs, loss = parts.pipeline.train_step(batch, parts.precision)
-                    if outputs is None:
-                        continue  # not the last stage: the figures come from there
-                else:
-                    with parts.gradient_sync(micro == cfg.grad_accum_steps - 1), \
-                            parts.loss_context():
-                        with region("forward"), parts.precision.autocast():
-                            outputs = parts.forward(batch.inputs)
-                            loss = task.loss(outputs, batch)
-                        with region("backward"):
-                            parts.precision.backward(loss / cfg.grad_accum_steps)
-                with torch.no_grad(), parts.loss_context():
-                    sums = task.sums(outputs, batch, loss, True)
-                if isinstance(loss, DTensor):  # from loss parallelism: the same on each rank
-                    loss = loss.full_tensor()
-                metrics.add(loss.detach(), sums, batch.labels.shape[0])
-            with region("optimizer"):
-                parts.precision.step(parts.optimizer, params, parts.config.optim.grad_clip_norm)
-                parts.scheduler.step()
-                parts.optimizer.zero_grad(set_to_none=True)
-                if parts.ema is not None:
-                    parts.ema.update()
+            _train_step(parts, batches, metrics, clock, params)
             progress.step += 1
             interval.samples += parts.global_batch_size
             # ---- read back, evaluate, checkpoint: only at intervals ----
@@ -286,21 +266,71 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
                     interval.start += time.perf_counter() - paused
                     _log_interval(parts, progress, metrics, interval, clock, epoch, telemetry,
                                   watchdog)
-                if not saved:
-                    _save(parts, progress, clock, telemetry)
-                _finish_saving(parts)
-                clock.stop_seconds = stopper.seconds_since_signal()
-                after = "" if clock.stop_seconds is None else \
-                    f" {clock.stop_seconds:.1f} s after the signal"
-                raise Preempted(f"stopped at step {progress.step} ({stop[0]}){_owed(progress)}; "
-                                f"checkpoint {progress.last_good_checkpoint} saved{after}.",
-                                requeue=stop[1])
+                _stop_saved(parts, progress, clock, telemetry, stopper, stop, saved)
             interval.start += time.perf_counter() - paused
             if on_step is not None:
                 on_step(parts, progress.step)
             if last:
                 break
     _finish_saving(parts)
+
+
+def _every(parts: Parts) -> tuple[int, int]:
+    """(steps between evaluations, steps between checkpoints)."""
+    epoch = parts.steps_per_epoch
+    ckpt = parts.config.checkpoint
+    return (max(1, round(parts.config.train.eval_every_epochs * epoch)),
+            ckpt.every_steps or max(1, round((ckpt.every_epochs or 1e9) * epoch)))
+
+
+def _train_step(parts: Parts, batches, metrics: RunningMetrics, clock: Clock,
+                params: list) -> None:
+    """One optimiser step: gradients accumulated over train.grad_accum_steps micro-batches
+    (under a pipeline, each runs the stages' schedule), then the update."""
+    task, accumulate = parts.task, parts.config.train.grad_accum_steps
+    for micro in range(accumulate):
+        waited = time.perf_counter()
+        with region("data_wait"):
+            host_batch = _next_batch(batches)
+        clock.data_wait_seconds += time.perf_counter() - waited
+        with region("h2d_copy"):
+            batch = task.to_device(host_batch, training=True)
+        if parts.pipeline is not None:  # forward and backward over micro-batches
+            with region("pipeline"), parts.loss_context():
+                outputs, loss = parts.pipeline.train_step(batch, parts.precision)
+            if outputs is None:
+                continue  # not the last stage: the figures come from there
+        else:
+            with parts.gradient_sync(micro == accumulate - 1), parts.loss_context():
+                with region("forward"), parts.precision.autocast():
+                    outputs = parts.forward(batch.inputs)
+                    loss = task.loss(outputs, batch)
+                with region("backward"):
+                    parts.precision.backward(loss / accumulate)
+        with torch.no_grad(), parts.loss_context():
+            sums = task.sums(outputs, batch, loss, True)
+        if isinstance(loss, DTensor):  # from loss parallelism: the same on each rank
+            loss = loss.full_tensor()
+        metrics.add(loss.detach(), sums, batch.labels.shape[0])
+    with region("optimizer"):
+        parts.precision.step(parts.optimizer, params, parts.config.optim.grad_clip_norm)
+        parts.scheduler.step()
+        parts.optimizer.zero_grad(set_to_none=True)
+        if parts.ema is not None:
+            parts.ema.update()
+
+
+def _stop_saved(parts: Parts, progress: Progress, clock: Clock, telemetry: Telemetry,
+                stopper: Stopper, stop: tuple[str, bool], saved: bool) -> NoReturn:
+    """Every rank agreed to stop: save (unless this step just did), wait for the write, and
+    raise Preempted with why and where."""
+    if not saved:
+        _save(parts, progress, clock, telemetry)
+    _finish_saving(parts)
+    clock.stop_seconds = stopper.seconds_since_signal()
+    after = "" if clock.stop_seconds is None else f" {clock.stop_seconds:.1f} s after the signal"
+    raise Preempted(f"stopped at step {progress.step} ({stop[0]}){_owed(progress)}; "
+                    f"checkpoint {progress.last_good_checkpoint} saved{after}.", requeue=stop[1])
 
 
 def _stop_if_asked_during_start_up(stopper: Stopper, progress: Progress) -> None:
