@@ -12,6 +12,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -32,7 +33,7 @@ from hpctrain.runs.directory import RunDir
 from hpctrain.train import fp8, fused_eval, parallel, pipeline, tensor_parallel
 from hpctrain.train.checkpoint import Checkpointer
 from hpctrain.train.layout import microbatches as layout_microbatches
-from hpctrain.train.layout import resolve_layout
+from hpctrain.train.layout import Layout, resolve_layout
 from hpctrain.train.mfu import ModelFlops, model_flops
 from hpctrain.train.optim import WeightEma, build_optimizer, build_scheduler, scaled_lr
 from hpctrain.train.parallel import Distributed
@@ -92,6 +93,131 @@ class Parts:
     @property
     def resume_from(self) -> Path | None:
         return self.place.resume_from
+
+
+class _Decided(NamedTuple):
+    layout: Layout
+    plan: SystemPlan
+    device: torch.device
+    sampler: Sampler
+    batch_size: int  # per device and micro-step
+    global_batch: int
+    microbatches: int  # per pipeline step (1 without a pipeline)
+
+
+def _decide(config: Config, env: ProcessEnv) -> _Decided:
+    """The layout, device, precision and batch, checked before any process group exists (a
+    layout that cannot work is refused on every rank alike, instead of hanging)."""
+    layout = resolve_layout(config, env)
+    plan = plan_system(config, parallel.local_device(config.device, env))
+    device = torch.device(plan.device)
+    # its first reading now: the run's energy counts from the moment the device is chosen
+    sampler = make_sampler(device, env.hostname, config.monitor.enabled,
+                           config.monitor.interval_seconds)
+    batch_size, global_batch = parallel.per_device_batch(config, layout.data)
+    parallel.check_layout(config, layout, device, plan.precision)
+    check_model_takes(config.model.name, config.data.kind)
+    if layout.model_parallel and not user_code.is_code_reference(config.model.name):
+        _check_split(_sketch(config), config, layout)
+    micro = layout_microbatches(config, layout, batch_size) if layout.pipeline > 1 else 1
+    return _Decided(layout, plan, device, sampler, batch_size, global_batch, micro)
+
+
+def _start(config: Config, env: ProcessEnv, decided: _Decided, held: ExitStack) \
+        -> tuple[Distributed, RunPlace, float | None, DataBundle]:
+    """The process group, the run directory (locked until `held` closes), the job's end, and
+    the data (one rank per node fills the dataset cache)."""
+    distributed = parallel.start(config, env, decided.layout, decided.device)
+    apply_global_switches(decided.plan, config.seed)
+    place = _on_rank0(distributed, lambda: resolve_run(config, env.job_id, env.restart_count))
+    held.callback(place.lock.release)
+    job_end = _on_rank0(distributed, lambda: job_end_time(env.job_id, os.environ)
+                        if env.job_id and config.preemption.deadline == "auto" else None)
+    with distributed.node_leader_first():
+        data = build_data(config.data, decided.batch_size, config.seed, decided.device,
+                          distributed.data_rank, decided.layout.data, env.local_world_size,
+                          (config.preemption.signal,))
+    return distributed, place, job_end, data
+
+
+def _wrap(model: nn.Module, config: Config, layout: Layout, distributed: Distributed,
+          device: torch.device, plan: SystemPlan):
+    """(model, fp8 plan, wrapped model, plan): the tensor-parallel split, float8 layers,
+    activation checkpointing, then the DDP/FSDP wrapper; compile off under a pipeline (its
+    schedule calls the stage, not `forward`)."""
+    model = parallel.split_tensors(model, distributed, config)
+    fp8_plan = fp8.convert(model, config.fp8, fsdp=layout.strategy == Strategy.FSDP) \
+        if plan.precision == "fp8" else None
+    if config.model.activation_checkpointing:
+        model = enable_activation_checkpointing(model, config.model.name)
+    wrapped = parallel.wrap_model(model, distributed, config, device, plan.precision)
+    if layout.pipeline > 1 and plan.compile:
+        plan = dataclasses.replace(plan, compile=False)
+    return model, fp8_plan, wrapped, plan
+
+
+def _run_task(config: Config, data: DataBundle, device: torch.device, plan: SystemPlan,
+              batch_size: int, layout: Layout) -> Task:
+    """The task's batch handling, loss and metrics, with the user's functions; under tensor
+    parallelism without loss parallelism, on logits made local first."""
+    task = with_user_functions(_task(config, data, device, plan, batch_size), config.task)
+    if layout.tensor > 1 and not config.parallel.loss_parallel:
+        task = tensor_parallel.local_logits(task)
+    return task
+
+
+def _model_on_device(config: Config, data: DataBundle, plan: SystemPlan, layout: Layout,
+                     distributed: Distributed, device: torch.device) \
+        -> tuple[nn.Module, ModelFlops]:
+    """The model for the data's classes or vocabulary, on its device in its memory format
+    (SyncBatchNorm where asked), with its FLOPs counted whole (before a pipeline cuts it)."""
+    model = build_model(config.model.name, data.num_classes, config.model.kwargs,
+                        vocab_size=data.vocab_size, points=config.data.kind == "points",
+                        image_sizes=image_sizes(config.data))
+    if data.vocab_size is not None:
+        check_vocabulary(model, data.vocab_size, config.data.tokens.seq_len, config.model.name)
+    flops = model_flops(model)  # of the whole model: a pipeline stage holds only its part
+    model = parallel.convert_batchnorm(model, config, layout.strategy)
+    memory_format = torch.channels_last if plan.channels_last else torch.preserve_format
+    model = model.to(device=device, memory_format=memory_format)
+    if user_code.is_code_reference(config.model.name):  # hpctrain's own are seeded alike
+        distributed.same_weights(model)
+    if layout.model_parallel:  # again on the real shapes: the sketch's vocabulary and classes
+        _check_split(model, config, layout)  # were placeholders, and your own code had none
+    return model, flops
+
+
+def _cut_for_pipeline(model: nn.Module, config: Config, layout: Layout, rank: int,
+                      distributed: Distributed, device: torch.device, micro_batch: int):
+    """This rank's stage of the model, the stages' parts it holds, and the shape of the
+    stream between stages."""
+    def sample(count: int) -> torch.Tensor:
+        return pipeline.sample_inputs(model, config, count, device)
+    stream = pipeline.stream_shape(model, layout.tensor if config.parallel.sequence_parallel
+                                   else 1, lambda: sample(1))
+    per_rank = pipeline.stages_per_rank(config)
+    blocks = pipeline.stage_blocks(model, config.parallel.stage_split, layout.pipeline * per_rank,
+                                   lambda: sample(micro_batch), distributed)
+    model, stage_parts = pipeline.cut_to_stage(model, layout.coordinates(rank)[0],
+                                               layout.pipeline, per_rank, blocks)
+    return model, stage_parts, stream
+
+
+def _run_length(config: Config, data: DataBundle, global_batch: int) -> tuple[int, int]:
+    """(optimiser steps per epoch, steps in the run); a stream without a length takes
+    train.max_steps as its length."""
+    train = config.train
+    if isinstance(data.train_sampler, Stream) and data.train_sampler.batches_per_epoch is None:
+        if not train.max_steps:
+            raise ConfigError(f"data.dataset: {config.data.dataset} is a stream without a "
+                              "length (no __len__): set train.max_steps, the run's length")
+        data.train_sampler.set_run_length(train.max_steps * train.grad_accum_steps)
+    steps_per_epoch = len(data.train_loader) // train.grad_accum_steps
+    if steps_per_epoch == 0:
+        raise DataError(f"one optimiser step needs {global_batch} samples but the training set "
+                        f"has {len(data.train_loader.dataset)}; lower train.batch_size, "
+                        "train.global_batch_size or train.grad_accum_steps")
+    return steps_per_epoch, train.max_steps or math.ceil(train.epochs * steps_per_epoch)
 
 
 def _on_rank0(distributed: Distributed, make):
@@ -165,88 +291,27 @@ def build_parts(config: Config, env: ProcessEnv | None = None,
             return build_parts(config, env, for_the_build)
     env = env or detect()
     trackers.check(config)  # a tracker's missing library, said before anything is built
-    # ---- decide and check the layout before any process group exists ----
-    layout = resolve_layout(config, env)
-    plan = plan_system(config, parallel.local_device(config.device, env))
-    device = torch.device(plan.device)
-    # its first reading now: the run's energy counts from the moment the device is chosen
-    sampler = make_sampler(device, env.hostname, config.monitor.enabled,
-                           config.monitor.interval_seconds)
-    batch_size, global_batch = parallel.per_device_batch(config, layout.data)
-    parallel.check_layout(config, layout, device, plan.precision)
-    check_model_takes(config.model.name, config.data.kind)
-    if layout.model_parallel and not user_code.is_code_reference(config.model.name):
-        _check_split(_sketch(config), config, layout)
-    micro = layout_microbatches(config, layout, batch_size) if layout.pipeline > 1 else 1
-    strategy = layout.strategy
-
-    distributed = parallel.start(config, env, layout, device)
-    apply_global_switches(plan, config.seed)
-    place = _on_rank0(distributed, lambda: resolve_run(config, env.job_id, env.restart_count))
-    held.callback(place.lock.release)
-    job_end = _on_rank0(distributed, lambda: job_end_time(env.job_id, os.environ)
-                        if env.job_id and config.preemption.deadline == "auto" else None)
-    with distributed.node_leader_first():  # one rank per node fills the dataset cache
-        data = build_data(config.data, batch_size, config.seed, device, distributed.data_rank,
-                          layout.data, env.local_world_size, (config.preemption.signal,))
+    decided = _decide(config, env)
+    layout, plan, device, sampler, batch_size, global_batch, micro = decided
+    distributed, place, job_end, data = _start(config, env, decided, held)
 
     # ---- the model, then its distributed wrapper ----
-    model = build_model(config.model.name, data.num_classes, config.model.kwargs,
-                        vocab_size=data.vocab_size, points=config.data.kind == "points",
-                        image_sizes=image_sizes(config.data))
-    if data.vocab_size is not None:
-        check_vocabulary(model, data.vocab_size, config.data.tokens.seq_len, config.model.name)
-    flops = model_flops(model)  # of the whole model: a pipeline stage holds only its part
-    model = parallel.convert_batchnorm(model, config, strategy)
-    memory_format = torch.channels_last if plan.channels_last else torch.preserve_format
-    model = model.to(device=device, memory_format=memory_format)
-    if user_code.is_code_reference(config.model.name):  # hpctrain's own are seeded alike
-        distributed.same_weights(model)
-    if layout.model_parallel:  # again on the real shapes: the sketch's vocabulary and classes
-        _check_split(model, config, layout)  # were placeholders, and your own code had none
-    stream = held = stages = None  # held: the pipeline stages' Parts of the model on this rank
+    model, flops = _model_on_device(config, data, plan, layout, distributed, device)
+    stream = stage_parts = stages = None
     if layout.pipeline > 1:
-        def sample(count: int) -> torch.Tensor:
-            return pipeline.sample_inputs(model, config, count, device)
-        stream = pipeline.stream_shape(model, layout.tensor if config.parallel.
-                                       sequence_parallel else 1, lambda: sample(1))
-        per_rank = pipeline.stages_per_rank(config)
-        blocks = pipeline.stage_blocks(model, config.parallel.stage_split,
-                                       layout.pipeline * per_rank,
-                                       lambda: sample(batch_size // micro), distributed)
-        model, held = pipeline.cut_to_stage(model, layout.coordinates(env.rank)[0],
-                                            layout.pipeline, per_rank, blocks)
-    model = parallel.split_tensors(model, distributed, config)
-    fp8_plan = fp8.convert(model, config.fp8, fsdp=strategy == Strategy.FSDP) \
-        if plan.precision == "fp8" else None
-    if config.model.activation_checkpointing:
-        model = enable_activation_checkpointing(model, config.model.name)
-    wrapped = parallel.wrap_model(model, distributed, config, device, plan.precision)
-    if layout.pipeline > 1 and plan.compile:  # the schedule calls the stage, not `forward`
-        plan = dataclasses.replace(plan, compile=False)
+        model, stage_parts, stream = _cut_for_pipeline(model, config, layout, env.rank,
+                                                       distributed, device, batch_size // micro)
+    model, fp8_plan, wrapped, plan = _wrap(model, config, layout, distributed, device, plan)
     forward = torch.compile(wrapped, mode=config.compile_mode) if plan.compile else wrapped
     folded = _fused_evaluation(model, config, layout, plan)
 
     # ---- optimiser and schedule, sized by the global batch ----
-    train_cfg = config.train
     lr = scaled_lr(config.optim, global_batch)
-    if isinstance(data.train_sampler, Stream) and data.train_sampler.batches_per_epoch is None:
-        if not train_cfg.max_steps:
-            raise ConfigError(f"data.dataset: {config.data.dataset} is a stream without a "
-                              "length (no __len__): set train.max_steps, the run's length")
-        data.train_sampler.set_run_length(train_cfg.max_steps * train_cfg.grad_accum_steps)
-    steps_per_epoch = len(data.train_loader) // train_cfg.grad_accum_steps
-    if steps_per_epoch == 0:
-        raise DataError(f"one optimiser step needs {global_batch} samples but the training set "
-                        f"has {len(data.train_loader.dataset)}; lower train.batch_size, "
-                        "train.global_batch_size or train.grad_accum_steps")
-    total_steps = train_cfg.max_steps or math.ceil(train_cfg.epochs * steps_per_epoch)
-    task = with_user_functions(_task(config, data, device, plan, batch_size), config.task)
-    if layout.tensor > 1 and not config.parallel.loss_parallel:
-        task = tensor_parallel.local_logits(task)
+    steps_per_epoch, total_steps = _run_length(config, data, global_batch)
+    task = _run_task(config, data, device, plan, batch_size, layout)
     if layout.pipeline > 1:
         stages = pipeline.build(
-            wrapped, held,
+            wrapped, stage_parts,
             lambda outputs, targets: task.loss(outputs, Batch(None, targets, targets)),
             layout, env.rank, device, config.parallel.schedule, micro,
             distributed.mesh["pipeline"].get_group(), stream)
