@@ -260,6 +260,8 @@ def _launches(trace: RankTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def _gpu_evidence(trace: RankTrace, evidence: Evidence, window: tuple[float, float]) -> None:
+    """The GPU's side of the steps: busy, idle and why, launch overhead, communication and
+    its overlap, the kernel mix (matrix work, Tensor Cores, precision)."""
     gpu, steps = trace.gpu, evidence.steps
     start, end, kind = gpu.start, gpu.end, gpu.kind
     busy = iv.union(start, end)
@@ -273,9 +275,25 @@ def _gpu_evidence(trace: RankTrace, evidence: Evidence, window: tuple[float, flo
                          "communication": iv.length(comm) / span,
                          "memory": iv.length(iv.union(start[kind == kernels.MEMORY],
                                                       end[kind == kernels.MEMORY])) / span}
+    launches = _launches(trace)
+    evidence.idle, evidence.losses = _idle_causes(trace, busy, span, launches)
+    evidence.launch = _launch_overhead(trace, busy_us, steps, launches)
+    if len(comm[0]):
+        comm_us = iv.length(comm)
+        overlapped = iv.overlap(comm, compute)
+        evidence.communication = {"share": comm_us / span, "overlap": overlapped / comm_us,
+                                  "exposed_share": (comm_us - overlapped) / span,
+                                  "ms_per_step": _ms(comm_us / steps)}
+        evidence.losses["communication"] = (comm_us - overlapped) / span
+    _kernel_mix(trace, evidence, busy_us, steps)
 
-    # ---- idle gaps: HTA's split, then the causes ----
-    launch_start, launch_dur, found = _launches(trace)
+
+def _idle_causes(trace: RankTrace, busy: iv.Intervals, span: float, launches) \
+        -> tuple[dict, dict]:
+    """(idle, losses): the GPU's idle gaps split as HTA does (waiting on the host, on short
+    kernels, other), then the share of the span lost to input, synchronisation and launches."""
+    start = trace.gpu.start
+    launch_start, _, found = launches
     gap_start, gap_end = iv.gaps(busy)
     order = np.argsort(start, kind="stable")
     closer = order[np.clip(np.searchsorted(start[order], gap_end), 0, len(order) - 1)]
@@ -283,24 +301,26 @@ def _gpu_evidence(trace: RankTrace, evidence: Evidence, window: tuple[float, flo
     host = found[closer] & (launch_start[closer] >= gap_start)
     short = ~host & (gap_us < KERNEL_WAIT_US)
     idle_us = float(gap_us.sum()) or 1.0
-    evidence.idle = {"ms": _ms(float(gap_us.sum())),
-                     "host_wait": float(gap_us[host].sum()) / idle_us,
-                     "kernel_wait": float(gap_us[short].sum()) / idle_us,
-                     "other": float(gap_us[~host & ~short].sum()) / idle_us}
-    idle = (gap_start, gap_end)
+    idle = {"ms": _ms(float(gap_us.sum())),
+            "host_wait": float(gap_us[host].sum()) / idle_us,
+            "kernel_wait": float(gap_us[short].sum()) / idle_us,
+            "other": float(gap_us[~host & ~short].sum()) / idle_us}
     data_wait = _region_intervals(trace, "data_wait")
-    input_idle = iv.overlap(idle, data_wait)
+    input_idle = iv.overlap((gap_start, gap_end), data_wait)
     sync_ends = _sync_ends(trace)
     after_sync = (np.searchsorted(sync_ends, gap_end, side="right")
                   - np.searchsorted(sync_ends, gap_start, side="left")) > 0
     sync_idle = max(0.0, float(gap_us[after_sync].sum())
                     - iv.overlap((gap_start[after_sync], gap_end[after_sync]), data_wait))
-    host_idle = float(gap_us[host].sum())
-    launch_idle = max(0.0, host_idle - input_idle - sync_idle)
-    evidence.losses = {"input": input_idle / span, "sync": sync_idle / span,
-                       "launch": launch_idle / span}
+    launch_idle = max(0.0, float(gap_us[host].sum()) - input_idle - sync_idle)
+    return idle, {"input": input_idle / span, "sync": sync_idle / span,
+                  "launch": launch_idle / span}
 
-    # ---- launch overhead ----
+
+def _launch_overhead(trace: RankTrace, busy_us: float, steps: int, launches) -> dict:
+    """Kernels per step, how many are shorter than their launch, and the host's launch time."""
+    start, end, kind = trace.gpu.start, trace.gpu.end, trace.gpu.kind
+    launch_start, launch_dur, found = launches
     work = kind != kernels.MEMORY
     rt_names = trace.name_of(trace.runtime.name)
     launch_calls = np.array([n in kernels.LAUNCH_CALLS for n in rt_names], dtype=bool)
@@ -308,7 +328,7 @@ def _gpu_evidence(trace: RankTrace, evidence: Evidence, window: tuple[float, flo
         if len(rt_names) else 0.0
     timed = work & found
     durations = end - start
-    evidence.launch = {
+    return {
         "kernels_per_step": float(work.sum()) / steps,
         "short_kernel_share": float((durations[timed] < launch_dur[timed]).mean())
         if timed.any() else 0.0,
@@ -318,17 +338,12 @@ def _gpu_evidence(trace: RankTrace, evidence: Evidence, window: tuple[float, flo
         "cpu_launch_ms_per_step": _ms(cpu_launch_us / steps),
         "gpu_busy_ms_per_step": _ms(busy_us / steps)}
 
-    # ---- communication ----
-    if len(comm[0]):
-        comm_us = iv.length(comm)
-        overlapped = iv.overlap(comm, compute)
-        evidence.communication = {"share": comm_us / span, "overlap": overlapped / comm_us,
-                                  "exposed_share": (comm_us - overlapped) / span,
-                                  "ms_per_step": _ms(comm_us / steps)}
-        evidence.losses["communication"] = (comm_us - overlapped) / span
 
-    # ---- kernels by name: matrix work, Tensor Cores, precision ----
-    per_name = np.bincount(gpu.name, weights=durations, minlength=len(trace.names))
+def _kernel_mix(trace: RankTrace, evidence: Evidence, busy_us: float, steps: int) -> None:
+    """Kernels by name: the share of matrix work, on Tensor Cores, by precision; the top
+    kernels."""
+    gpu, kind = trace.gpu, trace.gpu.kind
+    per_name = np.bincount(gpu.name, weights=gpu.end - gpu.start, minlength=len(trace.names))
     calls = np.bincount(gpu.name, minlength=len(trace.names))
     kind_of = np.zeros(len(trace.names), dtype=np.int8)
     kind_of[gpu.name] = kind
