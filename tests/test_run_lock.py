@@ -153,3 +153,16 @@ def test_a_copy_on_another_rank_does_not_release_the_lock(tmp_path):
     finally:
         held.release()
     assert not held.path.exists()
+
+
+def test_a_file_system_without_hard_links_still_locks_exclusively(tmp_path, monkeypatch):
+    def no_links(*_):
+        raise PermissionError(1, "Operation not permitted")  # what such a mount answers
+    monkeypatch.setattr("hpctrain.runs.lock.os.link", no_links)
+    held = claim(tmp_path / "run", None, 0, "run_name=run")
+    try:
+        assert Holder.read(held.path).pid == os.getpid()
+        with pytest.raises(RunInUse, match="is in use by"):
+            claim(tmp_path / "run", "7", 0, "run_name=run")  # this process: alive
+    finally:
+        held.release()

@@ -211,11 +211,27 @@ def _hold(run: Path, made: list[Path], me: Holder) -> RunLock:
         raise cannot_write(lock_path, err, "A run needs a run directory it can write in") \
             from None
     try:
-        os.link(draft, lock_path)
+        _link_or_create(draft, lock_path)
     finally:
         draft.unlink()
     heartbeat = Heartbeat(lock_path).start()
     return RunLock(lock_path, made, heartbeat=heartbeat)
+
+
+def _link_or_create(draft: Path, lock_path: Path) -> None:
+    """`lock_path` made whole from `draft` if it does not exist (FileExistsError if it does):
+    a hard link; where the file system has none (some FUSE and object-store mounts), an
+    exclusive create written at once."""
+    try:
+        os.link(draft, lock_path)
+        return
+    except FileExistsError:
+        raise
+    except OSError:
+        pass
+    descriptor = os.open(lock_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    with os.fdopen(descriptor, "w") as lock:
+        lock.write(draft.read_text())
 
 
 def _set_aside(lock_path: Path, judged: Holder | None, beat: float | None) -> bool:
@@ -232,7 +248,7 @@ def _set_aside(lock_path: Path, judged: Holder | None, beat: float | None) -> bo
         aside.unlink()
         return True
     try:  # a fresh lock of a run that took over first: back where it was
-        os.link(aside, lock_path)
+        _link_or_create(aside, lock_path)
     except FileExistsError:
         pass
     aside.unlink()
