@@ -3,7 +3,8 @@
     <run_dir>/run.lock   {"pid", "host", "job_id", "restart", "started"} of the holder
 
 The lock is created whole and exclusively (written to a file of its own, then hard-linked to
-its name: a link fails when the name exists, on local disks and on NFS, GPFS and Lustre alike),
+its name: a link fails when the name exists, on local disks and on NFS, GPFS and Lustre alike;
+where a file system has no hard links, an exclusive create),
 and its modification time is a heartbeat (touched every HEARTBEAT_SECONDS). A second run that
 finds it is refused (RunInUse, exit 2), naming the holder, unless the holder is gone:
 
