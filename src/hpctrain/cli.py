@@ -488,7 +488,6 @@ def cmd_memory(args) -> int:
                                         round_batch)
     from hpctrain.memory.estimate import estimate, resolve_target
     from hpctrain.memory.report import document, text_report, write_picture
-    from hpctrain.memory.sizes import fmt_bytes
     from hpctrain.runs.directory import MEMORY_PREDICTION
 
     config = load_config(args.recipe, args.overrides)
@@ -531,23 +530,30 @@ def cmd_memory(args) -> int:
         return ExitCode.DONE if fits else ExitCode.DOES_NOT_FIT
     print(text_report(est, advice, measured, counterpart))
     if search:
-        limit = f", {fmt_bytes(target.capacity)} emulated by counting storages" \
-            if search.device == "cpu" else ""
-        print(f"\nbatch search on {search.world_size} x {search.device} ({search.strategy}"
-              f"{limit}):")
-        for t in search.trials:
-            rate = f"{t.images_per_second:,.0f} img/s" if t.images_per_second else ""
-            peak = fmt_bytes(t.peak_bytes) if t.peak_bytes else ""
-            print(f"  batch {t.batch_size:>6}: {'fits' if t.fits else 'out of memory':<14}"
-                  f"{peak:>11}  {rate}")
-        if search.largest is None:
-            print("  not even batch 1 fits: see the advice above")
-        else:
-            print(f"  largest: {search.largest}; recommended: {' '.join(search.settings)} "
-                  f"(global batch {search.global_batch_size})")
+        _print_batch_search(search, target.capacity)
     print(f"\npicture: {picture} (and {config.name}-memory.json; with --out RUN_DIR, the "
           "run's report shows the prediction)")
     return ExitCode.DONE if fits else ExitCode.DOES_NOT_FIT
+
+
+def _print_batch_search(search, capacity: int) -> None:
+    """`memory --find-batch-size`'s trials, the largest batch and the settings for it."""
+    from hpctrain.memory.sizes import fmt_bytes
+
+    limit = f", {fmt_bytes(capacity)} emulated by counting storages" \
+        if search.device == "cpu" else ""
+    print(f"\nbatch search on {search.world_size} x {search.device} ({search.strategy}"
+          f"{limit}):")
+    for t in search.trials:
+        rate = f"{t.images_per_second:,.0f} img/s" if t.images_per_second else ""
+        peak = fmt_bytes(t.peak_bytes) if t.peak_bytes else ""
+        print(f"  batch {t.batch_size:>6}: {'fits' if t.fits else 'out of memory':<14}"
+              f"{peak:>11}  {rate}")
+    if search.largest is None:
+        print("  not even batch 1 fits: see the advice above")
+    else:
+        print(f"  largest: {search.largest}; recommended: {' '.join(search.settings)} "
+              f"(global batch {search.global_batch_size})")
 
 
 def _with_python_sampling(train):

@@ -61,68 +61,9 @@ running run's metrics.jsonl (written at every logging interval), no daemon on th
 
 
 def add_verbs(verbs, make_verb) -> None:
-    runs = make_verb(verbs, "runs", "the runs index: list, show, compare, usage, leaderboard",
-                     RUNS_EXAMPLE, cmd_runs)
-    _common(runs)
-    runs.add_argument("--recipe")
-    runs.add_argument("--status", help="completed, failed, preempted, running, lost, ...")
-    runs.add_argument("--user")
-    runs.add_argument("--since", help="7d, 12h, or a date (2026-11-01)")
-    runs.add_argument("--limit", type=int, default=None)
-    actions = runs.add_subparsers(dest="runs_verb", metavar="ACTION")
-    show = make_verb(actions, "show", "one run: its row, jobs and summary",
-                     "example:\n  hpctrain runs show RUN", cmd_runs_show)
-    show.add_argument("run", help="run id, run folder name or path")
-    _common(show)
-    compare = make_verb(actions, "compare", "runs side by side: settings that differ, figures",
-                        "example:\n  hpctrain runs compare RUN_A RUN_B", cmd_runs_compare)
-    compare.add_argument("runs", nargs="+", metavar="RUN")
-    _common(compare)
-    usage = make_verb(actions, "usage", "GPU-hours, kWh, runs and failed share per group",
-                      "example:\n  hpctrain runs usage --by month", cmd_runs_usage)
-    usage.add_argument("--by", choices=["user", "recipe", "cluster", "month"], default="user")
-    _common(usage)
-    board = make_verb(actions, "leaderboard", "the race to a target: time, GPU-hours and "
-                      "energy to reach it", "example:\n  hpctrain runs leaderboard "
-                      "small-images --target best_val_accuracy=0.94", cmd_runs_leaderboard)
-    board.add_argument("recipe")
-    board.add_argument("--target", required=True, metavar="METRIC=VALUE")
-    _common(board)
-    sync = make_verb(actions, "sync", "send a run's offline trackers on: W&B offline runs "
-                     "through wandb sync, the MLflow run to a tracking server",
-                     "examples:\n  hpctrain runs sync rn50                      # wandb sync\n"
-                     "  hpctrain runs sync rn50 --mlflow-uri http://mlflow.example:5000",
-                     cmd_runs_sync)
-    sync.add_argument("run", help="run id, run folder name or path")
-    sync.add_argument("--mlflow-uri", help="copy the run's MLflow run there")
-    sync.add_argument("--no-wandb", action="store_true", help="leave the W&B runs unsent")
-    sync.add_argument("--dry-run", action="store_true", help="say what would be sent")
-    _common(sync)
-
-    report = make_verb(verbs, "report", "one offline HTML page of one or several runs: curves, "
-                       "summary, configuration", REPORT_EXAMPLE, cmd_report)
-    report.add_argument("runs", nargs="+", metavar="RUN",
-                        help="a run directory, or a run's name or id in the runs index")
-    report.add_argument("--out", metavar="FILE", help="the page (default: RUN/report.html "
-                        "for one run, ./report.html for several); PNGs go beside it")
-    report.add_argument("--db", help="the runs index that names RUN (as for hpctrain runs)")
-    report.add_argument("--json", action="store_true", help="print the files written")
-
-    watch = make_verb(verbs, "watch", "follow one run or job: latest figures, sparklines, ETA, "
-                      "Slurm state; ends when the run does", WATCH_EXAMPLE, cmd_watch)
-    watch.add_argument("run", metavar="RUN|JOB", help="a run directory, a run's name or id, "
-                       "or a Slurm job id")
-    watch.add_argument("--every", type=float, default=5.0, metavar="SECONDS")
-    watch.add_argument("--once", action="store_true", help="print one reading and exit")
-    watch.add_argument("--db", help="the runs index that names RUN (as for hpctrain runs)")
-    watch.add_argument("--json", action="store_true")
-
-    top = make_verb(verbs, "top", "your running runs, live: per rank GPU use, memory, power, "
-                    "step time, data wait", TOP_EXAMPLE, cmd_top)
-    top.add_argument("--all", action="store_true", help="every user's runs, not only yours")
-    top.add_argument("--every", type=float, default=2.0, metavar="SECONDS")
-    top.add_argument("--once", action="store_true", help="print one table and exit")
-    _common(top)
+    """The runs index's verbs, the report, watch and top, each beside its handler."""
+    for add in (_add_runs, _add_report, _add_watch, _add_top):
+        add(verbs, make_verb)
 
 
 def _common(parser) -> None:
@@ -213,6 +154,47 @@ def _when(seconds) -> str:
 
 def _num(value, fmt: str) -> str:
     return "-" if value is None else fmt.format(value)
+
+
+def _add_runs(verbs, make_verb) -> None:
+    """`hpctrain runs` and its actions' arguments."""
+    runs = make_verb(verbs, "runs", "the runs index: list, show, compare, usage, leaderboard",
+                     RUNS_EXAMPLE, cmd_runs)
+    _common(runs)
+    runs.add_argument("--recipe")
+    runs.add_argument("--status", help="completed, failed, preempted, running, lost, ...")
+    runs.add_argument("--user")
+    runs.add_argument("--since", help="7d, 12h, or a date (2026-11-01)")
+    runs.add_argument("--limit", type=int, default=None)
+    actions = runs.add_subparsers(dest="runs_verb", metavar="ACTION")
+    show = make_verb(actions, "show", "one run: its row, jobs and summary",
+                     "example:\n  hpctrain runs show RUN", cmd_runs_show)
+    show.add_argument("run", help="run id, run folder name or path")
+    _common(show)
+    compare = make_verb(actions, "compare", "runs side by side: settings that differ, figures",
+                        "example:\n  hpctrain runs compare RUN_A RUN_B", cmd_runs_compare)
+    compare.add_argument("runs", nargs="+", metavar="RUN")
+    _common(compare)
+    usage = make_verb(actions, "usage", "GPU-hours, kWh, runs and failed share per group",
+                      "example:\n  hpctrain runs usage --by month", cmd_runs_usage)
+    usage.add_argument("--by", choices=["user", "recipe", "cluster", "month"], default="user")
+    _common(usage)
+    board = make_verb(actions, "leaderboard", "the race to a target: time, GPU-hours and "
+                      "energy to reach it", "example:\n  hpctrain runs leaderboard "
+                      "small-images --target best_val_accuracy=0.94", cmd_runs_leaderboard)
+    board.add_argument("recipe")
+    board.add_argument("--target", required=True, metavar="METRIC=VALUE")
+    _common(board)
+    sync = make_verb(actions, "sync", "send a run's offline trackers on: W&B offline runs "
+                     "through wandb sync, the MLflow run to a tracking server",
+                     "examples:\n  hpctrain runs sync rn50                      # wandb sync\n"
+                     "  hpctrain runs sync rn50 --mlflow-uri http://mlflow.example:5000",
+                     cmd_runs_sync)
+    sync.add_argument("run", help="run id, run folder name or path")
+    sync.add_argument("--mlflow-uri", help="copy the run's MLflow run there")
+    sync.add_argument("--no-wandb", action="store_true", help="leave the W&B runs unsent")
+    sync.add_argument("--dry-run", action="store_true", help="say what would be sent")
+    _common(sync)
 
 
 def cmd_runs(args) -> int:
@@ -380,6 +362,16 @@ def _top_table(index, everyone: bool) -> tuple[Table, list[dict]]:
     return table, rows
 
 
+def _add_top(verbs, make_verb) -> None:
+    """`hpctrain top`'s arguments."""
+    top = make_verb(verbs, "top", "your running runs, live: per rank GPU use, memory, power, "
+                    "step time, data wait", TOP_EXAMPLE, cmd_top)
+    top.add_argument("--all", action="store_true", help="every user's runs, not only yours")
+    top.add_argument("--every", type=float, default=2.0, metavar="SECONDS")
+    top.add_argument("--once", action="store_true", help="print one table and exit")
+    _common(top)
+
+
 def cmd_top(args) -> int:
     index = _index(args)
     if args.once or args.json:
@@ -401,6 +393,18 @@ def cmd_top(args) -> int:
         except KeyboardInterrupt:
             pass
     return 0
+
+
+def _add_report(verbs, make_verb) -> None:
+    """`hpctrain report`'s arguments."""
+    report = make_verb(verbs, "report", "one offline HTML page of one or several runs: curves, "
+                       "summary, configuration", REPORT_EXAMPLE, cmd_report)
+    report.add_argument("runs", nargs="+", metavar="RUN",
+                        help="a run directory, or a run's name or id in the runs index")
+    report.add_argument("--out", metavar="FILE", help="the page (default: RUN/report.html "
+                        "for one run, ./report.html for several); PNGs go beside it")
+    report.add_argument("--db", help="the runs index that names RUN (as for hpctrain runs)")
+    report.add_argument("--json", action="store_true", help="print the files written")
 
 
 def cmd_report(args) -> int:
@@ -467,6 +471,18 @@ def _watch_view(shot) -> str:
     if shot.damage:
         lines.append(f"  damaged: {shot.damage}")
     return "\n".join(lines)
+
+
+def _add_watch(verbs, make_verb) -> None:
+    """`hpctrain watch`'s arguments."""
+    watch = make_verb(verbs, "watch", "follow one run or job: latest figures, sparklines, ETA, "
+                      "Slurm state; ends when the run does", WATCH_EXAMPLE, cmd_watch)
+    watch.add_argument("run", metavar="RUN|JOB", help="a run directory, a run's name or id, "
+                       "or a Slurm job id")
+    watch.add_argument("--every", type=float, default=5.0, metavar="SECONDS")
+    watch.add_argument("--once", action="store_true", help="print one reading and exit")
+    watch.add_argument("--db", help="the runs index that names RUN (as for hpctrain runs)")
+    watch.add_argument("--json", action="store_true")
 
 
 def cmd_watch(args) -> int:

@@ -79,7 +79,8 @@ def _value(record: dict, key: str) -> float | None:
 
 def read_run(path: Path) -> RunSeries:
     run = RunDir(path)
-    records, _, metrics_damage = run.read_metrics()  # each placed by its step and time
+    records, _, metrics_damage = run.read_metrics()
+    records = [r for r in records if "step" in r and "time" in r]  # those a chart can place
     start = min((r["time"] for r in records), default=0.0)
     panels: dict[str, list[Curve]] = {}
     for panel, label, kind, key in CURVES:

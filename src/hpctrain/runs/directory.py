@@ -47,8 +47,9 @@ CHECKPOINT_META = "meta.json"  # inside each checkpoint folder, written last
 CHECKPOINT_NAME = re.compile(r"^step_(\d{8,})$")
 SET_ASIDE = "set-aside-{time}"  # in checkpoints/: what a resume took out of the run's history
 SET_ASIDE_REASONS = "why.json"
-# what a metrics.jsonl record must hold to be read (train/telemetry.py writes them); a figure
-# such as a loss may be NaN, what places the record (step, time, spent) may not
+# what a metrics.jsonl record must hold to be read (train/telemetry.py writes them): a kind,
+# and where there, what places it (step, time, spent) whole and finite; a figure such as a
+# loss may be NaN
 METRIC_RULES = {
     "kind": TEXT, "step": COUNT, "time": TIME, "epoch": FINITE, "elapsed_seconds": AMOUNT,
     "eval_seconds": AMOUNT, "device_hours": AMOUNT, "energy_joules": optional(AMOUNT),
@@ -166,7 +167,7 @@ def metric_record(line: str) -> tuple[dict | None, str | None]:
         return None, None
     if not isinstance(record, dict):
         return None, None
-    why = field_problem(record, METRIC_RULES, ("kind", "step", "time"))
+    why = field_problem(record, METRIC_RULES, ("kind",))
     return (record, None) if why is None else (None, why)
 
 

@@ -62,7 +62,7 @@ def evaluations(records: list[dict]) -> list[tuple]:
     first = next((r.get("time") for r in records if _number(r.get("time"))), None)
     rows = []
     for record in records:
-        if record.get("kind") != "eval":
+        if record.get("kind") != "eval" or "step" not in record:
             continue
         elapsed = _number(record.get("elapsed_seconds"))
         if elapsed is None and first is not None and _number(record.get("time")):
@@ -82,18 +82,30 @@ def _legacy_id(path: Path, records: list[dict]) -> str:
     return "dir-" + hashlib.sha1(f"{path.name}\n{first}".encode()).hexdigest()[:24]
 
 
-def _status(run: RunDir, summary: dict | None, heartbeat: float | None) -> tuple[str, str | None]:
+def _status(run: RunDir, summary: dict | None, heartbeat: float | None, damage: str | None,
+            bad_lines: int) -> tuple[str, str | None]:
+    """(status, problem): damaged where summary.json, run.json or a metrics record is
+    (`damage`: the latter two's, named); else where the run stands, with the metrics lines
+    cut short counted."""
     if run.summary.exists() and summary is None:
         return "damaged", f"{SUMMARY} cannot be read (cut short or not a JSON object)"
+    if damage is not None:
+        return "damaged", damage
+    status = _standing(run, summary, heartbeat)
+    return status, f"{bad_lines} line(s) of {METRICS} unreadable (skipped)" if bad_lines \
+        else None
+
+
+def _standing(run: RunDir, summary: dict | None, heartbeat: float | None) -> str:
     if summary is not None:
         state = summary.get("status") if summary.get("status") in FINAL else "failed"
         written = modified(run.summary) or 0
         if heartbeat is not None and heartbeat > written + 5:  # started again since
-            return "running", None
-        return state, None
+            return "running"
+        return state
     if not (run.config.exists() or run.identity.exists() or run.metrics.exists()):
-        return "submitted", None  # only the job script: its job has not started yet
-    return "running", None  # or lost, when its heartbeat is old (read by the index)
+        return "submitted"  # only the job script: its job has not started yet
+    return "running"  # or lost, when its heartbeat is old (read by the index)
 
 
 def scan_run(path: Path) -> tuple[dict, list[tuple]]:
@@ -106,11 +118,8 @@ def scan_run(path: Path) -> tuple[dict, list[tuple]]:
     summary = run.read_summary()
     records, bad_lines, metrics_damage = run.read_metrics()
     heartbeat = max(filter(None, (modified(run.identity), modified(run.metrics))), default=None)
-    status, problem = _status(run, summary, heartbeat)
-    if problem is None and (identity_damage or metrics_damage):
-        status, problem = "damaged", identity_damage or metrics_damage
-    if bad_lines and problem is None:
-        problem = f"{bad_lines} line(s) of {METRICS} unreadable (skipped)"
+    status, problem = _status(run, summary, heartbeat, identity_damage or metrics_damage,
+                              bad_lines)
     summary = summary or {}
     starts = [s for s in identity.get("starts", []) if isinstance(s, dict)]
     last_start = starts[-1] if starts else {}
@@ -147,7 +156,7 @@ def scan_run(path: Path) -> tuple[dict, list[tuple]]:
         "energy_source": _text(summary.get("energy_source")),
         "best_metric": best_metric, "best_value": best_value,
         "steps": _count(summary.get("steps")) if _count(summary.get("steps")) is not None
-        else max((r["step"] for r in records), default=None),
+        else max((r["step"] for r in records if "step" in r), default=None),
         "wall_seconds": _number(summary.get("wall_seconds")) or
         _number(progress.get("elapsed_seconds")),
         "heartbeat": heartbeat,

@@ -67,7 +67,7 @@ def _total_steps(config: dict, train: dict) -> int | None:
 def snapshot(run_dir: Path) -> Snapshot:
     run = RunDir(run_dir)
     records, damage = tail_reading(run.metrics)  # once: the curves and the latest of each kind
-    trains = [r for r in records if r.get("kind") == "train"]
+    trains = [r for r in records if r.get("kind") == "train" and "step" in r and "time" in r]
     latest = {r["kind"]: r for r in records}
     summary = run.read_summary() or {}
     status = summary.get("status", "running" if trains else "not started")
