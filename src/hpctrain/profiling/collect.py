@@ -83,12 +83,7 @@ def collect(path: Path | str, rank: int | None = None) -> RankTrace:
     else from a `rank<N>` in the file name, else `rank` (default 0)."""
     path = Path(path)
     info = read_header(path).get("distributedInfo") or {}
-    if "rank" in info:
-        rank = int(info["rank"])
-    elif rank is None:
-        found = re.search(r"rank[-_.]?(\d+)", path.name)
-        rank = int(found.group(1)) if found else 0
-    trace = RankTrace(path, rank, int(info.get("world_size", 1)))
+    trace = RankTrace(path, _rank(path, info, rank), int(info.get("world_size", 1)))
     ids: dict[str, int] = {}
 
     def intern(name: str) -> int:
@@ -104,10 +99,7 @@ def collect(path: Path | str, rank: int | None = None) -> RankTrace:
         category, name = event.get("cat"), event.get("name", "")
         if event.get("ph") == "i":
             if name == "[memory]":
-                args = event.get("args", {})
-                device = int(args.get("Device Id", -1))
-                trace.peak_memory[device] = max(trace.peak_memory.get(device, 0),
-                                                int(args.get("Total Allocated", 0)))
+                _memory_event(trace, event.get("args", {}))
             continue
         if event.get("ph") != "X" or "dur" not in event:
             continue
@@ -118,12 +110,7 @@ def collect(path: Path | str, rank: int | None = None) -> RankTrace:
         elif category == "cpu_op":
             trace.ops.add(_tid(event), start, end, intern(name))
             if name in kernels.MATRIX_OPS:
-                args = event.get("args", {})
-                key = (name, _frozen(args.get("Input Dims")),
-                       (args.get("Input type") or ["?"])[0])
-                calls = trace.matrix_ops.setdefault(key, [0, 0.0])
-                calls[0] += 1
-                calls[1] += end - start
+                _matrix_op(trace, name, event.get("args", {}), end - start)
         elif category == "user_annotation":
             step = _STEP.match(name)
             if step:
@@ -148,6 +135,33 @@ def collect(path: Path | str, rank: int | None = None) -> RankTrace:
                          "torch.profiler schedule stepped once per training step (prof.step()); "
                          "record it with hpctrain profile RECIPE")
     return trace
+
+
+def _rank(path: Path, info: dict, rank: int | None) -> int:
+    """The trace's rank: its distributedInfo's, else a `rank<N>` in the file name, else
+    `rank` (default 0)."""
+    if "rank" in info:
+        return int(info["rank"])
+    if rank is not None:
+        return rank
+    found = re.search(r"rank[-_.]?(\d+)", path.name)
+    return int(found.group(1)) if found else 0
+
+
+def _memory_event(trace: RankTrace, args: dict) -> None:
+    """The allocator's total on a device: the peak so far."""
+    device = int(args.get("Device Id", -1))
+    trace.peak_memory[device] = max(trace.peak_memory.get(device, 0),
+                                    int(args.get("Total Allocated", 0)))
+
+
+def _matrix_op(trace: RankTrace, name: str, args: dict, microseconds: float) -> None:
+    """One call of a matrix operator, counted by its shapes and dtype (for the check of
+    dimensions that are not multiples of 8)."""
+    key = (name, _frozen(args.get("Input Dims")), (args.get("Input type") or ["?"])[0])
+    calls = trace.matrix_ops.setdefault(key, [0, 0.0])
+    calls[0] += 1
+    calls[1] += microseconds
 
 
 def _tid(event: dict) -> int:

@@ -74,6 +74,8 @@ def settings_from_run(run_dir: Path | None, recipe: str | None = None) -> Settin
 
 
 def text_report(ranks: list[Evidence], verdict: Verdict) -> str:
+    """The terminal report: the step and its regions, the ranks side by side, the GPU's
+    time, host synchronisation, matrix shapes, the top operators, then the verdict."""
     e = ranks[0]
     kind = "GPU trace" if e.gpu else "CPU-only trace"
     lines = [f"{len(ranks)} rank(s), {e.steps} active steps, {kind}",
@@ -91,42 +93,8 @@ def text_report(ranks: list[Evidence], verdict: Verdict) -> str:
             lines.append(f"  rank {r.rank:<3} {r.step_ms['mean']:>9.2f}  "
                          f"{r.data_wait_share:>6.0%}  {busy:>6}  {comm:>6}")
     if e.gpu:
-        t, idle, launch = e.temporal, e.idle, e.launch
-        lines += [f"GPU: compute {t['compute']:.0%}, non-compute {t['non_compute']:.0%} "
-                  f"(communication {t['communication']:.0%}, memory {t['memory']:.0%}), "
-                  f"idle {t['idle']:.0%}: host-wait {idle['host_wait']:.0%}, kernel-wait "
-                  f"{idle['kernel_wait']:.0%}, other {idle['other']:.0%} of idle",
-                  f"launches: {launch['kernels_per_step']:.0f} kernels/step, median "
-                  f"{launch['median_kernel_us']:.0f} us, {launch['short_kernel_share']:.0%} "
-                  "shorter than their launch; CPU launching "
-                  f"{launch['cpu_launch_ms_per_step']:.2f} ms/step vs GPU busy "
-                  f"{launch['gpu_busy_ms_per_step']:.2f} ms/step"]
-        if e.communication:
-            c = e.communication
-            lines.append(f"communication: {c['share']:.0%} of the time, {c['overlap']:.0%} "
-                         f"overlapped, {c['exposed_share']:.0%} exposed")
-        tc = e.tensor_cores
-        precisions = ", ".join(f"{k} {v:.0%}" for k, v in tc["precision"].items()) \
-            or "no matrix kernels"
-        lines.append(f"Tensor Cores: {tc['share_of_matrix_time']:.0%} of matrix kernel time "
-                     f"({tc['matrix_ms_per_step']:.1f} ms/step; {precisions})")
-    sync = e.sync
-    if sync["sites"]:
-        if e.gpu:
-            lines.append(f"host synchronisation: {sync['calls_per_step']:.1f} per step, "
-                         f"{sync['ms_per_step']:.2f} ms/step")
-        else:
-            lines.append(f"host reads of tensors (.item() and the like; each waits for the "
-                         f"device on a GPU): {sync['calls_per_step']:.1f} per step")
-        for site in sync["sites"][:3]:
-            lines.append(f"  {site['call_site'] or '(no Python stack)'}  {site['op']}  "
-                         f"x{site['calls']}  {site['ms']:.2f} ms")
-    dims = e.matrix_dims
-    if dims["offenders"]:
-        lines.append(f"matrix operands not multiples of 8: {dims['share_of_matrix_time']:.0%} "
-                     "of matrix operator time")
-        for o in dims["offenders"][:3]:
-            lines.append(f"  {o['op']} {o['shapes']} -> {o['dims_not_multiple_of_8']}")
+        lines += _gpu_lines(e)
+    lines += _sync_and_shape_lines(e)
     lines.append("top operators (self time): " + ", ".join(
         f"{o['name']} {o['self_ms']:.1f} ms" for o in e.top_ops[:5]))
     if e.top_kernels:
@@ -143,6 +111,53 @@ def text_report(ranks: list[Evidence], verdict: Verdict) -> str:
         lines.append("nothing to change in the settings: the GPU is busy doing matrix work "
                      "on Tensor Cores")
     return "\n".join(lines)
+
+
+def _gpu_lines(e: Evidence) -> list[str]:
+    """The GPU's time (compute, idle and why), launches, communication, Tensor Cores."""
+    t, idle, launch = e.temporal, e.idle, e.launch
+    lines = [f"GPU: compute {t['compute']:.0%}, non-compute {t['non_compute']:.0%} "
+             f"(communication {t['communication']:.0%}, memory {t['memory']:.0%}), "
+             f"idle {t['idle']:.0%}: host-wait {idle['host_wait']:.0%}, kernel-wait "
+             f"{idle['kernel_wait']:.0%}, other {idle['other']:.0%} of idle",
+             f"launches: {launch['kernels_per_step']:.0f} kernels/step, median "
+             f"{launch['median_kernel_us']:.0f} us, {launch['short_kernel_share']:.0%} "
+             "shorter than their launch; CPU launching "
+             f"{launch['cpu_launch_ms_per_step']:.2f} ms/step vs GPU busy "
+             f"{launch['gpu_busy_ms_per_step']:.2f} ms/step"]
+    if e.communication:
+        c = e.communication
+        lines.append(f"communication: {c['share']:.0%} of the time, {c['overlap']:.0%} "
+                     f"overlapped, {c['exposed_share']:.0%} exposed")
+    tc = e.tensor_cores
+    precisions = ", ".join(f"{k} {v:.0%}" for k, v in tc["precision"].items()) \
+        or "no matrix kernels"
+    lines.append(f"Tensor Cores: {tc['share_of_matrix_time']:.0%} of matrix kernel time "
+                 f"({tc['matrix_ms_per_step']:.1f} ms/step; {precisions})")
+    return lines
+
+
+def _sync_and_shape_lines(e: Evidence) -> list[str]:
+    """Where the host waited for the device (the top call sites), and the matrix operands
+    that are not multiples of 8."""
+    lines, sync = [], e.sync
+    if sync["sites"]:
+        if e.gpu:
+            lines.append(f"host synchronisation: {sync['calls_per_step']:.1f} per step, "
+                         f"{sync['ms_per_step']:.2f} ms/step")
+        else:
+            lines.append(f"host reads of tensors (.item() and the like; each waits for the "
+                         f"device on a GPU): {sync['calls_per_step']:.1f} per step")
+        for site in sync["sites"][:3]:
+            lines.append(f"  {site['call_site'] or '(no Python stack)'}  {site['op']}  "
+                         f"x{site['calls']}  {site['ms']:.2f} ms")
+    dims = e.matrix_dims
+    if dims["offenders"]:
+        lines.append(f"matrix operands not multiples of 8: {dims['share_of_matrix_time']:.0%} "
+                     "of matrix operator time")
+        for o in dims["offenders"][:3]:
+            lines.append(f"  {o['op']} {o['shapes']} -> {o['dims_not_multiple_of_8']}")
+    return lines
 
 
 def write_reports(folder: Path, ranks: list[Evidence], verdict: Verdict, title: str,
