@@ -17,7 +17,7 @@ from hpctrain.errors import OutputError
 from hpctrain.train import checkpoint as ckpt
 from hpctrain.runs.directory import list_checkpoints
 from hpctrain.train.checkpoint import Checkpointer, read_checkpoint
-from hpctrain.train.parallel import Distributed
+from hpctrain.parallel.processes import Distributed
 
 DETERMINISTIC = ("deterministic=true", "train.epochs=10", "checkpoint.every_steps=5",
                  "checkpoint.keep_last=30", "data.num_workers=1", "optim.ema.enabled=true")

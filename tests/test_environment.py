@@ -12,8 +12,8 @@ from hpctrain.cluster.environment import detect, expand_hostlist, port_for_job, 
 from hpctrain.cluster.job import job_end_time
 from hpctrain.config import load_config
 from hpctrain.errors import ConfigError, DeviceError
-from hpctrain.train import parallel
-from hpctrain.train.layout import Layout, resolve_layout
+from hpctrain.parallel import processes as parallel
+from hpctrain.parallel.layout import Layout, resolve_layout
 
 
 def test_host_lists_expand_like_slurm():

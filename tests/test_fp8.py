@@ -140,8 +140,8 @@ def test_fsdp_gathers_float8_weights_and_learns_what_one_process_learns(tmp_path
 
 def test_layouts_fp8_cannot_serve_are_refused():
     from hpctrain.config import load_config
-    from hpctrain.train.layout import Layout
-    from hpctrain.train.parallel import check_layout
+    from hpctrain.parallel.layout import Layout
+    from hpctrain.parallel.processes import check_layout
 
     config = load_config("tiny-lm", ["precision=fp8", "parallel.tensor=2"])
     layout = Layout(data=1, tensor=2, pipeline=1, strategy="ddp")

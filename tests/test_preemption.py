@@ -14,7 +14,7 @@ from hpctrain.cluster.environment import detect
 from hpctrain.config import load_config
 from hpctrain.errors import ConfigError
 from hpctrain.runs.directory import list_checkpoints
-from hpctrain.train.parallel import Distributed
+from hpctrain.parallel.processes import Distributed
 from hpctrain.train.preemption import Stopper, deadline_at
 
 

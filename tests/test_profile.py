@@ -122,7 +122,7 @@ def test_two_torchrun_ranks_each_write_a_trace_and_rank_0_reads_both(tmp_path, s
     assert all(r["steps"] == 2 for r in report["ranks"])
     # the stop flag's read (a CPU tensor of the control group) is found with its call site
     sites = report["ranks"][0]["sync"]["sites"]
-    assert any("hpctrain/train/parallel.py" in (s["call_site"] or "") for s in sites)
+    assert any("hpctrain/parallel/processes.py" in (s["call_site"] or "") for s in sites)
 
 
 # ---- hand-built GPU traces -------------------------------------------------------------------

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from hpctrain.models.gpt import gpt
-from hpctrain.train import pipeline
-from hpctrain.train.stage_split import balanced, parameter_costs
+from hpctrain.parallel import pipeline
+from hpctrain.parallel.stage_split import balanced, parameter_costs
 
 
 def largest(costs, first, last, counts):

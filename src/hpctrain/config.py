@@ -372,7 +372,7 @@ class CheckpointConfig(Section):
 
 class Strategy(str, Enum):
     """How the data dimension holds the model: the closed set of names, compared as members
-    everywhere (train/layout.py decides which one a run gets)."""
+    everywhere (parallel/layout.py decides which one a run gets)."""
 
     NONE = "none"  # one data-parallel copy: nothing to synchronise
     DDP = "ddp"  # a whole copy per process, gradients all-reduced

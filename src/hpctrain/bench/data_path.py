@@ -31,7 +31,7 @@ from hpctrain.data.shard_dataset import ShardDataset, jpeg_decoder
 from hpctrain.data.streams import Stream
 from hpctrain.data.tokens import pad_documents
 from hpctrain.errors import DataError
-from hpctrain.train.parallel import per_device_batch
+from hpctrain.parallel.processes import per_device_batch
 
 GOOD_ENOUGH = 0.95  # the smallest setting within 5 % of the best is the one to use
 HEADROOM = 1.2  # a loader less than 20 % faster than the model stalls it on a slow batch

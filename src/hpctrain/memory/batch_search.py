@@ -32,8 +32,9 @@ from hpctrain.memory.advice import MAX_BATCH, round_batch
 from hpctrain.memory.estimate import Target, output_width, step_spec
 from hpctrain.memory.simulate import run_steps
 from hpctrain.memory.tracker import LiveMemory
-from hpctrain.train import parallel
-from hpctrain.train.layout import resolve_layout
+from hpctrain.parallel import data as data_parallel
+from hpctrain.parallel import processes
+from hpctrain.parallel.layout import resolve_layout
 from hpctrain.train.system import resolve_device
 
 
@@ -75,15 +76,15 @@ class _Runner:
             raise ConfigError("--find-batch-size searches data-parallel layouts only; drop "
                               "parallel.tensor and parallel.pipeline for the search")
         self.strategy = layout.strategy
-        self.device = resolve_device(parallel.local_device(config.device, env))
+        self.device = resolve_device(processes.local_device(config.device, env))
         if self.device.type != target.device:
             raise ConfigError(
                 "--find-batch-size runs real steps, and this machine has no GPU: run it on a "
                 "GPU node, or search for a CPU process with device=cpu --gpu-memory SIZE")
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
-        parallel.check_layout(config, layout, self.device, target.precision)
-        self.distributed = parallel.start(config, env, layout, self.device)
+        processes.check_layout(config, layout, self.device, target.precision)
+        self.distributed = processes.start(config, env, layout, self.device)
         self.spec = step_spec(config, target, output_width(config)[0])
         self.limit = None
         if self.device.type == "cuda":
@@ -99,9 +100,9 @@ class _Runner:
         times: list[float] = []
         try:
             model = self.spec.build_model()
-            model = parallel.convert_batchnorm(model, self.config, self.strategy)
+            model = data_parallel.convert_batchnorm(model, self.config, self.strategy)
             model = model.to(self.device)
-            wrapped = parallel.wrap_model(model, self.distributed, self.config, self.device,
+            wrapped = data_parallel.wrap_model(model, self.distributed, self.config, self.device,
                                           self.spec.precision)
             optimizer = self.spec.build_optimizer(model)
             if self.device.type == "cuda":
@@ -194,7 +195,7 @@ def _recommend(search: Search, config: Config, largest: int) -> None:
     """Round to a multiple of 8 and reach the recipe's global batch by accumulation."""
     world = search.world_size
     recommended = round_batch(largest)
-    wanted = parallel.per_device_batch(config, world)[1]
+    wanted = processes.per_device_batch(config, world)[1]
     accum = max(1, math.ceil(wanted / (recommended * world)))
     if wanted % (world * accum) == 0:
         recommended = min(recommended, wanted // (world * accum))

@@ -32,9 +32,10 @@ from hpctrain.memory.sizes import fmt_bytes, gpu_capability, lacks_bf16, parse_m
 from hpctrain.models.checkpointing import enable_activation_checkpointing, is_block
 from hpctrain.models.gpt import GPT
 from hpctrain.models.registry import build_model
-from hpctrain.train.layout import MICROBATCHES_PER_STAGE, choose_strategy
+from hpctrain.parallel.layout import MICROBATCHES_PER_STAGE, choose_strategy
 from hpctrain.train.optim import build_optimizer, scaled_lr
-from hpctrain.train.parallel import bf16_parameters, per_device_batch
+from hpctrain.parallel.data import bf16_parameters
+from hpctrain.parallel.processes import per_device_batch
 from hpctrain.train.system import resolve_precision
 from hpctrain.train.tasks import with_regulariser
 
@@ -307,7 +308,8 @@ def model_info(spec: StepSpec, precision: str, config: Config | None = None) -> 
 def _splits(model: nn.Module, config: Config) -> tuple[int, tuple, tuple, bool]:
     """(parameters the tensor-parallel plan splits, the tensor sizes and the pipeline sizes
     the model allows, up to 8 each, whether its plan splits the sequence as an option)."""
-    from hpctrain.train import pipeline, tensor_parallel
+    from hpctrain.parallel import pipeline
+    from hpctrain.parallel import tensor as tensor_parallel
 
     p = config.parallel
     try:

@@ -28,16 +28,18 @@ from hpctrain.models.checkpointing import enable_activation_checkpointing
 from hpctrain.models.registry import build_model, check_model_takes
 from hpctrain.monitor.sampler import Sampler
 from hpctrain.monitor.start import make_sampler
+from hpctrain.parallel import data as data_parallel
+from hpctrain.parallel import pipeline, processes, tensor
+from hpctrain.parallel.layout import Layout, resolve_layout
+from hpctrain.parallel.layout import microbatches as layout_microbatches
+from hpctrain.parallel.pipeline import Pipeline
+from hpctrain.parallel.processes import Distributed
 from hpctrain.report import trackers
 from hpctrain.runs.directory import RunDir
-from hpctrain.train import fp8, fused_eval, parallel, pipeline, tensor_parallel
+from hpctrain.train import fp8, fused_eval
 from hpctrain.train.checkpoint import Checkpointer
-from hpctrain.train.layout import microbatches as layout_microbatches
-from hpctrain.train.layout import Layout, resolve_layout
 from hpctrain.train.mfu import ModelFlops, model_flops
 from hpctrain.train.optim import WeightEma, build_optimizer, build_scheduler, scaled_lr
-from hpctrain.train.parallel import Distributed
-from hpctrain.train.pipeline import Pipeline
 from hpctrain.train.precision import Precision
 from hpctrain.train.preemption import deadline_at
 from hpctrain.train.run_dir import RunPlace, resolve_run
@@ -109,13 +111,13 @@ def _decide(config: Config, env: ProcessEnv) -> _Decided:
     """The layout, device, precision and batch, checked before any process group exists (a
     layout that cannot work is refused on every rank alike, instead of hanging)."""
     layout = resolve_layout(config, env)
-    plan = plan_system(config, parallel.local_device(config.device, env))
+    plan = plan_system(config, processes.local_device(config.device, env))
     device = torch.device(plan.device)
     # its first reading now: the run's energy counts from the moment the device is chosen
     sampler = make_sampler(device, env.hostname, config.monitor.enabled,
                            config.monitor.interval_seconds)
-    batch_size, global_batch = parallel.per_device_batch(config, layout.data)
-    parallel.check_layout(config, layout, device, plan.precision)
+    batch_size, global_batch = processes.per_device_batch(config, layout.data)
+    processes.check_layout(config, layout, device, plan.precision)
     check_model_takes(config.model.name, config.data.kind)
     if layout.model_parallel and not user_code.is_code_reference(config.model.name):
         _check_split(_sketch(config), config, layout)
@@ -127,7 +129,7 @@ def _start(config: Config, env: ProcessEnv, decided: _Decided, held: ExitStack) 
         -> tuple[Distributed, RunPlace, float | None, DataBundle]:
     """The process group, the run directory (locked until `held` closes), the job's end, and
     the data (one rank per node fills the dataset cache)."""
-    distributed = parallel.start(config, env, decided.layout, decided.device)
+    distributed = processes.start(config, env, decided.layout, decided.device)
     apply_global_switches(decided.plan, config.seed)
     place = _on_rank0(distributed, lambda: resolve_run(config, env.job_id, env.restart_count))
     held.callback(place.lock.release)
@@ -145,12 +147,12 @@ def _wrap(model: nn.Module, config: Config, layout: Layout, distributed: Distrib
     """(model, fp8 plan, wrapped model, plan): the tensor-parallel split, float8 layers,
     activation checkpointing, then the DDP/FSDP wrapper; compile off under a pipeline (its
     schedule calls the stage, not `forward`)."""
-    model = parallel.split_tensors(model, distributed, config)
+    model = tensor.split_tensors(model, distributed, config)
     fp8_plan = fp8.convert(model, config.fp8, fsdp=layout.strategy == Strategy.FSDP) \
         if plan.precision == "fp8" else None
     if config.model.activation_checkpointing:
         model = enable_activation_checkpointing(model, config.model.name)
-    wrapped = parallel.wrap_model(model, distributed, config, device, plan.precision)
+    wrapped = data_parallel.wrap_model(model, distributed, config, device, plan.precision)
     if layout.pipeline > 1 and plan.compile:
         plan = dataclasses.replace(plan, compile=False)
     return model, fp8_plan, wrapped, plan
@@ -162,7 +164,7 @@ def _run_task(config: Config, data: DataBundle, device: torch.device, plan: Syst
     parallelism without loss parallelism, on logits made local first."""
     task = with_user_functions(_task(config, data, device, plan, batch_size), config.task)
     if layout.tensor > 1 and not config.parallel.loss_parallel:
-        task = tensor_parallel.local_logits(task)
+        task = tensor.local_logits(task)
     return task
 
 
@@ -177,7 +179,7 @@ def _model_on_device(config: Config, data: DataBundle, plan: SystemPlan, layout:
     if data.vocab_size is not None:
         check_vocabulary(model, data.vocab_size, config.data.tokens.seq_len, config.model.name)
     flops = model_flops(model)  # of the whole model: a pipeline stage holds only its part
-    model = parallel.convert_batchnorm(model, config, layout.strategy)
+    model = data_parallel.convert_batchnorm(model, config, layout.strategy)
     memory_format = torch.channels_last if plan.channels_last else torch.preserve_format
     model = model.to(device=device, memory_format=memory_format)
     if user_code.is_code_reference(config.model.name):  # hpctrain's own are seeded alike
@@ -267,7 +269,7 @@ def _check_split(model: nn.Module, config: Config, layout) -> None:
                        pipeline.stages_per_rank(config), config.parallel.stage_split)
         pipeline.schedule_class(config.parallel.schedule)
     if layout.tensor > 1:
-        tensor_parallel.checked_plan(model, config, layout.tensor)
+        tensor.checked_plan(model, config, layout.tensor)
 
 
 def _sketch(config: Config) -> nn.Module:
@@ -320,8 +322,8 @@ def build_parts(config: Config, env: ProcessEnv | None = None,
     return Parts(
         config=config, plan=plan, device=device, distributed=distributed, place=place,
         data=data, model=model, forward=forward,
-        gradient_sync=parallel.gradient_sync(forward),
-        loss_context=parallel.loss_context(config, layout), optimizer=optimizer,
+        gradient_sync=data_parallel.gradient_sync(forward),
+        loss_context=tensor.loss_context(config, layout), optimizer=optimizer,
         scheduler=scheduler,
         precision=Precision(plan.precision, device,
                             distributed.clip_function(stages.copies if stages else ()),

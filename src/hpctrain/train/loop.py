@@ -41,7 +41,7 @@ from hpctrain.train.build import Parts, build_parts
 from hpctrain.train.checkpoint import step_of
 from hpctrain.train.evaluation import evaluate, keep_best
 from hpctrain.train.intervals import Clock, Interval, RunningMetrics
-from hpctrain.train.parallel import collective_failure
+from hpctrain.parallel.processes import collective_failure
 from hpctrain.train.preemption import Stopper
 from hpctrain.train.progress_state import Progress
 from hpctrain.train.resume import completed_summary, is_complete, restore, save

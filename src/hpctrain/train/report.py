@@ -14,7 +14,7 @@ import torch
 from hpctrain.config import Strategy
 from hpctrain.monitor.sampler import add_energy, energy_of, job_means
 from hpctrain.train.mfu import model_flops_utilisation, peak_source
-from hpctrain.train.parallel import straggler
+from hpctrain.parallel.processes import straggler
 from hpctrain.version import __version__
 
 

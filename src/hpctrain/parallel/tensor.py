@@ -26,13 +26,20 @@ their shapes from the tensors they get.
 
 from __future__ import annotations
 
+import contextlib
 from fnmatch import fnmatchcase
+from typing import TYPE_CHECKING
 
 from torch import nn
 
+from hpctrain.config import Config
 from hpctrain.errors import ConfigError
 from hpctrain.models.gpt import GPT
 from hpctrain.models.vit_attention import SplitQKVAttention
+from hpctrain.parallel.layout import Layout
+
+if TYPE_CHECKING:
+    from hpctrain.parallel.processes import Distributed
 
 GPT_PLAN = {
     "embed": "embedding",
@@ -258,3 +265,24 @@ def local_logits(task):
         task, loss=lambda outputs, batch: task.loss(local(outputs), batch),
         sums=lambda outputs, batch, loss, training: task.sums(local(outputs), batch, loss,
                                                                training))
+
+
+def split_tensors(model: nn.Module, distributed: Distributed, config: Config) -> nn.Module:
+    """Tensor parallelism: `model`'s matrices split over its tensor-parallel group, in place
+    (after the split was checked on the whole model, before activation checkpointing and FSDP
+    wrap the blocks)."""
+    if distributed.layout.tensor == 1:
+        return model
+    p = config.parallel
+    plan = plan_for(model, p.tensor_plan, p.sequence_parallel, config.model.name)
+    return apply(model, distributed.mesh["tensor"], plan, p.sequence_parallel, p.loss_parallel)
+
+
+def loss_context(config: Config, layout: Layout):
+    """A function giving the context in which the loss and its backward are computed: torch's
+    loss_parallel under parallel.loss_parallel (the logits split over the vocabulary)."""
+    if config.parallel.loss_parallel and layout.tensor > 1:
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel
+    return contextlib.nullcontext

@@ -1,5 +1,5 @@
-"""The process group, the model's distributed form (DDP, FSDP2, tensor parallelism on a
-DeviceMesh), and the few collectives the loop needs.
+"""The process group (and the DeviceMesh of a model-parallel run), and the few collectives the
+loop needs. The model's distributed forms are data.py (DDP, FSDP2), tensor.py and pipeline.py.
 
 Everything is decided once, at build, from the config and the process environment (layout.py).
 The layout is checked before the process group starts, because a wrong layout (more ranks than
@@ -28,9 +28,8 @@ from hpctrain.cluster.environment import ProcessEnv
 from hpctrain.config import Config, Strategy
 from hpctrain.data.loader import usable_cpus
 from hpctrain.errors import ConfigError, DeviceError, RunFailed
-from hpctrain.models.checkpointing import is_block
-from hpctrain.train import grad_norm, tensor_parallel
-from hpctrain.train.layout import Layout
+from hpctrain.parallel import grad_norm
+from hpctrain.parallel.layout import Layout
 
 
 @dataclass
@@ -293,88 +292,6 @@ def start(config: Config, env: ProcessEnv, layout: Layout, device: torch.device)
                           1 if ddp else layout.data, layout.tensor),
             mesh_dim_names=("pipeline", "replicate", "shard", "tensor"))
     return Distributed(env, layout, control, checkpoints, tuple(hosts), mesh)
-
-
-def split_tensors(model: nn.Module, distributed: Distributed, config: Config) -> nn.Module:
-    """Tensor parallelism: `model`'s matrices split over its tensor-parallel group, in place
-    (after the split was checked on the whole model, before activation checkpointing and FSDP
-    wrap the blocks)."""
-    if distributed.layout.tensor == 1:
-        return model
-    p = config.parallel
-    plan = tensor_parallel.plan_for(model, p.tensor_plan, p.sequence_parallel,
-                                    config.model.name)
-    return tensor_parallel.apply(model, distributed.mesh["tensor"], plan, p.sequence_parallel,
-                                 p.loss_parallel)
-
-
-def wrap_model(model: nn.Module, distributed: Distributed, config: Config,
-               device: torch.device, precision: str) -> nn.Module:
-    """The module the training step calls: DDP around `model`, or `model` sharded in place."""
-    p = config.parallel
-    if distributed.strategy == Strategy.DDP and distributed.mesh is None:
-        return nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None,
-            bucket_cap_mb=p.bucket_cap_mb, gradient_as_bucket_view=p.gradient_as_bucket_view,
-            static_graph=p.static_graph)
-    if distributed.strategy in (Strategy.DDP, Strategy.FSDP):  # ddp here: FSDP2 replicating, on the mesh
-        from torch.distributed.fsdp import (
-            CPUOffloadPolicy,
-            MixedPrecisionPolicy,
-            OffloadPolicy,
-            fully_shard,
-        )
-
-        mixed = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
-            if bf16_parameters(model, precision) else MixedPrecisionPolicy()
-        options = dict(mp_policy=mixed, reshard_after_forward=p.reshard_after_forward,
-                       offload_policy=CPUOffloadPolicy() if p.cpu_offload else OffloadPolicy())
-        if distributed.mesh is not None:
-            options["mesh"] = distributed.mesh["replicate", "shard"]
-        for block in [m for m in model.modules() if is_block(m)]:
-            fully_shard(block, **options)
-        fully_shard(model, **options)
-    return model
-
-
-def bf16_parameters(model: nn.Module, precision: str) -> bool:
-    """FSDP gathers bf16 copies of the parameters (half the traffic) when the run is bf16 or
-    fp8 (whose float8 layers gather their own way) and no BatchNorm needs its fp32 statistics
-    to match its weights' dtype; otherwise it gathers fp32 and autocast still computes in
-    bf16."""
-    return precision in ("bf16", "fp8") and not any(
-        isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
-
-
-def convert_batchnorm(model: nn.Module, config: Config, strategy: Strategy) -> nn.Module:
-    if strategy == Strategy.DDP and config.parallel.sync_batchnorm:
-        return nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    return model
-
-
-def loss_context(config: Config, layout: Layout):
-    """A function giving the context in which the loss and its backward are computed: torch's
-    loss_parallel under parallel.loss_parallel (the logits split over the vocabulary)."""
-    if config.parallel.loss_parallel and layout.tensor > 1:
-        from torch.distributed.tensor.parallel import loss_parallel
-
-        return loss_parallel
-    return contextlib.nullcontext
-
-
-def gradient_sync(module: nn.Module):
-    """A function `sync(enabled)` giving the context for one micro-step: gradients are
-    reduced only on the last micro-step of an accumulation (DDP no_sync, FSDP2
-    set_requires_gradient_sync)."""
-    inner = getattr(module, "_orig_mod", module)  # under torch.compile
-    if isinstance(inner, nn.parallel.DistributedDataParallel):
-        return lambda enabled: contextlib.nullcontext() if enabled else inner.no_sync()
-    if hasattr(inner, "set_requires_gradient_sync"):
-        def fsdp_sync(enabled: bool):
-            inner.set_requires_gradient_sync(enabled)
-            return contextlib.nullcontext()
-        return fsdp_sync
-    return lambda enabled: contextlib.nullcontext()
 
 
 def straggler(step_seconds: list[float], hosts: tuple[str, ...]) -> dict | None:

@@ -42,8 +42,8 @@ from torch.utils.checkpoint import checkpoint
 from hpctrain.errors import ConfigError
 from hpctrain.models.gpt import GPT
 from hpctrain.models.small import ResNetSmall
-from hpctrain.train import stage_split
-from hpctrain.train.grad_norm import settle_gradients
+from hpctrain.parallel import stage_split
+from hpctrain.parallel.grad_norm import settle_gradients
 
 
 @dataclass(frozen=True)
