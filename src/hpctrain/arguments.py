@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from hpctrain.errors import ConfigError
+from hpctrain.errors import ConfigError, ExitCode
 
 
 def counts(text: str | None, option: str) -> list[int] | None:
@@ -40,7 +40,8 @@ class Parser(argparse.ArgumentParser):
     whole usage text."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+        self.exit(ExitCode.BAD_INPUT,
+                  f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
 def count(least: int):

@@ -3,11 +3,12 @@
 Random reads of small samples are what parallel file systems (GPFS, Lustre) serve worst; the
 node's own SSD or RAM disk serves them at memory speed. The copy goes to
 `<base>/hpctrain-cache/<pack_id>/`, where base is the job's node-local scratch (`auto`:
-cluster.environment.node_local_scratch) or a given path. Every file is hashed while it is copied and compared with the manifest's SHA-256, so a
-corrupt source is named instead of cached. The copy is made under a temporary name and renamed
-when complete and verified, so a crashed copy is never mistaken for a cache, and two jobs on one
-node copying at once both end with one good cache. Reuse checks the manifest's bytes and every
-file's size; the per-sample CRC-32 at read time catches later corruption.
+cluster.environment.node_local_scratch) or a given path. Every file is hashed while it is
+copied and compared with the manifest's SHA-256, so a corrupt source is named instead of
+cached. The copy is made under a temporary name and renamed when complete and verified, so a
+crashed copy is never mistaken for a cache, and two jobs on one node copying at once both end
+with one good cache. Reuse checks the manifest's bytes and every file's size; the per-sample
+CRC-32 at read time catches later corruption.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Reading a checkpoint without trusting it: no code runs, nothing outside its folder is read,
-and damage is named before anything is loaded.
+"""Reading a checkpoint without trusting it: no code runs, nothing outside its folder is read, and
+damage is named before anything is loaded.
 
 torch.distributed.checkpoint keeps its index (`.metadata`) as a pickle and reads it with plain
 `pickle.load`, and its default planner reads every non-tensor value (an optimiser's LR,
@@ -10,8 +10,8 @@ file the index names must be a plain file of the folder holding the byte ranges 
 values are accepted only when `torch.load(weights_only=True)` can read them.
 
 `problem(path)` is the cheap check run before a resume chooses a checkpoint: meta.json (by
-progress_state's rules), the index, the shard files' sizes, one RNG file per rank. It catches truncated or empty files and
-a broken meta.json without reading the tensors.
+progress_state's rules), the index, the shard files' sizes, one RNG file per rank. It catches
+truncated or empty files and a broken meta.json without reading the tensors.
 """
 
 from __future__ import annotations
