@@ -166,3 +166,13 @@ def test_a_file_system_without_hard_links_still_locks_exclusively(tmp_path, monk
             claim(tmp_path / "run", "7", 0, "run_name=run")  # this process: alive
     finally:
         held.release()
+
+
+def test_parts_built_without_a_run_keep_their_directory_but_not_the_lock(tiny_config):
+    """Tests and benchmarks drive the parts themselves: the lock ends with the build, the
+    directory stays for what they write (under torchrun every rank writes there: removing it
+    raced with the other rank's first file)."""
+    from hpctrain.train.build import build_parts
+
+    parts = build_parts(tiny_config("run_name=driven"))
+    assert parts.run_dir.is_dir() and not RunDir(parts.run_dir).lock.exists()

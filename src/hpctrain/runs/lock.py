@@ -119,6 +119,11 @@ class RunLock:
     def __getstate__(self) -> dict:
         return {**self.__dict__, "heartbeat": None, "held": False, "made": []}
 
+    def keep_folders(self) -> None:
+        """Leave the folders the claim made when the lock is released: its caller goes on
+        writing into the run directory."""
+        self.made = []
+
     def release(self) -> None:
         if not self.held:
             return

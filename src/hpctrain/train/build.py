@@ -290,7 +290,9 @@ def build_parts(config: Config, env: ProcessEnv | None = None,
     built or not; without `held` (a test or benchmark driving the parts itself), once built."""
     if held is None:
         with ExitStack() as for_the_build:
-            return build_parts(config, env, for_the_build)
+            parts = build_parts(config, env, for_the_build)
+            parts.place.lock.keep_folders()  # the caller's steps write into the run directory
+            return parts
     env = env or detect()
     trackers.check(config)  # a tracker's missing library, said before anything is built
     decided = _decide(config, env)
