@@ -28,12 +28,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpctrain.errors import ConfigError, cannot_write
-from hpctrain.readers import json_mapping
-from hpctrain.runs.directory import RunDir
+from hpctrain.readers import COUNT, TEXT, TIME, Kind, field_problem, json_mapping, optional
+from hpctrain.runs.directory import RunDir, modified
 from hpctrain.runs.identity import HEARTBEAT_SECONDS, Heartbeat
 
 STALE_SECONDS = 5 * HEARTBEAT_SECONDS  # a holder silent this long is taken for dead
 ATTEMPTS = 5  # claims tried while other runs take over the same stale lock
+
+
+# what a lock file must hold to name its holder (a time that describe() can print)
+HOLDER_RULES = {"pid": Kind("a process id", lambda v: COUNT.holds(v) and v > 0),
+                "host": TEXT, "job_id": optional(TEXT), "restart": COUNT, "started": TIME}
 
 
 class RunInUse(ConfigError):
@@ -58,14 +63,10 @@ class Holder:
     def read(cls, path: Path) -> Holder | None:
         """The holder a lock file names; None when it is unreadable or of another shape."""
         record = json_mapping(path)
-        if record is None:
+        if record is None or field_problem(record, HOLDER_RULES, tuple(HOLDER_RULES)):
             return None
-        pid, host, job, restart, started = (record.get(k) for k in
-                                             ("pid", "host", "job_id", "restart", "started"))
-        whole = isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 and \
-            isinstance(host, str) and isinstance(job, (str, type(None))) and \
-            isinstance(restart, int) and isinstance(started, (int, float))
-        return cls(pid, host, job, restart, float(started)) if whole else None
+        return cls(record["pid"], record["host"], record["job_id"], record["restart"],
+                   float(record["started"]))
 
     def describe(self) -> str:
         job = f", Slurm job {self.job_id}" if self.job_id else ""
@@ -193,7 +194,7 @@ def claim(run: Path, job_id: str | None, restart: int, setting: str) -> RunLock:
         except FileExistsError:
             pass
         holder = Holder.read(lock_path)
-        beat = _modified(lock_path)
+        beat = modified(lock_path)
         why = gone_why(holder, beat, me)
         if why is None:
             held = holder.describe() if holder is not None else "a run whose lock cannot be read"
@@ -250,7 +251,7 @@ def _set_aside(lock_path: Path, judged: Holder | None, beat: float | None) -> bo
         os.rename(lock_path, aside)
     except FileNotFoundError:
         return False  # another run took it over first
-    if Holder.read(aside) == judged and _modified(aside) == beat:
+    if Holder.read(aside) == judged and modified(aside) == beat:
         aside.unlink()
         return True
     try:  # a fresh lock of a run that took over first: back where it was
@@ -259,10 +260,3 @@ def _set_aside(lock_path: Path, judged: Holder | None, beat: float | None) -> bo
         pass
     aside.unlink()
     return False
-
-
-def _modified(path: Path) -> float | None:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return None
