@@ -21,10 +21,10 @@ from hpctrain.data import token_pack
 from hpctrain.data.arithmetic import problems
 from hpctrain.data.token_pack import TokenPackOptions, pack_tokens
 from hpctrain.data.tokenizer import BYTE_EOS, byte_tokenizer, huggingface_tokenizer
-from hpctrain.data.tokens import IGNORE, TokenBlocks, TokenDocuments, TokenPack, pad_documents
+from hpctrain.data.tokens import TokenBlocks, TokenDocuments, TokenPack, pad_documents
 from hpctrain.errors import DataError
 from hpctrain.models.gpt import gpt
-from hpctrain.train.tasks import answer_sums, language_modeling
+from hpctrain.tasks.language_modeling import IGNORE, answer_sums, language_modeling
 
 TEXTS = ["Grüße aus Göttingen.", "a\nb\nc", "x" * 300, "The end — fin."]
 

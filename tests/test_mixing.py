@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hpctrain.config import AugmentConfig
-from hpctrain.data.mixing import build_mixing
+from hpctrain.tasks.mixing import build_mixing
 from hpctrain.errors import ConfigError
 
 

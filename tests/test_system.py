@@ -11,7 +11,7 @@ from hpctrain.train.intervals import Clock
 from hpctrain.train.loop import Progress, _run_steps
 from hpctrain.train.preemption import Stopper
 from hpctrain.train.system import plan_system
-from hpctrain.train.tasks import Batch
+from hpctrain.tasks.steps import Batch
 from hpctrain.train.telemetry import Telemetry
 
 needs_no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only answers")

@@ -15,7 +15,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState, create_trial
 
-from hpctrain.config import TASK_OBJECTIVE, TASK_OF_DATA, load_config
+from hpctrain.config import load_config
+from hpctrain.tasks.registry import TASK_OBJECTIVE, TASK_OF_DATA
 from hpctrain.errors import ConfigError
 from hpctrain.runs.directory import RunDir
 from hpctrain.runs.identity import read_identity

@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from hpctrain import user_code
+from hpctrain.tasks import registry as tasks
 from hpctrain.errors import ConfigError
 
 Auto = Literal["auto"]
@@ -254,20 +255,12 @@ class DataConfig(Section):
 
 TOKEN_DATASETS = ("tokens", "arithmetic")
 POINT_DATASETS = ("shapes3d", "modelnet")
-TASK_OF_DATA = {"images": "image_classification", "tokens": "language_modeling",
-                "points": "point_cloud_classification"}
-KIND_OF_TASK = {task: kind for kind, task in TASK_OF_DATA.items()}
-# what `hpctrain tune` optimises by default for each task: a figure of its summary.json
-TASK_OBJECTIVE = {"image_classification": "best_val_accuracy:max",
-                  "language_modeling": "best_val_loss:min",
-                  "point_cloud_classification": "best_val_accuracy:max"}
 
 
 class TaskConfig(Section):
     """What is learned from the data; `task: NAME` in a recipe is short for `task.name`."""
 
-    name: Literal["auto", "image_classification", "language_modeling",
-                  "point_cloud_classification"] = Field(
+    name: Literal[("auto", *tasks.NAMES)] = Field(
         "auto", description="auto: from data.dataset (token data: language_modeling, point "
         "clouds: point_cloud_classification, images: image_classification)")
     loss: str | None = Field(None, description="your own loss instead of the task's: "
@@ -583,7 +576,7 @@ class Config(Section):
     def _task_fits_data(self):
         task = self.task.name
         if self.data.from_user_code:
-            kind = KIND_OF_TASK.get(task, "images")
+            kind = tasks.KIND_OF_TASK.get(task, "images")
             if kind == "tokens" and self.data.tokens.batching != "blocks":
                 raise ValueError(f"data.dataset={self.data.dataset}: your own token data comes "
                                  "as blocks of data.tokens.seq_len + 1 ids; "
@@ -591,7 +584,7 @@ class Config(Section):
                                  "documents: set data.tokens.batching=blocks")
             self.data._kind_of_user_data = kind
             return self
-        if task != "auto" and task != TASK_OF_DATA[self.data.kind]:
+        if task != "auto" and task != tasks.TASK_OF_DATA[self.data.kind]:
             raise ValueError(f"task {task} cannot learn from data.dataset={self.data.dataset} "
                              f"({self.data.kind}); use task=auto, or data that fits the task")
         return self
@@ -599,7 +592,13 @@ class Config(Section):
     @property
     def task_name(self) -> str:
         """The task, `auto` resolved from the data."""
-        return TASK_OF_DATA[self.data.kind] if self.task.name == "auto" else self.task.name
+        return self.task_spec.name
+
+    @property
+    def task_spec(self) -> tasks.TaskSpec:
+        """What the task is (tasks/registry.py), `auto` resolved from the data."""
+        return tasks.for_data(self.data.kind) if self.task.name == "auto" else \
+            tasks.spec(self.task.name)
 
     @field_validator("name", "run_name")
     @classmethod

@@ -8,7 +8,6 @@ the unit sphere, as PointNet's data is, so the same model sees the same scale fr
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import torch
@@ -78,32 +77,3 @@ class PointClouds(Dataset):
         return (torch.from_numpy(np.array(self.points[index, :self.num_points])),  # a copy:
                 # the stored clouds are memory-mapped read-only
                 int(self.labels[index]))
-
-
-def perturb(points: torch.Tensor, augment, up_axis: int) -> torch.Tensor:
-    """A training batch (clouds, points, 3) perturbed on its device, each cloud drawn anew:
-    points dropped (PointNet++'s random dropout: a share up to `dropout_max` replaced by the
-    cloud's first point, so the shape stays), scaled, turned about the up axis, jittered.
-    Draws come from torch's generator of that device, which checkpoints save: a resumed run
-    perturbs as the uninterrupted one would."""
-    clouds, count, _ = points.shape
-    device, dtype = points.device, points.dtype
-    if augment.dropout_max > 0:
-        share = torch.rand(clouds, 1, device=device) * augment.dropout_max
-        dropped = torch.rand(clouds, count, device=device) < share
-        points = torch.where(dropped[..., None], points[:, :1], points)
-    low, high = augment.scale
-    points = points * (low + (high - low) * torch.rand(clouds, 1, 1, device=device, dtype=dtype))
-    if augment.rotate:
-        angle = torch.rand(clouds, device=device) * (2 * math.pi)
-        cos, sin = torch.cos(angle).to(dtype), torch.sin(angle).to(dtype)
-        a, b = [axis for axis in range(3) if axis != up_axis]  # the plane turned in
-        rotation = torch.zeros(clouds, 3, 3, device=device, dtype=dtype)
-        rotation[:, up_axis, up_axis] = 1
-        rotation[:, a, a], rotation[:, a, b] = cos, -sin
-        rotation[:, b, a], rotation[:, b, b] = sin, cos
-        points = torch.bmm(points, rotation.transpose(1, 2))
-    if augment.jitter_sigma > 0:
-        noise = torch.randn_like(points) * augment.jitter_sigma
-        points = points + noise.clamp(-augment.jitter_clip, augment.jitter_clip)
-    return points

@@ -43,7 +43,6 @@ FORMAT = "hpctrain-tokens"
 VERSION = 1
 MANIFEST = "pack.json"
 DOC_DTYPE = np.dtype([("shard", "<u4"), ("start", "<u8"), ("length", "<u4")])
-IGNORE = -100  # a target position that is padding: cross_entropy's ignore_index
 
 
 def token_dtype(vocab_size: int) -> np.dtype:

@@ -37,7 +37,7 @@ from hpctrain.train.optim import build_optimizer, scaled_lr
 from hpctrain.parallel.data import bf16_parameters
 from hpctrain.parallel.processes import per_device_batch
 from hpctrain.train.system import resolve_precision
-from hpctrain.train.tasks import with_regulariser
+from hpctrain.tasks.steps import with_regulariser
 
 CONTEXT_BYTES = 512 * 2**20  # CUDA context, cuBLAS/cuDNN handles, NCCL: outside torch's count
 ALLOCATOR_OVERHEAD = 0.10  # caching-allocator blocks reserved but not allocated, at the peak

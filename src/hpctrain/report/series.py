@@ -16,15 +16,13 @@ from hpctrain.readers import (COUNT, FLAG, MAPPING, TEXT, Kind, field_problem, j
                               list_of, optional)
 from hpctrain.runs.directory import PROFILE_SUMMARY, RunDir
 from hpctrain.runs.identity import job_chain, read_identity
+from hpctrain.tasks.registry import task_curves
 
 # (panel, curve label, record kind, key); a panel gathers curves of one unit
 CURVES = [
     ("loss", "train loss", "train", "loss"),
     ("loss", "validation loss", "eval", "val_loss"),
-    ("accuracy", "train accuracy", "train", "train_accuracy"),
-    ("accuracy", "validation accuracy", "eval", "val_accuracy"),
-    ("accuracy", "validation accuracy (EMA)", "eval", "val_accuracy_ema"),
-    ("perplexity", "validation perplexity", "eval", "val_perplexity"),
+    *((c.panel, c.label, c.kind, c.key) for c in task_curves()),  # each task's own
     ("learning rate", "learning rate", "train", "lr"),
     ("throughput (samples/s)", "samples/s", "train", "samples_per_second"),
     ("data wait (share of step time)", "data wait", "train", "data_wait_fraction"),

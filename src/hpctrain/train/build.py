@@ -36,6 +36,8 @@ from hpctrain.parallel.pipeline import Pipeline
 from hpctrain.parallel.processes import Distributed
 from hpctrain.report import trackers
 from hpctrain.runs.directory import RunDir
+from hpctrain.tasks.spec import TaskSetup
+from hpctrain.tasks.steps import Batch, Task
 from hpctrain.train import fp8, fused_eval
 from hpctrain.train.checkpoint import Checkpointer
 from hpctrain.train.mfu import ModelFlops, model_flops
@@ -44,8 +46,6 @@ from hpctrain.train.precision import Precision
 from hpctrain.train.preemption import deadline_at
 from hpctrain.train.run_dir import RunPlace, resolve_run
 from hpctrain.train.system import SystemPlan, apply_global_switches, plan_system
-from hpctrain.train.tasks import (Batch, Task, check_vocabulary, image_classification,
-                                  language_modeling, point_cloud_classification)
 from hpctrain.train.trial import TrialLink, link
 from hpctrain.train.user_functions import with_user_functions
 
@@ -176,8 +176,8 @@ def _model_on_device(config: Config, data: DataBundle, plan: SystemPlan, layout:
     model = build_model(config.model.name, data.num_classes, config.model.kwargs,
                         vocab_size=data.vocab_size, points=config.data.kind == "points",
                         image_sizes=image_sizes(config.data))
-    if data.vocab_size is not None:
-        check_vocabulary(model, data.vocab_size, config.data.tokens.seq_len, config.model.name)
+    if config.task_spec.check_model is not None:
+        config.task_spec.check_model(model, data.vocab_size, config)
     flops = model_flops(model)  # of the whole model: a pipeline stage holds only its part
     model = data_parallel.convert_batchnorm(model, config, layout.strategy)
     memory_format = torch.channels_last if plan.channels_last else torch.preserve_format
@@ -251,16 +251,9 @@ def _fused_evaluation(model: nn.Module, config: Config, layout, plan: SystemPlan
 
 def _task(config: Config, data: DataBundle, device: torch.device, plan: SystemPlan,
           batch_size: int) -> Task:
-    if config.task_name == "language_modeling":
-        return language_modeling(device, data.answer)
-    if config.task_name == "point_cloud_classification":
-        return point_cloud_classification(device, config.data.points, up_axis(config.data),
-                                          config.train.label_smoothing, data.num_classes,
-                                          config.model.name)
-    return image_classification(
-        DeviceBatcher(device, config.data.mean, config.data.std, plan.channels_last),
-        config.data.augment, data.num_classes, config.train.label_smoothing, batch_size,
-        config.model.name)
+    batcher = DeviceBatcher(device, config.data.mean, config.data.std, plan.channels_last)
+    return config.task_spec.build(TaskSetup(config, device, data.num_classes, data.answer,
+                                            batch_size, batcher, up_axis(config.data)))
 
 
 def _check_split(model: nn.Module, config: Config, layout) -> None:
@@ -275,7 +268,7 @@ def _check_split(model: nn.Module, config: Config, layout) -> None:
 def _sketch(config: Config) -> nn.Module:
     """The model on the meta device (no memory, no data needed): its shape, to check a
     tensor-parallel split before any process group exists."""
-    tokens = config.task_name == "language_modeling"
+    tokens = config.data.kind == "tokens"
     with torch.device("meta"):
         return build_model(config.model.name, None if tokens else 10, config.model.kwargs,
                            vocab_size=256 if tokens else None,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hpctrain.train.tasks import Task
+from hpctrain.tasks.steps import Task
 
 
 @dataclass

@@ -11,7 +11,6 @@ when complete, so a killed run never leaves a half-written trace behind.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 

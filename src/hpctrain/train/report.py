@@ -69,15 +69,8 @@ def start_record(parts) -> dict:
 
 
 def _samples(parts) -> str:
-    data = parts.data
-    if data.vocab_size is not None:
-        tokens = parts.config.data.tokens
-        return (f"{tokens.batching} of up to {tokens.seq_len} tokens, vocabulary "
-                f"{data.vocab_size:,}")
-    if parts.task.unit == "clouds":
-        return f"clouds of {parts.config.data.points.num_points} points, " \
-               f"{data.num_classes} classes"
-    return f"images, {data.num_classes} classes"
+    return parts.config.task_spec.describe(parts.config, parts.data.num_classes,
+                                           parts.data.vocab_size)
 
 
 def oom_advice(parts, step: int) -> str:

@@ -20,7 +20,7 @@ import torch
 from hpctrain import user_code
 from hpctrain.config import TaskConfig
 from hpctrain.errors import ConfigError
-from hpctrain.train.tasks import Batch, Task
+from hpctrain.tasks.steps import Batch, Task
 
 
 def _check_scalar(value, what: str, reference: str) -> None:

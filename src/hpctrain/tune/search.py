@@ -39,7 +39,7 @@ def prepare(recipe: str | None, overrides: list[str], options: Options,
     """Check everything (recipe, space, objective, storage), create the search folder and
     its study, or continue the search already in options.folder (same settings, the budget
     may grow). Returns the folder and its settings."""
-    from hpctrain.config import TASK_OBJECTIVE, load_config
+    from hpctrain.config import load_config
 
     if options.folder and not (recipe or overrides or options.space) and \
             (Path(options.folder) / SETTINGS).is_file():  # `tune --dir DIR`: continue it
@@ -55,7 +55,7 @@ def prepare(recipe: str | None, overrides: list[str], options: Options,
                               "choose the search's folder with --dir")
     parameters = parse_all(options.space)
     check_against(parameters, lambda extra: load_config(recipe, [*overrides, *extra]))
-    key, direction = objective(options.objective or TASK_OBJECTIVE[config.task_name])
+    key, direction = objective(options.objective or config.task_spec.objective)
     storage = check_storage(options.storage, array)
     trials = options.trials
     if options.sampler == "grid":

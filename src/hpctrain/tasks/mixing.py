@@ -9,13 +9,13 @@ save and restore, so a resumed run mixes as the uninterrupted one would.
 
 from __future__ import annotations
 
-from hpctrain.config import AugmentConfig
 from hpctrain.errors import ConfigError
 
 
-def build_mixing(augment: AugmentConfig, num_classes: int, label_smoothing: float,
+def build_mixing(augment, num_classes: int, label_smoothing: float,
                  batch_size: int):
-    """timm's Mixup for these settings, or None when both alphas are 0."""
+    """timm's Mixup for these settings (`augment`: the recipe's data.augment), or None when
+    both alphas are 0."""
     if augment.mixup_alpha == 0 and augment.cutmix_alpha == 0:
         return None
     if batch_size % 2:

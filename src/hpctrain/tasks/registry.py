@@ -1,0 +1,32 @@
+"""The tasks hpctrain trains, by name: the one place that lists them.
+
+Every other room asks a spec (`spec(name)`, `for_data(kind)`) instead of comparing a task's
+name. To add a task: a module beside these with its `SPEC` (spec.py says what it holds) and
+its line below; a new kind of data also needs its reader in data/loader.py.
+"""
+
+from __future__ import annotations
+
+from hpctrain.tasks import image_classification, language_modeling, point_cloud_classification
+from hpctrain.tasks.spec import Curve, TaskSpec
+
+SPECS: dict[str, TaskSpec] = {task.SPEC.name: task.SPEC for task in (
+    image_classification, language_modeling, point_cloud_classification)}
+NAMES = tuple(SPECS)
+TASK_OF_DATA = {spec.data_kind: name for name, spec in SPECS.items()}  # one task per kind
+KIND_OF_TASK = {name: spec.data_kind for name, spec in SPECS.items()}
+TASK_OBJECTIVE = {name: spec.objective for name, spec in SPECS.items()}
+
+
+def spec(name: str) -> TaskSpec:
+    return SPECS[name]
+
+
+def for_data(kind: str) -> TaskSpec:
+    """The task that learns from data of this kind (`task: auto`)."""
+    return SPECS[TASK_OF_DATA[kind]]
+
+
+def task_curves() -> list[Curve]:
+    """Every task's own report lines, each once, in the registry's order."""
+    return list(dict.fromkeys(curve for task in SPECS.values() for curve in task.curves))

@@ -1,0 +1,64 @@
+"""What a task is, as hpctrain's other rooms ask it: a `TaskSpec`.
+
+A spec is read when a recipe is (config.py checks a task's name and the data it learns
+from against it), so it holds plain values and functions and imports no torch: the torch
+side of a task (its batches, loss and metrics on the device, `steps.Task`) is made by
+`build`, when a run starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One line of the run report: on which panel, its label, from which metrics.jsonl
+    records (`kind`) and which of their keys."""
+
+    panel: str
+    label: str
+    kind: str
+    key: str
+
+
+@dataclass(frozen=True)
+class TaskSetup:
+    """What `build` is given, all made by the engine before the task: the recipe, the
+    device, the data's classes or answer marks, the per-device batch, the image batcher
+    (uint8 to normalised on the device) and the axis point clouds turn about."""
+
+    config: object  # config.Config (not imported: config asks this module)
+    device: object  # torch.device
+    num_classes: int | None
+    answer: tuple[int, int] | None
+    batch_size: int
+    image_batcher: Callable
+    up_axis: int
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One task kind.
+
+    - `name`: the recipe's `task:` and summary.json's `task`;
+    - `data_kind`: what its samples are (images, tokens, points): `task: auto` picks the
+      task of the data's kind, and a task is refused on data of another kind;
+    - `unit`: what its throughput counts (images, tokens, clouds);
+    - `objective`: what `hpctrain tune` optimises by default, `SUMMARY_KEY:max|min`;
+    - `curves`: its own lines in the run report, beside those every run has;
+    - `build(setup) -> steps.Task`: its batches, loss and metrics on the device;
+    - `describe(config, num_classes, vocab_size)`: its samples, in the run's banner;
+    - `check_model(model, vocab_size, config)`: a model that cannot learn this data,
+      refused before training (or None).
+    """
+
+    name: str
+    data_kind: str
+    unit: str
+    objective: str
+    curves: tuple[Curve, ...]
+    build: Callable
+    describe: Callable[[object, int | None, int | None], str]
+    check_model: Callable | None = None

@@ -1,0 +1,81 @@
+"""The torch side of a task: the record the loop drives, and what the classification tasks
+share.
+
+A `Task` is a record of four functions and two names, not a class hierarchy:
+- `to_device(batch, training)`: the loader's batch on the device as a `Batch` (normalised,
+  laid out, mixed for images; inputs and shifted targets for tokens);
+- `loss(outputs, batch)`: the training objective;
+- `sums(outputs, batch, loss, training)`: the figures to accumulate, as one device vector
+  (counts and sums only, so micro-steps, intervals and ranks add up; nothing is read back per
+  step); what only evaluation reports is left at zero in training;
+- `values(sums)`: those sums read back as named metrics (accuracy, perplexity, ...).
+`unit` names what throughput counts (images, tokens, clouds) and `unit_sum` which sum counts it
+(None: the samples are the unit). Evaluation runs the same functions in eval mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from hpctrain.errors import ConfigError
+
+
+@dataclass
+class Batch:
+    inputs: torch.Tensor
+    targets: torch.Tensor  # what the loss compares with (soft labels under mixing)
+    labels: torch.Tensor  # what the metrics compare with
+
+    def first(self, rows: int) -> Batch:
+        """The first `rows` samples (evaluation leaves out the sampler's padding repeats)."""
+        return Batch(self.inputs[:rows], self.targets[:rows], self.labels[:rows])
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    unit: str  # what throughput counts: images | tokens | clouds
+    sum_names: tuple[str, ...]
+    unit_sum: str | None
+    to_device: Callable[[object, bool], Batch]
+    loss: Callable[[torch.Tensor, Batch], torch.Tensor]
+    sums: Callable[[torch.Tensor, Batch, torch.Tensor, bool], torch.Tensor]
+    values: Callable[[dict], dict]
+    own_metrics: tuple[str, ...] = ()  # the recipe's task.metrics, recorded in training too
+
+
+def top1_sums(num_classes: int, model_name: str) -> Callable:
+    """The sums of top-1 accuracy, for logits of `num_classes` classes: a model with another
+    number of outputs (a factory that was not given the data's classes trains a 1,000-way
+    head on 8 classes without a word) is refused at its first batch, naming the setting."""
+    def sums(logits, batch: Batch, loss, training: bool) -> torch.Tensor:
+        if logits.shape[-1] != num_classes:
+            raise ConfigError(
+                f"model.name {model_name} gives {logits.shape[-1]} outputs per sample, but "
+                f"the data has {num_classes} classes: build it for the data's classes (a "
+                f"factory's num_classes parameter, or model.kwargs.num_classes={num_classes})")
+        correct = (logits.argmax(dim=1) == batch.labels).sum()
+        return torch.stack([correct, correct.new_full((), len(batch.labels))])
+    return sums
+
+
+def top1_accuracy(sums: dict) -> dict:
+    return {"accuracy": sums["correct"] / max(sums["samples"], 1)}
+
+
+def logits_of(outputs) -> torch.Tensor:
+    """The logits of a model that returns them alone or as (logits, regulariser)."""
+    return outputs[0] if isinstance(outputs, tuple) else outputs
+
+
+def with_regulariser(criterion: Callable) -> Callable:
+    """`criterion(outputs, targets)`, plus the regulariser of a model that returns
+    (logits, regulariser) while training (PointNet's feature transform)."""
+    def loss(outputs, targets: torch.Tensor) -> torch.Tensor:
+        if isinstance(outputs, tuple):
+            return criterion(outputs[0], targets) + outputs[1]
+        return criterion(outputs, targets)
+    return loss
