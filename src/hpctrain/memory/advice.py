@@ -137,7 +137,7 @@ def advise(base: Estimate, config: Config, counterpart: Estimate | None = None) 
         split = split_layouts(base, config)
         if split and split[0].fits and (not sharded.fits or extra):
             return _split_advice(base, split)
-        n = sharded.target.world_size
+        n = sharded.target.layout.world_size
         return Advice("shard", f"the model states alone do not fit on one {cap} device: "
                       f"shard them with FSDP over {n} devices", [_option(
                           ["parallel.strategy=fsdp", f"--gpus {n}", *extra], sharded,
@@ -192,7 +192,7 @@ def _activation_options(base: Estimate, config: Config,
                                f"{(lower / size) ** 2:.0%} of the pixels per image"))
     sharded = smallest_fsdp(base, config)
     if sharded is not None:
-        n = sharded.target.world_size
+        n = sharded.target.layout.world_size
         options.append(_option(["parallel.strategy=fsdp", f"--gpus {n}"], sharded,
                                f"model states split {n} ways leave room for activations"))
     options.extend(_split_option(est) for est in split_layouts(base, config))
@@ -205,7 +205,7 @@ def split_layouts(base: Estimate, config: Config) -> list[Estimate]:
     devices first (tensor parallelism before pipelines at equal counts); or, when none fits,
     the one that comes closest. Empty for a model without a plan or at such a layout already."""
     info, target = base.info, base.target
-    if target.tensor * target.pipeline > 1 or not (info.tensor_sizes or info.pipeline_sizes):
+    if target.layout.model_parallel or not (info.tensor_sizes or info.pipeline_sizes):
         return []
     layouts = sorted(((t, p) for t in (1, *info.tensor_sizes) for p in
                       (1, *info.pipeline_sizes) if t * p > 1), key=lambda tp: (tp[0] * tp[1],
@@ -216,18 +216,18 @@ def split_layouts(base: Estimate, config: Config) -> list[Estimate]:
 
 
 def _split_option(est: Estimate) -> Option:
-    t = est.target
+    t = est.target.layout
     effect = " and ".join(part for part in (
         f"each layer's matrices split over {t.tensor} GPUs of a node" if t.tensor > 1 else "",
         f"the blocks cut into {t.pipeline} pipeline stages" if t.pipeline > 1 else "") if part)
-    return _option([*t.layout_settings(), f"--gpus {t.world_size}"], est, effect)
+    return _option([*est.target.layout_settings(), f"--gpus {t.world_size}"], est, effect)
 
 
 def _split_advice(base: Estimate, layouts: list[Estimate]) -> Advice:
     best = layouts[0].target
     return Advice("model-parallel", f"the model does not fit on one "
                   f"{fmt_bytes(base.target.capacity)} device at batch {base.batch_size}: split "
-                  f"it over {best.world_size} with {' '.join(best.layout_settings())}",
+                  f"it over {best.layout.world_size} with {' '.join(best.layout_settings())}",
                   [_split_option(est) for est in layouts])
 
 

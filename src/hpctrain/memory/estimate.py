@@ -32,7 +32,7 @@ from hpctrain.memory.sizes import fmt_bytes, gpu_capability, lacks_bf16, parse_m
 from hpctrain.models.checkpointing import enable_activation_checkpointing, is_block
 from hpctrain.models.gpt import GPT
 from hpctrain.models.registry import build_model
-from hpctrain.parallel.layout import MICROBATCHES_PER_STAGE, choose_strategy
+from hpctrain.parallel.layout import MICROBATCHES_PER_STAGE, Layout, split_world
 from hpctrain.train.optim import build_optimizer, scaled_lr
 from hpctrain.parallel.data import bf16_parameters
 from hpctrain.parallel.processes import per_device_batch
@@ -52,10 +52,7 @@ class Target:
     precision: str
     capacity: int
     capacity_source: str
-    world_size: int = 1
-    strategy: Strategy = Strategy.NONE  # how the data dimension holds the model
-    tensor: int = 1
-    pipeline: int = 1
+    layout: Layout = Layout(1)  # how the devices divide the work (parallel/layout.py)
     sequence_parallel: bool = False
     microbatches: int = 1  # pipeline micro-batches per step
     schedule: str = "1f1b"
@@ -64,16 +61,13 @@ class Target:
     @property
     def data(self) -> int:
         """Devices in the data dimension (the FSDP sharding degree)."""
-        return self.world_size // (self.tensor * self.pipeline)
+        return self.layout.data
 
     def layout_settings(self) -> list[str]:
         """This layout as hpctrain settings (none for data parallelism alone)."""
-        settings = [f"parallel.tensor={self.tensor}"] if self.tensor > 1 else []
-        if self.pipeline > 1:
-            settings.append(f"parallel.pipeline={self.pipeline}")
-        if self.sequence_parallel and self.tensor > 1:
-            settings.append("parallel.sequence_parallel=true")
-        return settings
+        sequence = ["parallel.sequence_parallel=true"] if self.sequence_parallel and \
+            self.layout.tensor > 1 else []
+        return self.layout.settings() + sequence
 
     @property
     def context(self) -> int:
@@ -148,8 +142,9 @@ class Estimate:
         t = self.target
         return {"recipe": self.recipe, "model": self.model, "batch_size": self.batch_size,
                 "input_shape": list(self.input_shape), "method": self.footprint.method,
-                "device": t.device, "precision": t.precision, "world_size": t.world_size,
-                "strategy": t.strategy, "tensor": t.tensor, "pipeline": t.pipeline,
+                "device": t.device, "precision": t.precision,
+                "world_size": t.layout.world_size, "strategy": t.layout.strategy,
+                "tensor": t.layout.tensor, "pipeline": t.layout.pipeline,
                 "capacity_bytes": t.capacity,
                 "capacity_source": t.capacity_source,
                 "activation_checkpointing": self.activation_checkpointing,
@@ -187,18 +182,17 @@ def resolve_target(config: Config, gpu_memory: str | None, world_size: int = 1) 
         raise ConfigError("device=cpu: give the memory a process may use with --gpu-memory "
                           "(for example --gpu-memory 8GiB)")
     p = config.parallel
-    per_copy = p.tensor * p.pipeline
-    if world_size % per_copy:
+    layout = split_world(world_size, p.tensor, p.pipeline, p.strategy,
+                         f"--world-size {world_size}")
+    if layout is None:
         raise ConfigError(f"--world-size {world_size} is not a multiple of parallel.tensor="
                           f"{p.tensor} x parallel.pipeline={p.pipeline}")
-    strategy = choose_strategy(p.strategy, world_size // per_copy, per_copy > 1,
-                               f"--world-size {world_size}")
     micro = 1
     if p.pipeline > 1:
         micro = p.microbatches if p.microbatches != "auto" else \
             MICROBATCHES_PER_STAGE * p.pipeline
-    return Target(device, precision, capacity, source, world_size, strategy, p.tensor,
-                  p.pipeline, p.sequence_parallel, micro, p.schedule, capability)
+    return Target(device, precision, capacity, source, layout, p.sequence_parallel, micro,
+                  p.schedule, capability)
 
 
 def output_width(config: Config) -> tuple[int, str | None]:
@@ -343,15 +337,16 @@ def model_share(info: ModelInfo, target: Target) -> float:
     parallelism (before any FSDP sharding)."""
     if info.parameters == 0:
         return 1.0
-    stage = (info.block_parameters / target.pipeline + info.parameters
+    layout = target.layout
+    stage = (info.block_parameters / layout.pipeline + info.parameters
              - info.block_parameters) / info.parameters
-    split = info.split_parameters / info.parameters if target.tensor > 1 else 0.0
-    return min(1.0, stage) * (1 - split + split / target.tensor)
+    split = info.split_parameters / info.parameters if layout.tensor > 1 else 0.0
+    return min(1.0, stage) * (1 - split + split / layout.tensor)
 
 
 def activation_share(target: Target) -> float:
     """The fraction of one device's activations left under tensor and pipeline parallelism."""
-    t, p, m = target.tensor, target.pipeline, target.microbatches
+    t, p, m = target.layout.tensor, target.layout.pipeline, target.microbatches
     share = 1 / t if target.sequence_parallel else (10 + 24 / t) / 34
     if p > 1:
         in_flight = m if target.schedule == "gpipe" else min(p, m)
@@ -365,17 +360,17 @@ def layout_rows(footprint: Footprint, info: ModelInfo, target: Target,
     rows = dict(footprint.at_peak)
     n = target.data
     share = model_share(info, target)
-    if target.tensor * target.pipeline > 1:
+    if target.layout.model_parallel:
         for key in ("parameters", "gradients", "optimizer states", "weight copies"):
             rows[key] = math.ceil(rows.get(key, 0) * share)
         for key in ("activations", "temporaries"):
             rows[key] = math.ceil(rows.get(key, 0) * activation_share(target))
-    if target.strategy == Strategy.DDP:
+    if target.layout.strategy == Strategy.DDP:
         # DDP keeps every gradient in its buckets for the whole step, from the first on
         rows["gradients"] = math.ceil(info.gradient_bytes() * share)
         if not config.parallel.gradient_as_bucket_view:
             rows["gradient buckets"] = rows["gradients"]
-    elif target.strategy == Strategy.FSDP:
+    elif target.layout.strategy == Strategy.FSDP:
         gather_bytes = 2 if info.bf16_gather else 4
         for key in ("parameters", "gradients", "optimizer states"):
             rows[key] = math.ceil(rows[key] / n)
@@ -412,11 +407,9 @@ def with_layout(base: Estimate, config: Config, world_size: int, strategy: Strat
     """The same step on another layout: no new simulation. A pipeline takes the default
     micro-batches per stage and 1F1B; tensor parallelism, sequence parallelism where the
     model's plan has it."""
-    per_copy = tensor * pipeline
-    target = replace(base.target, world_size=world_size,
-                     strategy=choose_strategy(strategy, world_size // per_copy, per_copy > 1,
-                                              f"--world-size {world_size}"), tensor=tensor,
-                     pipeline=pipeline,
+    target = replace(base.target,
+                     layout=split_world(world_size, tensor, pipeline, strategy,
+                                        f"--world-size {world_size}"),
                      sequence_parallel=tensor > 1 and base.info.sequence_parallel,
                      microbatches=MICROBATCHES_PER_STAGE * pipeline if pipeline > 1 else 1,
                      schedule="1f1b")

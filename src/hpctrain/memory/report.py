@@ -31,11 +31,12 @@ def shown_rows(est: Estimate) -> list[tuple[str, int]]:
 
 def text_report(est: Estimate, advice: Advice, measured: dict | None = None,
                 counterpart: Estimate | None = None) -> str:
-    t = est.target
-    layout = "one device" if t.world_size == 1 else f"{t.strategy} over {t.world_size} devices"
-    if t.tensor * t.pipeline > 1:
-        layout = f"{t.world_size} devices: " + " ".join(t.layout_settings()) + \
-            (f", data {t.data} ({t.strategy})" if t.data > 1 else "")
+    t, split = est.target, est.target.layout
+    layout = "one device" if split.world_size == 1 else \
+        f"{split.strategy} over {split.world_size} devices"
+    if split.model_parallel:
+        layout = f"{split.world_size} devices: " + " ".join(t.layout_settings()) + \
+            (f", data {split.data} ({split.strategy})" if split.data > 1 else "")
     lines = [f"memory of {est.recipe}: {est.model}, batch {est.batch_size} per device, input "
              f"{'x'.join(map(str, est.input_shape))}, {t.precision}"
              + (", activation checkpointing" if est.activation_checkpointing else ""),

@@ -18,8 +18,16 @@ from hpctrain.config import Config, Strategy
 from hpctrain.errors import ConfigError
 
 
+# the run's DeviceMesh, outermost first: data-parallel copies are replicated (DDP) or sharded
+# (FSDP), so one of those two has the data size and the other 1
+MESH_DIMENSIONS = ("pipeline", "replicate", "shard", "tensor")
+
+
 @dataclass(frozen=True)
 class Layout:
+    """The one answer to "how do the processes divide the work": every rule of it lives
+    here, and training (`resolve_layout`) and `hpctrain memory` (`split_world`) both ask it."""
+
     data: int  # data-parallel replicas (or FSDP shards): each trains on its share of the batch
     tensor: int = 1  # ranks that split each layer's matrices
     pipeline: int = 1  # ranks that each hold a run of consecutive blocks
@@ -32,6 +40,10 @@ class Layout:
         return self.data * self.tensor
 
     @property
+    def world_size(self) -> int:
+        return self.data * self.tensor * self.pipeline
+
+    @property
     def model_parallel(self) -> bool:
         """Whether one model copy spans several processes (then the run has a DeviceMesh)."""
         return self.tensor > 1 or self.pipeline > 1
@@ -41,6 +53,17 @@ class Layout:
         rest, tensor = divmod(rank, self.tensor)
         stage, data = divmod(rest, self.data)
         return stage, data, tensor
+
+    def mesh_shape(self) -> tuple[int, int, int, int]:
+        """The DeviceMesh's sizes along MESH_DIMENSIONS."""
+        ddp = self.strategy == Strategy.DDP
+        return (self.pipeline, self.data if ddp else 1, 1 if ddp else self.data, self.tensor)
+
+    def settings(self) -> list[str]:
+        """The model-parallel part of this layout as recipe settings (none for data
+        parallelism alone, which is the processes started)."""
+        return [f"parallel.{name}={size}" for name, size in
+                (("tensor", self.tensor), ("pipeline", self.pipeline)) if size > 1]
 
     def describe(self) -> str:
         parts = [f"data {self.data} ({self.strategy})" if self.data > 1 else None,
@@ -61,7 +84,7 @@ def resolve_layout(config: Config, env: ProcessEnv) -> Layout:
     world, per_copy = env.world_size, p.tensor * p.pipeline
     named = f"parallel.tensor={p.tensor} x parallel.pipeline={p.pipeline}"
     if p.data == "auto":
-        if world % per_copy:
+        if split_world(world, p.tensor, p.pipeline) is None:
             raise ConfigError(
                 f"{named} is {per_copy} processes per model copy, but {world} process(es) were "
                 f"started ({env.launcher}): start a multiple of {per_copy}, or with {world} use "
@@ -86,6 +109,18 @@ def resolve_layout(config: Config, env: ProcessEnv) -> Layout:
             "per node")
     return Layout(data, p.tensor, p.pipeline, choose_strategy(
         p.strategy, data, per_copy > 1, f"{env.world_size} processes, {env.launcher}"))
+
+
+def split_world(world: int, tensor: int, pipeline: int, wanted: str = Strategy.NONE,
+                started: str = "") -> Layout | None:
+    """`world` processes as model copies of `tensor` x `pipeline` ranks, the strategy by
+    `choose_strategy`; None where `world` is not a multiple of a copy (the caller names its
+    own setting: the processes started, or memory's --world-size)."""
+    per_copy = tensor * pipeline
+    if world % per_copy:
+        return None
+    data = world // per_copy
+    return Layout(data, tensor, pipeline, choose_strategy(wanted, data, per_copy > 1, started))
 
 
 # pipeline micro-batches per stage by default: the bubble, (p - 1) / (m + p - 1), is then

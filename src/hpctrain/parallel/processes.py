@@ -29,7 +29,7 @@ from hpctrain.config import Config, Strategy
 from hpctrain.data.loader import usable_cpus
 from hpctrain.errors import ConfigError, DeviceError, RunFailed
 from hpctrain.parallel import grad_norm
-from hpctrain.parallel.layout import Layout
+from hpctrain.parallel.layout import MESH_DIMENSIONS, Layout
 
 
 @dataclass
@@ -286,11 +286,8 @@ def start(config: Config, env: ProcessEnv, layout: Layout, device: torch.device)
     if layout.model_parallel:
         from torch.distributed.device_mesh import init_device_mesh
 
-        ddp = layout.strategy == Strategy.DDP
-        mesh = init_device_mesh(
-            device.type, (layout.pipeline, layout.data if ddp else 1,
-                          1 if ddp else layout.data, layout.tensor),
-            mesh_dim_names=("pipeline", "replicate", "shard", "tensor"))
+        mesh = init_device_mesh(device.type, layout.mesh_shape(),
+                                mesh_dim_names=MESH_DIMENSIONS)
     return Distributed(env, layout, control, checkpoints, tuple(hosts), mesh)
 
 
