@@ -8,8 +8,8 @@ import sys
 import pytest
 import torch
 
-from hpctrain.cluster.environment import detect, expand_hostlist, port_for_job, tasks_per_node
-from hpctrain.cluster.job import job_end_time
+from hpctrain.cluster.environment import detect
+from hpctrain.cluster.slurm import expand_hostlist, job_end_time, port_for_job, tasks_per_node
 from hpctrain.config import load_config
 from hpctrain.errors import ConfigError, DeviceError
 from hpctrain.parallel import processes as parallel
@@ -149,7 +149,8 @@ def test_a_slurm_variable_that_is_not_a_number_stops_a_run_in_one_line(
 
 
 HUGE = """
-from hpctrain.cluster.environment import detect, tasks_per_node
+from hpctrain.cluster.environment import detect
+from hpctrain.cluster.slurm import tasks_per_node
 from hpctrain.errors import ConfigError
 env = detect({"SLURM_JOB_ID": "1", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "1",
               "SLURM_STEP_NODELIST": "n[0-999999999]"})

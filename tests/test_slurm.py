@@ -16,7 +16,8 @@ import pytest
 from hpctrain.cluster import slurm
 from hpctrain.cluster.jobs import Job, find_logs, plan, submit
 from hpctrain.cluster.profiles import get_profile
-from hpctrain.cluster.sbatch import JobRequest, render
+from hpctrain.cluster.request import JobRequest
+from hpctrain.cluster.sbatch import render
 from hpctrain.errors import ConfigError
 from hpctrain.runs.directory import list_checkpoints
 from hpctrain.train.safe_checkpoint import read_meta

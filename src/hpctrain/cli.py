@@ -143,7 +143,7 @@ def cmd_submit(args) -> int:
         print(script, end="")
         try:
             jobs.check_fits(request, get_profile(args.cluster))
-        except jobs.slurm.ClusterError as error:  # a preview: say it, still show the script
+        except jobs.ClusterError as error:  # a preview: say it, still show the script
             print(f"hpctrain: warning: {error}", file=sys.stderr)
         return 0
     job = jobs.submit(args.recipe, args.overrides, args.gpus, args.time, args.cluster,

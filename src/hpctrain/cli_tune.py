@@ -160,7 +160,7 @@ def cmd_tune_worker(args) -> int:
     from hpctrain.tune.search import local_launches
     from hpctrain.tune.worker import Launch, Worker
 
-    from hpctrain.cluster.environment import in_job
+    from hpctrain.cluster.scheduler import in_job
 
     launch = Launch(["srun"]) if in_job() and shutil.which("srun") else local_launches(1, 1)[0]
     worker = Worker(args.folder, str(args.slot), launch,

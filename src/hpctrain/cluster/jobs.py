@@ -1,4 +1,4 @@
-"""Submit a recipe as a Slurm job and follow it: the Python API behind `hpctrain submit`,
+"""Submit a recipe as a job of the cluster's scheduler and follow it: the Python API behind `hpctrain submit`,
 `jobs`, `logs`, `cancel` and `status`, usable from a notebook:
 
     from hpctrain.cluster.jobs import submit, queue
@@ -20,9 +20,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpctrain.cluster import slurm
 from hpctrain.cluster.profiles import Profile, get_profile
-from hpctrain.cluster.sbatch import JobRequest, layout, render
+from hpctrain.cluster.records import ClusterError
+from hpctrain.cluster.request import JobRequest, layout
+from hpctrain.cluster.scheduler import current
 from hpctrain.config import code_references, load_config, plain_name
 from hpctrain.errors import ConfigError
 from hpctrain.runs.directory import SUMMARY, RunDir, is_checkpoint, read_ledger, remember_job
@@ -82,8 +83,8 @@ class Job:
             status["chain"] = ids
             if status.get("source") == "scontrol":  # the run's summary counts them itself
                 # as the run counts them: each continuation, and each requeue by Slurm
-                earlier = [int(d.get("Restarts", 0)) for job_id in ids[:-1]
-                           for d in slurm.job_details(job_id)]
+                earlier = [e.restarts for job_id in ids[:-1]
+                           for e in current().elements(job_id)]
                 status["restarts"] += len(ids) - 1 + sum(earlier)
         if "elements" not in status and self.run_dir is not None:  # also earlier submissions'
             status["restarts"] = max(status.get("restarts") or 0, self._run_restarts())
@@ -102,18 +103,17 @@ class Job:
         return len(identity["starts"]) - 1 if identity and identity["starts"] else 0
 
     def _own_status(self) -> dict:
-        elements = slurm.job_details(self.id)
+        elements = current().elements(self.id)
         if elements:
-            state = _overall([e.get("JobState", "UNKNOWN") for e in elements])
-            status = {"id": self.id, "state": state, "reason": elements[0].get("Reason"),
-                      "restarts": max(int(e.get("Restarts", 0)) for e in elements),
+            status = {"id": self.id, "state": _overall([e.state for e in elements]),
+                      "reason": elements[0].reason,
+                      "restarts": max(e.restarts for e in elements),
                       "run_dir": str(self.run_dir) if self.run_dir else None,
                       "source": "scontrol"}
-            if len(elements) > 1 or "ArrayTaskId" in elements[0]:
-                status["elements"] = {e.get("ArrayTaskId", e.get("JobId")): e.get("JobState")
-                                      for e in elements}
+            if elements[0].element is not None:
+                status["elements"] = {e.element: e.state for e in elements}
             return status
-        record = slurm.accounting(self.id)
+        record = current().accounting(self.id)
         if record is not None:
             return {**record, "id": self.id, "source": "sacct",
                     "run_dir": str(self.run_dir) if self.run_dir else None}
@@ -153,8 +153,8 @@ class Job:
         return self._own_log_file(self.chain()[-1], err)
 
     def _own_log_file(self, job_id: str, err: bool) -> Path | None:
-        elements = slurm.job_details(job_id)
-        named = elements[0].get("StdErr" if err else "StdOut") if elements else None
+        elements = current().elements(job_id)
+        named = (elements[0].stderr if err else elements[0].stdout) if elements else None
         if named and "%" not in named:
             return Path(named)
         if self.run_dir is not None:
@@ -171,7 +171,7 @@ class Job:
         return "".join(p.read_text(errors="replace") for p in found)
 
     def cancel(self) -> None:
-        slurm.cancel(self.id)
+        current().cancel(self.id)
 
 
 def sweep_elements(specs: list[str]) -> list[list[str]]:
@@ -210,7 +210,7 @@ def plan(recipe: str | None, overrides: list[str], gpus: int, time_limit: str,
                                     if not o.startswith(("run_name=", "resume="))],
                          job_name=name, sweep=elements, resume_from=resume_from,
                          workdir=Path.cwd(), user_code=bool(references), **options)
-    return request, render(request, profile)
+    return request, current().script(request, profile)
 
 
 def check_model_layout(config, gpus: int, nodes: int | None, profile: Profile) -> None:
@@ -295,14 +295,14 @@ def check_fits(request: JobRequest, profile: Profile) -> None:
     CPUs per node than any node has) and they pend forever; where sinfo cannot be asked
     (not on the cluster) nothing is checked. GPUs need no check: sbatch refuses those."""
     partition = request.partition or profile.partition
-    largest = slurm.largest_node_cpus(partition)
+    largest = current().largest_node_cpus(partition)
     if largest is None:
         return
     _, tasks = layout(request.gpus, request.nodes, profile)
     cpus = request.cpus_per_gpu or profile.cpus_per_gpu
     if tasks * cpus > largest:
         where = f"partition {partition}" if partition else "the default partition"
-        raise slurm.ClusterError(
+        raise ClusterError(
             f"this job could never start: {tasks} task(s) per node x {cpus} CPUs per task = "
             f"{tasks * cpus} CPUs per node, but the largest node of {where} has {largest}. "
             f"Use --cpus-per-gpu {max(1, largest // tasks)}, or the cluster profile that "
@@ -323,7 +323,7 @@ def send(request: JobRequest, script: str, profile: Profile) -> Job:
     request.run_dir.mkdir(parents=True, exist_ok=True)
     run = RunDir(request.run_dir)
     run.job_script.write_text(script)
-    job_id = slurm.submit(run.job_script)
+    job_id = current().submit(run.job_script)
     remember_job(job_id, request.run_dir)
     run.job_record.write_text(json.dumps({"job_id": job_id}) + "\n")
     return Job(job_id, request.run_dir)
@@ -331,7 +331,7 @@ def send(request: JobRequest, script: str, profile: Profile) -> Job:
 
 def queue(name: str | None = None) -> list[dict]:
     """Your jobs in the queue."""
-    return slurm.queue(name=name)
+    return current().queue(name=name)
 
 
 def find_logs(job_or_text) -> list[Path]:

@@ -13,99 +13,21 @@ import re
 import shlex
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpctrain.cluster.profiles import Profile
+from hpctrain.cluster.request import JobRequest, layout, time_seconds
 from hpctrain.errors import ConfigError, ExitCode
 from hpctrain.runs.directory import JOB_LOG, SHELL_LEDGER, RunDir
 
 # what may stand in an #SBATCH value: no spaces, quotes, newlines or shell syntax
 SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.,:@%+=/-]+$")
-TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
-
-
-@dataclass
-class JobRequest:
-    gpus: int
-    time: str
-    run_dir: Path
-    recipe: str | None = None
-    overrides: list[str] = field(default_factory=list)
-    nodes: int | None = None
-    job_name: str | None = None
-    account: str | None = None
-    partition: str | None = None
-    qos: str | None = None
-    constraint: str | None = None
-    cpus_per_gpu: int | None = None
-    mem: str | None = None
-    modules: list[str] = field(default_factory=list)
-    venv: str | None = None
-    conda: str | None = None
-    container: str | None = None
-    extra_sbatch: list[str] = field(default_factory=list)
-    max_requeues: int = 20
-    sweep: list[list[str]] = field(default_factory=list)  # per array element: its overrides
-    # instead of training: `hpctrain WORKER... --slot ELEMENT` in the batch shell of each of
-    # `elements` array elements (a search's workers, which srun their trials themselves)
-    worker: list[str] = field(default_factory=list)
-    elements: int = 0
-    resume_from: str | None = None  # a checkpoint the first start resumes (then: the newest)
-    workdir: Path | None = None  # where the job runs: the submit directory
-    user_code: bool = False  # the recipe names user code: the workdir goes on PYTHONPATH
-
-    @property
-    def array(self) -> int:
-        """Array elements: one per sweep element, or per worker; 0 for a plain job."""
-        return len(self.sweep) or self.elements
-
-
-def time_seconds(text: str) -> int:
-    """Slurm's time formats: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS."""
-    match = TIME.match(text.strip())
-    if not match:
-        raise ConfigError(f"--time {text!r}: use Slurm's formats, e.g. 90 (minutes), 2:00:00, "
-                          "or 1-12:00:00 (days-hours:minutes:seconds)")
-    days, a, b, c = match.groups()
-    if days is not None:  # D-HH[:MM[:SS]]
-        seconds = int(days) * 86400 + int(a) * 3600 + int(b or 0) * 60 + int(c or 0)
-    elif c is not None:  # HH:MM:SS
-        seconds = int(a) * 3600 + int(b) * 60 + int(c)
-    else:  # MM or MM:SS
-        seconds = int(a) * 60 + int(b or 0)
-    if seconds <= 0:
-        raise ConfigError(f"--time {text!r} is zero")
-    return seconds
 
 
 def _clock(seconds: int) -> str:
     days, rest = divmod(seconds, 86400)
     text = time.strftime("%H:%M:%S", time.gmtime(rest))
     return f"{days}-{text}" if days else text
-
-
-def layout(gpus: int, nodes: int | None, profile: Profile) -> tuple[int, int]:
-    """(nodes, GPUs per node) for `gpus`, filling whole nodes of the profile."""
-    per_node = profile.gpus_per_node
-    if gpus < 1:
-        raise ConfigError(f"--gpus {gpus}: give 1 or more")
-    if nodes is not None and nodes < 1:
-        raise ConfigError(f"--nodes {nodes}: give 1 or more, or leave it out (as few as the "
-                          "profile allows)")
-    if nodes is None:
-        if gpus <= per_node:
-            return 1, gpus
-        if gpus % per_node:
-            low, high = gpus // per_node * per_node, (gpus // per_node + 1) * per_node
-            raise ConfigError(f"--gpus {gpus} does not fill whole nodes of {profile.name} "
-                              f"({per_node} GPUs per node): use {low} or {high}, or give "
-                              "--nodes with an equal share per node")
-        return gpus // per_node, per_node
-    if gpus % nodes or gpus // nodes > per_node:
-        raise ConfigError(f"--gpus {gpus} on --nodes {nodes}: each node needs the same number "
-                          f"of GPUs, at most {per_node} on {profile.name}")
-    return nodes, gpus // nodes
 
 
 def _safe(option: str, value) -> str:

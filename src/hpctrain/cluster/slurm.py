@@ -1,19 +1,160 @@
-"""The Slurm client commands, plain text in and parsed text out: sbatch, squeue, scontrol,
-sacct, scancel. A missing command or a refusal becomes a ClusterError with Slurm's own words.
+"""Slurm, behind the scheduler seam (scheduler.py says what a scheduler answers).
+
+Inside a job: which tasks srun started (the step's ranks, nodes and rendezvous, read from its
+variables: the node list is expanded here, no `scontrol show hostnames` needed, so it also
+works inside containers; the port comes from the job id, so every task computes the same
+address on its own), when the job ends, and the requeue. From a login node: the batch script
+(sbatch.py) and the client commands, plain text in and parsed text out: sbatch, squeue,
+scontrol, sacct, scancel, sinfo. A missing command or a refusal becomes a ClusterError with
+Slurm's own words; the in-job questions answer None instead, and the caller falls back (no
+deadline; the requeue left to the batch script through the exit status).
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
+from collections.abc import Iterator, Mapping
+from datetime import datetime
 from pathlib import Path
 
-from hpctrain.errors import UserError
+from hpctrain.cluster.records import ClusterError, JobElement, ProcessEnv, whole_number
+from hpctrain.cluster.sbatch import render
+from hpctrain.errors import ConfigError
+
+NAME = "slurm"
+SCRATCH_VARIABLE = "SLURM_TMPDIR"  # the job's node-local folder, where the site sets one
 
 
-class ClusterError(UserError):
-    """Slurm is not there, or refused the request (its message is kept)."""
+# ---- inside a job ---------------------------------------------------------------------------
 
+def current_job(environ: Mapping[str, str]) -> str | None:
+    """The job this process runs in, or None outside one."""
+    return environ.get("SLURM_JOB_ID") or None
+
+
+def restarts(environ: Mapping[str, str]) -> int:
+    """How often Slurm itself requeued this job."""
+    return whole_number(environ, "SLURM_RESTART_COUNT", default=0)
+
+
+def cluster_name(environ: Mapping[str, str]) -> str | None:
+    return environ.get("SLURM_CLUSTER_NAME") or None
+
+
+def step(environ: Mapping[str, str], host: str) -> ProcessEnv | None:
+    """The tasks of an srun step, or None where this process was not started by one."""
+    if "SLURM_STEP_NUM_TASKS" not in environ or "SLURM_PROCID" not in environ:
+        return None
+    return _slurm_step(environ, host, current_job(environ))
+
+
+def _slurm_step(env: Mapping[str, str], host: str, job_id: str | None) -> ProcessEnv:
+    world = whole_number(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
+    layout_text = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") \
+        or str(world)
+    layout = tasks_per_node(layout_text)
+    if len(set(layout)) > 1:
+        raise ConfigError(
+            f"Slurm placed an unequal number of tasks on the nodes ({layout_text}: "
+            f"{', '.join(map(str, layout))}); data-parallel training needs the same number on "
+            "each node. Ask for --ntasks-per-node=K (with --nodes=N) instead of --ntasks.")
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or host
+    master = env.get("MASTER_ADDR") or next(hosts_of(nodelist), host)
+    port = whole_number(env, "MASTER_PORT", default=port_for_job(job_id or "0"))
+    return ProcessEnv(
+        launcher="slurm", rank=whole_number(env, "SLURM_PROCID"), world_size=world,
+        local_rank=whole_number(env, "SLURM_LOCALID", default=0), local_world_size=layout[0],
+        node_rank=whole_number(env, "SLURM_NODEID", default=0), num_nodes=len(layout),
+        master_addr=master, master_port=port, hostname=host, job_id=job_id)
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """Slurm's compressed host list, e.g. 'gpu[01-03,07],login1' -> gpu01 gpu02 gpu03 gpu07 login1.
+    Ranges keep their zero padding; several bracket groups in one name multiply out."""
+    return list(hosts_of(text))
+
+
+def hosts_of(text: str) -> Iterator[str]:
+    """expand_hostlist one host at a time: the first of 'n[0-999999999]' without the rest."""
+    for item in re.findall(r"(?:[^,\[]|\[[^\]]*\])+", text):
+        yield from _expand_one(item)
+
+
+def _expand_one(name: str) -> Iterator[str]:
+    match = re.search(r"\[([^\]]*)\]", name)
+    if match is None:
+        yield name
+        return
+    head, tail = name[:match.start()], name[match.end():]
+    for part in match.group(1).split(","):
+        low, _, high = part.partition("-")
+        if not low.isdigit() or not (high.isdigit() or not high):
+            raise ConfigError(f"cannot read the Slurm host list {name!r} ({part!r} is not a "
+                              "number or a range of numbers)")
+        for number in range(int(low), int(high or low) + 1):
+            yield from _expand_one(f"{head}{number:0{len(low)}d}{tail}")
+
+
+MAX_NODES = 1_000_000  # beyond any machine: a layout that says more is damaged
+
+
+def tasks_per_node(text: str) -> list[int]:
+    """Slurm's task layout, e.g. '4(x2),3' -> [4, 4, 3]."""
+    counts: list[int] = []
+    for part in text.split(","):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if match is None or len(counts) + int(match.group(2) or 1) > MAX_NODES:
+            raise ConfigError(f"cannot read the Slurm task layout {text!r}")
+        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
+    return counts
+
+
+def port_for_job(job_id: str) -> int:
+    """A port every task of the job derives alike; spread so that jobs sharing a node rarely
+    collide."""
+    digits = re.sub(r"\D", "", job_id) or "0"
+    return 20000 + int(digits) % 40000
+
+
+def job_end_time(job_id: str, environ: Mapping[str, str]) -> float | None:
+    """The job's scheduled end as Unix time: SLURM_JOB_END_TIME (Slurm >= 23.02), else
+    `squeue -o %e`; None without a time limit or without a way to ask."""
+    text = environ.get("SLURM_JOB_END_TIME", "").strip()
+    if text.isdigit() and int(text) > 0:
+        return float(text)
+    if shutil.which("squeue") is None:
+        return None
+    try:
+        out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%e"], capture_output=True,
+                             text=True, timeout=30).stdout.strip()
+        return datetime.fromisoformat(out).timestamp()  # local time, like squeue prints it
+    except (subprocess.SubprocessError, OSError, ValueError):
+        return None  # no limit ("N/A"), job unknown, or slurmctld unreachable
+
+
+def requeue(job_id: str, script_continues: bool) -> str:
+    """Have the job continued; returns what happens, for the log. A script written by
+    `hpctrain submit` continues it in a new job itself (HPCTRAIN_CONTINUES=script). Any other
+    job is requeued with scontrol: Slurm then holds it until its credential expires (AuthInfo
+    cred_expire, 2 minutes by default) before it may start again."""
+    if script_continues:
+        return "The batch script continues it in a new job."
+    if shutil.which("scontrol") is None:
+        return ("scontrol is not available here: exiting with the requeue status for the "
+                "batch script to act on.")
+    done = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True,
+                          timeout=60)
+    if done.returncode == 0:
+        return f"Requeued Slurm job {job_id}."
+    return (f"'scontrol requeue {job_id}' failed ({done.stderr.strip() or done.returncode}): "
+            "exiting with the requeue status for the batch script to act on.")
+
+
+# ---- from a login node ----------------------------------------------------------------------
+
+script = render  # the batch script of a request (sbatch.py)
 
 QUEUE_FIELDS = ("id", "name", "state", "elapsed", "time_left", "nodes", "reason")
 QUEUE_FORMAT = "%i|%j|%T|%M|%L|%D|%R"
@@ -30,9 +171,9 @@ def run(args: list[str], check: bool = True) -> subprocess.CompletedProcess:
     return done
 
 
-def submit(script: Path) -> str:
-    """Submit `script`; the job id."""
-    out = run(["sbatch", "--parsable", str(script)]).stdout.strip()
+def submit(path: Path) -> str:
+    """Submit the batch script at `path`; the job id."""
+    out = run(["sbatch", "--parsable", str(path)]).stdout.strip()
     return out.split(";")[0]
 
 
@@ -71,6 +212,16 @@ def job_details(job_id: str) -> list[dict]:
         if details:
             jobs.append(details)
     return jobs
+
+
+def elements(job_id: str) -> list[JobElement]:
+    """The job (an array job: each element) as the scheduler seam describes it."""
+    return [JobElement(state=d.get("JobState", "UNKNOWN"), reason=d.get("Reason"),
+                       restarts=int(d.get("Restarts", 0)),
+                       element=d.get("ArrayTaskId", d.get("JobId")) if len(found) > 1 or
+                       "ArrayTaskId" in d else None,
+                       stdout=d.get("StdOut"), stderr=d.get("StdErr"))
+            for found in [job_details(job_id)] for d in found]
 
 
 def largest_node_cpus(partition: str | None) -> int | None:

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hpctrain.cluster.environment import ProcessEnv, detect
+from hpctrain.cluster.environment import detect
+from hpctrain.cluster.records import ProcessEnv
 from hpctrain.config import Config
 from hpctrain.errors import ConfigError
 from hpctrain.memory.advice import MAX_BATCH, round_batch

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hpctrain.cluster.environment import ProcessEnv
+from hpctrain.cluster.records import ProcessEnv
 from hpctrain.config import Config, Strategy
 from hpctrain.errors import ConfigError
 
@@ -84,12 +84,11 @@ def resolve_layout(config: Config, env: ProcessEnv) -> Layout:
     world, per_copy = env.world_size, p.tensor * p.pipeline
     named = f"parallel.tensor={p.tensor} x parallel.pipeline={p.pipeline}"
     if p.data == "auto":
-        if split_world(world, p.tensor, p.pipeline) is None:
+        if world % per_copy:
             raise ConfigError(
                 f"{named} is {per_copy} processes per model copy, but {world} process(es) were "
                 f"started ({env.launcher}): start a multiple of {per_copy}, or with {world} use "
                 f"one of: {_splits(world)}")
-        data = world // per_copy
     else:
         data = p.data
         if data * per_copy != world:
@@ -107,12 +106,12 @@ def resolve_layout(config: Config, env: ProcessEnv) -> Layout:
             f"{env.local_world_size} process(es); use parallel.tensor="
             f"{' or '.join(map(str, divisors))}, or start a multiple of {p.tensor} processes "
             "per node")
-    return Layout(data, p.tensor, p.pipeline, choose_strategy(
-        p.strategy, data, per_copy > 1, f"{env.world_size} processes, {env.launcher}"))
+    return split_world(world, p.tensor, p.pipeline, p.strategy,
+                       f"{env.world_size} processes, {env.launcher}")
 
 
-def split_world(world: int, tensor: int, pipeline: int, wanted: str = Strategy.NONE,
-                started: str = "") -> Layout | None:
+def split_world(world: int, tensor: int, pipeline: int, wanted: str,
+                started: str) -> Layout | None:
     """`world` processes as model copies of `tensor` x `pipeline` ranks, the strategy by
     `choose_strategy`; None where `world` is not a multiple of a copy (the caller names its
     own setting: the processes started, or memory's --world-size)."""

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hpctrain.cluster.environment import ProcessEnv
+from hpctrain.cluster.records import ProcessEnv
 from hpctrain.config import Config, Strategy
 from hpctrain.data.loader import usable_cpus
 from hpctrain.errors import ConfigError, DeviceError, RunFailed

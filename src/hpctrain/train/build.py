@@ -18,8 +18,9 @@ import torch
 from torch import nn
 
 from hpctrain import user_code
-from hpctrain.cluster.environment import ProcessEnv, detect
-from hpctrain.cluster.job import job_end_time
+from hpctrain.cluster.environment import detect
+from hpctrain.cluster.records import ProcessEnv
+from hpctrain.cluster.scheduler import current as scheduler
 from hpctrain.config import Config, Strategy
 from hpctrain.data.loader import DataBundle, DeviceBatcher, build_data, image_sizes, up_axis
 from hpctrain.data.streams import Stream
@@ -133,7 +134,7 @@ def _start(config: Config, env: ProcessEnv, decided: _Decided, held: ExitStack) 
     apply_global_switches(decided.plan, config.seed)
     place = _on_rank0(distributed, lambda: resolve_run(config, env.job_id, env.restart_count))
     held.callback(place.lock.release)
-    job_end = _on_rank0(distributed, lambda: job_end_time(env.job_id, os.environ)
+    job_end = _on_rank0(distributed, lambda: scheduler().job_end_time(env.job_id, os.environ)
                         if env.job_id and config.preemption.deadline == "auto" else None)
     with distributed.node_leader_first():
         data = build_data(config.data, decided.batch_size, config.seed, decided.device,

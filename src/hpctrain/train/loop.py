@@ -21,8 +21,9 @@ from typing import NoReturn
 import torch
 from torch.distributed.tensor import DTensor
 
-from hpctrain.cluster.environment import ProcessEnv, detect
-from hpctrain.cluster.job import requeue
+from hpctrain.cluster.environment import detect
+from hpctrain.cluster.records import ProcessEnv
+from hpctrain.cluster.scheduler import current as scheduler
 from hpctrain.config import Config, to_yaml
 from hpctrain.data.loader import image_size_for_epoch
 from hpctrain.data.worker_signals import start_resource_tracker
@@ -168,7 +169,7 @@ def _requeue_and_raise(parts: Parts, stopped: Preempted) -> NoReturn:
     if parts.distributed.is_main and env.job_id and stopped.requeue and \
             preemption.requeue == "auto":
         if env.restart_count < preemption.max_requeues:
-            stopped.args = (f"{stopped} {requeue(env.job_id, env.script_continues)}",)
+            stopped.args = (f"{stopped} {scheduler().requeue(env.job_id, env.script_continues)}",)
         else:
             stopped.args = (f"{stopped} Not requeued: the job has been restarted "
                             f"{env.restart_count} times (preemption.max_requeues).",)

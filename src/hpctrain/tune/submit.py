@@ -18,7 +18,8 @@ def plan(folder: Path, search: Search, elements: int, gpus: int, time_limit: str
     checks a run: the layout, the user code, the places."""
     from hpctrain.cluster import jobs
     from hpctrain.cluster.profiles import get_profile
-    from hpctrain.cluster.sbatch import JobRequest, render
+    from hpctrain.cluster.request import JobRequest
+    from hpctrain.cluster.scheduler import current
     from hpctrain.config import code_references, load_config
 
     if options.get("container"):
@@ -37,7 +38,7 @@ def plan(folder: Path, search: Search, elements: int, gpus: int, time_limit: str
                          job_name=name, worker=["tune", "worker", str(folder)],
                          elements=elements, workdir=Path.cwd(), user_code=bool(references),
                          **options)
-    return request, render(request, profile), profile
+    return request, current().script(request, profile), profile
 
 
 def submit(folder: Path, search: Search, elements: int, gpus: int, time_limit: str,

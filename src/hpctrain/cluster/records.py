@@ -1,0 +1,69 @@
+"""What the scheduler seam (scheduler.py) speaks in: which process of which run this is
+(`ProcessEnv`, as the launcher said it: every room reads it instead of the environment, which
+cluster/environment.py reads once, at build), a job as the scheduler knows it (`JobElement`),
+and the error of a scheduler that is missing or refuses."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from hpctrain.errors import ConfigError, UserError
+
+
+@dataclass(frozen=True)
+class ProcessEnv:
+    launcher: str  # single | torchrun | a scheduler's name (slurm)
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    num_nodes: int
+    master_addr: str
+    master_port: int
+    hostname: str
+    job_id: str | None  # the scheduler's job, when there is one (also torchrun in one)
+    restart_count: int = 0  # how often the job was requeued or continued
+    script_continues: bool = False  # an `hpctrain submit` script submits the continuation
+    cluster: str | None = None  # the scheduler's cluster name, when in a job
+    runs_db: str | None = None  # HPCTRAIN_DB: a shared runs index the run registers in
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def whole_number(environ: Mapping[str, str], *names: str, default: int | None = None) -> int:
+    for name in names:
+        if environ.get(name, "").strip():
+            try:
+                return int(environ[name])
+            except ValueError:
+                raise ConfigError(f"the environment variable {name}={environ[name]!r} is not "
+                                  "a whole number; the launcher sets it, so unset or fix "
+                                  "what changed it") from None
+    if default is None:
+        raise ConfigError(f"the launcher did not set {' or '.join(names)}")
+    return default
+
+
+class ClusterError(UserError):
+    """The scheduler is not there, or refused the request (its message is kept)."""
+
+
+@dataclass(frozen=True)
+class JobElement:
+    """A job, or one element of an array job, as the scheduler knows it while it is queued,
+    running or recently finished."""
+
+    state: str
+    reason: str | None
+    restarts: int  # how often the scheduler itself requeued it
+    element: str | None  # the array element's index; None for a plain job
+    stdout: str | None  # its log files as the scheduler names them (may hold patterns)
+    stderr: str | None

@@ -1,0 +1,121 @@
+"""The shape of the code, held by tests: each concept has one owner (a task's name, Slurm's
+environment), the scheduler seam is complete, and the rooms of src/hpctrain/ import each
+other without a circle. Read from the source text, so nothing is run."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from hpctrain.cluster import scheduler
+from hpctrain.tasks import registry
+
+SOURCE = Path(__file__).resolve().parents[1] / "src" / "hpctrain"
+
+
+def sources(outside: str | None = None) -> dict[str, str]:
+    """Relative path -> text of every module, less those under the folder `outside`."""
+    return {str(path.relative_to(SOURCE)): path.read_text()
+            for path in sorted(SOURCE.rglob("*.py"))
+            if outside is None or path.relative_to(SOURCE).parts[0] != outside}
+
+
+def test_task_names_are_spoken_only_by_the_task_registry():
+    """Before, a task's name compared as a string ("language" where it is
+    "language_modeling") made a wrong default objective; now every room asks the spec."""
+    found = [f"{path}: {name}" for path, text in sources(outside="tasks").items()
+             for name in registry.NAMES if f'"{name}"' in text or f"'{name}'" in text]
+    assert not found
+
+
+def test_slurm_variables_are_read_only_under_cluster():
+    found = [path for path, text in sources(outside="cluster").items() if "SLURM_" in text]
+    assert not found
+
+
+def test_every_scheduler_answers_every_question_of_the_seam():
+    wanted = {name for name in scheduler.Scheduler.__dict__ if not name.startswith("_")} | \
+        set(scheduler.Scheduler.__annotations__)
+    assert {"current_job", "step", "requeue", "script", "submit", "elements"} <= wanted
+    for name, module in scheduler.SCHEDULERS.items():
+        missing = sorted(attribute for attribute in wanted if not hasattr(module, attribute))
+        assert not missing, f"{name} lacks {missing}"
+        assert module.NAME == name
+
+
+def test_the_scheduler_is_found_from_the_job_it_runs_in():
+    assert scheduler.in_job({"SLURM_JOB_ID": "7"}) and not scheduler.in_job({})
+    assert scheduler.current({}).NAME == "slurm"  # the one hpctrain submits to
+
+
+def _room(module: str) -> str:
+    """The room a module of hpctrain stands in: its folder, or itself at the top."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def room_imports() -> dict[str, set[str]]:
+    """Room -> the other rooms it imports (any import of hpctrain, at any depth)."""
+    graph: dict[str, set[str]] = {}
+    for path, text in sources().items():
+        module = "hpctrain." + path[:-3].replace("/", ".").removesuffix(".__init__")
+        room = _room(module)
+        graph.setdefault(room, set())
+        for node in ast.walk(ast.parse(text)):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else \
+                [f"{node.module}.{alias.name}" for alias in node.names] \
+                if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+            for name in names:
+                if name.startswith("hpctrain.") and _room(name) != room:
+                    graph[room].add(_room(name))
+    return graph
+
+
+def _circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One circle of the graph, or None."""
+    state: dict[str, str] = {}
+
+    def visit(room: str, path: list[str]) -> list[str] | None:
+        state[room] = "open"
+        for other in sorted(graph.get(room, ())):
+            if state.get(other) == "open":
+                return path[path.index(other):] + [other] if other in path else [room, other]
+            if other not in state and (found := visit(other, path + [other])):
+                return found
+        state[room] = "done"
+        return None
+
+    return next((found for room in sorted(graph) if room not in state
+                 and (found := visit(room, [room]))), None)
+
+
+def test_the_rooms_import_each_other_without_a_circle():
+    circle = _circle(room_imports())
+    assert circle is None, " -> ".join(circle)
+
+
+def test_a_circle_is_found():
+    """The check above can fail."""
+    assert _circle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _circle({"a": {"b"}, "b": set()}) is None
+
+
+def floors() -> dict[str, int]:
+    """Room -> its floor in docs/architecture.md's table of the layers (0: the ground)."""
+    text = (SOURCE.parents[1] / "docs" / "architecture.md").read_text()
+    table = text.split("## The layers", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[2] for line in table.splitlines()
+            if line.startswith("| ") and not line.startswith("| floor")]
+    return {re.sub(r"\.py$|/$", "", name): len(rows) - 1 - number
+            for number, row in enumerate(rows) for name in re.findall(r"`([^`]+)`", row)}
+
+
+def test_no_room_imports_a_room_on_a_floor_above_it():
+    """The map in docs/architecture.md holds: every room is on it, and each imports only
+    rooms on its own floor or below (no arrow runs back up)."""
+    floor, graph = floors(), room_imports()
+    assert not set(graph) - set(floor), "rooms missing from docs/architecture.md's layers"
+    upward = [f"{room} -> {other}" for room, others in graph.items() for other in others
+              if floor[other] > floor[room]]
+    assert not upward
