@@ -28,10 +28,10 @@ from torch.utils.data import DataLoader
 
 from hpctrain.config import AugmentConfig
 from hpctrain.data.batch_buffers import BufferedLoader
-from hpctrain.data.pack import PackOptions, pack
+from hpctrain.data.images.image_packing import PackOptions, pack
 from hpctrain.data.sampling import EpochSampler
-from hpctrain.data.shard_dataset import ShardDataset, decode_jpeg, jpeg_decoder
-from hpctrain.data.shards import Pack, ShardReader
+from hpctrain.data.images.image_pack_dataset import ShardDataset, decode_jpeg, jpeg_decoder
+from hpctrain.data.images.image_pack import Pack, ShardReader
 
 SIZE = 224
 

@@ -24,11 +24,11 @@ from torch.utils.data import DataLoader, Dataset
 
 from hpctrain.config import AugmentConfig
 from hpctrain.data.batch_buffers import BufferedLoader
-from hpctrain.data.datasets import crop_rows_columns, draw_view
-from hpctrain.data.pack import PackOptions, pack
+from hpctrain.data.images.image_folders import crop_rows_columns, draw_view
+from hpctrain.data.images.image_packing import PackOptions, pack
 from hpctrain.data.sampling import EpochSampler, SampleKey
-from hpctrain.data.shard_dataset import ShardDataset, dct_reduction, stored_pixels
-from hpctrain.data.shards import Pack
+from hpctrain.data.images.image_pack_dataset import ShardDataset, dct_reduction, stored_pixels
+from hpctrain.data.images.image_pack import Pack
 
 SIZE = 224
 BATCH = 64

@@ -23,10 +23,10 @@ from pathlib import Path
 import numpy as np
 from torch.utils.data import DataLoader
 
-from hpctrain.data.sequences import LengthBucketSampler
-from hpctrain.data.token_pack import TokenPackOptions, pack_tokens
-from hpctrain.data.tokenizer import BYTE_EOS
-from hpctrain.data.tokens import TokenBlocks, TokenDocuments, TokenPack, pad_documents
+from hpctrain.data.tokens.sequences import LengthBucketSampler
+from hpctrain.data.tokens.token_packing import TokenPackOptions, pack_tokens
+from hpctrain.data.tokens.tokenizer import BYTE_EOS
+from hpctrain.data.tokens.token_pack import TokenBlocks, TokenDocuments, TokenPack, pad_documents
 from hpctrain.models.gpt import SIZES
 
 MULTIPLE = 8  # pad_documents rounds the model's input width up to this

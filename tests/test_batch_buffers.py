@@ -14,10 +14,10 @@ from torch.utils.data import DataLoader
 
 from hpctrain.config import AugmentConfig
 from hpctrain.data.batch_buffers import BufferedLoader
-from hpctrain.data.pack import PackOptions, pack
+from hpctrain.data.images.image_packing import PackOptions, pack
 from hpctrain.data.sampling import EpochSampler
-from hpctrain.data.shard_dataset import ShardDataset
-from hpctrain.data.shards import Pack
+from hpctrain.data.images.image_pack_dataset import ShardDataset
+from hpctrain.data.images.image_pack import Pack
 from hpctrain.errors import DataError, DataPipelineFailed
 
 STORES = {"jpeg": PackOptions(shard_bytes=4000),

@@ -4,7 +4,7 @@ import json
 
 from hpctrain.config import load_config
 from hpctrain.bench.data_path import DataBench, Setting, advise, worker_grid
-from hpctrain.data.pack import PackOptions, pack
+from hpctrain.data.images.image_packing import PackOptions, pack
 
 
 def test_the_report_measures_loader_decoding_and_model(run_cli, tiny):

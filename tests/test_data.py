@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from hpctrain.config import AugmentConfig, DataConfig
-from hpctrain.data.datasets import ImageFolderDataset, scan_image_folder
+from hpctrain.data.images.image_folders import ImageFolderDataset, scan_image_folder
 from hpctrain.data.loader import (DeviceBatcher, build_data, build_datasets,
                                   image_size_for_epoch)
 from hpctrain.data.sampling import EpochSampler, SampleKey

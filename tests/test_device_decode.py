@@ -6,12 +6,12 @@ import torch
 from torch.utils.data import DataLoader
 
 from hpctrain.config import AugmentConfig
-from hpctrain.data.device_decode import EncodedBatch, collate_encoded
+from hpctrain.data.images.device_decode import EncodedBatch, collate_encoded
 from hpctrain.data.loader import DeviceBatcher
-from hpctrain.data.pack import PackOptions, pack
+from hpctrain.data.images.image_packing import PackOptions, pack
 from hpctrain.data.sampling import EpochSampler
-from hpctrain.data.shard_dataset import ShardDataset
-from hpctrain.data.shards import KIND_RAW, Pack
+from hpctrain.data.images.image_pack_dataset import ShardDataset
+from hpctrain.data.images.image_pack import KIND_RAW, Pack
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning")
 
@@ -45,8 +45,8 @@ def test_torchcodec_decodes_the_batches_where_installed_and_torchvision_agrees(i
     stays for installations without it, and both give the same pixels."""
     from torchvision.io import ImageReadMode, decode_jpeg
 
-    from hpctrain.data.device_decode import jpeg_batch_decoder
-    from hpctrain.data.shards import ShardReader
+    from hpctrain.data.images.device_decode import jpeg_batch_decoder
+    from hpctrain.data.images.image_pack import ShardReader
 
     pack(image_folder, tmp_path / "p", PackOptions(), workers=1, log=lambda *_: None)
     split = Pack(tmp_path / "p").split("train")

@@ -15,7 +15,7 @@ import pytest
 import torch.distributed.checkpoint as dcp
 
 from conftest import write_image_folder
-from hpctrain.data.pack import PackOptions, pack
+from hpctrain.data.images.image_packing import PackOptions, pack
 from hpctrain.data.sampling import EpochSampler
 from hpctrain.models.small import tiny_cnn
 from hpctrain.runs.directory import list_checkpoints

@@ -32,7 +32,7 @@ from PIL import Image
 from conftest import write_image_folder
 from hostile import DAMAGE, plant_hostile_index, plant_hostile_value
 from hpctrain import cli
-from hpctrain.data.pack import PackOptions, pack
+from hpctrain.data.images.image_packing import PackOptions, pack
 
 
 @dataclass

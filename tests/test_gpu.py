@@ -64,7 +64,7 @@ def test_compiled_run(tmp_path, run_cli, tiny):
 
 
 def test_a_run_decodes_jpegs_on_the_gpu(tmp_path, run_cli, tiny, image_folder):
-    from hpctrain.data.pack import PackOptions, pack
+    from hpctrain.data.images.image_packing import PackOptions, pack
 
     pack(image_folder, tmp_path / "p", PackOptions(), workers=1, log=lambda *_: None)
     code, _, err = run_cli("run", "default", *tiny(
@@ -188,10 +188,10 @@ def test_batch_buffers_are_page_locked_and_copied_asynchronously_intact(image_fo
 
     from hpctrain.config import AugmentConfig
     from hpctrain.data.batch_buffers import BufferedLoader
-    from hpctrain.data.pack import PackOptions, pack
+    from hpctrain.data.images.image_packing import PackOptions, pack
     from hpctrain.data.sampling import EpochSampler
-    from hpctrain.data.shard_dataset import ShardDataset
-    from hpctrain.data.shards import Pack
+    from hpctrain.data.images.image_pack_dataset import ShardDataset
+    from hpctrain.data.images.image_pack import Pack
 
     pack(image_folder, tmp_path / "p", PackOptions(), workers=1, log=lambda *_: None)
     dataset = ShardDataset(Pack(tmp_path / "p").split("train"), None, True, AugmentConfig(), 0)

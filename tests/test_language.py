@@ -18,10 +18,10 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from hpctrain.data import token_pack
-from hpctrain.data.arithmetic import problems
-from hpctrain.data.token_pack import TokenPackOptions, pack_tokens
-from hpctrain.data.tokenizer import BYTE_EOS, byte_tokenizer, huggingface_tokenizer
-from hpctrain.data.tokens import TokenBlocks, TokenDocuments, TokenPack, pad_documents
+from hpctrain.data.tokens.arithmetic import problems
+from hpctrain.data.tokens.token_packing import TokenPackOptions, pack_tokens
+from hpctrain.data.tokens.tokenizer import BYTE_EOS, byte_tokenizer, huggingface_tokenizer
+from hpctrain.data.tokens.token_pack import TokenBlocks, TokenDocuments, TokenPack, pad_documents
 from hpctrain.errors import DataError
 from hpctrain.models.gpt import gpt
 from hpctrain.tasks.language_modeling import IGNORE, answer_sums, language_modeling

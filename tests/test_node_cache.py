@@ -7,8 +7,8 @@ import pytest
 
 from hpctrain.data import node_cache
 from hpctrain.data.node_cache import CACHE_FOLDER, node_local_pack
-from hpctrain.data.pack import PackOptions, pack
-from hpctrain.data.shards import Pack
+from hpctrain.data.images.image_packing import PackOptions, pack
+from hpctrain.data.images.image_pack import Pack
 from hpctrain.errors import DataError
 
 

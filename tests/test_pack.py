@@ -14,12 +14,12 @@ from PIL import Image
 
 from conftest import write_image_folder
 from hpctrain.config import AugmentConfig
-from hpctrain.data.datasets import ImageFolderDataset, scan_image_folder
-from hpctrain.data.pack import PackOptions, pack
+from hpctrain.data.images.image_folders import ImageFolderDataset, scan_image_folder
+from hpctrain.data.images.image_packing import PackOptions, pack
 from hpctrain.data.sampling import SampleKey
-from hpctrain.data.shard_dataset import ShardDataset, dct_reduction, decode_jpeg
-from hpctrain.data.shapes import ensure_shapes
-from hpctrain.data.shards import KIND_RAW, Pack, ShardReader
+from hpctrain.data.images.image_pack_dataset import ShardDataset, dct_reduction, decode_jpeg
+from hpctrain.data.images.shapes import ensure_shapes
+from hpctrain.data.images.image_pack import KIND_RAW, Pack, ShardReader
 from hpctrain.errors import DataError
 
 SMALL_SHARDS = PackOptions(shard_bytes=4000)  # several shards from a few small images
@@ -323,7 +323,7 @@ def test_verify_names_every_damaged_shard_and_sample(packed, run_cli):
 
 
 def test_verify_checks_a_token_pack_whole_and_refuses_what_is_no_pack(tmp_path, run_cli):
-    from hpctrain.data.token_pack import TokenPackOptions, pack_tokens
+    from hpctrain.data.tokens.token_packing import TokenPackOptions, pack_tokens
 
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "a.txt").write_text("the quick brown fox " * 200)

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from conftest import run_installed
-from hpctrain.data.pack import PackOptions, pack
-from hpctrain.data.shapes import ensure_shapes
+from hpctrain.data.images.image_packing import PackOptions, pack
+from hpctrain.data.images.shapes import ensure_shapes
 
 pytestmark = pytest.mark.slow
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from hpctrain.data.sequences import LengthBucketSampler, pad_collate, padding_of
-from hpctrain.data.token_pack import TokenPackOptions, pack_tokens
-from hpctrain.data.tokenizer import BYTE_EOS
-from hpctrain.data.tokens import TokenDocuments, TokenPack, pad_documents
+from hpctrain.data.tokens.sequences import LengthBucketSampler, pad_collate, padding_of
+from hpctrain.data.tokens.token_packing import TokenPackOptions, pack_tokens
+from hpctrain.data.tokens.tokenizer import BYTE_EOS
+from hpctrain.data.tokens.token_pack import TokenDocuments, TokenPack, pad_documents
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from hpctrain.data.shapes import CLASSES, ensure_shapes, render
+from hpctrain.data.images.shapes import CLASSES, ensure_shapes, render
 
 
 def test_rendering_is_a_pure_function_of_seed_split_and_index():

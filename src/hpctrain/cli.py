@@ -274,7 +274,7 @@ def _verify_pack(args) -> int:
 
 
 def _token_pack_options(args):
-    from hpctrain.data.token_pack import TokenPackOptions
+    from hpctrain.data.tokens.token_packing import TokenPackOptions
 
     image_only = [flag for flag, given in (
         ("--max-side", args.max_side is not None), ("--store", args.store != "jpeg"),
@@ -289,7 +289,7 @@ def _token_pack_options(args):
 
 
 def _image_pack_options(args):
-    from hpctrain.data.pack import PackOptions
+    from hpctrain.data.images.image_packing import PackOptions
 
     if args.tokenizer:
         raise ConfigError("--tokenizer applies to token packs: add --tokens")
@@ -356,10 +356,10 @@ def cmd_pack(args) -> int:
         raise ConfigError("hpctrain pack SRC DST: give the source and the pack folder (or "
                           "--verify PACK to check a pack)")
     if args.tokens:
-        from hpctrain.data.token_pack import describe, pack_tokens as write
+        from hpctrain.data.tokens.token_packing import describe, pack_tokens as write
         options = _token_pack_options(args)
     else:
-        from hpctrain.data.pack import describe, pack as write
+        from hpctrain.data.images.image_packing import describe, pack as write
         options = _image_pack_options(args)
     log = (lambda text: print(text, file=sys.stderr)) if args.json else print
     manifest = write(Path(args.src), Path(args.dst), options, workers=args.workers,

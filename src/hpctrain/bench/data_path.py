@@ -23,13 +23,13 @@ from torch.utils.data import DataLoader, IterableDataset
 from hpctrain.config import Config, load_config
 from hpctrain.data import python_sampling
 from hpctrain.data.batch_buffers import BufferedLoader
-from hpctrain.data.datasets import ImageFolderDataset
+from hpctrain.data.images.image_folders import ImageFolderDataset
 from hpctrain.data.loader import (build_datasets, collate_for, token_datasets, usable_cpus,
                                  uses_buffers)
 from hpctrain.data.sampling import EpochSampler
-from hpctrain.data.shard_dataset import ShardDataset, jpeg_decoder
+from hpctrain.data.images.image_pack_dataset import ShardDataset, jpeg_decoder
 from hpctrain.data.streams import Stream
-from hpctrain.data.tokens import pad_documents
+from hpctrain.data.tokens.token_pack import pad_documents
 from hpctrain.errors import DataError
 from hpctrain.parallel.processes import per_device_batch
 

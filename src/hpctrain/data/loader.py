@@ -19,24 +19,24 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from hpctrain.config import DataConfig
 from hpctrain.data.batch_buffers import BufferedLoader
-from hpctrain.data.datasets import ImageFolderDataset, SyntheticDataset, image_folder_splits
-from hpctrain.data.device_decode import EncodedBatch, collate_encoded, decode_batch
-from hpctrain.data.modelnet import PointSplits, read_modelnet
-from hpctrain.data.modelnet import classes as modelnet_classes
-from hpctrain.data.modelnet import layout as modelnet_layout
+from hpctrain.data.images.image_folders import ImageFolderDataset, SyntheticDataset, image_folder_splits
+from hpctrain.data.images.device_decode import EncodedBatch, collate_encoded, decode_batch
+from hpctrain.data.points.modelnet import PointSplits, read_modelnet
+from hpctrain.data.points.modelnet import classes as modelnet_classes
+from hpctrain.data.points.modelnet import layout as modelnet_layout
 from hpctrain.data.node_cache import node_local_pack
-from hpctrain.data.points import PointClouds
-from hpctrain.data.arithmetic import ANSWER_START, ensure_arithmetic
+from hpctrain.data.points.clouds import PointClouds
+from hpctrain.data.tokens.arithmetic import ANSWER_START, ensure_arithmetic
 from hpctrain.data.sampling import EpochSampler
-from hpctrain.data.sequences import LengthBucketSampler
-from hpctrain.data.shard_dataset import ShardDataset
+from hpctrain.data.tokens.sequences import LengthBucketSampler
+from hpctrain.data.images.image_pack_dataset import ShardDataset
 from hpctrain.data.streams import Stream
-from hpctrain.data.shards import Pack
-from hpctrain.data.shapes import CLASSES as SHAPE_CLASSES
-from hpctrain.data.shapes import ensure_shapes
-from hpctrain.data.shapes3d import CLASSES as SHAPES3D_CLASSES
-from hpctrain.data.shapes3d import ensure_shapes3d
-from hpctrain.data.tokens import TokenBlocks, TokenDocuments, TokenPack, pad_documents
+from hpctrain.data.images.image_pack import Pack
+from hpctrain.data.images.shapes import CLASSES as SHAPE_CLASSES
+from hpctrain.data.images.shapes import ensure_shapes
+from hpctrain.data.points.shapes3d import CLASSES as SHAPES3D_CLASSES
+from hpctrain.data.points.shapes3d import ensure_shapes3d
+from hpctrain.data.tokens.token_pack import TokenBlocks, TokenDocuments, TokenPack, pad_documents
 from hpctrain.data.user_datasets import user_datasets
 from hpctrain.data.worker_signals import SignalSafeLoader
 from hpctrain.errors import ConfigError, DataError, DeviceError
@@ -187,7 +187,7 @@ def point_classes(data: DataConfig) -> int:
 
 
 def _point_datasets(data: DataConfig) -> tuple[Dataset, Dataset, int]:
-    """The clouds were checked where they were read or made (modelnet.py, shapes3d.py)."""
+    """The clouds were checked where they were read or made (points/modelnet.py, points/shapes3d.py)."""
     splits = point_splits(data)
     for split, points in splits.points.items():
         if len(points) == 0:

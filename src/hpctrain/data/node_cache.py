@@ -20,7 +20,8 @@ import uuid
 from pathlib import Path
 
 from hpctrain.cluster.environment import node_local_scratch
-from hpctrain.data.shards import MANIFEST, Pack, pack_file
+from hpctrain.data.packs import MANIFEST, pack_file
+from hpctrain.data.images.image_pack import Pack
 from hpctrain.errors import DataError
 
 CACHE_FOLDER = "hpctrain-cache"

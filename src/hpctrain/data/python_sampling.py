@@ -33,7 +33,7 @@ _PATTERNS = [  # innermost match wins; checked in this order within a frame
     ("decoding", re.compile(r"decode_jpeg|decode_full|stored_pixels|ImageFile\.load|"
                             r"Image\.convert|\bdraft\b|decompress|simplejpeg")),
     ("reading", re.compile(r"ShardReader\.read|crc32|memmap|\bread\b|\bopen\b|readinto|"
-                           r"raw_pixels|_load \(datasets")),
+                           r"raw_pixels|_load \(image_folders")),
     ("augmentation", re.compile(r"render_view|interpolate|upsample|\bflip\b|draw_view|"
                                 r"crop_rows_columns|decode_crop|RandomResizedCrop|resize")),
     ("transport", re.compile(r"collate|\bstack\b|pickle|Pickler|rebuild_|reduce_storage|"

@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 from pydantic import ValidationError
 
-from hpctrain.data import shards as images
-from hpctrain.data import tokens
-from hpctrain.data.shards import file_sha256, links_out
+from hpctrain.data.images import image_pack as images
+from hpctrain.data.tokens import token_pack as tokens
+from hpctrain.data.packs import MANIFEST, file_sha256, links_out
 from hpctrain.errors import DataError
 from hpctrain.progress import progress_bar
 
@@ -67,18 +67,18 @@ class Verified:
 
 def verify(root: Path | str) -> Verified:
     root = Path(root).expanduser()
-    manifest = root / images.MANIFEST
+    manifest = root / MANIFEST
     try:
         data = json.loads(manifest.read_text())
         found = data.get("format")
     except (OSError, ValueError, AttributeError) as err:
-        raise DataError(f"pack --verify {root}: no readable {images.MANIFEST} there ({err}); "
+        raise DataError(f"pack --verify {root}: no readable {MANIFEST} there ({err}); "
                         "give a pack folder made by hpctrain pack") from None
     if found == images.FORMAT:
         return _verify_images(root)
     if found == tokens.FORMAT:
         return _verify_tokens(root, data)
-    raise DataError(f"pack --verify {root}: {images.MANIFEST} is of format {found!r}, not an "
+    raise DataError(f"pack --verify {root}: {MANIFEST} is of format {found!r}, not an "
                     f"hpctrain pack ({images.FORMAT} or {tokens.FORMAT})")
 
 
@@ -108,7 +108,7 @@ def _check_file(root: Path, name: str, size: int | None, sha256: str, result: Ve
 
 
 def _verify_images(root: Path) -> Verified:
-    manifest = images._read_manifest(root / images.MANIFEST)
+    manifest = images._read_manifest(root / MANIFEST)
     result = Verified(str(root), "image")
     total = sum(s.bytes for e in manifest.splits.values() for s in e.shards)
     with progress_bar(f"verifying {root.name}", total) as advance:
@@ -145,7 +145,7 @@ def _verify_tokens(root: Path, data: dict) -> Verified:
     try:
         manifest = tokens.Manifest.model_validate(data)
     except ValidationError as err:
-        raise DataError(f"pack --verify {root}: {tokens.MANIFEST} is not a valid token pack "
+        raise DataError(f"pack --verify {root}: {MANIFEST} is not a valid token pack "
                         f"manifest ({err.errors()[0]['msg']})") from None
     result = Verified(str(root), "token")
     total = sum(s.bytes for e in manifest.splits.values() for s in e.shards)

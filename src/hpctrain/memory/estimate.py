@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hpctrain.config import Config, Strategy
-from hpctrain.data.tokenizer import BYTE_EOS
+from hpctrain.data.tokens.tokenizer import BYTE_EOS
 from hpctrain.errors import ConfigError, UserError
 from hpctrain.memory.simulate import Footprint, StepSpec, predict
 from hpctrain.memory.sizes import fmt_bytes, gpu_capability, lacks_bf16, parse_memory
@@ -205,7 +205,7 @@ def output_width(config: Config) -> tuple[int, str | None]:
     elif data.kind == "tokens":
         if data.dataset == "arithmetic":
             return BYTE_EOS + 1, None  # byte-level: no need to generate the corpus
-        from hpctrain.data.tokens import TokenPack
+        from hpctrain.data.tokens.token_pack import TokenPack
 
         try:
             return TokenPack(data.path).vocab_size, None

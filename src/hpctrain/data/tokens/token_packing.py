@@ -27,11 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
-from hpctrain.data.pack import PLAN, HashingFile, prepare_destination, run_jobs, save_npy
-from hpctrain.data.shards import file_sha256
-from hpctrain.data.tokenizer import Tokenizer, byte_tokenizer, huggingface_tokenizer
-from hpctrain.data.tokens import (DOC_DTYPE, FORMAT, MANIFEST, VERSION, index_name, shard_name,
-                                  token_dtype)
+from hpctrain.data.packs import (MANIFEST, PLAN, HashingFile, file_sha256, index_name,
+                                 prepare_destination, run_jobs, save_npy)
+from hpctrain.data.tokens.tokenizer import Tokenizer, byte_tokenizer, huggingface_tokenizer
+from hpctrain.data.tokens.token_pack import DOC_DTYPE, FORMAT, VERSION, shard_name, token_dtype
 from hpctrain.errors import DataError
 from hpctrain.progress import progress_bar
 

@@ -34,14 +34,13 @@ import torch
 from pydantic import Field, StringConstraints, ValidationError
 from torch.utils.data import Dataset
 
-from hpctrain.data.sequences import pad_collate
-from hpctrain.data.shards import (FileName, IndexEntry, Sha256, StrictModel, beyond, file_sha256,
-                                  pack_file)
+from hpctrain.data.tokens.sequences import pad_collate
+from hpctrain.data.packs import (MANIFEST, FileName, IndexEntry, Sha256, StrictModel, beyond,
+                                 file_sha256, pack_file)
 from hpctrain.errors import DataError
 
 FORMAT = "hpctrain-tokens"
 VERSION = 1
-MANIFEST = "pack.json"
 DOC_DTYPE = np.dtype([("shard", "<u4"), ("start", "<u8"), ("length", "<u4")])
 
 
@@ -51,10 +50,6 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 def shard_name(split: str, number: int) -> str:
     return f"{split}-{number:05d}.bin"
-
-
-def index_name(split: str) -> str:
-    return f"{split}.index.npy"
 
 
 class ShardEntry(StrictModel):

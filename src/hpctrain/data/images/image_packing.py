@@ -14,10 +14,8 @@ import csv
 import hashlib
 import io
 import json
-import multiprocessing
 import os
 import random
-import shutil
 import stat
 import tarfile
 import time
@@ -29,14 +27,12 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from hpctrain.data.datasets import image_folder_splits
-from hpctrain.data.shards import (EXTENSIONS, FORMAT, INDEX_DTYPE, KIND_JPEG, KIND_RAW,
-                                  MANIFEST, MAX_CLASSES, MAX_SIDE, VERSION, file_sha256,
-                                  index_name, ppm_header, shard_name)
+from hpctrain.data.images.image_folders import image_folder_splits
+from hpctrain.data.packs import (MANIFEST, PLAN, HashingFile, file_sha256, index_name,
+                                  prepare_destination, run_jobs, save_npy)
+from hpctrain.data.images.image_pack import (EXTENSIONS, FORMAT, INDEX_DTYPE, KIND_JPEG, KIND_RAW, MAX_CLASSES, MAX_SIDE, VERSION, ppm_header, shard_name)
 from hpctrain.errors import DataError
 from hpctrain.progress import progress_bar
-
-PLAN = ".plan.json"
 
 
 @dataclass
@@ -196,34 +192,8 @@ def _raw_in_auto(path: str, width: int, height: int, options: PackOptions) -> bo
     return random.Random(f"{options.seed}-{path}").random() < options.raw_fraction
 
 
-def save_npy(path: Path, index: np.ndarray) -> None:
-    """np.save under a temporary name, then rename."""
-    partial = path.with_name(f".{path.name}.partial")
-    with open(partial, "wb") as handle:
-        np.save(handle, index, allow_pickle=False)
-    os.replace(partial, path)
-
-
 def _fragment(dst: Path, split: str, number: int, suffix: str) -> Path:
     return dst / f".{split}-{number:05d}.{suffix}"
-
-
-class HashingFile:
-    """A file opened for writing that hashes what goes into it, so that a shard's SHA-256 needs
-    no second read of the shard (tarfile needs only write and tell)."""
-
-    def __init__(self, path: Path):
-        self.file = open(path, "wb")
-        self.digest = hashlib.sha256()
-        self.size = 0
-
-    def write(self, data) -> int:
-        self.digest.update(data)
-        self.size += len(data)
-        return self.file.write(data)
-
-    def tell(self) -> int:
-        return self.file.tell()
 
 
 def _add_member(tar: tarfile.TarFile, name: str, data: bytes) -> int:
@@ -290,38 +260,6 @@ def _plan_fingerprint(classes, splits, options: PackOptions) -> str:
     return digest.hexdigest()
 
 
-def _planned(plan: Path) -> str | None:
-    """The fingerprint an unfinished pack was planned with (None: none, or unreadable)."""
-    try:
-        found = json.loads(plan.read_text())
-    except (OSError, ValueError):
-        return None
-    return found.get("fingerprint") if isinstance(found, dict) else None
-
-
-def prepare_destination(dst: Path, fingerprint: str, overwrite: bool) -> bool:
-    """Make `dst` ready; True when an unfinished pack of the same plan is resumed."""
-    plan = dst / PLAN
-    if dst.exists() and not dst.is_dir():
-        raise DataError(f"pack: {dst} is a file; give a folder (empty, or an unfinished pack "
-                        "to resume)")
-    if dst.exists() and any(dst.iterdir()):
-        resumable = _planned(plan) == fingerprint and not (dst / MANIFEST).exists()
-        if resumable:
-            return True
-        if not overwrite:
-            what = ("a finished pack" if (dst / MANIFEST).exists() else
-                    "an unfinished pack of another source or other options"
-                    if plan.is_file() else "other files")
-            raise DataError(f"pack: {dst} is not empty (it holds {what}); choose an empty "
-                            "folder, or add --overwrite to replace its contents")
-        for entry in dst.iterdir():
-            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
-    dst.mkdir(parents=True, exist_ok=True)
-    plan.write_text(json.dumps({"fingerprint": fingerprint}))
-    return False
-
-
 def pack(src: Path, dst: Path, options: PackOptions, workers: int | None = None,
          strict: bool = False, overwrite: bool = False, log=print) -> dict:
     """Pack `src` into `dst`; the manifest (also written to dst/pack.json)."""
@@ -343,20 +281,6 @@ def pack(src: Path, dst: Path, options: PackOptions, workers: int | None = None,
     manifest = _write_manifest(dst, src, classes, splits, jobs, done, options)
     manifest["seconds"] = round(time.perf_counter() - started, 1)
     return manifest
-
-
-def run_jobs(write, jobs: list, workers: int | None):
-    """`write(job)` for every job, in up to `workers` processes (default: one per core) or in
-    this one; the results as they finish."""
-    workers = max(1, min(workers or os.cpu_count() or 1, len(jobs) or 1))
-    if workers == 1:
-        yield from map(write, jobs)
-        return
-    pool = multiprocessing.get_context("forkserver").Pool(workers)
-    try:
-        yield from pool.imap_unordered(write, jobs)
-    finally:
-        pool.terminate()
 
 
 def _write_manifest(dst: Path, src: Path, classes, splits, jobs, done, options) -> dict:

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from hpctrain.data.generated import generate_once
-from hpctrain.data.points import check_clouds, fan, normalise, sample_on_faces
+from hpctrain.data.points.clouds import check_clouds, fan, normalise, sample_on_faces
 from hpctrain.errors import DataError
 from hpctrain.progress import progress_bar
 

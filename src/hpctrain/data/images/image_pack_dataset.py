@@ -20,9 +20,9 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from hpctrain.config import AugmentConfig
-from hpctrain.data.datasets import draw_view, render_view, skip_counter
+from hpctrain.data.images.image_folders import draw_view, render_view, skip_counter
 from hpctrain.data.sampling import SampleKey
-from hpctrain.data.shards import KIND_RAW, ShardReader, Split, raw_pixels
+from hpctrain.data.images.image_pack import KIND_RAW, ShardReader, Split, raw_pixels
 from hpctrain.errors import DataError
 
 

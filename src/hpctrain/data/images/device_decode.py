@@ -20,8 +20,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from hpctrain.data.datasets import crop_rows_columns
-from hpctrain.data.shards import KIND_RAW
+from hpctrain.data.images.image_folders import crop_rows_columns
+from hpctrain.data.images.image_pack import KIND_RAW
 
 
 class EncodedBatch(NamedTuple):

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from hpctrain.data.generated import generate_once
-from hpctrain.data.points import fan, normalise, sample_on_faces
+from hpctrain.data.points.clouds import fan, normalise, sample_on_faces
 from hpctrain.progress import progress_bar
 
 CLASSES = ("sphere", "hemisphere", "capsule", "cylinder", "cone", "torus",

@@ -19,8 +19,8 @@ import random
 import shutil
 from pathlib import Path
 
-from hpctrain.data.token_pack import TokenPackOptions, pack_tokens
-from hpctrain.data.tokens import MANIFEST
+from hpctrain.data.tokens.token_packing import TokenPackOptions, pack_tokens
+from hpctrain.data.tokens.token_pack import MANIFEST
 from hpctrain.errors import DataError
 
 FORMAT_VERSION = 2

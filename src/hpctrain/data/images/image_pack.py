@@ -29,22 +29,21 @@ manifest can make hpctrain read, write or delete a file outside the pack or its 
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import Field, StringConstraints, ValidationError
 
+from hpctrain.data.packs import (MANIFEST, Count, FileName, IndexEntry, Sha256, StrictModel, beyond,
+                                  file_sha256, pack_file)
 from hpctrain.errors import DataError
 
 FORMAT = "hpctrain-shards"
 VERSION = 1
-MANIFEST = "pack.json"
 KIND_JPEG, KIND_RAW = 0, 1  # raw: binary PPM (P6), RGB pixels after a short header
 EXTENSIONS = {KIND_JPEG: "jpg", KIND_RAW: "ppm"}
 MAX_SIDE = 65535  # an index records image sides in 16 bits
@@ -58,21 +57,6 @@ def shard_name(split: str, number: int) -> str:
     return f"{split}-{number:05d}.tar"
 
 
-def index_name(split: str) -> str:
-    return f"{split}.index.npy"
-
-
-def file_sha256(path: Path, chunk: int = 8 << 20, advance=None) -> str:
-    """The file's SHA-256; `advance(bytes)` after each chunk read (a progress bar)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-            if advance is not None:
-                advance(len(block))
-    return digest.hexdigest()
-
-
 def ppm_header(width: int, height: int) -> bytes:
     return f"P6\n{width} {height}\n255\n".encode()
 
@@ -84,19 +68,6 @@ def raw_pixels(data, width: int, height: int) -> np.ndarray:
 
 
 # --- the manifest's shape: plain names only --------------------------------------------------
-
-FileName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,200}$")]
-Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
-Count = Annotated[int, Field(ge=0)]
-
-
-class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
-
-
-class IndexEntry(StrictModel):
-    file: FileName
-    sha256: Sha256
 
 
 class ShardEntry(StrictModel):
@@ -174,34 +145,6 @@ def _check_records(index: np.ndarray, shards: list[ShardEntry], classes: int,
             first = int(np.argmax(bad))
             raise DataError(f"{name}: record {first} {say(first)}; the index does not "
                             "describe this pack. Re-pack the source with hpctrain pack")
-
-
-def links_out(root: Path, name: str) -> bool:
-    """Whether the file `name` of the pack folder `root` is a link leading out of the folder:
-    a pack reads only its own files, not what a crafted pack points at (another user's data,
-    /etc)."""
-    path = root / name
-    return path.is_symlink() and not path.resolve().is_relative_to(root.resolve())
-
-
-def pack_file(root: Path, name: str) -> Path:
-    """The file `name` (a plain name, checked with the manifest) of the pack folder `root`;
-    refused where it links out of the folder."""
-    path = root / name
-    if links_out(root, name):
-        raise DataError(f"pack {root}: {name} is a link to {os.readlink(path)}, outside the "
-                        "pack; a pack reads only its own files: copy the file in, or pack "
-                        "again")
-    return path
-
-
-def beyond(starts: np.ndarray, lengths: np.ndarray, limits: np.ndarray) -> np.ndarray:
-    """Where the range [start, start + length) does not lie within [0, limit), for unsigned
-    index fields: the sum is never formed, since a crafted start near 2**64 wraps it around to
-    a small end that passes (and the reader then allocates `length` items)."""
-    starts, lengths = starts.astype(np.uint64), lengths.astype(np.uint64)
-    limits = limits.astype(np.uint64)
-    return (starts > limits) | (lengths > limits - np.minimum(starts, limits))
 
 
 @dataclass
