@@ -88,10 +88,10 @@ def fp8_without_the_hardware_check(monkeypatch):
 
 def _train(config):
     from hpctrain.train.build import build_parts
-    from hpctrain.train.intervals import Clock
+    from hpctrain.train.bookkeeping import Clock
     from hpctrain.train.loop import Progress, _run_steps
     from hpctrain.train.preemption import Stopper
-    from hpctrain.train.report import banner
+    from hpctrain.train.run_summary import banner
     from hpctrain.train.telemetry import Telemetry
 
     parts = build_parts(config)
@@ -154,7 +154,7 @@ def test_the_profile_suggests_fp8_on_hopper_and_bf16_where_fp8_gains_nothing():
     """The busy-Tensor-Core trace (bf16 GEMMs): a bf16 run on an H100 is pointed to FP8; a
     run that asked for fp8 but whose matrix time is all bf16 kernels is told FP8 does not
     pay; on an A100 nothing changes."""
-    from hpctrain.profiling.report import analyse_traces, find_traces
+    from hpctrain.profiling.profile_report import analyse_traces, find_traces
     from hpctrain.profiling.verdict import Settings, decide
 
     ranks = analyse_traces(find_traces(FIXTURES / "gpu_traces" / "compute_bound_tensor_cores"))

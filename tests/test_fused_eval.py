@@ -55,7 +55,7 @@ def test_what_cannot_be_folded_says_why():
 
 def _evaluations(tiny_config, *overrides):
     from hpctrain.train.build import build_parts
-    from hpctrain.train.intervals import Clock
+    from hpctrain.train.bookkeeping import Clock
     from hpctrain.train.loop import Progress, _run_steps
     from hpctrain.train.preemption import Stopper
     from hpctrain.train.telemetry import Telemetry

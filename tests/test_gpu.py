@@ -8,7 +8,7 @@ import torch
 
 from hpctrain.train import loop
 from hpctrain.train.build import build_parts
-from hpctrain.train.intervals import Clock, RunningMetrics
+from hpctrain.train.bookkeeping import Clock, RunningMetrics
 from hpctrain.train.loop import Progress, _run_steps
 from hpctrain.train.preemption import Stopper
 from hpctrain.train.telemetry import Telemetry

@@ -6,7 +6,7 @@ from torch import nn
 
 from hpctrain.errors import ConfigError
 from hpctrain.models.checkpointing import enable_activation_checkpointing
-from hpctrain.models.registry import build_model
+from hpctrain.models.model_names import build_model
 from hpctrain.models.small import ResidualBlock
 
 

@@ -7,7 +7,7 @@ import torch
 from timm.optim import Lamb, Lars
 
 from hpctrain.config import OptimConfig, ScheduleConfig
-from hpctrain.models.registry import build_model
+from hpctrain.models.model_names import build_model
 from hpctrain.train.optim import build_optimizer, lr_multiplier, param_groups, scaled_lr
 
 

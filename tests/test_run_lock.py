@@ -1,4 +1,4 @@
-"""One run directory, one run: runs/lock.py and the run directory's claim (train/run_dir.py)."""
+"""One run directory, one run: runs/lock.py and the run directory's claim (train/run_place.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from hpctrain.config import load_config
 from hpctrain.runs.directory import RunDir
 from hpctrain.runs.lock import (STALE_SECONDS, Holder, RunInUse, _set_aside, claim,
                                 claim_new)
-from hpctrain.train import run_dir
+from hpctrain.train import run_place
 
 HOLD = """
 import sys, time
@@ -50,9 +50,9 @@ def _write_lock(run: Path, beat_age: float = 0.0, damaged: bool = False, **holde
 
 
 def test_two_runs_started_in_the_same_second_get_two_directories(tmp_path, monkeypatch):
-    monkeypatch.setattr(run_dir.time, "strftime", lambda *_: "20261125-120000")
+    monkeypatch.setattr(run_place.time, "strftime", lambda *_: "20261125-120000")
     config = load_config("default", [f"output_dir={tmp_path / 'runs'}"])
-    first, second = run_dir.resolve_run(config), run_dir.resolve_run(config)
+    first, second = run_place.resolve_run(config), run_place.resolve_run(config)
     try:
         assert first.run_dir != second.run_dir
         assert second.run_dir.name == f"{first.run_dir.name}-2"

@@ -7,7 +7,7 @@ from hpctrain.config import load_config
 from hpctrain.data.batch_buffers import BufferedLoader
 from hpctrain.data.worker_signals import SignalSafeLoader
 from hpctrain.train.build import build_parts
-from hpctrain.train.intervals import Clock
+from hpctrain.train.bookkeeping import Clock
 from hpctrain.train.loop import Progress, _run_steps
 from hpctrain.train.preemption import Stopper
 from hpctrain.train.system import plan_system

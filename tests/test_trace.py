@@ -11,7 +11,7 @@ from hpctrain.profiling.names import PREFIX, REGIONS
 from hpctrain.profiling.trace import TraceError, iter_events
 from hpctrain.train import loop
 from hpctrain.train.build import build_parts
-from hpctrain.train.intervals import Clock
+from hpctrain.train.bookkeeping import Clock
 from hpctrain.train.loop import Progress, _run_steps
 from hpctrain.train.preemption import Stopper
 from hpctrain.train.telemetry import Telemetry

@@ -17,7 +17,7 @@ import yaml
 
 from hpctrain.config import load_config
 from hpctrain.errors import ConfigError
-from hpctrain.models.registry import build_model
+from hpctrain.models.model_names import build_model
 
 NETS = '''
 import torch

@@ -487,7 +487,7 @@ def cmd_memory(args) -> int:
     from hpctrain.memory.advice import (advise, checkpointing_counterpart, largest_batch,
                                         round_batch)
     from hpctrain.memory.estimate import estimate, resolve_target
-    from hpctrain.memory.report import document, text_report, write_picture
+    from hpctrain.memory.estimate_report import document, text_report, write_picture
     from hpctrain.runs.directory import MEMORY_PREDICTION
 
     config = load_config(args.recipe, args.overrides)
@@ -593,7 +593,7 @@ def _add_profile(verbs) -> None:
 
 
 def cmd_profile(args) -> int:
-    from hpctrain.profiling.report import (analyse_traces, find_traces, settings_from_run,
+    from hpctrain.profiling.profile_report import (analyse_traces, find_traces, settings_from_run,
                                            text_report, write_reports)
     from hpctrain.profiling.verdict import decide
     from hpctrain.runs.directory import RunDir

@@ -1,5 +1,5 @@
-"""Submit a recipe as a job of the cluster's scheduler and follow it: the Python API behind `hpctrain submit`,
-`jobs`, `logs`, `cancel` and `status`, usable from a notebook:
+"""Submit a recipe as a job of the cluster's scheduler and follow it: the Python API behind
+`hpctrain submit`, `jobs`, `logs`, `cancel` and `status`, usable from a notebook:
 
     from hpctrain.cluster.jobs import submit, queue
     job = submit("default", ["train.epochs=3"], gpus=8, time="2:00:00")

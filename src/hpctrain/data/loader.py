@@ -19,7 +19,8 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from hpctrain.config import DataConfig
 from hpctrain.data.batch_buffers import BufferedLoader
-from hpctrain.data.images.image_folders import ImageFolderDataset, SyntheticDataset, image_folder_splits
+from hpctrain.data.images.image_folders import (ImageFolderDataset, SyntheticDataset,
+                                                image_folder_splits)
 from hpctrain.data.images.device_decode import EncodedBatch, collate_encoded, decode_batch
 from hpctrain.data.points.modelnet import PointSplits, read_modelnet
 from hpctrain.data.points.modelnet import classes as modelnet_classes
@@ -187,7 +188,8 @@ def point_classes(data: DataConfig) -> int:
 
 
 def _point_datasets(data: DataConfig) -> tuple[Dataset, Dataset, int]:
-    """The clouds were checked where they were read or made (points/modelnet.py, points/shapes3d.py)."""
+    """The clouds were checked where they were read or made (points/modelnet.py,
+    points/shapes3d.py)."""
     splits = point_splits(data)
     for split, points in splits.points.items():
         if len(points) == 0:

@@ -31,7 +31,7 @@ from hpctrain.memory.simulate import Footprint, StepSpec, predict
 from hpctrain.memory.sizes import fmt_bytes, gpu_capability, lacks_bf16, parse_memory
 from hpctrain.models.checkpointing import enable_activation_checkpointing, is_block
 from hpctrain.models.gpt import GPT
-from hpctrain.models.registry import build_model
+from hpctrain.models.model_names import build_model
 from hpctrain.parallel.layout import MICROBATCHES_PER_STAGE, Layout, split_world
 from hpctrain.train.optim import build_optimizer, scaled_lr
 from hpctrain.parallel.data import bf16_parameters

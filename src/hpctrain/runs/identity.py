@@ -171,7 +171,7 @@ def _user() -> str:
 class Heartbeat:
     """Touches `path` (a run's run.json, a search's claim on a trial) every `every` seconds
     on a thread of its own while its owner lives, and beats the run's row in a shared index
-    when it has one (registry.py)."""
+    when it has one (live_registration.py)."""
 
     def __init__(self, path: Path, registration=None, every: float = HEARTBEAT_SECONDS):
         self.path, self.registration, self.every = path, registration, every

@@ -26,7 +26,7 @@ from hpctrain.data.loader import DataBundle, DeviceBatcher, build_data, image_si
 from hpctrain.data.streams import Stream
 from hpctrain.errors import ConfigError, DataError
 from hpctrain.models.checkpointing import enable_activation_checkpointing
-from hpctrain.models.registry import build_model, check_model_takes
+from hpctrain.models.model_names import build_model, check_model_takes
 from hpctrain.monitor.sampler import Sampler
 from hpctrain.monitor.start import make_sampler
 from hpctrain.parallel import data as data_parallel
@@ -45,7 +45,7 @@ from hpctrain.train.mfu import ModelFlops, model_flops
 from hpctrain.train.optim import WeightEma, build_optimizer, build_scheduler, scaled_lr
 from hpctrain.train.precision import Precision
 from hpctrain.train.preemption import deadline_at
-from hpctrain.train.run_dir import RunPlace, resolve_run
+from hpctrain.train.run_place import RunPlace, resolve_run
 from hpctrain.train.system import SystemPlan, apply_global_switches, plan_system
 from hpctrain.train.trial import TrialLink, link
 from hpctrain.train.user_functions import with_user_functions

@@ -4,7 +4,7 @@ Read it top to bottom: `train()` builds the parts (build.py) and hands them to `
 whose inner loop is the training step. The task (tasks.py: images or tokens) moves a batch to
 the device and says what the loss and the metrics are; the loop is the same for every task.
 Inside the step nothing waits for the device: the loss and the task's sums accumulate in device
-tensors (intervals.py) and are read back, summed over all ranks, once per logging interval.
+tensors (bookkeeping.py) and are read back, summed over all ranks, once per logging interval.
 Across processes the only per-step collectives are the gradient reduction (DDP/FSDP) and one
 tiny CPU-side stop flag (preemption.py).
 """
@@ -36,17 +36,17 @@ from hpctrain.report import trackers
 from hpctrain.report.page import write_run_report
 from hpctrain.runs.directory import RunDir, remember_output_dir
 from hpctrain.runs.identity import Heartbeat, earlier_jobs, record_job, record_start
-from hpctrain.runs.registry import register
-from hpctrain.train import report
+from hpctrain.runs.live_registration import register
+from hpctrain.train import run_summary
 from hpctrain.train.build import Parts, build_parts
 from hpctrain.train.checkpoint import step_of
 from hpctrain.train.evaluation import evaluate, keep_best
-from hpctrain.train.intervals import Clock, Interval, RunningMetrics
+from hpctrain.train.bookkeeping import Clock, Interval, RunningMetrics
 from hpctrain.parallel.processes import collective_failure
 from hpctrain.train.preemption import Stopper
 from hpctrain.train.progress_state import Progress
 from hpctrain.train.resume import completed_summary, is_complete, restore, save
-from hpctrain.train.run_dir import set_aside
+from hpctrain.train.run_place import set_aside
 from hpctrain.train.telemetry import KEEP_GOING, Telemetry, write_summary
 from hpctrain.train.trial import TrialPruned
 
@@ -117,7 +117,7 @@ def _train(parts: Parts, stopper: Stopper, on_step: Callable[[Parts, int], None]
         telemetry.message(f"hpctrain: {pruned}")
         _finish_saving(parts)
     except torch.cuda.OutOfMemoryError:
-        raise RunFailed(report.oom_advice(parts, progress.step)) from None
+        raise RunFailed(run_summary.oom_advice(parts, progress.step)) from None
     except DataPipelineFailed as failure:  # raised where a batch is fetched: between steps
         failure.args = (f"{failure}. {_after_a_dead_worker(parts, progress, clock, telemetry)}",)
         raise
@@ -131,8 +131,8 @@ def _train(parts: Parts, stopper: Stopper, on_step: Callable[[Parts, int], None]
         parts.sampler.stop()
         if heartbeat is not None:
             heartbeat.stop()
-        run = report.totals(parts, progress, clock)
-        summary = report.summary(parts, progress, clock, status, run)
+        run = run_summary.totals(parts, progress, clock)
+        summary = run_summary.summary(parts, progress, clock, status, run)
         if is_main:
             _record_job(parts, clock, run)
             summary_problem = write_summary(parts.run_dir, summary)
@@ -151,7 +151,7 @@ def _tell_start(parts: Parts, progress: Progress, telemetry: Telemetry, moved: s
                 changes: list[str]) -> None:
     """The banner, and what this start changed: checkpoints set aside, a stale lock taken
     over, settings changed since the checkpoint (also recorded in metrics.jsonl)."""
-    telemetry.message(report.banner(parts, parts.resume_from))
+    telemetry.message(run_summary.banner(parts, parts.resume_from))
     if moved:
         telemetry.message(moved)
     if parts.place.lock.taken_over:
@@ -204,7 +204,7 @@ def _announce(parts: Parts, progress: Progress, clock: Clock, telemetry: Telemet
     for path, write in ((run.config, lambda: run.config.write_text(to_yaml(parts.config))),
                         (run.identity, lambda: identity.update(record_start(
                             parts.run_dir, parts.config.model_dump(mode="json"),
-                            report.start_record(parts))))):
+                            run_summary.start_record(parts))))):
         try:
             write()
         except OSError as err:
@@ -369,7 +369,7 @@ def _owed(progress: Progress) -> str:
 
 
 def _save(parts: Parts, progress: Progress, clock: Clock, telemetry: Telemetry) -> None:
-    totals = report.totals(parts, progress, clock)
+    totals = run_summary.totals(parts, progress, clock)
     if not save(parts, progress, totals["job_seconds"], totals["job_energy_joules"]):
         telemetry.message(f"step {progress.step}: weights are not finite, checkpoint skipped")
     if parts.distributed.is_main:
@@ -497,7 +497,7 @@ def _evaluate_and_record(parts: Parts, progress: Progress, clock: Clock, telemet
     keep_best(progress, values)
     if parts.ema is not None:
         values.update({f"{k}_ema": v for k, v in evaluate(parts, parts.ema.module).items()})
-    run = report.totals(parts, progress, clock)  # where a leaderboard reads time to target
+    run = run_summary.totals(parts, progress, clock)  # where a leaderboard reads time to target
     telemetry.record("eval", progress.step, {
         **values, "epoch": progress.step / parts.steps_per_epoch, "eval_seconds": seconds,
         **{key: run[key] for key in ("elapsed_seconds", "device_hours", "energy_joules")}})

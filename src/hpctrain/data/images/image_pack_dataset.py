@@ -1,4 +1,4 @@
-"""Training and validation samples from packed shards (format: shards.py).
+"""Training and validation samples from packed shards (format: image_pack.py).
 
 Decoding is cheaper than from files: the index holds every image's size, so the crop box is
 drawn before decoding, and a JPEG whose crop is at least twice the output on each side is

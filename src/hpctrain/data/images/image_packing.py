@@ -1,4 +1,4 @@
-"""`hpctrain pack SRC DST`: turn an image dataset into packed shards (format: shards.py).
+"""`hpctrain pack SRC DST`: turn an image dataset into packed shards (format: image_pack.py).
 
 The work is planned first (which sample goes to which shard, in a seeded shuffled order so that
 even a sequential reader of the tars sees mixed classes), then shards are written in parallel,
@@ -30,7 +30,9 @@ from PIL import Image
 from hpctrain.data.images.image_folders import image_folder_splits
 from hpctrain.data.packs import (MANIFEST, PLAN, HashingFile, file_sha256, index_name,
                                   prepare_destination, run_jobs, save_npy)
-from hpctrain.data.images.image_pack import (EXTENSIONS, FORMAT, INDEX_DTYPE, KIND_JPEG, KIND_RAW, MAX_CLASSES, MAX_SIDE, VERSION, ppm_header, shard_name)
+from hpctrain.data.images.image_pack import (EXTENSIONS, FORMAT, INDEX_DTYPE, KIND_JPEG,
+                                             KIND_RAW, MAX_CLASSES, MAX_SIDE, VERSION,
+                                             ppm_header, shard_name)
 from hpctrain.errors import DataError
 from hpctrain.progress import progress_bar
 

@@ -7,7 +7,7 @@ right under teacher forcing also gets it right when it generates greedily (each 
 would generate is the one it was fed). The validation problems never appear in training, so
 an answer accuracy near 1 means the model learned to add, not to remember.
 
-Written once into the cache as a byte-level token pack (tokens.py), like the `shapes` images:
+Written once into the cache as a byte-level token pack (token_pack.py), like the `shapes` images:
 the folder name holds every parameter, and a pack is only ever published complete.
 """
 

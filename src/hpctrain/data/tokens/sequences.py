@@ -1,4 +1,4 @@
-"""Variable-length sequences (a token pack's documents, tokens.py): batched by length, padded
+"""Variable-length sequences (a token pack's documents, token_pack.py): batched by length, padded
 per batch.
 
 Padding every sequence to the longest of the dataset wastes most of a step on short data; random

@@ -5,7 +5,8 @@ Language models read integer ids, not text, so the corpus is tokenized once (`hp
 fits 65,536, else uint32; every document followed by the end-of-text id. A worker memory-maps
 the shards and slices any range without parsing anything.
 
-Layout of a token pack folder (the same rules as an image pack, shards.py):
+Layout of a token pack folder (the same rules as an image pack, images/image_pack.py; what
+both share is in packs.py):
     pack.json              the manifest: format, pack id, tokenizer, dtype, per split its shards
                            (tokens, bytes, SHA-256) and its index file's SHA-256
     train-00000.bin ...    the shards of a split

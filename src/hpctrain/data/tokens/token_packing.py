@@ -1,5 +1,5 @@
 """`hpctrain pack --tokens SRC DST`: a folder of .txt and .jsonl files into a token pack
-(format: tokens.py).
+(format: token_pack.py).
 
 A .txt file is one document; a .jsonl file holds one document per line, in its `text` field.
 The source files are grouped into jobs of about `shard_bytes` of text, tokenized in parallel,
