@@ -1,0 +1,21 @@
+"""The recipe: its schema, one module per section, and its loading (loading.py).
+
+Its public face is here, so a room asks `hpctrain.config` and not the file a section
+happens to live in.
+"""
+
+from hpctrain.config.base import plain_name
+from hpctrain.config.data_settings import AugmentConfig, DataConfig, PointsConfig
+from hpctrain.config.loading import (code_references, flatten, from_defaults, load_config,
+                                     parse_override, read_yaml_mapping, shipped_recipes, to_yaml,
+                                     with_settings)
+from hpctrain.config.operation_settings import PreemptionConfig
+from hpctrain.config.parallel_settings import Strategy
+from hpctrain.config.recipe import Config
+from hpctrain.config.task_settings import TaskConfig
+from hpctrain.config.training_settings import OptimConfig, ScheduleConfig
+
+__all__ = ["AugmentConfig", "Config", "DataConfig", "OptimConfig", "PointsConfig",
+           "PreemptionConfig", "ScheduleConfig", "Strategy", "TaskConfig", "code_references",
+           "flatten", "from_defaults", "load_config", "parse_override", "plain_name",
+           "read_yaml_mapping", "shipped_recipes", "to_yaml", "with_settings"]

@@ -1,0 +1,103 @@
+"""A whole recipe, `Config`: every section, the top-level settings, and the checks that span
+sections. One resolved `Config` is the single source of truth for a run: every feature is a
+field, consumed in exactly one place.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from hpctrain.config.base import Auto, Section, plain_name
+from hpctrain.config.data_settings import DataConfig
+from hpctrain.config.operation_settings import MonitorConfig, PreemptionConfig, TrackingConfig
+from hpctrain.config.parallel_settings import ParallelConfig
+from hpctrain.config.task_settings import ModelConfig, TaskConfig
+from hpctrain.config.training_settings import (CheckpointConfig, Fp8Config, OptimConfig,
+                                               ScheduleConfig, TrainConfig, TrialConfig)
+from hpctrain.tasks import registry as tasks
+
+
+class Config(Section):
+    name: str = "default"
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="numpy takes seeds below 2**32")
+    output_dir: str = Field("runs", min_length=1)
+    run_name: str | None = None
+    resume: str | None = Field(None, description="'auto', a run directory or a checkpoint")
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
+    precision: Literal["auto", "fp32", "tf32", "fp16", "bf16", "fp8"] = "auto"
+    channels_last: bool | Auto = "auto"
+    compile: bool | Auto = "auto"
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune",
+                          "max-autotune-no-cudagraphs"] = "default"
+    cudnn_benchmark: bool | Auto = "auto"
+    deterministic: bool = False
+    report: bool = Field(True, description="write report.html (and its PNGs) into the run "
+                         "directory when the run ends")
+    task: TaskConfig = TaskConfig()
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    optim: OptimConfig = OptimConfig()
+    schedule: ScheduleConfig = ScheduleConfig()
+    train: TrainConfig = TrainConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    parallel: ParallelConfig = ParallelConfig()
+    preemption: PreemptionConfig = PreemptionConfig()
+    monitor: MonitorConfig = MonitorConfig()
+    tracking: TrackingConfig = TrackingConfig()
+    fp8: Fp8Config = Fp8Config()
+    trial: TrialConfig = TrialConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tensorboard_shorthand(cls, data):
+        """`tensorboard=false` (or true): TensorBoard out of (or into) tracking.sinks."""
+        if not isinstance(data, dict) or "tensorboard" not in data:
+            return data
+        data = dict(data)
+        wanted = data.pop("tensorboard")
+        tracking = dict(data.get("tracking") or {})
+        sinks = [s for s in tracking.get("sinks", ["tensorboard"]) if s != "tensorboard"]
+        tracking["sinks"] = (["tensorboard"] if wanted else []) + sinks
+        data["tracking"] = tracking
+        return data
+
+    @field_validator("task", mode="before")
+    @classmethod
+    def _task_name(cls, value):
+        return {"name": value} if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _task_fits_data(self):
+        task = self.task.name
+        if self.data.from_user_code:
+            kind = tasks.KIND_OF_TASK.get(task, "images")
+            if kind == "tokens" and self.data.tokens.batching != "blocks":
+                raise ValueError(f"data.dataset={self.data.dataset}: your own token data comes "
+                                 "as blocks of data.tokens.seq_len + 1 ids; "
+                                 "data.tokens.batching=documents reads a token pack's "
+                                 "documents: set data.tokens.batching=blocks")
+            self.data._kind_of_user_data = kind
+            return self
+        if task != "auto" and task != tasks.TASK_OF_DATA[self.data.kind]:
+            raise ValueError(f"task {task} cannot learn from data.dataset={self.data.dataset} "
+                             f"({self.data.kind}); use task=auto, or data that fits the task")
+        return self
+
+    @property
+    def task_name(self) -> str:
+        """The task, `auto` resolved from the data."""
+        return self.task_spec.name
+
+    @property
+    def task_spec(self) -> tasks.TaskSpec:
+        """What the task is (tasks/registry.py), `auto` resolved from the data."""
+        return tasks.for_data(self.data.kind) if self.task.name == "auto" else \
+            tasks.spec(self.task.name)
+
+    @field_validator("name", "run_name")
+    @classmethod
+    def _one_folder(cls, value, info):
+        what = "run_name" if info.field_name == "run_name" else "a recipe's name (its runs' prefix)"
+        return plain_name(value, what)

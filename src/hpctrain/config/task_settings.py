@@ -1,0 +1,61 @@
+"""The recipe's `task` and `model` sections: what is learned (tasks/registry.py names the
+tasks) and by which network.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from hpctrain import user_code
+from hpctrain.config.base import Section
+from hpctrain.tasks import registry as tasks
+
+
+class TaskConfig(Section):
+    """What is learned from the data; `task: NAME` in a recipe is short for `task.name`."""
+
+    name: Literal[("auto", *tasks.NAMES)] = Field(
+        "auto", description="auto: from data.dataset (token data: language_modeling, point "
+        "clouds: point_cloud_classification, images: image_classification)")
+    loss: str | None = Field(None, description="your own loss instead of the task's: "
+                             "module:fn or path/to/file.py:fn, fn(outputs, targets) -> a 0-d "
+                             "tensor")
+    metrics: dict[str, str] = Field(default_factory=dict, description="your own metrics: "
+                                    "name -> module:fn, fn(outputs, labels) -> the batch's "
+                                    "sum; reported per sample as name and val_name")
+
+    @field_validator("loss")
+    @classmethod
+    def _loss_is_code(cls, value):
+        if value is not None and not user_code.is_code_reference(value):
+            raise ValueError("expected your own function: package.module:fn or "
+                             "path/to/file.py:fn")
+        return value
+
+    @field_validator("metrics")
+    @classmethod
+    def _metrics_are_code(cls, value: dict):
+        for name, reference in value.items():
+            if not name.isidentifier() or name in RESERVED_METRICS:
+                raise ValueError(f"metric name {name!r}: use a Python identifier other than "
+                                 f"{', '.join(RESERVED_METRICS)}")
+            if not user_code.is_code_reference(reference):
+                raise ValueError(f"metric {name}: {reference!r} is not package.module:fn or "
+                                 "path/to/file.py:fn")
+        return value
+
+
+RESERVED_METRICS = ("loss", "accuracy", "perplexity", "padding_fraction", "answer_accuracy",
+                    "lr", "epoch", "step")
+
+
+class ModelConfig(Section):
+    name: str = Field("hpctrain:resnet_small",
+                      description="torchvision:NAME, timm:NAME, hpctrain:NAME, hf:PATH, or "
+                      "your own factory: package.module:build or path/to/file.py:build (a "
+                      "relative path is read from the recipe's folder)")
+    kwargs: dict[str, Any] = Field(default_factory=dict,
+                                   description="extra keyword arguments for the constructor")
+    activation_checkpointing: bool = False

@@ -1,0 +1,93 @@
+"""The recipe's training sections: `train`, `optim`, `schedule`, `ema`, `checkpoint`, `fp8`,
+`trial`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from hpctrain.config.base import Auto, Section
+
+
+class EmaConfig(Section):
+    enabled: bool = False
+    decay: float = Field(0.999, gt=0, lt=1)
+
+
+class OptimConfig(Section):
+    name: Literal["sgd", "adamw", "lars", "lamb"] = "sgd"
+    lr: float = Field(0.1, gt=0)
+    momentum: float = Field(0.9, ge=0, lt=1)
+    nesterov: bool = False
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = Field(5e-5, ge=0)
+    no_decay_norm_bias: bool = True
+    lr_scaling: Literal["none", "linear", "sqrt"] = "none"
+    reference_batch_size: int = Field(256, ge=1)
+    grad_clip_norm: float | None = Field(None, gt=0)
+    ema: EmaConfig = EmaConfig()
+
+
+class ScheduleConfig(Section):
+    name: Literal["cosine", "step", "onecycle", "constant"] = "cosine"
+    warmup_epochs: float = Field(0.0, ge=0)
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    milestones: list[float] = Field(default_factory=lambda: [30, 60, 80],
+                                    description="epochs at which 'step' multiplies by gamma")
+    gamma: float = Field(0.1, gt=0, le=1)
+    pct_start: float = Field(0.25, gt=0, lt=1, description="'onecycle' rising fraction")
+
+
+class TrainConfig(Section):
+    epochs: float = Field(10, gt=0)
+    max_steps: int | None = Field(None, ge=1, description="stop after this many optimiser "
+                                                          "steps (overrides epochs)")
+    batch_size: int = Field(128, ge=1, description="per-device micro-batch")
+    global_batch_size: int | None = Field(
+        None, ge=1, description="when set, fixes the samples per optimiser step whatever the "
+        "number of processes: batch_size becomes global / (processes x grad_accum_steps). "
+        "A train.batch_size override replaces a recipe's global_batch_size")
+    grad_accum_steps: int = Field(1, ge=1)
+    label_smoothing: float = Field(0.0, ge=0, lt=1)
+    log_every: int = Field(20, ge=1, description="optimiser steps between metric read-backs")
+    eval_every_epochs: float = Field(1, gt=0)
+    fuse_eval: bool | Auto = Field(
+        "auto", description="evaluate with each batch-norm folded into the convolution before "
+        "it (train/fused_eval.py); auto: where the model has such pairs, traces with torch.fx "
+        "and is whole on each process (not FSDP, tensor or pipeline parallel)")
+    nan_patience: int = Field(2, ge=1, description="stop after this many logging intervals "
+                                                   "in a row with only non-finite losses")
+
+
+class CheckpointConfig(Section):
+    every_steps: int | None = Field(None, ge=1)
+    every_epochs: float | None = Field(1, gt=0)
+    keep_last: int = Field(3, ge=1)
+    async_save: bool = Field(False, description="write in the background while training "
+                                                "goes on (the state is copied to host first)")
+
+
+class Fp8Config(Section):
+    """precision=fp8 (train/fp8.py): which Linear layers compute in float8, and how their
+    tensors are scaled. The rest of the model runs under bf16 autocast."""
+
+    scaling: Literal["tensorwise", "rowwise"] = Field(
+        "tensorwise", description="one scale per tensor (fastest; FSDP gathers weights in "
+        "float8) or per row (more accurate, for models that diverge with tensorwise)")
+    layers: Literal["auto", "all"] = Field(
+        "auto", description="auto: only layers large enough to gain on an H100; all: every "
+        "Linear whose dimensions are multiples of 16")
+    skip: list[str] = Field(default_factory=list, description="name fragments of layers kept "
+                            "in bf16, e.g. [attention]")
+    output_layer: bool = Field(False, description="convert the last Linear (the logits) too")
+
+
+class TrialConfig(Section):
+    """This run is one trial of a search (`hpctrain tune`, tune/): its evaluations go to the
+    study, which may stop it early (pruning). Written by the tune worker, not by hand."""
+
+    study_dir: str | None = Field(None, description="the search's folder (its tune.json names "
+                                  "the study, its storage and the metric reported)")
+    number: int | None = Field(None, ge=0, description="the trial's number in the study")
