@@ -332,39 +332,20 @@ def _splits(model: nn.Module, config: Config) -> tuple[int, tuple, tuple, bool]:
             isinstance(model, GPT))
 
 
-def model_share(info: ModelInfo, target: Target) -> float:
-    """The fraction of the model's parameters one device holds under tensor and pipeline
-    parallelism (before any FSDP sharding)."""
-    if info.parameters == 0:
-        return 1.0
-    layout = target.layout
-    stage = (info.block_parameters / layout.pipeline + info.parameters
-             - info.block_parameters) / info.parameters
-    split = info.split_parameters / info.parameters if layout.tensor > 1 else 0.0
-    return min(1.0, stage) * (1 - split + split / layout.tensor)
-
-
-def activation_share(target: Target) -> float:
-    """The fraction of one device's activations left under tensor and pipeline parallelism."""
-    t, p, m = target.layout.tensor, target.layout.pipeline, target.microbatches
-    share = 1 / t if target.sequence_parallel else (10 + 24 / t) / 34
-    if p > 1:
-        in_flight = m if target.schedule == "gpipe" else min(p, m)
-        share *= in_flight / (m * p)
-    return share
-
-
 def layout_rows(footprint: Footprint, info: ModelInfo, target: Target,
                 config: Config) -> dict[str, int]:
     """One device's share of the step under the target's layout."""
     rows = dict(footprint.at_peak)
     n = target.data
-    share = model_share(info, target)
-    if target.layout.model_parallel:
+    layout = target.layout
+    share = layout.model_share(info.parameters, info.block_parameters, info.split_parameters)
+    if layout.model_parallel:
+        activations = layout.activation_share(target.sequence_parallel, target.microbatches,
+                                              target.schedule)
         for key in ("parameters", "gradients", "optimizer states", "weight copies"):
             rows[key] = math.ceil(rows.get(key, 0) * share)
         for key in ("activations", "temporaries"):
-            rows[key] = math.ceil(rows.get(key, 0) * activation_share(target))
+            rows[key] = math.ceil(rows.get(key, 0) * activations)
     if target.layout.strategy == Strategy.DDP:
         # DDP keeps every gradient in its buckets for the whole step, from the first on
         rows["gradients"] = math.ceil(info.gradient_bytes() * share)

@@ -54,6 +54,29 @@ class Layout:
         stage, data = divmod(rest, self.data)
         return stage, data, tensor
 
+    def model_share(self, parameters: int, block_parameters: int, split_parameters: int) -> float:
+        """The fraction of a model's parameters one device holds under tensor and pipeline
+        parallelism (before any FSDP sharding): a stage holds its share of the repeated blocks
+        and the rest whole; tensor parallelism splits the `split_parameters` `tensor` ways."""
+        if parameters == 0:
+            return 1.0
+        stage = (block_parameters / self.pipeline + parameters - block_parameters) / parameters
+        split = split_parameters / parameters if self.tensor > 1 else 0.0
+        return min(1.0, stage) * (1 - split + split / self.tensor)
+
+    def activation_share(self, sequence_parallel: bool, microbatches: int,
+                         schedule: str) -> float:
+        """The fraction of one device's activations left under tensor and pipeline
+        parallelism: of a transformer block's 34 activation bytes per element, tensor
+        parallelism splits 24 (all of them with sequence parallelism); a pipeline stage holds
+        its micro-batches in flight (all of them under GPipe, up to one per stage under 1F1B)."""
+        t, p, m = self.tensor, self.pipeline, microbatches
+        share = 1 / t if sequence_parallel else (10 + 24 / t) / 34
+        if p > 1:
+            in_flight = m if schedule == "gpipe" else min(p, m)
+            share *= in_flight / (m * p)
+        return share
+
     def mesh_shape(self) -> tuple[int, int, int, int]:
         """The DeviceMesh's sizes along MESH_DIMENSIONS."""
         ddp = self.strategy == Strategy.DDP
