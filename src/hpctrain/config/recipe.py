@@ -80,7 +80,7 @@ class Config(Section):
                                  "documents: set data.tokens.batching=blocks")
             self.data._kind_of_user_data = kind
             return self
-        if task != "auto" and task != tasks.TASK_OF_DATA[self.data.kind]:
+        if task != "auto" and tasks.KIND_OF_TASK[task] != self.data.kind:
             raise ValueError(f"task {task} cannot learn from data.dataset={self.data.dataset} "
                              f"({self.data.kind}); use task=auto, or data that fits the task")
         return self
