@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from hpctrain.data import token_pack
+from hpctrain.data.tokens import token_packing
 from hpctrain.data.tokens.arithmetic import problems
 from hpctrain.data.tokens.token_packing import TokenPackOptions, pack_tokens
 from hpctrain.data.tokens.tokenizer import BYTE_EOS, byte_tokenizer, huggingface_tokenizer
@@ -85,7 +85,7 @@ def test_an_interrupted_token_pack_resumes_with_the_jobs_it_finished(tmp_path):
     src = write_corpus(tmp_path / "src", split_folders=True)
     options = TokenPackOptions(shard_bytes=1)  # one job per file
     done = []
-    original = token_pack.write_job
+    original = token_packing.write_job
 
     def fail_on_the_third(job):
         if len(done) == 2:
@@ -93,12 +93,12 @@ def test_an_interrupted_token_pack_resumes_with_the_jobs_it_finished(tmp_path):
         done.append(job.number)
         return original(job)
 
-    token_pack.write_job = fail_on_the_third
+    token_packing.write_job = fail_on_the_third
     try:
         with pytest.raises(KeyboardInterrupt):
             pack_tokens(src, tmp_path / "pack", options, workers=1, log=lambda _: None)
     finally:
-        token_pack.write_job = original
+        token_packing.write_job = original
     assert not (tmp_path / "pack" / "pack.json").exists()
     said = []
     pack_tokens(src, tmp_path / "pack", options, workers=1, log=said.append)

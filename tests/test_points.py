@@ -13,7 +13,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from hpctrain.config import PointsConfig
-from hpctrain.data import shapes3d
+from hpctrain.data.points import shapes3d
 from hpctrain.data.points.modelnet import read_modelnet, read_off
 from hpctrain.data.points.clouds import sample_on_faces
 from hpctrain.tasks.point_cloud_classification import perturb
