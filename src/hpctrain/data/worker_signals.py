@@ -27,12 +27,34 @@ import contextlib
 import functools
 import os
 import signal
+import sys
 import threading
 from multiprocessing import resource_tracker
 
 from torch.utils.data import DataLoader
 
 from hpctrain.data.worker_death import from_torch
+
+
+def quiet_handle_sharing() -> None:
+    """The run is ending, and its loader workers with it. A worker shut down while it fetched
+    a tensor's file descriptor from this process leaves multiprocessing's resource-sharer
+    thread with a ConnectionResetError, which that thread prints through sys.excepthook (a
+    traceback under "hpctrain: interrupted"; multiprocessing stays quiet only once the
+    interpreter exits). From now on a connection error that a thread other than the main one
+    reports there is dropped: the main thread's errors are unchanged."""
+    if getattr(sys.excepthook, "quiet_handle_sharing", False):
+        return
+    previous = sys.excepthook
+
+    def hook(kind, value, traceback) -> None:
+        if issubclass(kind, (ConnectionError, EOFError)) and \
+                threading.current_thread() is not threading.main_thread():
+            return
+        previous(kind, value, traceback)
+
+    hook.quiet_handle_sharing = True
+    sys.excepthook = hook
 
 
 def _numbers(names: tuple[str, ...]) -> set[int]:
