@@ -79,10 +79,11 @@ class Config(Section):
                                  "data.tokens.batching=documents reads a token pack's "
                                  "documents: set data.tokens.batching=blocks")
             self.data._kind_of_user_data = kind
-            return self
-        if task != "auto" and tasks.KIND_OF_TASK[task] != self.data.kind:
+        elif task != "auto" and tasks.KIND_OF_TASK[task] != self.data.kind:
             raise ValueError(f"task {task} cannot learn from data.dataset={self.data.dataset} "
                              f"({self.data.kind}); use task=auto, or data that fits the task")
+        if self.model.name == "auto":
+            self.model.name = self.task_spec.default_model
         return self
 
     @property

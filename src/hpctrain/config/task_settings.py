@@ -52,8 +52,11 @@ RESERVED_METRICS = ("loss", "accuracy", "perplexity", "padding_fraction", "answe
 
 
 class ModelConfig(Section):
-    name: str = Field("hpctrain:resnet_small",
-                      description="torchvision:NAME, timm:NAME, hpctrain:NAME, hf:PATH, or "
+    name: str = Field("auto",
+                      description="auto: the task's default model (images: "
+                      "hpctrain:resnet_small, tokens: hpctrain:gpt_tiny, point clouds: "
+                      "hpctrain:pointnet_small); torchvision:NAME, timm:NAME, hpctrain:NAME, "
+                      "hf:PATH, or "
                       "your own factory: package.module:build or path/to/file.py:build (a "
                       "relative path is read from the recipe's folder)")
     kwargs: dict[str, Any] = Field(default_factory=dict,

@@ -57,5 +57,5 @@ def describe(config, num_classes: int | None, vocab_size: int | None) -> str:
 
 
 SPEC = TaskSpec(name="image_classification", data_kind="images", unit="images",
-                objective="best_val_accuracy:max", curves=ACCURACY_CURVES, build=build,
-                describe=describe)
+                objective="best_val_accuracy:max", default_model="hpctrain:resnet_small",
+                curves=ACCURACY_CURVES, build=build, describe=describe)

@@ -83,5 +83,5 @@ def describe(config, num_classes: int | None, vocab_size: int | None) -> str:
 
 
 SPEC = TaskSpec(name="point_cloud_classification", data_kind="points", unit="clouds",
-                objective="best_val_accuracy:max", curves=ACCURACY_CURVES, build=build,
-                describe=describe)
+                objective="best_val_accuracy:max", default_model="hpctrain:pointnet_small",
+                curves=ACCURACY_CURVES, build=build, describe=describe)

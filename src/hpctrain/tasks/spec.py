@@ -47,6 +47,7 @@ class TaskSpec:
       task of the data's kind, and a task is refused on data of another kind;
     - `unit`: what its throughput counts (images, tokens, clouds);
     - `objective`: what `hpctrain tune` optimises by default, `SUMMARY_KEY:max|min`;
+    - `default_model`: the model of a recipe that names none (`model.name: auto`);
     - `curves`: its own lines in the run report, beside those every run has;
     - `build(setup) -> steps.Task`: its batches, loss and metrics on the device;
     - `describe(config, num_classes, vocab_size)`: its samples, in the run's banner;
@@ -58,6 +59,7 @@ class TaskSpec:
     data_kind: str
     unit: str
     objective: str
+    default_model: str
     curves: tuple[Curve, ...]
     build: Callable
     describe: Callable[[object, int | None, int | None], str]
