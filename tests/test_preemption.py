@@ -213,10 +213,10 @@ except ConnectionResetError:
 
 @pytest.mark.parametrize("mode", ["loud", "quiet"])
 def test_a_worker_gone_mid_request_leaves_no_traceback_once_the_run_ends(mode):
-    """The Ctrl-C test above failed once in a full suite: multiprocessing's resource-sharer
-    thread printed a ConnectionResetError (a loader worker shut down while it fetched a file
-    descriptor) under "hpctrain: interrupted". As the run ends, that thread's connection errors
-    are dropped; the main thread's are still said."""
+    """The Ctrl-C test above failed in full suites: a torch loader worker's resource-sharer
+    thread printed a ConnectionResetError (the interrupted training process went away while it
+    fetched a batch's file descriptor) under "hpctrain: interrupted". In a worker that thread's
+    connection errors are dropped; the main thread's are still said."""
     done = subprocess.run([sys.executable, "-c", SHARER, mode], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]

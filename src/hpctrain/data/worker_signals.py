@@ -37,12 +37,12 @@ from hpctrain.data.worker_death import from_torch
 
 
 def quiet_handle_sharing() -> None:
-    """The run is ending, and its loader workers with it. A worker shut down while it fetched
-    a tensor's file descriptor from this process leaves multiprocessing's resource-sharer
-    thread with a ConnectionResetError, which that thread prints through sys.excepthook (a
-    traceback under "hpctrain: interrupted"; multiprocessing stays quiet only once the
-    interpreter exits). From now on a connection error that a thread other than the main one
-    reports there is dropped: the main thread's errors are unchanged."""
+    """In a loader worker: a batch's tensors reach the training process as file descriptors,
+    which it fetches from the worker's resource-sharer thread. A training process that stops
+    (Ctrl-C) while it fetches leaves that thread with a ConnectionResetError, which it prints
+    through sys.excepthook (a traceback under "hpctrain: interrupted"; multiprocessing stays
+    quiet only once the worker's interpreter exits). Here a connection error that a thread
+    other than the main one reports there is dropped: the main thread's are unchanged."""
     if getattr(sys.excepthook, "quiet_handle_sharing", False):
         return
     previous = sys.excepthook
@@ -88,8 +88,9 @@ def _take_sigterm_from_parent_only() -> None:
 
 def spare_worker(names: tuple[str, ...], worker_id: int) -> None:
     """A worker_init_fn: ignore the preemption signal(s) and SIGINT, SIGTERM only from the
-    parent. Runs with all still blocked from the fork; SIGTERM stays blocked, for the waiting
+    parent; a parent gone mid-fetch is not reported (quiet_handle_sharing). Runs with all still blocked from the fork; SIGTERM stays blocked, for the waiting
     thread."""
+    quiet_handle_sharing()
     for number in _numbers(names) - {signal.SIGTERM}:
         signal.signal(number, signal.SIG_IGN)  # also drops one that came since the fork
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # (not forked: spawned)

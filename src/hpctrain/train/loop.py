@@ -26,7 +26,7 @@ from hpctrain.cluster.records import ProcessEnv
 from hpctrain.cluster.scheduler import current as scheduler
 from hpctrain.config import Config, to_yaml
 from hpctrain.data.loader import image_size_for_epoch
-from hpctrain.data.worker_signals import quiet_handle_sharing, start_resource_tracker
+from hpctrain.data.worker_signals import start_resource_tracker
 from hpctrain.errors import (DataError, DataPipelineFailed, OutputError, Preempted, RunFailed,
                              cannot_write)
 from hpctrain.monitor.sampler import add_energy, energy_of, interval_record
@@ -127,7 +127,6 @@ def _train(parts: Parts, stopper: Stopper, on_step: Callable[[Parts, int], None]
     except RuntimeError as err:
         _raise_readable(err, parts.distributed.env, f"at step {progress.step}", config)
     finally:
-        quiet_handle_sharing()  # the loader's workers go away from here on
         telemetry.close()
         parts.sampler.stop()
         if heartbeat is not None:
