@@ -56,4 +56,4 @@ def current(environ: Mapping[str, str] | None = None) -> Scheduler:
 def in_job(environ: Mapping[str, str] | None = None) -> bool:
     """Whether this process runs inside a scheduler's job."""
     env = os.environ if environ is None else environ
-    return current(env).current_job(env) is not None
+    return any(s.current_job(env) for s in SCHEDULERS.values())

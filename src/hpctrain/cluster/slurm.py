@@ -216,12 +216,13 @@ def job_details(job_id: str) -> list[dict]:
 
 def elements(job_id: str) -> list[JobElement]:
     """The job (an array job: each element) as the scheduler seam describes it."""
+    found = job_details(job_id)
+    array = len(found) > 1 or any("ArrayTaskId" in d for d in found)
     return [JobElement(state=d.get("JobState", "UNKNOWN"), reason=d.get("Reason"),
                        restarts=int(d.get("Restarts", 0)),
-                       element=d.get("ArrayTaskId", d.get("JobId")) if len(found) > 1 or
-                       "ArrayTaskId" in d else None,
+                       element=d.get("ArrayTaskId", d.get("JobId")) if array else None,
                        stdout=d.get("StdOut"), stderr=d.get("StdErr"))
-            for found in [job_details(job_id)] for d in found]
+            for d in found]
 
 
 def largest_node_cpus(partition: str | None) -> int | None:

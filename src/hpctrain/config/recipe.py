@@ -87,11 +87,6 @@ class Config(Section):
         return self
 
     @property
-    def task_name(self) -> str:
-        """The task, `auto` resolved from the data."""
-        return self.task_spec.name
-
-    @property
     def task_spec(self) -> tasks.TaskSpec:
         """What the task is (tasks/registry.py), `auto` resolved from the data."""
         return tasks.for_data(self.data.kind) if self.task.name == "auto" else \

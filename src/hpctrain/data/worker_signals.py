@@ -88,8 +88,8 @@ def _take_sigterm_from_parent_only() -> None:
 
 def spare_worker(names: tuple[str, ...], worker_id: int) -> None:
     """A worker_init_fn: ignore the preemption signal(s) and SIGINT, SIGTERM only from the
-    parent; a parent gone mid-fetch is not reported (quiet_handle_sharing). Runs with all still blocked from the fork; SIGTERM stays blocked, for the waiting
-    thread."""
+    parent; a parent gone mid-fetch is not reported (quiet_handle_sharing). Runs with all
+    still blocked from the fork; SIGTERM stays blocked, for the waiting thread."""
     quiet_handle_sharing()
     for number in _numbers(names) - {signal.SIGTERM}:
         signal.signal(number, signal.SIG_IGN)  # also drops one that came since the fork

@@ -25,17 +25,18 @@ class Curve:
 
 @dataclass(frozen=True)
 class TaskSetup:
-    """What `build` is given, all made by the engine before the task: the recipe, the
-    device, the data's classes or answer marks, the per-device batch, the image batcher
-    (uint8 to normalised on the device) and the axis point clouds turn about."""
+    """What `build` is given by the engine: the recipe, the device, the data's classes or
+    answer marks, the per-device batch, and what only one task needs, made when it asks:
+    `image_batcher()` (uint8 to normalised on the device) and `up_axis()` (the axis point
+    clouds turn about, which may read the dataset's files)."""
 
     config: object  # config.Config (not imported: config asks this module)
     device: object  # torch.device
     num_classes: int | None
     answer: tuple[int, int] | None
     batch_size: int
-    image_batcher: Callable
-    up_axis: int
+    image_batcher: Callable[[], Callable]
+    up_axis: Callable[[], int]
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ wrapped for DDP/FSDP), optimiser.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from collections.abc import Callable
@@ -252,9 +253,11 @@ def _fused_evaluation(model: nn.Module, config: Config, layout, plan: SystemPlan
 
 def _task(config: Config, data: DataBundle, device: torch.device, plan: SystemPlan,
           batch_size: int) -> Task:
-    batcher = DeviceBatcher(device, config.data.mean, config.data.std, plan.channels_last)
+    batcher = functools.partial(DeviceBatcher, device, config.data.mean, config.data.std,
+                                plan.channels_last)
     return config.task_spec.build(TaskSetup(config, device, data.num_classes, data.answer,
-                                            batch_size, batcher, up_axis(config.data)))
+                                            batch_size, batcher,
+                                            functools.partial(up_axis, config.data)))
 
 
 def _check_split(model: nn.Module, config: Config, layout) -> None:
