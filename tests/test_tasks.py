@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hpctrain.config import load_config
+from hpctrain.config import DataConfig, load_config
 from hpctrain.models.model_names import build_model, check_model_takes
 from hpctrain.tasks import registry
 
@@ -20,12 +20,14 @@ def test_each_task_s_default_model_takes_its_data(name):
                             vocab_size=256 if tokens else None,
                             points=spec.data_kind == "points")
     assert (getattr(model, "vocab_size", None) == 256) == tokens
+    if tokens:  # the default model takes the default sequences (gpt_tiny's 128 did not)
+        assert model.context >= DataConfig().tokens.seq_len
     assert spec.objective.split(":")[1] in ("max", "min")
 
 
 @pytest.mark.parametrize("overrides, model", [
     ([], "hpctrain:resnet_small"),
-    (["data.dataset=arithmetic"], "hpctrain:gpt_tiny"),
+    (["data.dataset=arithmetic"], "hpctrain:gpt_mini"),
     (["data.dataset=shapes3d"], "hpctrain:pointnet_small"),
 ])
 def test_a_recipe_that_names_no_model_gets_its_task_s_default(overrides, model):

@@ -54,7 +54,7 @@ RESERVED_METRICS = ("loss", "accuracy", "perplexity", "padding_fraction", "answe
 class ModelConfig(Section):
     name: str = Field("auto",
                       description="auto: the task's default model (images: "
-                      "hpctrain:resnet_small, tokens: hpctrain:gpt_tiny, point clouds: "
+                      "hpctrain:resnet_small, tokens: hpctrain:gpt_mini, point clouds: "
                       "hpctrain:pointnet_small); torchvision:NAME, timm:NAME, hpctrain:NAME, "
                       "hf:PATH, or "
                       "your own factory: package.module:build or path/to/file.py:build (a "

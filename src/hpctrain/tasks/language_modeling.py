@@ -138,6 +138,6 @@ def describe(config, num_classes: int | None, vocab_size: int | None) -> str:
 
 
 SPEC = TaskSpec(name="language_modeling", data_kind="tokens", unit="tokens",
-                objective="best_val_loss:min", default_model="hpctrain:gpt_tiny",
+                objective="best_val_loss:min", default_model="hpctrain:gpt_mini",
                 curves=(Curve("perplexity", "validation perplexity", "eval", "val_perplexity"),),
                 build=build, describe=describe, check_model=check_vocabulary)
