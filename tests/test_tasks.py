@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from functools import reduce
+
 import pytest
 import torch
 
 from hpctrain.config import DataConfig, load_config
 from hpctrain.models.model_names import build_model, check_model_takes
 from hpctrain.tasks import registry
+from hpctrain.tasks.spec import Measured
 
 
 @pytest.mark.parametrize("name", registry.NAMES)
@@ -44,3 +47,23 @@ def test_auto_picks_the_first_task_registered_for_the_data_s_kind():
     assert registry.for_data("tokens") is registry.spec("language_modeling")
     names = [curve.key for curve in registry.task_curves()]
     assert len(names) == len(set(names)) and "val_perplexity" in names
+
+
+MEASURED = Measured(samples_per_second=10.0, units_per_second=2560.0, best_val_loss=1.0,
+                    final_eval=None, padding_fraction=0.0, parameters=1000, mfu=0.5,
+                    mfu_peak="spec bf16", mfu_formula="6N")
+
+
+@pytest.mark.parametrize("name", registry.NAMES)
+def test_each_task_s_summary_figures_and_size_setting_come_from_its_spec(name):
+    """summary.json's task figures (images_per_second for every task, the language figures
+    for a language model) and the setting out-of-memory advice names are the spec's."""
+    spec = registry.spec(name)
+    figures = spec.figures(MEASURED)
+    images = spec.data_kind == "images"
+    assert figures["images_per_second"] == (10.0 if images else None)
+    assert ("tokens_per_second" in figures) == (spec.flops_per_unit is not None)
+    assert isinstance(reduce(getattr, spec.sample_size.split("."), load_config("default")), int)
+    if spec.flops_per_unit:
+        assert figures["tokens_per_second"] == 2560.0 and figures["mfu"] == 0.5
+        assert figures["best_val_perplexity"] == pytest.approx(2.718281828)

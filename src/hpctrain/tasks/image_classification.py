@@ -6,7 +6,7 @@ torch is imported when the task is built, never when a recipe is read (`spec.py`
 
 from __future__ import annotations
 
-from hpctrain.tasks.spec import Curve, TaskSetup, TaskSpec
+from hpctrain.tasks.spec import Curve, Measured, TaskSetup, TaskSpec
 
 ACCURACY_CURVES = (Curve("accuracy", "train accuracy", "train", "train_accuracy"),
                    Curve("accuracy", "validation accuracy", "eval", "val_accuracy"),
@@ -56,6 +56,11 @@ def describe(config, num_classes: int | None, vocab_size: int | None) -> str:
     return f"images, {num_classes} classes"
 
 
+def figures(measured: Measured) -> dict:
+    return {"images_per_second": measured.samples_per_second}
+
+
 SPEC = TaskSpec(name="image_classification", data_kind="images", unit="images",
                 objective="best_val_accuracy:max", default_model="hpctrain:resnet_small",
-                curves=ACCURACY_CURVES, build=build, describe=describe)
+                curves=ACCURACY_CURVES, figures=figures, rate_label="img",
+                sample_size="data.image_size", build=build, describe=describe)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from hpctrain.errors import ConfigError
-from hpctrain.tasks.spec import Curve, TaskSetup, TaskSpec
+from hpctrain.tasks.spec import Curve, Measured, TaskSetup, TaskSpec
 
 IGNORE = -100  # a target position that is padding: cross_entropy's ignore_index
 
@@ -137,7 +137,32 @@ def describe(config, num_classes: int | None, vocab_size: int | None) -> str:
     return f"{tokens.batching} of up to {tokens.seq_len} tokens, vocabulary {vocab_size:,}"
 
 
+def figures(measured: Measured) -> dict:
+    best_loss = measured.best_val_loss
+    return {"images_per_second": None,  # summary.json has the key for every task
+            "tokens_per_second": measured.units_per_second,
+            "best_val_loss": best_loss,
+            "best_val_perplexity": math.exp(min(best_loss, 700.0)) if best_loss is not None
+            else None,
+            "final_eval": measured.final_eval,
+            "padding_fraction": measured.padding_fraction,
+            "parameters": measured.parameters,
+            "mfu": measured.mfu, "mfu_peak": measured.mfu_peak,
+            "mfu_formula": measured.mfu_formula}
+
+
+def tokens_per_sample(config) -> int:
+    return config.data.tokens.seq_len
+
+
+def flops_per_token(model_flops, config) -> float:
+    """PaLM's 6N + 12LHQT at the recipe's sequence length (train/mfu.py)."""
+    return model_flops.per_token(config.data.tokens.seq_len)
+
+
 SPEC = TaskSpec(name="language_modeling", data_kind="tokens", unit="tokens",
                 objective="best_val_loss:min", default_model="hpctrain:gpt_mini",
                 curves=(Curve("perplexity", "validation perplexity", "eval", "val_perplexity"),),
-                build=build, describe=describe, check_model=check_vocabulary)
+                figures=figures, rate_label="tok", sample_size="data.tokens.seq_len",
+                build=build, describe=describe, check_model=check_vocabulary,
+                units_per_sample=tokens_per_sample, flops_per_unit=flops_per_token)

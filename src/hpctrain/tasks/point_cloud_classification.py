@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from hpctrain.tasks.image_classification import ACCURACY_CURVES
-from hpctrain.tasks.spec import TaskSetup, TaskSpec
+from hpctrain.tasks.spec import Measured, TaskSetup, TaskSpec
 
 
 def point_cloud_classification(device, augment, up_axis: int, label_smoothing: float,
@@ -82,6 +82,11 @@ def describe(config, num_classes: int | None, vocab_size: int | None) -> str:
     return f"clouds of {config.data.points.num_points} points, {num_classes} classes"
 
 
+def figures(measured: Measured) -> dict:
+    return {"images_per_second": None}  # summary.json has the key for every task
+
+
 SPEC = TaskSpec(name="point_cloud_classification", data_kind="points", unit="clouds",
                 objective="best_val_accuracy:max", default_model="hpctrain:pointnet_small",
-                curves=ACCURACY_CURVES, build=build, describe=describe)
+                curves=ACCURACY_CURVES, figures=figures, rate_label="clouds",
+                sample_size="data.points.num_points", build=build, describe=describe)

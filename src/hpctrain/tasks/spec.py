@@ -40,6 +40,27 @@ class TaskSetup:
 
 
 @dataclass(frozen=True)
+class Measured:
+    """What the engine measured of a run, from which a task's `figures` picks its own
+    summary.json figures (the engine sits above this module, so it hands the values in).
+    `mfu` is None where the task has no `flops_per_unit` or the device's peak is unknown."""
+
+    samples_per_second: float | None
+    units_per_second: float | None
+    best_val_loss: float | None
+    final_eval: dict | None
+    padding_fraction: float | None
+    parameters: int
+    mfu: float | None
+    mfu_peak: str | None
+    mfu_formula: str
+
+
+def _one_unit_per_sample(config) -> int:
+    return 1
+
+
+@dataclass(frozen=True)
 class TaskSpec:
     """One task kind.
 
@@ -50,6 +71,13 @@ class TaskSpec:
     - `objective`: what `hpctrain tune` optimises by default, `SUMMARY_KEY:max|min`;
     - `default_model`: the model of a recipe that names none (`model.name: auto`);
     - `curves`: its own lines in the run report, beside those every run has;
+    - `figures(measured) -> dict`: its own figures in summary.json (`Measured`);
+    - `rate_label`: its unit in the progress line ("img" in "1,200 img/s");
+    - `sample_size`: the setting that sets a sample's size, which out-of-memory advice
+      names ("data.image_size");
+    - `units_per_sample(config)`: the throughput units in one sample;
+    - `flops_per_unit(model_flops, config)`: the model FLOPs per unit behind its MFU (None:
+      no MFU);
     - `build(setup) -> steps.Task`: its batches, loss and metrics on the device;
     - `describe(config, num_classes, vocab_size)`: its samples, in the run's banner;
     - `check_model(model, vocab_size, config)`: a model that cannot learn this data,
@@ -62,6 +90,11 @@ class TaskSpec:
     objective: str
     default_model: str
     curves: tuple[Curve, ...]
+    figures: Callable[[Measured], dict]
+    rate_label: str
+    sample_size: str
     build: Callable
     describe: Callable[[object, int | None, int | None], str]
     check_model: Callable | None = None
+    units_per_sample: Callable[[object], int] = _one_unit_per_sample
+    flops_per_unit: Callable[[object, object], float] | None = None

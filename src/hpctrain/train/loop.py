@@ -458,9 +458,9 @@ def _log_interval(parts: Parts, progress: Progress, metrics: RunningMetrics,
         record["rank_data_wait_fraction"] = [r[1] / r[0] if r[0] else 0.0 for r in per_rank]
     telemetry.record("train", progress.step, record)
     _record_gpus(parts, progress, clock, telemetry, watchdog, per_rank, steps, data_wait)
-    short = {"images": "img", "tokens": "tok"}.get(unit, unit)
+    label = parts.config.task_spec.rate_label
     telemetry.show(progress.step, f"epoch {epoch}  loss {values['loss']:.4f}  "
-                                  f"{rates[unit + '_per_second']:,.0f} {short}/s  "
+                                  f"{rates[unit + '_per_second']:,.0f} {label}/s  "
                                   f"data wait {data_wait:.0%}")
 
 

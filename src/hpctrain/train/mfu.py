@@ -101,9 +101,11 @@ def model_flops(model: nn.Module) -> ModelFlops:
                       shape() if callable(shape) else None)
 
 
-def model_flops_utilisation(flops: ModelFlops, seq_len: int, tokens_per_second: float | None,
+def model_flops_utilisation(flops_per_unit: float, units_per_second: float | None,
                             world_size: int, plan) -> float | None:
+    """The share of the devices' peak that the model's FLOPs (per unit of the task's
+    throughput: a token for a language model) take at `units_per_second`."""
     peak = peak_flops(plan.device_name, plan.precision)
-    if peak is None or not tokens_per_second:
+    if peak is None or not units_per_second:
         return None
-    return flops.per_token(seq_len) * tokens_per_second / (peak * world_size)
+    return flops_per_unit * units_per_second / (peak * world_size)

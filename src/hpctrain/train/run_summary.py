@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-import math
 import platform
 import resource
 import sys
 import time
+from functools import reduce
 from pathlib import Path
 
 import torch
 
 from hpctrain.config import Strategy
 from hpctrain.monitor.sampler import add_energy, energy_of, job_means
-from hpctrain.train.mfu import model_flops_utilisation, peak_source
 from hpctrain.parallel.processes import straggler
+from hpctrain.tasks.spec import Measured
+from hpctrain.train.mfu import model_flops_utilisation, peak_source
 from hpctrain.version import __version__
 
 
@@ -84,10 +85,8 @@ def oom_advice(parts, step: int) -> str:
         tips.append("precision=bf16 (half-size activations)")
     if parts.world_size > 1 and parts.distributed.strategy == Strategy.DDP:
         tips.append("parallel.strategy=fsdp (shard parameters, gradients and optimiser state)")
-    if parts.data.vocab_size is not None:
-        tips.append(f"a shorter data.tokens.seq_len (now {c.data.tokens.seq_len})")
-    else:
-        tips.append(f"a smaller data.image_size (now {c.data.image_size})")
+    size = c.task_spec.sample_size
+    tips.append(f"a smaller {size} (now {reduce(getattr, size.split('.'), c)})")
     return (f"CUDA out of memory at step {step} with train.batch_size={parts.batch_size} "
             f"per device on {parts.plan.device_name} ({c.model.name}, precision "
             f"{parts.plan.precision}). Any of these lowers the peak:\n  " + "\n  ".join(tips))
@@ -131,16 +130,14 @@ def summary(parts, progress, clock, status: str, run: dict | None = None) -> dic
     samples_per_second, units_per_second = _rates(parts, progress, clock)
     peak, peak_kind = _peak_memory(parts.device)
     rank_step = [s / clock.rank_steps for s in clock.rank_seconds] if clock.rank_steps else []
-    images = parts.task.unit == "images"
     return {
         "status": status,
         "task": parts.task.name,
         "best_val_accuracy": progress.best_val_accuracy,
         "final_val_accuracy": progress.final_val_accuracy,
-        "images_per_second": samples_per_second if images else None,
+        **parts.config.task_spec.figures(
+            _measured(parts, progress, clock, samples_per_second, units_per_second)),
         "samples_per_second": samples_per_second,
-        **(_language_figures(parts, progress, clock, units_per_second)
-           if parts.task.unit == "tokens" else {}),
         "data_wait_fraction": (clock.data_wait_seconds / clock.train_seconds
                                if clock.train_seconds else None),
         "peak_memory_bytes": peak,
@@ -183,26 +180,20 @@ def _rates(parts, progress, clock) -> tuple[float | None, float | None]:
     if not clock.train_seconds:
         return None, None
     samples = progress.step * parts.global_batch_size / clock.train_seconds
-    per_sample = parts.config.data.tokens.seq_len if parts.task.unit == "tokens" else 1
-    return samples, samples * per_sample
+    return samples, samples * parts.config.task_spec.units_per_sample(parts.config)
 
 
-def _language_figures(parts, progress, clock, tokens_per_second) -> dict:
-    best_loss = progress.best_val_loss
-    flops = parts.model_flops
-    return {
-        "tokens_per_second": tokens_per_second,
-        "best_val_loss": best_loss,
-        "best_val_perplexity": math.exp(min(best_loss, 700.0)) if best_loss is not None
-        else None,
-        "final_eval": progress.final_eval,
-        "padding_fraction": clock.padding_fraction,
-        "parameters": flops.parameters,
-        "mfu": model_flops_utilisation(flops, parts.config.data.tokens.seq_len,
-                                       tokens_per_second, parts.world_size, parts.plan),
-        "mfu_peak": peak_source(parts.plan.device_name, parts.plan.precision),
-        "mfu_formula": flops.formula,
-    }
+def _measured(parts, progress, clock, samples_per_second, units_per_second) -> Measured:
+    """What the task's own summary figures are chosen from (tasks/spec.py)."""
+    spec, flops, plan = parts.config.task_spec, parts.model_flops, parts.plan
+    mfu = (model_flops_utilisation(spec.flops_per_unit(flops, parts.config), units_per_second,
+                                   parts.world_size, plan)
+           if spec.flops_per_unit else None)
+    return Measured(samples_per_second=samples_per_second, units_per_second=units_per_second,
+                    best_val_loss=progress.best_val_loss, final_eval=progress.final_eval,
+                    padding_fraction=clock.padding_fraction, parameters=flops.parameters,
+                    mfu=mfu, mfu_peak=peak_source(plan.device_name, plan.precision),
+                    mfu_formula=flops.formula)
 
 
 def software() -> dict:
