@@ -139,6 +139,21 @@ def test_unreadable_images_are_skipped_and_named_or_abort_with_strict(image_fold
         pack(image_folder, tmp_path / "q", PackOptions(), workers=1, strict=True, log=quiet)
 
 
+@pytest.mark.parametrize("options", [PackOptions(), PackOptions(store="auto", raw_fraction=0.5),
+                                     PackOptions(max_side=16)])
+def test_a_truncated_jpeg_is_skipped_at_packing_whichever_way_it_is_stored(image_folder,
+                                                                          tmp_path, options):
+    """A JPEG kept as it is decodes at an eighth of its size: its coded blocks are still all
+    read, so one cut short is found as a fully decoded one is."""
+    whole = image_folder / "train" / "cat" / "whole.jpg"
+    Image.new("RGB", (256, 192), (200, 30, 90)).save(whole, quality=90)
+    cut = whole.with_name("cut.jpg")
+    cut.write_bytes(whole.read_bytes()[:-200])
+    manifest = pack(image_folder, tmp_path / "p", options, workers=1, log=quiet)
+    assert [s[0] for s in manifest["splits"]["train"]["skipped"]] == [str(cut)]
+    assert manifest["splits"]["train"]["samples"] == 25
+
+
 def test_an_interrupted_pack_resumes_without_rewriting_finished_shards(image_folder, tmp_path):
     victim = sorted((image_folder / "train" / "dog").iterdir())[-1]
     good = victim.read_bytes()
