@@ -1,16 +1,20 @@
-"""The runs index at scale: N generated run directories (default 10,000), indexed from
-nothing (the full scan), refreshed with nothing changed, refreshed after 1 % of the runs
-started again, and the usage and leaderboard queries, on SQLite and on PostgreSQL.
+"""The runs index at scale: N generated run directories at each size (default 1,000, 10,000
+and 100,000: 1x / 10x / 100x), indexed from nothing (the full scan), refreshed with nothing
+changed, refreshed after 1 % of the runs started again, and the listing, usage and
+leaderboard queries, on SQLite and on PostgreSQL.
 
-The baseline is the full scan on SQLite; every other row is a ratio to it. The refreshes show
-what `hpctrain runs` costs on every call (a stat per file, no reading); the queries what the
-usage and leaderboard verbs add. Each run directory holds what hpctrain writes: run.json,
-config.yaml, summary.json and a metrics.jsonl with 20 training and 5 evaluation records.
+Each (size, database) is measured in a process of its own, so its peak resident memory is
+its own; the exponent of growth from the smallest size to the largest is printed beside
+each operation (time ~ runs^exponent: 1 is linear, 0 flat). The refreshes show what
+`hpctrain runs` costs on every call (a stat per file, no reading); `runs` the listing as the
+command prints it (its default limit) and every row of it (`--limit 0`). Each run directory
+holds what hpctrain writes: run.json, config.yaml, summary.json and a metrics.jsonl with 20
+training and 5 evaluation records.
 
-    python benchmarks/runs_index.py                       # 10,000 runs, SQLite and a
-                                                          # throw-away PostgreSQL server
+    python benchmarks/runs_index.py                         # 1k, 10k, 100k runs, SQLite and
+                                                            # a throw-away PostgreSQL server
     python benchmarks/runs_index.py --runs 1000 --postgres postgresql://u@host/db
-    python benchmarks/runs_index.py --postgres none       # SQLite only
+    python benchmarks/runs_index.py --postgres none         # SQLite only
 
 A refresh lists only the folders of runs that may have changed: a finished run whose folder
 is unchanged costs one stat; `--rescan` checks every run's files (a listing and four stats).
@@ -20,23 +24,27 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
+import resource
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from hpctrain.cli_runs import LISTING_LIMIT
 from hpctrain.runs.database import open_database
 from hpctrain.runs.index import Index
 
 USERS, RECIPES = ("alice", "bob", "carla", "dmitri"), ("resnet50", "vit-b16", "gpt-350m")
 
 
-def generate(root: Path, count: int, seed: int = 0) -> None:
-    """`count` finished run directories, spread over users, recipes and a year."""
-    rng = random.Random(seed)
-    for n in range(count):
+def generate(root: Path, count: int, first: int = 0) -> None:
+    """Run directories `first` to `count - 1`, finished, spread over users, recipes and a
+    year (each seeded by its number, so a larger set holds the smaller ones)."""
+    for n in range(first, count):
+        rng = random.Random(n)
         run = root / f"run-{n:06d}"
         run.mkdir(parents=True)
         started = 1767225600 + rng.uniform(0, 365 * 86400)
@@ -82,12 +90,35 @@ def measure(url: str, root: Path, count: int) -> dict[str, float]:
         os.replace(run / "run.json.tmp", run / "run.json")
     seconds["refresh, 1 % restarted"], again = timed(lambda: index.refresh([root]))
     assert again.read == len(changed), again
+    seconds["runs (listing as shown)"], _ = timed(lambda: index.runs(limit=LISTING_LIMIT))
+    seconds["runs --limit 0 (every row)"], rows = timed(lambda: index.runs())
+    assert len(rows) == count
     seconds["usage --by user"], rows = timed(lambda: index.usage("user"))
     assert sum(r["runs"] for r in rows) == count
+    seconds["usage --by recipe"], _ = timed(lambda: index.usage("recipe"))
     seconds["leaderboard to 0.8"], _ = timed(
         lambda: index.leaderboard("resnet50", "val_accuracy", 0.8, True))
     index.db.close()
     return seconds
+
+
+def measured_alone(url: str, root: Path, count: int) -> tuple[dict[str, float], float]:
+    """measure() in a child process: its seconds, and the MB of resident memory it added."""
+    reading, writing = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(reading)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        seconds = measure(url, root, count)
+        added = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+        with os.fdopen(writing, "w") as out:
+            json.dump([seconds, added], out)
+        os._exit(0)
+    os.close(writing)
+    with os.fdopen(reading) as answer:
+        seconds, added = json.load(answer)
+    os.waitpid(pid, 0)
+    return seconds, added
 
 
 def throwaway_postgres(folder: Path):
@@ -97,38 +128,75 @@ def throwaway_postgres(folder: Path):
     return LocalPostgres(folder).start()
 
 
+def fresh_database(server_url: str, name: str) -> str:
+    """A new, empty database on the throw-away server; its URL."""
+    import psycopg
+
+    with psycopg.connect(server_url, autocommit=True) as connection:
+        connection.execute(f"CREATE DATABASE {name}")
+    return server_url.rsplit("/", 1)[0] + "/" + name
+
+
+def exponent(sizes: list[int], values: list[float]) -> float:
+    if len(sizes) < 2 or min(values[0], values[-1]) <= 0:
+        return float("nan")
+    return math.log(values[-1] / values[0]) / math.log(sizes[-1] / sizes[0])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=10_000)
+    parser.add_argument("--runs", type=int, nargs="+", default=[1_000, 10_000, 100_000])
     parser.add_argument("--postgres", default="auto",
                         help="a PostgreSQL URL, 'auto' (start a throw-away server) or 'none'")
     parser.add_argument("--cache-dir", help="where the run directories are generated")
     args = parser.parse_args()
+    sizes = sorted(args.runs)
     work = Path(tempfile.mkdtemp(dir=args.cache_dir))
-    root = work / "runs"
-    began = time.perf_counter()
-    generate(root, args.runs)
-    print(f"{args.runs:,} run directories generated in {time.perf_counter() - began:.1f} s "
-          f"({root}), {os.cpu_count()} CPUs")
-    results = {"SQLite": measure(str(work / "index.sqlite"), root, args.runs)}
-    server = None
-    if args.postgres == "auto":
-        server = throwaway_postgres(work / "postgres")
+    server = throwaway_postgres(work / "postgres") if args.postgres == "auto" else None
+    databases = {"SQLite": lambda size: str(work / f"index-{size}.sqlite")}
+    if server:
+        databases["PostgreSQL"] = lambda size: fresh_database(server.url, f"index_{size}")
+    elif args.postgres != "none":  # your server: one size, indexed into the database given
+        if len(sizes) > 1:
+            parser.error("with --postgres URL, give one --runs size (the index is written "
+                         "into that database, which this script does not empty)")
+        databases["PostgreSQL"] = lambda size: args.postgres
+    results = {name: [] for name in databases}
+    memory = {name: [] for name in databases}
     try:
-        url = server.url if server else None if args.postgres == "none" else args.postgres
-        if url:
-            results["PostgreSQL"] = measure(url, root, args.runs)
+        done = 0
+        for size in sizes:
+            root = work / f"runs-{size}"
+            if done:  # the larger set holds the smaller one: move it, then add the rest
+                os.rename(work / f"runs-{done}", root)
+            began = time.perf_counter()
+            generate(root, size, first=done)
+            print(f"{size:,} run directories ({size - done:,} generated in "
+                  f"{time.perf_counter() - began:.1f} s), {os.cpu_count()} CPUs", flush=True)
+            done = size
+            for name, where in databases.items():
+                seconds, added = measured_alone(where(size), root, size)
+                results[name].append(seconds)
+                memory[name].append(added)
     finally:
         if server:
             server.stop()
-    baseline = results["SQLite"]["full scan"]
-    print(f"\n{'operation':<28}{'database':<12}{'seconds':>10}{'per run (us)':>14}"
-          f"{'x full scan':>13}")
-    for operation in results["SQLite"]:
-        for database, seconds in results.items():
-            value = seconds[operation]
-            print(f"{operation:<28}{database:<12}{value:>10.3f}"
-                  f"{value / args.runs * 1e6:>14.1f}{value / baseline:>13.3f}")
+    print_table(sizes, results, memory)
+
+
+def print_table(sizes: list[int], results: dict, memory: dict) -> None:
+    columns = "".join(f"{f'{size:,} s':>12}" for size in sizes)
+    print(f"\n{'operation':<28}{'database':<12}{columns}{'us/run':>9}{'exponent':>10}")
+    for operation in results["SQLite"][0]:
+        for database, per_size in results.items():
+            values = [seconds[operation] for seconds in per_size]
+            cells = "".join(f"{value:>12.3f}" for value in values)
+            print(f"{operation:<28}{database:<12}{cells}{values[-1] / sizes[-1] * 1e6:>9.1f}"
+                  f"{exponent(sizes, values):>10.2f}")
+    for database, added in memory.items():
+        cells = "".join(f"{value:>12.0f}" for value in added)
+        print(f"{'peak memory added (MB)':<28}{database:<12}{cells}{'':>9}"
+              f"{exponent(sizes, added):>10.2f}")
 
 
 if __name__ == "__main__":

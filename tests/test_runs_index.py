@@ -262,6 +262,22 @@ def test_the_verbs_print_tables_and_json(fleet, run_cli, tmp_path, private_state
     assert code == 0 and "failed" in out and "grete" in out
 
 
+def test_the_listing_shows_the_newest_runs_and_says_when_there_are_more(fleet, run_cli,
+                                                                      tmp_path, private_state):
+    """`hpctrain runs` lists the newest 50 by default (a centre's index holds 100,000)."""
+    db = ["--db", str(tmp_path / "cli.sqlite"), "--root", str(fleet)]
+    code, out, _ = run_cli("runs", "--limit", "2", *db)
+    assert code == 0 and "the newest 2 runs (more: --limit N, or 0 for every run)" in out
+    code, out, _ = run_cli("runs", "--limit", "2", "--json", *db)
+    assert len(json.loads(out)) == 2
+    code, out, _ = run_cli("runs", "--limit", "0", "--json", *db)
+    assert len(json.loads(out)) == 5
+    code, out, _ = run_cli("runs", "--limit", "5", *db)
+    assert "5 run(s)" in out and "newest" not in out
+    code, _, err = run_cli("runs", "--limit", "-1", *db)
+    assert code == 2 and "--limit -1" in err
+
+
 def test_bad_references_and_unreachable_databases_are_exit_2(fleet, run_cli, tmp_path,
                                                               private_state):
     db = ["--db", str(tmp_path / "cli.sqlite"), "--root", str(fleet)]

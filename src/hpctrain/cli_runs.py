@@ -156,6 +156,9 @@ def _num(value, fmt: str) -> str:
     return "-" if value is None else fmt.format(value)
 
 
+LISTING_LIMIT = 50  # the runs `hpctrain runs` lists unless --limit says otherwise
+
+
 def _add_runs(verbs, make_verb) -> None:
     """`hpctrain runs` and its actions' arguments."""
     runs = make_verb(verbs, "runs", "the runs index: list, show, compare, usage, leaderboard",
@@ -165,7 +168,8 @@ def _add_runs(verbs, make_verb) -> None:
     runs.add_argument("--status", help="completed, failed, preempted, running, lost, ...")
     runs.add_argument("--user")
     runs.add_argument("--since", help="7d, 12h, or a date (2026-11-01)")
-    runs.add_argument("--limit", type=int, default=None)
+    runs.add_argument("--limit", type=int, default=LISTING_LIMIT,
+                      help=f"the newest N runs (default {LISTING_LIMIT}; 0: every run)")
     actions = runs.add_subparsers(dest="runs_verb", metavar="ACTION")
     show = make_verb(actions, "show", "one run: its row, jobs and summary",
                      "example:\n  hpctrain runs show RUN", cmd_runs_show)
@@ -199,11 +203,18 @@ def _add_runs(verbs, make_verb) -> None:
 
 def cmd_runs(args) -> int:
     index = _index(args)
-    rows = index.runs(args.recipe, args.status, args.user, _since(args.since), args.limit)
+    if args.limit < 0:
+        raise ConfigError(f"--limit {args.limit}: give a number of runs, or 0 for every run")
+    rows = index.runs(args.recipe, args.status, args.user, _since(args.since),
+                      args.limit + 1 if args.limit else None)
+    more = bool(args.limit) and len(rows) > args.limit
+    rows = rows[:args.limit] if more else rows
     if args.json:
         print(json.dumps([_plain(r) for r in rows], indent=2))
         return 0
-    table = Table(title=f"{len(rows)} run(s) in {index.db.where}")
+    shown = f"the newest {len(rows)} runs (more: --limit N, or 0 for every run)" if more \
+        else f"{len(rows)} run(s)"
+    table = Table(title=f"{shown} in {index.db.where}")
     for column in ("run", "recipe", "status", "user", "started", "GPUs", "device-h", "kWh",
                    "best"):
         table.add_column(column, justify="right" if column in ("GPUs", "device-h", "kWh")
