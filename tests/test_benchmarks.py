@@ -86,6 +86,9 @@ CASES = [
       r"^status, one array job\s+[\d.]+\s+1\s+[\d.]+\s+1\s+-?[\d.]+$"]),
     ("pack_growth.py", ["--sizes", "100", "400", "--workers", "1"],
      [r"^\s+100\s+[\d.]+\s+\d+\s+\d+$", r"^\s+exponent\s+-?[\d.]+\s+-?[\d.]+\s+-?[\d.]+$"]),
+    ("tune_workers.py", ["--workers", "2", "--trials", "3", "6", "--sampler", "random"],
+     [r"^journal\s+2\s+6\s+[\d.]+\s+6\s+0\s+0\s+[\d.]+\s+-?[\d.]+$",
+      r"^PostgreSQL\s+2\s+6\s+[\d.]+\s+6\s+0\s+0\s+[\d.]+"]),
     ("token_loader.py", ["--tokens", "300000", "--seq-lens", "64", "--batches", "5",
                          "--rounds", "1"],
      [r"^\s+64  hpctrain pack, in-process\s+[\d,]+\s+1\.00",
@@ -112,7 +115,7 @@ def test_every_benchmark_script_has_a_smoke_case():
 def test_a_benchmark_runs_at_a_tiny_size(script, arguments, expected, tmp_path):
     if script in ("data_pipeline.py", "data_stages.py", "stop_latency.py", "host_memory.py",
                   "lm_overhead.py", "sequence_padding.py", "runs_index.py", "tune_search.py",
-                  "token_loader.py", "pack_growth.py"):
+                  "token_loader.py", "pack_growth.py", "tune_workers.py"):
         arguments = [*arguments, "--cache-dir", str(tmp_path)]
     if "{tmp}/photos" in arguments:  # a user's own photographs, in ImageFolder layout
         write_image_folder(tmp_path / "photos", per_class=20, size=64)
