@@ -334,6 +334,39 @@ GPT_ON_GPU = ["model.name=hpctrain:gpt_mini", "data.tokens.seq_len=256", "train.
               "optim.name=adamw", "precision=bf16"]
 
 
+@pytest.mark.parametrize("overrides", [
+    ["model.kwargs.layers=8"],
+    ["model.kwargs.layers=8", "model.activation_checkpointing=true", "train.batch_size=2"],
+    ["model.kwargs.layers=8", "precision=fp32", "optim.name=sgd"],
+])
+def test_alike_blocks_simulated_two_and_three_and_extended_give_the_whole_model_s_bytes(
+        overrides):
+    """A model with MIN_REPEATS or more alike blocks is simulated with two and three of them;
+    extended to all, every count equals the simulation of the whole model (what
+    `hpctrain memory gpt-1b` does in a fraction of the time)."""
+    from hpctrain.memory.estimate import output_width, step_spec
+    from hpctrain.memory.simulate import MIN_REPEATS, meta_model, repeated_blocks
+
+    config = load_config("tiny-lm", [*GPT_ON_GPU, *overrides])
+    target = resolve_target(config, "80GB")
+    spec = step_spec(config, target, output_width(config)[0])
+    assert len(repeated_blocks(meta_model(spec))) == 8 >= MIN_REPEATS
+    batch = config.train.batch_size
+    extended, whole = simulate(spec, batch), simulate(spec, batch, extend=False)
+    assert extended.at_peak == whole.at_peak and extended.end_of_forward == whole.end_of_forward
+    assert extended.notes == whole.notes
+
+
+def test_blocks_that_differ_or_are_too_few_are_not_extended():
+    from hpctrain.memory.simulate import repeated_blocks
+
+    stack = nn.Sequential(*[nn.Linear(4, 4) for _ in range(5)])
+    assert repeated_blocks(stack) is None  # five: simulated whole
+    assert len(repeated_blocks(nn.Sequential(*[nn.Linear(4, 4) for _ in range(6)]))) == 6
+    mixed = nn.ModuleList([nn.Linear(4, 4) for _ in range(6)] + [nn.Linear(4, 8)])
+    assert repeated_blocks(mixed) is None
+
+
 def test_tensor_and_pipeline_layouts_split_states_and_activations_as_the_formulas_say():
     config = load_config("tiny-lm", GPT_ON_GPU)
     base = estimate(config, resolve_target(config, "80GB"))

@@ -17,6 +17,7 @@ pipeline parallelism that arithmetic is:
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field, replace
 
@@ -27,7 +28,7 @@ from torch import nn
 from hpctrain.config import Config, Strategy
 from hpctrain.data.tokens.tokenizer import BYTE_EOS
 from hpctrain.errors import ConfigError, UserError
-from hpctrain.memory.simulate import Footprint, StepSpec, predict
+from hpctrain.memory.simulate import Footprint, StepSpec, meta_model, predict
 from hpctrain.memory.sizes import fmt_bytes, gpu_capability, lacks_bf16, parse_memory
 from hpctrain.models.checkpointing import enable_activation_checkpointing, is_block
 from hpctrain.models.gpt import GPT
@@ -281,15 +282,17 @@ def step_spec(config: Config, target: Target, width: int) -> StepSpec:
 
     criterion = _token_loss if tokens else with_regulariser(
         nn.CrossEntropyLoss(label_smoothing=config.train.label_smoothing))
+    key = json.dumps([config.model.name, config.model.kwargs, width, config.data.kind,
+                      image_sizes(config.data), config.model.activation_checkpointing],
+                     sort_keys=True, default=str)
     return StepSpec(build, make_batch,
                     lambda model: build_optimizer(model, config.optim, lr, optim_device),
                     criterion, target.precision, target.device, config.optim.grad_clip_norm,
-                    target.capability)
+                    target.capability, model_key=key)
 
 
 def model_info(spec: StepSpec, precision: str, config: Config | None = None) -> ModelInfo:
-    with torch.device("meta"):
-        model = spec.build_model()
+    model = meta_model(spec)
     units = [sum(p.numel() for p in m.parameters()) for m in model.modules() if is_block(m)]
     total = sum(p.numel() for p in model.parameters())
     rest = total - sum(units)  # blocks nest rarely; the root unit holds the rest

@@ -20,6 +20,7 @@ category extrapolated linearly to the batch asked for; the result says so.
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -35,6 +36,9 @@ CUDA_GRANULARITY = 512  # the CUDA caching allocator rounds every block up to 51
 FIXED = ("parameters", "optimizer states")  # what does not grow with the batch
 SAMPLE_BATCH = 8  # the larger of the two real batches a fallback measures
 FORWARD = "hpctrain.forward"  # the profiler's name for a step's forward pass (measure.py)
+MIN_REPEATS = 6  # alike blocks from which a simulation extends two and three to all
+BUILDS_KEPT = 4
+_BUILT: dict[str, nn.Module] = {}  # model_key -> the model built on the meta device
 
 
 @dataclass
@@ -49,6 +53,9 @@ class StepSpec:
     target: str  # cuda | cpu: whose autocast rules and allocator to predict for
     clip_norm: float | None = None
     capability: tuple[int, int] = (9, 0)  # the target GPU's: its attention kernel
+    # what sets the model's shapes (its name, settings, output width, checkpointing): specs
+    # with the same key share one build on the meta device (meta_model); None: no sharing
+    model_key: str | None = None
 
 
 @dataclass
@@ -137,14 +144,62 @@ def run_steps(spec: StepSpec, model: nn.Module, optimizer: torch.optim.Optimizer
     return end_of_forward
 
 
-def _fake_model(spec: StepSpec, mode: FakeTensorMode, device: str) -> nn.Module:
-    """The model built on the meta device, its tensors replaced by fake ones on `device`
-    (tied weights stay tied)."""
-    try:
-        with torch.device("meta"):
-            model = spec.build_model()
-    except Exception:  # an initialiser that needs real values: build for real, keep shapes
-        model = spec.build_model()
+def meta_model(spec: StepSpec) -> nn.Module:
+    """A copy of the spec's model on the meta device. A billion-parameter model takes about
+    a second to build even there, and `hpctrain memory` simulates it a dozen times (with and
+    without checkpointing, at several batch sizes), so specs with the same `model_key` share
+    one build (the last BUILDS_KEPT kept)."""
+    built = _BUILT.pop(spec.model_key, None) if spec.model_key else None
+    if built is None:
+        try:
+            with torch.device("meta"):
+                built = spec.build_model()
+        except Exception:  # an initialiser that needs real values: build for real, keep shapes
+            built = spec.build_model()
+    if spec.model_key:
+        _BUILT[spec.model_key] = built  # the most recent last
+        while len(_BUILT) > BUILDS_KEPT:
+            _BUILT.pop(next(iter(_BUILT)))
+    return copy.deepcopy(built)
+
+
+def repeated_blocks(model: nn.Module) -> nn.Module | None:
+    """The longest ModuleList, Sequential or ModuleDict of MIN_REPEATS blocks or more that are
+    all alike (one class, the same parameter names, shapes and dtypes): a transformer's
+    layers. None where the model has none."""
+    def signature(block: nn.Module) -> tuple:
+        return type(block), tuple((name, tuple(p.shape), p.dtype)
+                                  for name, p in block.named_parameters())
+
+    best = None
+    for module in model.modules():
+        if isinstance(module, (nn.ModuleList, nn.Sequential, nn.ModuleDict)) and \
+                len(module) >= MIN_REPEATS and (best is None or len(module) > len(best)):
+            children = list(module.children())
+            first = signature(children[0])
+            if len(children) == len(module) and all(signature(c) == first
+                                                    for c in children[1:]):
+                best = module
+    return best
+
+
+def _keep_blocks(model: nn.Module, keep: int) -> None:
+    """Cut the model's repeated blocks to the first `keep`."""
+    blocks = repeated_blocks(model)
+    if isinstance(blocks, nn.ModuleDict):
+        for key in list(blocks.keys())[keep:]:
+            del blocks[key]
+    else:
+        del blocks[keep:]
+
+
+def _fake_model(spec: StepSpec, mode: FakeTensorMode, device: str,
+                keep: int | None = None) -> nn.Module:
+    """The model built on the meta device (its repeated blocks cut to `keep` when given),
+    its tensors replaced by fake ones on `device` (tied weights stay tied)."""
+    model = meta_model(spec)
+    if keep is not None:
+        _keep_blocks(model, keep)
     fakes: dict[int, torch.Tensor] = {}
 
     def fake(t: torch.Tensor, parameter: bool) -> torch.Tensor:
@@ -164,12 +219,12 @@ def _fake_model(spec: StepSpec, mode: FakeTensorMode, device: str) -> nn.Module:
     return model
 
 
-def _forward_split(spec: StepSpec, batch_size: int, device: str) -> tuple[dict[str, int],
-                                                                          set[str]]:
+def _forward_split(spec: StepSpec, batch_size: int, device: str,
+                   keep: int | None = None) -> tuple[dict[str, int], set[str]]:
     """What the forward pass leaves on fake `device` tensors, and the attention kernels the
     target GPU runs in it (attention.py)."""
     mode = FakeTensorMode()
-    model = _fake_model(spec, mode, device)
+    model = _fake_model(spec, mode, device, keep)
     tracker = LiveMemory(CUDA_GRANULARITY if device == "cuda" else 1)
     attention = TargetAttention(spec.capability)
     with mode, tracker, attention:
@@ -178,27 +233,71 @@ def _forward_split(spec: StepSpec, batch_size: int, device: str) -> tuple[dict[s
                          steps=1, forward_only=True), attention.chosen
 
 
-def simulate(spec: StepSpec, batch_size: int) -> Footprint:
-    """The predicted steady-state step at `batch_size`, on fake tensors."""
+@dataclass
+class _Simulated:
+    """What one simulation counts: the split at each phase's peak, at the end of the
+    forward pass on the CPU and (for a GPU target) on CUDA, and the attention kernels."""
+
+    phase_peaks: dict[str, dict[str, int]]
+    end: dict[str, int]
+    cuda_end: dict[str, int] | None
+    kernels: set[str]
+
+    def extended(self, larger: _Simulated, steps: int) -> _Simulated:
+        """`steps` more blocks than `larger`, which has one block more than this: every
+        count on its line through the two (a uniform block adds the same bytes each time)."""
+        def line(a: dict, b: dict) -> dict:
+            return {c: b[c] + (b[c] - a[c]) * steps for c in b}
+
+        return _Simulated({phase: line(self.phase_peaks[phase], peaks)
+                           for phase, peaks in larger.phase_peaks.items()
+                           if phase in self.phase_peaks},
+                          line(self.end, larger.end),
+                          line(self.cuda_end, larger.cuda_end) if larger.cuda_end else None,
+                          larger.kernels)
+
+
+def _simulated(spec: StepSpec, batch_size: int, keep: int | None = None) -> _Simulated:
     granularity = CUDA_GRANULARITY if spec.target == "cuda" else 1
     mode = FakeTensorMode()
-    model = _fake_model(spec, mode, "cpu")
+    model = _fake_model(spec, mode, "cpu", keep)
     tracker = LiveMemory(granularity)
     with mode, tracker:
         tracker.track_model(model)
         optimizer = spec.build_optimizer(model)
         end = run_steps(spec, model, optimizer, batch_size, torch.device("cpu"), tracker)
-    at_peak, notes = dict(tracker.at_peak), []
+    cuda, kernels = _forward_split(spec, batch_size, "cuda", keep) \
+        if spec.target == "cuda" else (None, set())
+    return _Simulated(dict(tracker.phase_peaks), end, cuda, kernels)
+
+
+def simulate(spec: StepSpec, batch_size: int, extend: bool = True) -> Footprint:
+    """The predicted steady-state step at `batch_size`, on fake tensors. A model with
+    MIN_REPEATS or more alike blocks (a transformer's layers) is simulated with two and with
+    three of them, and each count extended on its line to all of them: the same bytes as the
+    whole model's simulation, in a fraction of its time (the phase peaks are extended one by
+    one, so a peak that moves from the forward pass to the optimiser as blocks are added is
+    still found). `extend=False` simulates every block."""
+    blocks = repeated_blocks(meta_model(spec)) if extend else None
+    counted = None
+    if blocks is not None:
+        try:
+            two, three = _simulated(spec, batch_size, 2), _simulated(spec, batch_size, 3)
+            counted = two.extended(three, len(blocks) - 3)
+        except Exception:  # a forward that needs all its blocks: simulate the whole model
+            counted = None
+    counted = counted or _simulated(spec, batch_size)
+    at_peak = dict(max(counted.phase_peaks.values(), key=lambda split: sum(split.values())))
+    end, notes = dict(counted.end), []
     if spec.target == "cuda":
-        cuda, kernels = _forward_split(spec, batch_size, "cuda")
         for category in ("activations", "weight copies"):
             if end[category]:
-                ratio = cuda[category] / end[category]
+                ratio = counted.cuda_end[category] / end[category]
                 at_peak[category] = round(at_peak[category] * ratio)
-                end[category] = cuda[category]
+                end[category] = counted.cuda_end[category]
         notes.append("activations sized by CUDA's kernels and autocast rules")
         notes.extend(f"attention: {kernel}, the kernel the GPU picks" for kernel in
-                     sorted(kernels))
+                     sorted(counted.kernels))
     return Footprint(batch_size, sum(at_peak.values()), at_peak, end, "fake", notes)
 
 
