@@ -171,15 +171,19 @@ def cmd_jobs(args) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table("job", "name", "state", "elapsed", "time left", "nodes", "nodes / reason")
-    for row in rows:
-        table.add_row(row["id"], row["name"], row["state"], row["elapsed"], row["time_left"],
-                      row["nodes"], row["reason"])
-    Console().print(table if rows else "no jobs in the queue")
+    keys = ("id", "name", "state", "elapsed", "time_left", "nodes", "reason")
+    print(columns(("job", "name", "state", "elapsed", "time left", "nodes", "nodes / reason"),
+                  [[row[key] for key in keys] for row in rows]) if rows
+          else "no jobs in the queue")
     return 0
+
+
+def columns(header: tuple[str, ...], rows: list[list[str]]) -> str:
+    """A plain table, each column as wide as its widest cell: a queue of 1,000 jobs prints in
+    milliseconds (rich's table took seconds)."""
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
+    return "\n".join("  ".join(str(cell).ljust(width) for cell, width in zip(line, widths))
+                     .rstrip() for line in (header, *rows))
 
 
 def _add_logs(verbs) -> None:
