@@ -4,7 +4,9 @@ once, so that what is measured is the search's own cost per trial: the claim loc
 study read, the sampler's proposal, the claim file and the result told back.
 
 Checks what must hold at any concurrency: every trial of the budget completed once, none
-lost (left RUNNING) and none run twice (two workers holding one trial number). Prints the
+lost (left RUNNING) and none run twice (two workers holding one trial number); a worker the
+storage refuses (a database out of connections) is counted and its reason printed. The
+throw-away PostgreSQL server allows 400 connections (SQLAlchemy keeps a pool per worker). Prints the
 wall time, the worker-seconds per trial (wall x workers / trials: what a trial costs beyond
 its training) and the exponent of that cost's growth over the budget sizes.
 
@@ -32,12 +34,17 @@ def work(folder: str, slot: int, out: str) -> None:
 
     search = read_search(Path(folder))
     parameters = parse_all(search.space)
-    study = open_study(Path(folder), search, slot, parameters)
     taken = []
-    while (claim := take_trial(study, search, Path(folder), str(slot), parameters)) is not None:
-        tell(study, claim.trial, float(claim.params["optim.lr"]))
-        taken.append(claim.trial)
-    Path(out).write_text(json.dumps(taken))
+    try:
+        study = open_study(Path(folder), search, slot, parameters)
+        while (claim := take_trial(study, search, Path(folder), str(slot),
+                                   parameters)) is not None:
+            tell(study, claim.trial, float(claim.params["optim.lr"]))
+            taken.append(claim.trial)
+    except Exception as err:  # a worker the storage refused: counted, as a user would see
+        Path(out).write_text(json.dumps({"taken": taken, "error": str(err)}))
+        return
+    Path(out).write_text(json.dumps({"taken": taken, "error": None}))
 
 
 def one_search(workers: int, trials: int, storage: str | None, sampler: str,
@@ -60,12 +67,15 @@ def one_search(workers: int, trials: int, storage: str | None, sampler: str,
     for process in processes:
         process.join()
     wall = time.perf_counter() - started
-    taken = [number for out in outs for number in json.loads(out.read_text())]
+    reports = [json.loads(out.read_text()) for out in outs]
+    taken = [number for report in reports for number in report["taken"]]
+    errors = [report["error"] for report in reports if report["error"]]
     study = open_study(folder, read_search(folder))
     states = [t.state for t in study.get_trials(deepcopy=False)]
     return {"wall": wall, "taken": len(taken), "twice": len(taken) - len(set(taken)),
             "completed": states.count(TrialState.COMPLETE),
             "lost": sum(s in (TrialState.RUNNING, TrialState.WAITING) for s in states),
+            "refused": len(errors), "why": errors[0] if errors else None,
             "per_trial": wall * workers / trials}
 
 
@@ -91,7 +101,7 @@ def main() -> None:
     if args.postgres == "auto":
         sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
         from postgres_server import LocalPostgres
-        server = LocalPostgres(root / "postgres").start()
+        server = LocalPostgres(root / "postgres", max_connections=400).start()
     rows = []
     try:
         for storage in ["journal", *(["PostgreSQL"] if server else [])]:
@@ -108,14 +118,18 @@ def main() -> None:
     print(f"tune_workers: {args.sampler} sampler, trials that end at once, "
           f"{os.cpu_count()} CPUs")
     print(f"{'storage':<12}{'workers':>8}{'trials':>8}{'wall s':>9}{'completed':>11}"
-          f"{'lost':>6}{'twice':>7}{'s/trial':>9}{'exponent':>10}")
+          f"{'lost':>6}{'twice':>7}{'refused':>9}{'s/trial':>9}{'exponent':>10}")
     for storage, workers, trials, r in rows:
         first = next(x for s, w, t, x in rows if s == storage and w == workers)
         smallest = min(t for s, w, t, _ in rows if s == storage and w == workers)
         growth = math.log(r["per_trial"] / first["per_trial"]) / math.log(trials / smallest) \
             if trials != smallest else float("nan")
         print(f"{storage:<12}{workers:>8}{trials:>8}{r['wall']:>9.1f}{r['completed']:>11}"
-              f"{r['lost']:>6}{r['twice']:>7}{r['per_trial']:>9.3f}{growth:>10.2f}")
+              f"{r['lost']:>6}{r['twice']:>7}{r['refused']:>9}{r['per_trial']:>9.3f}"
+              f"{growth:>10.2f}")
+    for storage, workers, trials, r in rows:
+        if r["why"]:
+            print(f"{storage}, {workers} workers: {r['refused']} refused: {r['why']}")
 
 
 if __name__ == "__main__":

@@ -34,8 +34,8 @@ def _free_port() -> int:
 
 
 class LocalPostgres:
-    def __init__(self, root: Path):
-        self.root = root
+    def __init__(self, root: Path, max_connections: int = 50):
+        self.root, self.max_connections = root, max_connections
         self.data = root / "data"
         self.port = _free_port()
         self.pid: int | None = None
@@ -66,7 +66,7 @@ class LocalPostgres:
         subprocess.run(self._as_owner([
             _bin("pg_ctl"), "-D", str(self.data), "-l", str(log), "-w", "-t", "60", "-o",
             f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off "
-            "-c max_connections=50", "start"]), check=True, capture_output=True, timeout=90)
+            f"-c max_connections={self.max_connections}", "start"]), check=True, capture_output=True, timeout=90)
         self.pid = int((self.data / "postmaster.pid").read_text().splitlines()[0])
         return self
 
