@@ -2,10 +2,11 @@
 (1x / 10x / 100x), on a real, throw-away Slurm cluster started here (tests/slurm_cluster.py,
 other ports than the tests' own, so both can run side by side; needs root, as the tests do).
 
-Each size (that many single jobs, and one array job of that many elements) is submitted held (`sbatch --hold`, so nothing runs), then `hpctrain jobs` and
-`hpctrain status` of one job and of an array job of that many elements are timed as commands
-(the median of `--repeats`), with the Slurm client calls each makes counted in-process, and the
-exponent of growth from 1x to 100x (time ~ size^exponent: 0 is flat, 1 linear).
+Each size (that many single jobs, and one array job of that many elements) is submitted held
+(`sbatch --hold`, so nothing runs), then `hpctrain jobs` and `hpctrain status` of one job and
+of the array job are timed as commands (the median of `--repeats`), with the Slurm client
+calls each makes counted in-process, and the exponent of growth from 1x to 100x (time ~
+size^exponent: 0 is flat, 1 linear).
 
     python benchmarks/slurm_queue.py --sizes 10 100 1000
 """

@@ -66,7 +66,8 @@ class LocalPostgres:
         subprocess.run(self._as_owner([
             _bin("pg_ctl"), "-D", str(self.data), "-l", str(log), "-w", "-t", "60", "-o",
             f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off "
-            f"-c max_connections={self.max_connections}", "start"]), check=True, capture_output=True, timeout=90)
+            f"-c max_connections={self.max_connections}", "start"]), check=True,
+            capture_output=True, timeout=90)
         self.pid = int((self.data / "postmaster.pid").read_text().splitlines()[0])
         return self
 
