@@ -16,16 +16,15 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
-import math
 import os
-import resource
 import shutil
 import time
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
+
+from growth import exponent, in_child
 
 CLASSES = 100
 
@@ -57,33 +56,12 @@ def grow_folder(root: Path, size: int, have: int, blobs: list[bytes]) -> None:
         (folder / f"{number:07d}.jpg").write_bytes(blobs[number % len(blobs)])
 
 
-def packed_alone(src: Path, dst: Path, workers: int) -> tuple[float, float]:
-    """(seconds, the MB the packing process added to its peak resident memory), packed in a
-    child process of its own."""
-    reading, writing = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(reading)
-        from hpctrain.data.images.image_packing import PackOptions, pack
+def pack_seconds(src: Path, dst: Path, workers: int) -> float:
+    from hpctrain.data.images.image_packing import PackOptions, pack
 
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        started = time.perf_counter()
-        pack(src, dst, PackOptions(), workers=workers, overwrite=True,
-             log=lambda *a, **k: None)
-        seconds = time.perf_counter() - started
-        added = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
-        with os.fdopen(writing, "w") as out:
-            json.dump([seconds, added], out)
-        os._exit(0)
-    os.close(writing)
-    with os.fdopen(reading) as answer:
-        result = json.load(answer)
-    os.waitpid(pid, 0)
-    return tuple(result)
-
-
-def exponent(sizes: list[int], values: list[float]) -> float:
-    return math.log(values[-1] / values[0]) / math.log(sizes[-1] / sizes[0])
+    started = time.perf_counter()
+    pack(src, dst, PackOptions(), workers=workers, overwrite=True, log=lambda *a, **k: None)
+    return time.perf_counter() - started
 
 
 def main() -> None:
@@ -107,7 +85,7 @@ def main() -> None:
         have = size
         print(f"{size:,} files in the folder ({time.perf_counter() - began:.1f} s to add)",
               flush=True)
-        seconds, added = packed_alone(source, root / "packed", args.workers)
+        seconds, added = in_child(lambda: pack_seconds(source, root / "packed", args.workers))
         rows.append((size, seconds, size / seconds / args.workers, added))
         shutil.rmtree(root / "packed")
     print(f"pack_growth: small JPEGs (64 x 48, q90, ~2 KB), {args.workers} workers")

@@ -23,17 +23,11 @@ import sys
 import time
 from pathlib import Path
 
+from hpctrain.data.images.image_folders import scan_image_folder
+
 SIZE = 224
 STREAMING = ["mosaicml-streaming==0.13.0", "brotli", "python-snappy", "cramjam", "zstd",
              "catalogue"]
-
-
-def image_files(folder: Path) -> list[tuple[str, int]]:
-    """(path, class index) of every JPEG of an ImageFolder layout, in a fixed order."""
-    classes = sorted(p.name for p in folder.iterdir() if p.is_dir())
-    return [(str(path), label) for label, name in enumerate(classes)
-            for path in sorted((folder / name).iterdir())
-            if path.suffix.lower() in (".jpg", ".jpeg")]
 
 
 def _litdata_sample(item: tuple[str, int]) -> dict:
@@ -47,7 +41,7 @@ def build_litdata(folder: Path, out: Path, workers: int) -> float:
     import litdata
 
     started = time.perf_counter()
-    litdata.optimize(fn=_litdata_sample, inputs=image_files(folder), output_dir=str(out),
+    litdata.optimize(fn=_litdata_sample, inputs=scan_image_folder(folder)[1], output_dir=str(out),
                      num_workers=workers, chunk_bytes="64MB", mode="overwrite",
                      start_method="fork")
     return time.perf_counter() - started
@@ -96,7 +90,7 @@ def build_mds(folder: Path, out: Path) -> float:
     started = time.perf_counter()
     with MDSWriter(out=str(out), columns={"image": "jpeg", "label": "int"},
                    size_limit="64mb", exist_ok=True) as writer:
-        for path, label in image_files(folder):
+        for path, label in scan_image_folder(folder)[1]:
             writer.write({"image": Image.open(path), "label": label})
     return time.perf_counter() - started
 

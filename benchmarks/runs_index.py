@@ -24,15 +24,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import random
-import resource
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from growth import exponent, fresh_database, in_child, throwaway_postgres
 from hpctrain.cli_runs import LISTING_LIMIT
 from hpctrain.runs.database import open_database
 from hpctrain.runs.index import Index
@@ -102,47 +100,6 @@ def measure(url: str, root: Path, count: int) -> dict[str, float]:
     return seconds
 
 
-def measured_alone(url: str, root: Path, count: int) -> tuple[dict[str, float], float]:
-    """measure() in a child process: its seconds, and the MB of resident memory it added."""
-    reading, writing = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(reading)
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        seconds = measure(url, root, count)
-        added = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
-        with os.fdopen(writing, "w") as out:
-            json.dump([seconds, added], out)
-        os._exit(0)
-    os.close(writing)
-    with os.fdopen(reading) as answer:
-        seconds, added = json.load(answer)
-    os.waitpid(pid, 0)
-    return seconds, added
-
-
-def throwaway_postgres(folder: Path):
-    sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
-    from postgres_server import LocalPostgres
-
-    return LocalPostgres(folder).start()
-
-
-def fresh_database(server_url: str, name: str) -> str:
-    """A new, empty database on the throw-away server; its URL."""
-    import psycopg
-
-    with psycopg.connect(server_url, autocommit=True) as connection:
-        connection.execute(f"CREATE DATABASE {name}")
-    return server_url.rsplit("/", 1)[0] + "/" + name
-
-
-def exponent(sizes: list[int], values: list[float]) -> float:
-    if len(sizes) < 2 or min(values[0], values[-1]) <= 0:
-        return float("nan")
-    return math.log(values[-1] / values[0]) / math.log(sizes[-1] / sizes[0])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, nargs="+", default=[1_000, 10_000, 100_000])
@@ -175,7 +132,7 @@ def main() -> None:
                   f"{time.perf_counter() - began:.1f} s), {os.cpu_count()} CPUs", flush=True)
             done = size
             for name, where in databases.items():
-                seconds, added = measured_alone(where(size), root, size)
+                seconds, added = in_child(lambda: measure(where(size), root, size))
                 results[name].append(seconds)
                 memory[name].append(added)
     finally:

@@ -14,7 +14,6 @@ size^exponent: 0 is flat, 1 linear).
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import subprocess
 import sys
@@ -24,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
+from growth import TESTS, exponent
+
 
 
 def submit_held(count: int, env: dict, array: bool = False) -> list[str]:
@@ -80,15 +80,12 @@ def client_calls(action) -> int:
     return len(calls)
 
 
-def exponent(sizes: list[int], values: list[float]) -> float:
-    return math.log(values[-1] / values[0]) / math.log(sizes[-1] / sizes[0])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10, 100, 1000])
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
+    sys.path.insert(0, str(TESTS))
     from slurm_cluster import LocalSlurm
 
     from hpctrain.cluster import jobs

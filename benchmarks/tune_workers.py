@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import multiprocessing
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+from growth import exponent, fresh_database, throwaway_postgres
 
 
 def work(folder: str, slot: int, out: str) -> None:
@@ -79,14 +79,6 @@ def one_search(workers: int, trials: int, storage: str | None, sampler: str,
             "per_trial": wall * workers / trials}
 
 
-def fresh_database(server_url: str, name: str) -> str:
-    import psycopg
-
-    with psycopg.connect(server_url, autocommit=True) as connection:
-        connection.execute(f"CREATE DATABASE {name}")
-    return server_url.rsplit("/", 1)[0] + "/" + name
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[8, 32])
@@ -99,9 +91,7 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(dir=args.cache_dir))
     server = None
     if args.postgres == "auto":
-        sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
-        from postgres_server import LocalPostgres
-        server = LocalPostgres(root / "postgres", max_connections=400).start()
+        server = throwaway_postgres(root / "postgres", max_connections=400)
     rows = []
     try:
         for storage in ["journal", *(["PostgreSQL"] if server else [])]:
@@ -122,8 +112,7 @@ def main() -> None:
     for storage, workers, trials, r in rows:
         first = next(x for s, w, t, x in rows if s == storage and w == workers)
         smallest = min(t for s, w, t, _ in rows if s == storage and w == workers)
-        growth = math.log(r["per_trial"] / first["per_trial"]) / math.log(trials / smallest) \
-            if trials != smallest else float("nan")
+        growth = exponent([smallest, trials], [first["per_trial"], r["per_trial"]])
         print(f"{storage:<12}{workers:>8}{trials:>8}{r['wall']:>9.1f}{r['completed']:>11}"
               f"{r['lost']:>6}{r['twice']:>7}{r['refused']:>9}{r['per_trial']:>9.3f}"
               f"{growth:>10.2f}")

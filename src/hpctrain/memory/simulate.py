@@ -279,13 +279,11 @@ def simulate(spec: StepSpec, batch_size: int, extend: bool = True) -> Footprint:
     one, so a peak that moves from the forward pass to the optimiser as blocks are added is
     still found). `extend=False` simulates every block."""
     blocks = repeated_blocks(meta_model(spec)) if extend else None
-    counted = None
-    if blocks is not None:
-        try:
-            two, three = _simulated(spec, batch_size, 2), _simulated(spec, batch_size, 3)
-            counted = two.extended(three, len(blocks) - 3)
-        except Exception:  # a forward that needs all its blocks: simulate the whole model
-            counted = None
+    try:
+        counted = _simulated(spec, batch_size, 2).extended(_simulated(spec, batch_size, 3),
+                                                           len(blocks) - 3) if blocks else None
+    except Exception:  # a forward that needs all its blocks: simulate the whole model
+        counted = None
     counted = counted or _simulated(spec, batch_size)
     at_peak = dict(max(counted.phase_peaks.values(), key=lambda split: sum(split.values())))
     end, notes = dict(counted.end), []

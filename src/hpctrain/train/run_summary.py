@@ -186,14 +186,15 @@ def _rates(parts, progress, clock) -> tuple[float | None, float | None]:
 def _measured(parts, progress, clock, samples_per_second, units_per_second) -> Measured:
     """What the task's own summary figures are chosen from (tasks/spec.py)."""
     spec, flops, plan = parts.config.task_spec, parts.model_flops, parts.plan
-    mfu = (model_flops_utilisation(spec.flops_per_unit(flops, parts.config), units_per_second,
-                                   parts.world_size, plan)
-           if spec.flops_per_unit else None)
+    mfu, peak = None, None  # a task without FLOPs per unit has no MFU: no peak is looked up
+    if spec.flops_per_unit:
+        mfu = model_flops_utilisation(spec.flops_per_unit(flops, parts.config),
+                                      units_per_second, parts.world_size, plan)
+        peak = peak_source(plan.device_name, plan.precision)
     return Measured(samples_per_second=samples_per_second, units_per_second=units_per_second,
                     best_val_loss=progress.best_val_loss, final_eval=progress.final_eval,
                     padding_fraction=clock.padding_fraction, parameters=flops.parameters,
-                    mfu=mfu, mfu_peak=peak_source(plan.device_name, plan.precision),
-                    mfu_formula=flops.formula)
+                    mfu=mfu, mfu_peak=peak, mfu_formula=flops.formula)
 
 
 def software() -> dict:

@@ -168,8 +168,9 @@ def encode_sample(path: str, options: PackOptions) -> tuple[bytes, int, int, int
     with Image.open(io.BytesIO(raw)) as image:
         width, height = image.size
         stored = _stored_size(width, height, options)
+        as_raw = _stored_raw(path, *stored, options)
         if (image.format == "JPEG" and image.mode == "RGB" and options.quality is None
-                and stored == (width, height) and not _stored_raw(path, width, height, options)):
+                and stored == (width, height) and not as_raw):
             image.draft("RGB", (max(1, width // 8), max(1, height // 8)))
             image.load()
             return raw, KIND_JPEG, width, height
@@ -178,7 +179,7 @@ def encode_sample(path: str, options: PackOptions) -> tuple[bytes, int, int, int
     if stored != (width, height):
         image = image.resize(stored, Image.BICUBIC, reducing_gap=3.0)
     width, height = stored
-    if _stored_raw(path, width, height, options):
+    if as_raw:
         return ppm_header(width, height) + image.tobytes(), KIND_RAW, width, height
     out = io.BytesIO()
     image.save(out, "JPEG", quality=options.quality or 90)
