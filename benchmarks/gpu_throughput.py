@@ -92,23 +92,21 @@ def images(args, tmp: str) -> None:
     flop_per_image = RESNET50_TRAIN_FLOP_224 * (args.image_size / 224) ** 2
     batches = make_batches(4, args.batch_size, args.image_size, 1000,
                            pin=args.device.startswith("cuda"))
-    results = []
-    for label, overrides in chosen:
+    print(f"\n{args.model}, {args.image_size} px, batch {args.batch_size}")
+    print(f"{'row':<34}{'img/s':>10}{'MFU':>8}{'vs fp32':>9}{'vs A100 AMP':>13}  peak")
+    base = None
+    for label, overrides in chosen:  # each row printed as it is measured: compiling takes long
         parts = hpctrain_parts([f"device={args.device}", f"model.name={args.model}",
                                 f"data.image_size={args.image_size}",
                                 f"train.batch_size={args.batch_size}", "train.log_every=25",
                                 "data.synthetic.num_classes=1000", *overrides], tmp)
         rate = args.batch_size / _timed(with_batches(parts, batches), args)
         peak, source = peak_for(parts.plan.device_name, parts.plan.precision)
-        results.append((label, rate, rate * flop_per_image / peak if peak else None, source))
         del parts
-    print(f"\n{args.model}, {args.image_size} px, batch {args.batch_size}")
-    print(f"{'row':<34}{'img/s':>10}{'MFU':>8}{'vs fp32':>9}{'vs A100 AMP':>13}  peak")
-    base = results[0][1]
-    for label, rate, mfu, source in results:
-        mfu_text = f"{mfu:.1%}" if mfu is not None else "n/a"
-        print(f"{label:<34}{rate:>10.0f}{mfu_text:>8}{rate / base:>9.2f}{rate / 2470:>13.2f}"
-              f"  {source}")
+        base = base or rate
+        mfu = f"{rate * flop_per_image / peak:.1%}" if peak else "n/a"
+        print(f"{label:<34}{rate:>10.0f}{mfu:>8}{rate / base:>9.2f}{rate / 2470:>13.2f}"
+              f"  {source}", flush=True)
 
 
 def transformer(args, tmp: str) -> None:
@@ -122,27 +120,22 @@ def transformer(args, tmp: str) -> None:
     if args.device.startswith("cuda"):
         batches = [b.pin_memory() for b in batches]
     tokens = args.gpt_batch_size * args.seq_len
-    results = []
+    print(f"\nhpctrain:gpt_{args.gpt}, {args.seq_len} tokens, batch {args.gpt_batch_size}")
+    print(f"{'row':<34}{'tokens/s':>10}{'MFU':>8}{'vs bf16':>9}  peak")
+    base = None
     for label, overrides in TRANSFORMER_ROWS:
         try:
             parts = recipe_parts("tiny-lm", [*shape, *overrides], tmp)
         except UserError as err:  # fp8 without FP8 hardware: said, not measured
-            results.append((label, None, None, str(err).split(";")[0]))
+            print(f"{label:<34}{'-':>10}{'-':>8}{'-':>9}  not measured: "
+                  f"{str(err).split(';')[0]}", flush=True)
             continue
         rate = tokens / _timed(with_batches(parts, batches), args)
         peak, source = peak_for(parts.plan.device_name, "bf16")
-        mfu = parts.model_flops.per_token(args.seq_len) * rate / peak if peak else None
-        results.append((label, rate, mfu, source))
+        mfu = f"{parts.model_flops.per_token(args.seq_len) * rate / peak:.1%}" if peak else "n/a"
         del parts
-    print(f"\nhpctrain:gpt_{args.gpt}, {args.seq_len} tokens, batch {args.gpt_batch_size}")
-    print(f"{'row':<34}{'tokens/s':>10}{'MFU':>8}{'vs bf16':>9}  peak")
-    base = results[0][1]
-    for label, rate, mfu, source in results:
-        if rate is None:
-            print(f"{label:<34}{'-':>10}{'-':>8}{'-':>9}  not measured: {source}")
-            continue
-        mfu_text = f"{mfu:.1%}" if mfu is not None else "n/a"
-        print(f"{label:<34}{rate:>10.0f}{mfu_text:>8}{rate / base:>9.2f}  {source}")
+        base = base or rate
+        print(f"{label:<34}{rate:>10.0f}{mfu:>8}{rate / base:>9.2f}  {source}", flush=True)
 
 
 if __name__ == "__main__":

@@ -71,7 +71,9 @@ def main() -> None:
     overrides = [f"model.name={args.model}", f"data.tokens.seq_len={args.seq_len}",
                  f"train.batch_size={args.batch_size}", f"precision={args.precision}",
                  f"compile={args.compile}", "train.log_every=20",
-                 "data.arithmetic.num_train=2000", "data.arithmetic.num_val=20"]
+                 # about ten tokens a problem: enough held-out ones for one block
+                 "data.arithmetic.num_train=2000",
+                 f"data.arithmetic.num_val={max(20, (args.seq_len + 1) // 4)}"]
     if args.cache_dir:
         overrides.append(f"data.arithmetic.cache_dir={args.cache_dir}")
     with tempfile.TemporaryDirectory() as tmp:

@@ -2,6 +2,7 @@
 fails here rather than on the first GPU node it meets. The figures themselves are not checked
 (speed lives in docs/benchmarks.md); the table each script prints is."""
 
+import os
 import re
 import subprocess
 import sys
@@ -125,3 +126,19 @@ def test_a_benchmark_runs_at_a_tiny_size(script, arguments, expected, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     for pattern in expected:
         assert re.search(pattern, done.stdout, re.MULTILINE), (pattern, done.stdout)
+
+
+@pytest.mark.slow
+def test_the_gpu_batch_runs_its_steps_in_order_and_skips_what_its_deadline_leaves_out(
+        tmp_path):
+    """benchmarks/owed_on_gpu.sh here, with 25 s: the GPU tests run (skipped without CUDA),
+    every later step is skipped by the deadline and said so, and the log ends."""
+    root = BENCHMARKS.parent
+    done = subprocess.run(["bash", str(BENCHMARKS / "owed_on_gpu.sh")], cwd=root,
+                          env={**os.environ, "BUDGET": "25", "OUT": str(tmp_path),
+                               "WHEELS": str(tmp_path / "no-wheels")},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    log = (tmp_path / "all.log").read_text()
+    assert re.search(r"=== gpu-tests rc=0 after \d+s", log), log
+    assert "=== SKIPPED decode-cpu (no time left)" in log and "=== done at" in log

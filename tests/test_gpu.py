@@ -42,10 +42,10 @@ def test_no_host_device_synchronisation_inside_the_step(tiny_config, monkeypatch
     monkeypatch.setattr(loop, "_save", lambda *a: None)
     read = RunningMetrics.read
 
-    def read_allowing_sync(self):
+    def read_allowing_sync(self, *args):
         torch.cuda.set_sync_debug_mode(0)
         try:
-            return read(self)
+            return read(self, *args)
         finally:
             torch.cuda.set_sync_debug_mode("error")
     monkeypatch.setattr(RunningMetrics, "read", read_allowing_sync)
@@ -162,7 +162,8 @@ def test_fp8_trains_a_transformer_whose_layers_gain_and_the_profile_sees_fp8(tmp
         code, _, err = run_cli("run", "tiny-lm", f"output_dir={tmp_path}", "precision=fp8")
         assert code == 2 and "need 8.9 or newer" in err
         return
-    width = ["model.kwargs.width=2048", "model.kwargs.heads=16", "data.tokens.seq_len=256",
+    width = ["model.kwargs.width=2048", "model.kwargs.heads=16", "model.kwargs.context=256",
+             "data.tokens.seq_len=256",
              "train.batch_size=16", "compile=false", "report=false", "tensorboard=false",
              f"output_dir={tmp_path}"]
     code, out, err = run_cli("run", "tiny-lm", *width, "precision=fp8", "train.max_steps=40",
@@ -214,7 +215,8 @@ def test_batch_buffers_are_page_locked_and_copied_asynchronously_intact(image_fo
 def test_the_predicted_attention_kernel_is_the_one_torch_picks_here(dtype, head, masked):
     """memory/attention.py's choice, made without a GPU, against torch's own on this one
     (torch._fused_sdp_choice: the index of torch.nn.attention.SDPBackend); cuDNN attention
-    counts as flash, whose memory it keeps."""
+    counts as flash, whose memory it keeps, or with a mask as the efficient kernel, which
+    keeps the same bias."""
     from torch.nn.attention import SDPBackend
 
     from hpctrain.memory.attention import choose
@@ -222,7 +224,8 @@ def test_the_predicted_attention_kernel_is_the_one_torch_picks_here(dtype, head,
     q = torch.randn(2, 4, 256, head, device="cuda", dtype=dtype, requires_grad=True)
     mask = torch.ones(256, 256, device="cuda", dtype=torch.bool).tril() if masked else None
     picked = SDPBackend(torch._fused_sdp_choice(q, q, q, mask, 0.0, not masked))
-    names = {SDPBackend.CUDNN_ATTENTION: "flash", SDPBackend.FLASH_ATTENTION: "flash",
+    names = {SDPBackend.CUDNN_ATTENTION: "efficient" if masked else "flash",
+             SDPBackend.FLASH_ATTENTION: "flash",
              SDPBackend.EFFICIENT_ATTENTION: "efficient", SDPBackend.MATH: "math"}
     predicted = choose(torch.cuda.get_device_capability(), dtype, head, head, masked, True,
                        0.0, True)

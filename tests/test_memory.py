@@ -357,6 +357,23 @@ def test_alike_blocks_simulated_two_and_three_and_extended_give_the_whole_model_
     assert extended.notes == whole.notes
 
 
+def test_the_largest_batch_named_fits_where_the_peak_changes_phase_with_the_batch():
+    """With activation checkpointing the peak at small batches is the optimiser step's and at
+    large ones the recomputed activations', a steeper line: the line through the batch and its
+    half promised 236 on 1 GiB where 232 needs more (gpt-1b on an H200: 237, 157 GiB at 232).
+    The batch named fits, and is within a tenth of the largest that does."""
+    from hpctrain.memory.advice import advise
+
+    config = load_config("tiny-lm", [*GPT_ON_GPU, "train.batch_size=8",
+                                     "model.activation_checkpointing=true"])
+    target = resolve_target(config, "1GiB")
+    advice = advise(estimate(config, target), config)
+    top, (option,) = advice.largest_batch, advice.options
+    assert option.fits and option.settings == [f"train.batch_size={top // 8 * 8}"]
+    assert estimate(config, target, top).fits
+    assert not estimate(config, target, int(top * 1.1) + 1).fits
+
+
 def test_blocks_that_differ_or_are_too_few_are_not_extended():
     from hpctrain.memory.simulate import repeated_blocks
 
@@ -443,6 +460,20 @@ def test_the_attention_kernel_is_the_one_torch_picks_on_that_gpu(capability, dty
     from hpctrain.memory.attention import choose
 
     assert choose(capability, dtype, head, head, mask, causal_square, 0.0, training) == kernel
+
+
+@pytest.mark.parametrize("capability, kernel, dtype, head, name", [
+    ((9, 0), "flash", torch.bfloat16, 128, "flash or cuDNN"),
+    ((9, 0), "efficient", torch.float16, 64, "efficient or cuDNN"),  # masked: an H200's pick
+    ((9, 0), "efficient", torch.float32, 64, "efficient"),
+    ((9, 0), "efficient", torch.float16, 160, "efficient"),
+    ((8, 0), "efficient", torch.float16, 64, "efficient"), ((8, 0), "flash", torch.float16, 64,
+                                                            "flash")])
+def test_the_kernel_is_named_with_cudnn_where_hopper_may_take_it_for_the_same_memory(
+        capability, kernel, dtype, head, name):
+    from hpctrain.memory.attention import kernel_name
+
+    assert kernel_name(capability, kernel, dtype, head) == name
 
 
 def _gpt_layer_bytes(target: str, *extra: str) -> tuple[float, list[str]]:

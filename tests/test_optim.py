@@ -62,6 +62,28 @@ def test_each_optimiser_trains(name, kind):
     assert losses[-1] < losses[0] and math.isfinite(losses[-1])
 
 
+@pytest.mark.parametrize("name", ["sgd", "adamw"])
+def test_a_step_the_fp16_loss_scaler_skips_leaves_the_gpu_optimiser_untouched(name):
+    """The optimiser built for a GPU (fused kernels run on the CPU too) meets an overflowed
+    first step: the scaler skips it, and the next good step moves the weights as it would have
+    without the overflow (torch's fused SGD filled its momentum from uninitialised memory)."""
+    from hpctrain.train.precision import Precision
+
+    def two_steps(overflow: bool) -> torch.Tensor:
+        weight = torch.nn.Parameter(torch.ones(4))
+        optim = OptimConfig(name=name, momentum=0.9, nesterov=True, weight_decay=0.0)
+        optimizer = build_optimizer(torch.nn.ParameterList([weight]), optim, 0.1,
+                                    torch.device("cuda"))
+        precision = Precision("fp16", torch.device("cpu"))
+        for step in ([float("inf"), 1.0] if overflow else [1.0]):
+            precision.backward((weight * step).sum())
+            precision.step(optimizer, [weight], clip_norm=None)
+            optimizer.zero_grad()
+        return weight.detach()
+
+    assert torch.equal(two_steps(overflow=True), two_steps(overflow=False))
+
+
 def test_weight_ema_follows_the_weights_at_its_decay():
     from hpctrain.train.optim import WeightEma
 

@@ -318,3 +318,14 @@ def test_bad_traces_are_named_with_exit_code_2(run_cli, tmp_path):
     assert code == 2 and "without a recipe" in err
     code, _, err = run_cli("profile", "default", "--steps", "0")
     assert code == 2 and "--steps 0" in err
+
+
+def test_a_span_narrower_than_a_pixel_draws_where_floats_round_down():
+    from PIL import Image, ImageDraw
+
+    from hpctrain.profiling.picture import Shape, pixel_box
+
+    x = 255.70981190280204  # x + 1 - 1 < x in floating point
+    box = pixel_box(Shape(x, 10, 0.5, 16))
+    assert box[2] >= box[0] and box[3] >= box[1]
+    ImageDraw.Draw(Image.new("RGB", (400, 40))).rectangle(box, fill="#000000")

@@ -76,15 +76,42 @@ def checkpointing_counterpart(base: Estimate, config: Config) -> Estimate | None
                           not config.model.activation_checkpointing)
 
 
+REFINEMENTS = 3  # estimates made beyond the first line, each on a better line
+
+
 def largest_batch(base: Estimate, config: Config) -> int:
-    """The largest per-device batch that fits, from the peak's line through two batch sizes."""
+    """The largest per-device batch that fits: on the peak's line through two batch sizes,
+    checked by an estimate there. The peak is the highest of several phases' lines (the
+    optimiser step's at small batches, the activations' at large ones), so a line through two
+    small batches can be too shallow: gpt-1b's through 12 and 24 promised 237 on an H200,
+    where 232 needs 157 GiB. A guess that does not fit makes the next line, through it and the
+    largest batch known to fit, which a convex peak puts at or below the true largest."""
     other = max(1, base.batch_size // 2) if base.batch_size > 1 else 2
-    second = estimate(config, base.target, other)
-    slope = (base.peak - second.peak) / (base.batch_size - other)
+    known = [base, estimate(config, base.target, other)]
+    for _ in range(REFINEMENTS + 1):
+        fitting = [e for e in known if e.fits]
+        anchor = max(fitting, key=lambda e: e.batch_size) if fitting else \
+            min(known, key=lambda e: e.batch_size)
+        over = [e for e in known if not e.fits and e.batch_size > anchor.batch_size]
+        beyond = min(over or [e for e in known if e is not anchor],
+                     key=lambda e: abs(e.batch_size - anchor.batch_size))
+        top = _on_the_line(anchor, beyond)
+        if top < 1 or top >= MAX_BATCH or any(e.batch_size == top for e in known):
+            return top
+        guess = estimate(config, base.target, top)
+        if guess.fits:
+            return top
+        known.append(guess)
+    return max((e.batch_size for e in known if e.fits), default=0)
+
+
+def _on_the_line(a: Estimate, b: Estimate) -> int:
+    """Where the line of the peak through two estimates reaches what the device allows."""
+    slope = (a.peak - b.peak) / (a.batch_size - b.batch_size)
     if slope <= 0:
         return MAX_BATCH
-    fixed = base.peak - slope * base.batch_size
-    return min(MAX_BATCH, max(0, math.floor((base.target.usable() - fixed) / slope)))
+    fixed = a.peak - slope * a.batch_size
+    return min(MAX_BATCH, max(0, math.floor((a.target.usable() - fixed) / slope)))
 
 
 def round_batch(batch: int) -> int:

@@ -16,7 +16,9 @@ parts that decide memory:
   9.15 or newer takes cuDNN attention first where it applies (head size a multiple of 8, at
   most 128): it keeps the same (the output and one fp32 statistic per query row), and which
   one runs depends on the target's torch and cuDNN, not on the model, so the prediction runs
-  flash and names both;
+  flash and names both. cuDNN also takes an explicit mask (torch 2.11 on an H200 chose it for
+  fp16, head size 64, a boolean mask); it then keeps what the efficient kernel keeps, the mask
+  turned into a bias included, so the prediction runs that one and names both;
 - memory-efficient attention on sm50 to sm121, also fp32 and with a mask: head size a multiple
   of 8 for fp16/bf16 (Tensor Cores), of 4 for fp32 on sm80 and later;
 - math attention otherwise.
@@ -70,8 +72,7 @@ class TargetAttention(TorchFunctionMode):
         causal, scale = call.get("is_causal", False), call.get("scale")
         kernel = choose(self.capability, q.dtype, q.shape[-1], v.shape[-1], mask is not None,
                         q.shape[-2] == k.shape[-2], dropout, q.requires_grad)
-        hopper = self.capability[0] in (9, 10) and kernel == "flash"
-        self.chosen.add(f"{'flash or cuDNN' if hopper else kernel} "
+        self.chosen.add(f"{kernel_name(self.capability, kernel, q.dtype, q.shape[-1])} "
                         f"(sm{self.capability[0]}{self.capability[1]}, "
                         f"{str(q.dtype).removeprefix('torch.')}, head size {q.shape[-1]}"
                         f"{', causal' if causal else ''}{', masked' if mask is not None else ''})")
@@ -85,3 +86,13 @@ class TargetAttention(TorchFunctionMode):
             return aten._scaled_dot_product_efficient_attention(
                 q, k, v, mask, True, dropout, causal, scale=scale)[0]
         return func(*args, **kwargs)
+
+
+def kernel_name(capability: tuple[int, int], kernel: str, dtype: torch.dtype, head_dim: int) -> str:
+    """The kernel's name, with cuDNN attention where a Hopper or Blackwell GPU may take it
+    instead for the same memory (the module's docstring says when)."""
+    cudnn = capability[0] in (9, 10) and dtype in HALF and head_dim % 8 == 0 \
+        and head_dim <= 128
+    if capability[0] in (9, 10) and kernel == "flash":
+        return "flash or cuDNN"
+    return f"{kernel} or cuDNN" if cudnn and kernel == "efficient" else kernel

@@ -118,5 +118,11 @@ def write_png(path: Path, evidence: Evidence, verdict: Verdict, title: str) -> N
                 fonts[size] = ImageFont.load_default(size=size)
             draw.text((s.x, s.y), s.text, fill=s.colour, font=fonts[size])
         else:
-            draw.rectangle([s.x, s.y, s.x + max(s.w, 1) - 1, s.y + s.h - 1], fill=s.colour)
+            draw.rectangle(pixel_box(s), fill=s.colour)
     writers.write_png(path, image)
+
+
+def pixel_box(s: Shape) -> list[float]:
+    """Pillow's corners of a rectangle, at least a pixel wide and high even as floats round
+    (x + 1 - 1 can fall below x, which Pillow refuses: an fp8 profile on an H200 did)."""
+    return [s.x, s.y, max(s.x, s.x + s.w - 1), max(s.y, s.y + s.h - 1)]

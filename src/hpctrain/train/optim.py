@@ -41,11 +41,21 @@ def param_groups(model: nn.Module, weight_decay: float, no_decay_norm_bias: bool
 
 def build_optimizer(model: nn.Module, optim: OptimConfig, lr: float,
                     device: torch.device) -> torch.optim.Optimizer:
+    """On a GPU SGD and AdamW are fused: the kernel itself skips a step fp16's loss scaler
+    refuses, with no host-device synchronisation (torch's GradScaler asks the host for the
+    others). Fused SGD's momentum starts as zeros, not on its first step: torch's kernel (2.11
+    to 2.14 at least) allocates it there uninitialised and, when the scaler skips that step
+    (the usual first fp16 step), never fills it, and the weights blew up a step later on an
+    H200. Zeros are what the first step would have made of it (buffer = 0 x momentum + grad)."""
     groups = param_groups(model, optim.weight_decay, optim.no_decay_norm_bias)
     fast = {"fused": True} if device.type == "cuda" else {"foreach": True}
     if optim.name == "sgd":
-        return torch.optim.SGD(groups, lr=lr, momentum=optim.momentum,
-                               nesterov=optim.nesterov and optim.momentum > 0, **fast)
+        sgd = torch.optim.SGD(groups, lr=lr, momentum=optim.momentum,
+                              nesterov=optim.nesterov and optim.momentum > 0, **fast)
+        if optim.momentum > 0:
+            for param in (p for group in sgd.param_groups for p in group["params"]):
+                sgd.state[param]["momentum_buffer"] = torch.zeros_like(param)
+        return sgd
     if optim.name == "adamw":
         return torch.optim.AdamW(groups, lr=lr, betas=optim.betas, **fast)
     from timm.optim import Lamb, Lars

@@ -1,0 +1,57 @@
+#!/bin/bash
+# The "Owed on a GPU" rows of docs/benchmarks.md as one batch for the lent GPU machine, most
+# valuable first, each bounded by its own limit and by the call's deadline; the log goes to
+# $OUT/all.log. Run from the repository root there:
+#   BUDGET=540 bash benchmarks/owed_on_gpu.sh        (with .whl carried: see below)
+# The device's python3 has torch, torchvision, timm, lightning and HTA's needs but not
+# pydantic, optuna, torchao, simplejpeg or HolisticTraceAnalysis: download their wheels here
+# into .whl/ (docs/benchmarks.md, "Owed on a GPU") and carry that folder.
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/owed}; mkdir -p "$OUT"
+T0=$(date +%s); DEADLINE=$((T0 + ${BUDGET:-540}))
+LOG=$OUT/all.log
+step() {  # step NAME LIMIT_S COMMAND...
+  local name=$1 lim=$2; shift 2
+  local now; now=$(date +%s); local left=$((DEADLINE - now))
+  if [ $left -lt 15 ]; then echo "=== SKIPPED $name (no time left)" >>"$LOG"; return; fi
+  [ "$lim" -gt $left ] && lim=$left
+  echo "=== [$((now - T0))s] $name (limit ${lim}s): $*" >>"$LOG"
+  timeout -k 5 "$lim" "$@" >>"$LOG" 2>&1; local rc=$?
+  echo "=== $name rc=$rc after $(( $(date +%s) - now ))s" >>"$LOG"
+}
+WHEELS=${WHEELS:-.whl}
+if compgen -G "$WHEELS/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+    "$WHEELS"/*.whl >>"$LOG" 2>&1 || { echo "the carried wheels did not install" >>"$LOG"; exit 1; }
+fi
+export PYTHONPATH=/tmp/site:$PWD/src
+# hpctrain's console script as pip writes it: without the __main__ guard every process a
+# spawn pool starts would run the command again
+if ! command -v hpctrain >/dev/null; then
+  BIN=$(dirname "$(python3 -c 'import sys; print(sys.executable)')")
+  GUARD='if __name__ == "__main__":\n    sys.exit(entry())\n'
+  printf "#!%s\nimport sys\nfrom hpctrain.console import entry\n$GUARD" "$BIN/python3" \
+    >"$BIN/hpctrain" && chmod +x "$BIN/hpctrain"
+fi
+nvidia-smi -L >>"$LOG" 2>&1 || echo "no nvidia-smi here" >>"$LOG"
+step gpu-tests 150 python3 -m pytest -m gpu -q -p no:cacheprovider -ra --tb=short tests/test_gpu.py
+step throughput 150 python3 benchmarks/gpu_throughput.py --table images --steps 30 --warmup 10
+step fp8-table 150 python3 benchmarks/gpu_throughput.py --table transformer --steps 10 --warmup 5
+step lm-124m 100 python3 benchmarks/lm_overhead.py --model hpctrain:gpt_124m --seq-len 1024 \
+  --batch-size 16 --precision bf16 --compile true --rounds 2 --steps 20
+step mem-accuracy 90 python3 benchmarks/memory_accuracy.py --device cuda --scale 4
+step profile 60 hpctrain profile default output_dir=/tmp/prof --steps 5
+TRACE=$(ls /tmp/prof/*/profile/trace.rank0.json.gz 2>/dev/null | head -1)
+[ -n "$TRACE" ] && step hta 40 python3 benchmarks/trace_analysis.py --megabytes 0 \
+  --hta python3 --trace "$TRACE"
+step fused-eval 60 python3 benchmarks/fused_eval.py --compile
+step lightning 120 python3 benchmarks/lightning_step.py --model torchvision:resnet50 \
+  --image-size 224 --batch-size 256 --precision bf16 --channels-last true --compile true \
+  --rounds 2 --steps 10
+step run-default 90 hpctrain run output_dir=/tmp/runs
+step run-tiny-lm 90 hpctrain run tiny-lm output_dir=/tmp/runs
+step run-pointnet 90 hpctrain run pointnet output_dir=/tmp/runs
+step solve 60 hpctrain bench solve --size 8192 --device cuda --precisions fp16,bf16,tf32,fp32
+step decode-gpu 60 hpctrain bench data default data.decode=gpu --model
+step decode-cpu 60 hpctrain bench data default data.decode=cpu --model
+echo "=== done at $(( $(date +%s) - T0 ))s" >>"$LOG"
