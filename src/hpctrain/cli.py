@@ -516,7 +516,7 @@ def cmd_memory(args) -> int:
     if args.find_batch_size:
         from hpctrain.memory.batch_search import find_batch_size
 
-        start = round_batch(advice.largest_batch or largest_batch(est, config)) or 1
+        start = round_batch(advice.largest_batch or largest_batch(est, config)[0]) or 1
         search = find_batch_size(config, target, start, steps=args.steps, env=env)
     if env.rank != 0:
         return 0

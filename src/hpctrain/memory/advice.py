@@ -42,7 +42,7 @@ class Advice:
     decision: str  # fits | shard | activations | model-parallel
     summary: str
     options: list[Option] = field(default_factory=list)
-    largest_batch: int | None = None  # per device, at the recipe's settings
+    largest_batch: int | None = None  # per device, where the peak meets the device's limit
 
     def to_json(self) -> dict:
         return {"decision": self.decision, "summary": self.summary,
@@ -76,33 +76,24 @@ def checkpointing_counterpart(base: Estimate, config: Config) -> Estimate | None
                           not config.model.activation_checkpointing)
 
 
-REFINEMENTS = 3  # estimates made beyond the first line, each on a better line
-
-
-def largest_batch(base: Estimate, config: Config) -> int:
-    """The largest per-device batch that fits: on the peak's line through two batch sizes,
-    checked by an estimate there. The peak is the highest of several phases' lines (the
-    optimiser step's at small batches, the activations' at large ones), so a line through two
-    small batches can be too shallow: gpt-1b's through 12 and 24 promised 237 on an H200,
-    where 232 needs 157 GiB. A guess that does not fit makes the next line, through it and the
-    largest batch known to fit, which a convex peak puts at or below the true largest."""
+def largest_batch(base: Estimate, config: Config) -> tuple[int, Estimate | None]:
+    """Where the peak meets the device's limit, and the estimate at that batch rounded down
+    to a multiple of 8 where one was made (it fits). The peak is the highest of lines in the
+    batch (each allocation's bytes grow linearly with it), so it is convex: the line through
+    two batches that fit promises too much where the peak changes phase (the optimiser's at
+    small batches, checkpointed activations' at large ones; gpt-1b's line through 12 and 24
+    promised 237 on an H200, where 232 needs 157 GiB). So that guess is estimated; where it
+    does not fit, the line through it and the largest batch that does meets the limit at or
+    below the true largest, which convexity makes fit without another estimate."""
     other = max(1, base.batch_size // 2) if base.batch_size > 1 else 2
-    known = [base, estimate(config, base.target, other)]
-    for _ in range(REFINEMENTS + 1):
-        fitting = [e for e in known if e.fits]
-        anchor = max(fitting, key=lambda e: e.batch_size) if fitting else \
-            min(known, key=lambda e: e.batch_size)
-        over = [e for e in known if not e.fits and e.batch_size > anchor.batch_size]
-        beyond = min(over or [e for e in known if e is not anchor],
-                     key=lambda e: abs(e.batch_size - anchor.batch_size))
-        top = _on_the_line(anchor, beyond)
-        if top < 1 or top >= MAX_BATCH or any(e.batch_size == top for e in known):
-            return top
-        guess = estimate(config, base.target, top)
-        if guess.fits:
-            return top
-        known.append(guess)
-    return max((e.batch_size for e in known if e.fits), default=0)
+    second = estimate(config, base.target, other)
+    fitting = max((e for e in (base, second) if e.fits), key=lambda e: e.batch_size,
+                  default=None)
+    top = _on_the_line(base, second)
+    if fitting is None or round_batch(top) <= fitting.batch_size or top >= MAX_BATCH:
+        return top, None
+    guess = estimate(config, base.target, round_batch(top))
+    return (top, guess) if guess.fits else (_on_the_line(fitting, guess), None)
 
 
 def _on_the_line(a: Estimate, b: Estimate) -> int:
@@ -143,15 +134,16 @@ def advise(base: Estimate, config: Config, counterpart: Estimate | None = None) 
     that step again."""
     cap = fmt_bytes(base.target.capacity)
     if base.fits:
-        top = largest_batch(base, config)
+        top, rounded = largest_batch(base, config)
         advice = Advice("fits", f"fits: {fmt_bytes(base.in_use)} of {cap} per device; "
                         "data parallelism needs no sharding (parallel.strategy=ddp)",
                         largest_batch=top)
         if round_batch(top) > base.batch_size:
-            bigger = estimate(config, base.target, round_batch(top))
+            bigger = rounded or estimate(config, base.target, round_batch(top))
             advice.options.append(_option(
                 [f"train.batch_size={round_batch(top)}"], bigger,
-                f"the largest per-device batch that fits ({top}, rounded to a multiple of 8)"))
+                f"the largest per-device batch that fits in multiples of 8 (the peak meets "
+                f"the limit near {top})"))
         return advice
     if not _states_fit(base):
         extra: list[str] = []
@@ -184,7 +176,7 @@ def _activation_options(base: Estimate, config: Config,
             options.append(_option(["model.activation_checkpointing=true"], ckpt,
                                    "recompute each block in backward: about a third more "
                                    "compute"))
-    top = largest_batch(base, config)
+    top, _ = largest_batch(base, config)
     if top >= 1:
         steps = 2 ** math.ceil(math.log2(base.batch_size / top))
         micro = max(1, base.batch_size // steps)

@@ -265,10 +265,26 @@ def _simulated(spec: StepSpec, batch_size: int, keep: int | None = None) -> _Sim
     with mode, tracker:
         tracker.track_model(model)
         optimizer = spec.build_optimizer(model)
-        end = run_steps(spec, model, optimizer, batch_size, torch.device("cpu"), tracker)
+        _prime(optimizer, tracker)
+        end = run_steps(spec, model, optimizer, batch_size, torch.device("cpu"), tracker,
+                        steps=1)
     cuda, kernels = _forward_split(spec, batch_size, "cuda", keep) \
         if spec.target == "cuda" else (None, set())
     return _Simulated(dict(tracker.phase_peaks), end, cuda, kernels)
+
+
+def _prime(optimizer: torch.optim.Optimizer, tracker: LiveMemory) -> None:
+    """The optimiser's states made as its first step makes them, without that step's forward
+    and backward (a third of a simulation's time): zero gradients, one step, the gradients
+    dropped. The one step simulated then starts with every state in place, as a steady-state
+    step does."""
+    tracker.phase = "optimizer"
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            param.grad = torch.zeros_like(param)
+    optimizer.step()
+    tracker.track_optimizer(optimizer)
+    optimizer.zero_grad(set_to_none=True)
 
 
 def simulate(spec: StepSpec, batch_size: int, extend: bool = True) -> Footprint:

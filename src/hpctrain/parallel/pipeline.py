@@ -29,6 +29,7 @@ each batch through the stages forward only.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import MethodType
@@ -72,14 +73,15 @@ RESNET_FAMILY = Family("resnet", "stages", ("stem",), (), ("head",),
 
 
 def family_of(model: nn.Module) -> Family | None:
-    """The built-in GPT, timm's ViTs, hpctrain's ResNets (their stages are the blocks)."""
-    from timm.models.vision_transformer import VisionTransformer
-
+    """The built-in GPT, timm's ViTs, hpctrain's ResNets (their stages are the blocks). timm
+    is asked only where a model of its was built (importing it takes seconds: `hpctrain
+    memory gpt-1b` spent three of its twenty here)."""
     if isinstance(model, GPT):
         return GPT_FAMILY
-    if isinstance(model, VisionTransformer):
-        return VIT_FAMILY
-    return RESNET_FAMILY if isinstance(model, ResNetSmall) else None
+    if isinstance(model, ResNetSmall):
+        return RESNET_FAMILY
+    vit = sys.modules.get("timm.models.vision_transformer")
+    return VIT_FAMILY if vit and isinstance(model, vit.VisionTransformer) else None
 
 
 def check(model: nn.Module, stages: int, model_name: str, per_rank: int = 1,
