@@ -211,11 +211,24 @@ class TokenBlocks(Dataset):
         return int(self.first_block[-1])
 
     def __getitem__(self, key) -> torch.Tensor:
-        index = int(key[0] if isinstance(key, tuple) else key)
-        shard = int(np.searchsorted(self.first_block, index, side="right") - 1)
-        start = (index - int(self.first_block[shard])) * self.seq_len
-        ids = self.split.shard(shard)[start:start + self.seq_len + 1]
-        return self.split.checked(ids, f"{self.split.shards[shard].name} at {start}")
+        return self.__getitems__([key])[0]
+
+    def __getitems__(self, keys: list) -> list[torch.Tensor]:
+        """A batch's blocks in one pass: where each starts, found for all of them at once,
+        copied into one int32 array and checked against the vocabulary once (the DataLoader
+        asks for a whole batch here; one block at a time cost more than LitData's loader)."""
+        index = np.fromiter((k[0] if isinstance(k, tuple) else k for k in keys), np.int64,
+                            len(keys))
+        shards = np.searchsorted(self.first_block, index, side="right") - 1
+        starts = (index - self.first_block[shards]) * self.seq_len
+        out = np.empty((len(keys), self.seq_len + 1), np.int32)
+        for row, (shard, start) in enumerate(zip(shards.tolist(), starts.tolist())):
+            out[row] = self.split.shard(shard)[start:start + self.seq_len + 1]
+        if out.size and int(out.max()) >= self.split.vocab_size:
+            row = int(np.argmax(out.max(axis=1) >= self.split.vocab_size))
+            self.split.checked(out[row], f"{self.split.shards[shards[row]].name} at "
+                                         f"{starts[row]}")  # names the damage and raises
+        return list(torch.from_numpy(out))
 
 
 class TokenDocuments(Dataset):
