@@ -118,15 +118,19 @@ def budget_used(trials: list) -> int:
     return len(started) - sum(1 for t in started if "retry_of" in t.user_attrs)
 
 
-def fail_stale(study, folder: Path, now: float | None = None) -> list[int]:
-    """Fail the RUNNING trials whose heartbeat is older than STALE_SECONDS and queue a retry
-    of each (same parameters, same run directory); the numbers failed."""
+def fail_stale(study, folder: Path, now: float | None = None,
+               trials: list | None = None) -> list[int]:
+    """Fail the RUNNING trials (of `trials`, the study's as just read, where given) whose
+    heartbeat is older than STALE_SECONDS and queue a retry of each (same parameters, same
+    run directory); the numbers failed."""
     from optuna.trial import TrialState
 
     now = time.time() if now is None else now
     beats = _heartbeats(folder)
     failed = []
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+    running = [t for t in trials if t.state == TrialState.RUNNING] if trials is not None \
+        else study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    for trial in running:
         last = beats.get(trial.number, trial.datetime_start.timestamp())
         if now - last <= STALE_SECONDS:
             continue
@@ -141,7 +145,10 @@ def fail_stale(study, folder: Path, now: float | None = None) -> list[int]:
 def take_trial(study, search: Search, folder: Path, slot: str,
                parameters: list[Parameter]) -> Claim | None:
     """The trial this slot runs next: its own unfinished one, else a retry, else a new one
-    while the budget lasts; None when there is nothing left to take."""
+    while the budget lasts; None when there is nothing left to take. Under the lock only
+    what decides which trial it is (one read of the trials, the stale ones failed, the trial
+    created); its parameters are sampled after the lock is released: TPE's proposal reads
+    every trial again and fits its estimators, which 32 workers waited for in turn."""
     from optuna.storages.journal import JournalFileSymlinkLock
     from optuna.trial import TrialState
 
@@ -159,20 +166,37 @@ def take_trial(study, search: Search, folder: Path, slot: str,
             own = trials[mine["trial"]]
             _write_claim(folder, slot, own.number, mine["run_name"])
             return Claim(own.number, mine["run_name"], own.params, resumed=True)
-        fail_stale(study, folder)
-        trials = study.get_trials(deepcopy=False)
+        if fail_stale(study, folder, trials=trials):
+            trials = study.get_trials(deepcopy=False)
         waiting = any(t.state == TrialState.WAITING for t in trials)
         if not waiting and budget_used(trials) >= search.trials:
             claim_file(folder, slot).unlink(missing_ok=True)
             return None
-        trial = study.ask({p.key: p.distribution() for p in parameters})
+        trial = study.ask()
         run_name = trial.user_attrs.get("run_name", f"trial-{trial.number:04d}")
         trial.set_user_attr("run_name", run_name)
         _write_claim(folder, slot, trial.number, run_name)
-        return Claim(trial.number, run_name, dict(trial.params),
-                     resumed="retry_of" in trial.user_attrs)
     finally:
         lock.release()
+    return Claim(trial.number, run_name, _suggest(trial, parameters),
+                 resumed="retry_of" in trial.user_attrs)
+
+
+def _suggest(trial, parameters: list[Parameter]) -> dict:
+    """The trial's value of each parameter, from the sampler (a retry's are its own)."""
+    from optuna.distributions import FloatDistribution, IntDistribution
+
+    for parameter in parameters:
+        spread = parameter.distribution()
+        if isinstance(spread, FloatDistribution):
+            trial.suggest_float(parameter.key, spread.low, spread.high, step=spread.step,
+                                log=spread.log)
+        elif isinstance(spread, IntDistribution):
+            trial.suggest_int(parameter.key, spread.low, spread.high, step=spread.step,
+                              log=spread.log)
+        else:
+            trial.suggest_categorical(parameter.key, spread.choices)
+    return dict(trial.params)
 
 
 def _write_claim(folder: Path, slot: str, number: int, run_name: str) -> None:
