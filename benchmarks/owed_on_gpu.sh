@@ -7,6 +7,7 @@
 # pydantic, optuna, torchao, simplejpeg or HolisticTraceAnalysis: download their wheels here
 # into .whl/ (docs/benchmarks.md, "Owed on a GPU") and carry that folder.
 export PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}  # the interpreter that has torch (the device's python3)
 OUT=${OUT:-/tmp/owed}; mkdir -p "$OUT"
 T0=$(date +%s); DEADLINE=$((T0 + ${BUDGET:-540}))
 LOG=$OUT/all.log
@@ -21,31 +22,31 @@ step() {  # step NAME LIMIT_S COMMAND...
 }
 WHEELS=${WHEELS:-.whl}
 if compgen -G "$WHEELS/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
     "$WHEELS"/*.whl >>"$LOG" 2>&1 || { echo "the carried wheels did not install" >>"$LOG"; exit 1; }
 fi
 export PYTHONPATH=/tmp/site:$PWD/src
 # hpctrain's console script as pip writes it: without the __main__ guard every process a
 # spawn pool starts would run the command again
 if ! command -v hpctrain >/dev/null; then
-  BIN=$(dirname "$(python3 -c 'import sys; print(sys.executable)')")
+  EXE=$("$PY" -c 'import sys; print(sys.executable)'); BIN=$(dirname "$EXE")
   GUARD='if __name__ == "__main__":\n    sys.exit(entry())\n'
-  printf "#!%s\nimport sys\nfrom hpctrain.console import entry\n$GUARD" "$BIN/python3" \
+  printf "#!%s\nimport sys\nfrom hpctrain.console import entry\n$GUARD" "$EXE" \
     >"$BIN/hpctrain" && chmod +x "$BIN/hpctrain"
 fi
 nvidia-smi -L >>"$LOG" 2>&1 || echo "no nvidia-smi here" >>"$LOG"
-step gpu-tests 150 python3 -m pytest -m gpu -q -p no:cacheprovider -ra --tb=short tests/test_gpu.py
-step throughput 150 python3 benchmarks/gpu_throughput.py --table images --steps 30 --warmup 10
-step fp8-table 150 python3 benchmarks/gpu_throughput.py --table transformer --steps 10 --warmup 5
-step lm-124m 100 python3 benchmarks/lm_overhead.py --model hpctrain:gpt_124m --seq-len 1024 \
+step gpu-tests 150 "$PY" -m pytest -m gpu -q -p no:cacheprovider -ra --tb=short tests/test_gpu.py
+step throughput 150 "$PY" benchmarks/gpu_throughput.py --table images --steps 30 --warmup 10
+step fp8-table 150 "$PY" benchmarks/gpu_throughput.py --table transformer --steps 10 --warmup 5
+step lm-124m 100 "$PY" benchmarks/lm_overhead.py --model hpctrain:gpt_124m --seq-len 1024 \
   --batch-size 16 --precision bf16 --compile true --rounds 2 --steps 20
-step mem-accuracy 90 python3 benchmarks/memory_accuracy.py --device cuda --scale 4
+step mem-accuracy 90 "$PY" benchmarks/memory_accuracy.py --device cuda --scale 4
 step profile 60 hpctrain profile default output_dir=/tmp/prof --steps 5
 TRACE=$(ls /tmp/prof/*/profile/trace.rank0.json.gz 2>/dev/null | head -1)
-[ -n "$TRACE" ] && step hta 40 python3 benchmarks/trace_analysis.py --megabytes 0 \
-  --hta python3 --trace "$TRACE"
-step fused-eval 60 python3 benchmarks/fused_eval.py --compile
-step lightning 120 python3 benchmarks/lightning_step.py --model torchvision:resnet50 \
+[ -n "$TRACE" ] && step hta 40 "$PY" benchmarks/trace_analysis.py --megabytes 0 \
+  --hta "$PY" --trace "$TRACE"
+step fused-eval 60 "$PY" benchmarks/fused_eval.py --compile
+step lightning 120 "$PY" benchmarks/lightning_step.py --model torchvision:resnet50 \
   --image-size 224 --batch-size 256 --precision bf16 --channels-last true --compile true \
   --rounds 2 --steps 10
 step run-default 90 hpctrain run output_dir=/tmp/runs

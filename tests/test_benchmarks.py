@@ -136,7 +136,8 @@ def test_the_gpu_batch_runs_its_steps_in_order_and_skips_what_its_deadline_leave
     root = BENCHMARKS.parent
     done = subprocess.run(["bash", str(BENCHMARKS / "owed_on_gpu.sh")], cwd=root,
                           env={**os.environ, "BUDGET": "25", "OUT": str(tmp_path),
-                               "WHEELS": str(tmp_path / "no-wheels")},
+                               "WHEELS": str(tmp_path / "no-wheels"),
+                               "PYTHON": sys.executable},
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     log = (tmp_path / "all.log").read_text()
