@@ -88,11 +88,13 @@ class TargetAttention(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def kernel_name(capability: tuple[int, int], kernel: str, dtype: torch.dtype, head_dim: int) -> str:
+def kernel_name(capability: tuple[int, int], kernel: str, dtype: torch.dtype,
+                head_dim: int) -> str:
     """The kernel's name, with cuDNN attention where a Hopper or Blackwell GPU may take it
     instead for the same memory (the module's docstring says when)."""
-    cudnn = capability[0] in (9, 10) and dtype in HALF and head_dim % 8 == 0 \
-        and head_dim <= 128
-    if capability[0] in (9, 10) and kernel == "flash":
+    hopper = capability[0] in (9, 10)
+    if hopper and kernel == "flash":
         return "flash or cuDNN"
-    return f"{kernel} or cuDNN" if cudnn and kernel == "efficient" else kernel
+    cudnn = hopper and kernel == "efficient" and dtype in HALF and head_dim % 8 == 0 \
+        and head_dim <= 128
+    return f"{kernel} or cuDNN" if cudnn else kernel

@@ -27,7 +27,8 @@ def banner(parts, resume_from: Path | None) -> str:
         f"  device {p.device} ({p.device_name}), precision {p.precision}, channels_last "
         f"{p.channels_last}, compile {p.compile}, cudnn.benchmark {p.cudnn_benchmark}",
         f"  task {parts.task.name}, model {c.model.name} "
-        f"({parts.model_flops.parameters / 1e6:.2f} M parameters), data {c.data.dataset} ({len(parts.data.train_loader.dataset)} train / "
+        f"({parts.model_flops.parameters / 1e6:.2f} M parameters), data {c.data.dataset} "
+        f"({len(parts.data.train_loader.dataset)} train / "
         f"{len(parts.data.val_loader.dataset)} val {_samples(parts)}, "
         f"{parts.data.num_workers} workers per process)",
         f"  global batch {parts.global_batch_size} (batch {parts.batch_size} x "

@@ -31,6 +31,20 @@ class Parameter:
     choices: tuple = ()
     spec: str = ""  # as the user wrote it
 
+    def suggest(self, trial):
+        """This parameter's value for `trial`, from the study's sampler (an enqueued retry's
+        own value where it has one), through the distribution above."""
+        from optuna.distributions import FloatDistribution, IntDistribution
+
+        spread = self.distribution()
+        if isinstance(spread, FloatDistribution):
+            return trial.suggest_float(self.key, spread.low, spread.high, step=spread.step,
+                                       log=spread.log)
+        if isinstance(spread, IntDistribution):
+            return trial.suggest_int(self.key, spread.low, spread.high, step=spread.step,
+                                     log=spread.log)
+        return trial.suggest_categorical(self.key, spread.choices)
+
     def distribution(self):
         """The Optuna distribution this parameter is sampled from."""
         from optuna.distributions import (CategoricalDistribution, FloatDistribution,

@@ -178,25 +178,8 @@ def take_trial(study, search: Search, folder: Path, slot: str,
         _write_claim(folder, slot, trial.number, run_name)
     finally:
         lock.release()
-    return Claim(trial.number, run_name, _suggest(trial, parameters),
+    return Claim(trial.number, run_name, {p.key: p.suggest(trial) for p in parameters},
                  resumed="retry_of" in trial.user_attrs)
-
-
-def _suggest(trial, parameters: list[Parameter]) -> dict:
-    """The trial's value of each parameter, from the sampler (a retry's are its own)."""
-    from optuna.distributions import FloatDistribution, IntDistribution
-
-    for parameter in parameters:
-        spread = parameter.distribution()
-        if isinstance(spread, FloatDistribution):
-            trial.suggest_float(parameter.key, spread.low, spread.high, step=spread.step,
-                                log=spread.log)
-        elif isinstance(spread, IntDistribution):
-            trial.suggest_int(parameter.key, spread.low, spread.high, step=spread.step,
-                              log=spread.log)
-        else:
-            trial.suggest_categorical(parameter.key, spread.choices)
-    return dict(trial.params)
 
 
 def _write_claim(folder: Path, slot: str, number: int, run_name: str) -> None:

@@ -187,12 +187,16 @@ class TokenSplit:
                           np.zeros(0, self.dtype) for p, n in zip(self.shards, self.shard_tokens)]
         return self._maps[number]
 
-    def checked(self, ids: np.ndarray, where: str) -> torch.Tensor:
-        """Ids as an int32 tensor, after making sure each fits the vocabulary (a damaged
-        shard must not index past the embedding table on the device)."""
+    def check_ids(self, ids: np.ndarray, where: str) -> None:
+        """Refuse ids outside the vocabulary (a damaged shard must not index past the
+        embedding table on the device)."""
         if len(ids) and int(ids.max()) >= self.vocab_size:
             raise DataError(f"token pack {where}: id {int(ids.max())} is outside the "
                             f"vocabulary of {self.vocab_size}: the shard is damaged; pack again")
+
+    def checked(self, ids: np.ndarray, where: str) -> torch.Tensor:
+        """Ids as an int32 tensor, once `check_ids` has passed them."""
+        self.check_ids(ids, where)
         return torch.from_numpy(ids.astype(np.int32))
 
 
@@ -224,10 +228,10 @@ class TokenBlocks(Dataset):
         out = np.empty((len(keys), self.seq_len + 1), np.int32)
         for row, (shard, start) in enumerate(zip(shards.tolist(), starts.tolist())):
             out[row] = self.split.shard(shard)[start:start + self.seq_len + 1]
-        if out.size and int(out.max()) >= self.split.vocab_size:
+        if out.size and int(out.max()) >= self.split.vocab_size:  # name the damaged block
             row = int(np.argmax(out.max(axis=1) >= self.split.vocab_size))
-            self.split.checked(out[row], f"{self.split.shards[shards[row]].name} at "
-                                         f"{starts[row]}")  # names the damage and raises
+            self.split.check_ids(out[row], f"{self.split.shards[shards[row]].name} at "
+                                           f"{starts[row]}")
         return list(torch.from_numpy(out))
 
 
