@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from hpctrain.config import AugmentConfig
-from hpctrain.data.batch_buffers import BufferedLoader
+from hpctrain.data.batch_buffers import BufferedLoader, ImageRows
 from hpctrain.data.images.image_folders import crop_rows_columns, draw_view
 from hpctrain.data.images.image_packing import PackOptions, pack
 from hpctrain.data.sampling import EpochSampler, SampleKey
@@ -84,7 +84,7 @@ def stages(dataset: ShardDataset, count: int) -> dict[str, float]:
     return {name: seconds / count * 1e3 for name, seconds in totals.items()}
 
 
-class ReadyRows(Ready):
+class ReadyRows(ImageRows, Ready):
     """For batch buffers: a sample whose row is already written."""
 
     def render_into(self, key, out) -> int:

@@ -8,6 +8,8 @@ three, batch 8, at each sequence length; rounds alternate between the loaders, m
 
 "In-process" reads in the training process itself (0 workers: one core); "2 workers" divides
 the rate by the 2 worker processes that do the reading (the training process only receives).
+hpctrain's rows read into its batch buffers, as a run does (data.loader=auto); "torch's" is the
+same pack through torch's DataLoader (data.loader=torch).
 
     python benchmarks/token_loader.py --tokens 20000000 --seq-lens 1024 8192 --rounds 3
 Needs litdata (the test and bench extras).
@@ -22,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from hpctrain.data.batch_buffers import BufferedLoader
 from hpctrain.data.loader import SignalSafeLoader
 from hpctrain.data.sampling import EpochSampler
 from hpctrain.data.tokens.token_pack import TokenBlocks, TokenPack
@@ -71,13 +74,18 @@ def nanogpt_batches(path: Path, seq_len: int, count: int):
         yield x, y
 
 
-def hpctrain_batches(packed: Path, seq_len: int, count: int, workers: int):
-    """Blocks of the pack as `data.tokens.batching=blocks` reads them (the loader's own
-    sampler and loader class), `count` batches."""
+def hpctrain_batches(packed: Path, seq_len: int, count: int, workers: int,
+                     buffers: bool = True):
+    """Blocks of the pack as `data.tokens.batching=blocks` reads them (the run's sampler, and
+    its batch buffers or, with `buffers` false, torch's DataLoader as data.loader=torch),
+    `count` batches."""
     blocks = TokenBlocks(TokenPack(packed).split("train"), seq_len)
     sampler = EpochSampler(len(blocks), 0, shuffle=True, seed=0)
-    loader = SignalSafeLoader(blocks, batch_size=BATCH, sampler=sampler, drop_last=True,
-                              num_workers=workers, prefetch_factor=4 if workers else None)
+    if buffers:
+        loader = BufferedLoader(blocks, sampler, BATCH, True, workers, 0, prefetch_factor=4)
+    else:
+        loader = SignalSafeLoader(blocks, batch_size=BATCH, sampler=sampler, drop_last=True,
+                                  num_workers=workers, prefetch_factor=4 if workers else None)
     for number, batch in enumerate(loader):
         if number == count:
             return
@@ -154,6 +162,8 @@ def main() -> None:
             "LitData TokensLoader, in-process": (
                 lambda: litdata_batches(chunks, seq_len, n, 0, root / "lit-cache"), 1),
             "hpctrain pack, 2 workers": (lambda: hpctrain_batches(packed, seq_len, n, 2), 2),
+            "hpctrain pack, 2 workers, torch's": (
+                lambda: hpctrain_batches(packed, seq_len, n, 2, buffers=False), 2),
             "LitData TokensLoader, 2 workers": (
                 lambda: litdata_batches(chunks, seq_len, n, 2, root / "lit-cache"), 2),
         }

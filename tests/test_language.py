@@ -16,7 +16,10 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.utils.data import DataLoader
 
+from hpctrain.data.batch_buffers import BufferedLoader
+from hpctrain.data.sampling import EpochSampler
 from hpctrain.data.tokens import token_packing
 from hpctrain.data.tokens.arithmetic import problems
 from hpctrain.data.tokens.token_packing import TokenPackOptions, pack_tokens
@@ -140,6 +143,44 @@ def test_blocks_tile_the_stream_with_one_token_of_overlap(stream_pack):
     assert len(blocks) == (len(stream) - 1) // 8
     for i in range(len(blocks)):
         assert blocks[i].tolist() == stream[i * 8:i * 8 + 9]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_blocks_through_batch_buffers_are_torch_dataloaders_to_the_bit(stream_pack, workers):
+    """data.loader=auto reads token blocks into shared batch buffers (batch_buffers.py): the
+    same batches as torch's DataLoader, training (shuffled, two epochs) and validation (padded
+    to the ranks, its last batch short), on either of 2 ranks."""
+    blocks = TokenBlocks(stream_pack.split("train"), seq_len=4)
+    for rank, (shuffle, batch, drop_last) in ((0, (True, 3, True)), (1, (False, 4, False))):
+        sampler = EpochSampler(len(blocks), 0, shuffle=shuffle, seed=5, rank=rank,
+                               world_size=2, pad=not shuffle)
+        buffered = BufferedLoader(blocks, sampler, batch, drop_last, workers, 0,
+                                  prefetch_factor=2)
+        torch_loader = DataLoader(blocks, batch_size=batch, sampler=sampler,
+                                  drop_last=drop_last)
+        for epoch in (0, 1):
+            sampler.set_epoch(epoch, 0)
+            got = [rows.clone() for rows in buffered]  # a buffer is reused later
+            expected = list(torch_loader)
+            assert len(got) == len(expected) == len(buffered) > 1
+            assert all(a.dtype == torch.int32 and a.equal(b) for a, b in zip(got, expected))
+        buffered.close()
+
+
+def test_a_damaged_block_read_by_a_buffer_worker_is_named_in_the_training_process(
+        stream_pack, tmp_path):
+    copy = tmp_path / "damaged"
+    shutil.copytree(stream_pack.root, copy)
+    ids = np.fromfile(copy / "train-00000.bin", dtype="<u2")
+    ids[9] = 60000  # in the third block of 4 (+1) tokens, which starts at 8
+    ids.tofile(copy / "train-00000.bin")
+    split = TokenPack(copy).split("train")
+    blocks = TokenBlocks(split, seq_len=4)
+    loader = BufferedLoader(blocks, EpochSampler(len(blocks), 0, shuffle=False), 2, True, 1, 0)
+    with pytest.raises(DataError, match="train-00000.bin at 8: id 60000 is outside the "
+                                        "vocabulary"):
+        list(loader)
+    loader.close()
 
 
 def test_documents_start_with_end_of_text_and_long_ones_are_cut_in_pieces(stream_pack):

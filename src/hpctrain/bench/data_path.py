@@ -177,7 +177,7 @@ def bench_data(recipe: str | None, overrides: list[str], workers: list[int] | No
         decode_one_core=decode_rate(train_set, min(seconds, 3.0)))
     collate = collate_for(config.data) if not tokens else \
         pad_documents if config.data.tokens.batching == "documents" else None
-    buffers = not tokens and uses_buffers(config.data, train_set)
+    buffers = uses_buffers(config.data, train_set)
     for count in workers or worker_grid(cores):
         for depth in prefetch:
             rate = loader_rate(train_set, batch, config.data.image_size, count, depth,

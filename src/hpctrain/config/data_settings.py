@@ -165,7 +165,8 @@ class DataConfig(Section):
     loader: Literal["auto", "buffers", "torch"] = Field(
         "auto", description="buffers: workers write each sample straight into batch buffers "
         "in shared memory, reused every step (data/batch_buffers.py); torch: torch's "
-        "DataLoader; auto: buffers for packs and image folders decoded on the CPU")
+        "DataLoader; auto: buffers for packs and image folders decoded on the CPU and for "
+        "the blocks of a token pack")
     on_bad_image: Literal["skip", "fail"] = "skip"
     augment: AugmentConfig = AugmentConfig()
     progressive: ProgressiveConfig = ProgressiveConfig()

@@ -1,15 +1,21 @@
 """Batches assembled where they are made (data.loader=buffers: packs and image folders
-decoded on the CPU).
+decoded on the CPU, and blocks of a token pack).
 
 torch's DataLoader hands each batch from a worker to the training process through a fresh
 shared-memory segment: the worker stacks its samples into it (a copy), sends its handle, the
 training process maps it and the pages fault in on both sides. Per 224-px image that cost
-0.1 ms here against 0.73 ms of decoding (docs/benchmarks.md, data_stages). Here the batch
-buffers are allocated in shared memory once, a few more than the batches in flight, and reused
-every step: a worker renders each sample straight into its row (the resize or the flip writes
-into the buffer) and says only "batch n is ready". With pin=True (a GPU run) the buffers are
-page-locked once, so the copy to the device is asynchronous with no extra copy into pinned
-memory; a slot is refilled only after the copy from it was waited for.
+0.1 ms here against 0.73 ms of decoding (docs/benchmarks.md, data_stages); for blocks of
+tokens, which cost almost nothing to read, it is most of the time. Here the batch buffers are
+allocated in shared memory once, a few more than the batches in flight, and reused every step:
+a worker renders each sample straight into its row (the resize or the flip writes into the
+buffer, a token block is copied into it) and says only "batch n is ready". With pin=True (a
+GPU run) the buffers are page-locked once, so the copy to the device is asynchronous with no
+extra copy into pinned memory; a slot is refilled only after the copy from it was waited for.
+
+A dataset renders into batch buffers when it has `row_layout(size) -> RowLayout` (one
+sample's shape and dtype at the sampler's size, and whether it has a label: images yield
+(rows, labels), token blocks their rows alone) and `render_rows(keys, rows) -> labels`
+(the batch's samples written into `rows`; their labels, or None without).
 
 The batches are the ones torch's loader gives: the same samples, crops and flips (views are
 drawn from the sample keys alone: sampling.py), in order. A batch stays valid until two more
@@ -25,6 +31,7 @@ import queue
 import weakref
 from collections import deque
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import torch
 import torch.multiprocessing as mp
@@ -38,28 +45,54 @@ HELD = 2  # batches the consumer may still read after asking for the next
 POLL_SECONDS = 1.0  # how often a wait checks that the workers live
 
 
-class SharedBatches:
-    """`slots` batch buffers of `rows` images up to `side` x `side` x 3, and their labels."""
+class RowLayout(NamedTuple):
+    """One sample in a batch buffer: its shape and dtype, and whether a label comes with it."""
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    labelled: bool = True
 
-    def __init__(self, slots: int, rows: int, side: int, shared: bool):
-        self.images = _empty((slots, rows * side * side * 3), torch.uint8, shared)
+    @property
+    def bytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+class ImageRows:
+    """For image datasets: rows of `size` x `size` x 3 uint8 (NHWC) with a label, rendered
+    one sample at a time by the dataset's `render_into(key, out) -> label`."""
+
+    def row_layout(self, size: int) -> RowLayout:
+        return RowLayout((size, size, 3), torch.uint8)
+
+    def render_rows(self, keys: list[SampleKey], rows: torch.Tensor) -> list[int]:
+        return [self.render_into(key, row) for key, row in zip(keys, rows)]
+
+
+ALIGN = 64  # each slot starts on a cache line, so that any dtype can view it
+
+
+class SharedBatches:
+    """`slots` batch buffers of `rows` samples of up to `row_bytes` each, and their labels."""
+
+    def __init__(self, slots: int, rows: int, row_bytes: int, shared: bool):
+        slot_bytes = -(-rows * row_bytes // ALIGN) * ALIGN
+        self.data = _empty((slots, slot_bytes), torch.uint8, shared)
         self.labels = _empty((slots, rows), torch.int64, shared)
         self.pinned = False
 
-    def rows(self, slot: int, count: int, size: int) -> torch.Tensor:
-        """The first `count` images of `slot` at `size` px: a contiguous NHWC view."""
-        return self.images[slot, :count * size * size * 3].view(count, size, size, 3)
+    def rows(self, slot: int, count: int, layout: RowLayout) -> torch.Tensor:
+        """The first `count` samples of `slot` laid out as `layout` says: a contiguous view."""
+        return self.data[slot, :count * layout.bytes].view(layout.dtype).view(count,
+                                                                              *layout.shape)
 
     def pin(self) -> None:
-        """Page-lock the image buffers for asynchronous copies to the GPU."""
+        """Page-lock the buffers for asynchronous copies to the GPU."""
         cudart = torch.cuda.cudart()
-        status = cudart.cudaHostRegister(self.images.data_ptr(),
-                                         self.images.numel(), 0)
+        status = cudart.cudaHostRegister(self.data.data_ptr(), self.data.numel(), 0)
         self.pinned = int(status) == 0
 
     def unpin(self) -> None:
         if self.pinned:
-            torch.cuda.cudart().cudaHostUnregister(self.images.data_ptr())
+            torch.cuda.cudart().cudaHostUnregister(self.data.data_ptr())
             self.pinned = False
 
 
@@ -73,9 +106,10 @@ def _empty(shape: tuple[int, int], dtype: torch.dtype, shared: bool) -> torch.Te
 
 
 def render(dataset, batches: SharedBatches, slot: int, keys: list[SampleKey]) -> None:
-    images = batches.rows(slot, len(keys), keys[0].size)
-    for row, key in enumerate(keys):
-        batches.labels[slot, row] = dataset.render_into(key, images[row])
+    layout = dataset.row_layout(keys[0].size)
+    labels = dataset.render_rows(keys, batches.rows(slot, len(keys), layout))
+    if layout.labelled:
+        batches.labels[slot, :len(keys)] = torch.as_tensor(labels)
 
 
 def _work(number: int, dataset, batches: SharedBatches, tasks, done, stop_signals) -> None:
@@ -156,11 +190,12 @@ class _Workers:
 
 
 class BufferedLoader:
-    """A DataLoader for datasets with `render_into(key, out) -> label`: yields (images NHWC
-    uint8, labels) batches of the keys `sampler` gives, rendered by `num_workers` processes
-    (none: in this process) into shared batch buffers.
+    """A DataLoader for datasets that render into batch buffers (the module's docstring):
+    yields (rows, labels) batches, or rows alone, of the keys `sampler` gives, rendered by
+    `num_workers` processes (none: in this process) into shared batch buffers.
 
-    The buffers hold workers x prefetch_factor + 3 batches of the largest image size. They
+    The buffers hold workers x prefetch_factor + 3 batches of the largest sample size (the
+    dataset's rows at `max_size`, the largest size the sampler will ask for). They
     live with the workers: for the whole run with persistent_workers (the training loader),
     for one pass without (the validation loader, whose batches are twice as large)."""
 
@@ -187,7 +222,8 @@ class BufferedLoader:
     @property
     def batches(self) -> SharedBatches:
         if self._live["batches"] is None:
-            self._live["batches"] = SharedBatches(self.slots, self.batch_size, self.max_size,
+            row_bytes = self.dataset.row_layout(self.max_size).bytes
+            self._live["batches"] = SharedBatches(self.slots, self.batch_size, row_bytes,
                                                   shared=self.num_workers > 0)
             if self.pin_memory:
                 self._live["batches"].pin()
@@ -207,7 +243,7 @@ class BufferedLoader:
         if batch and not self.drop_last:
             yield batch
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor] | torch.Tensor]:
         if self.num_workers == 0:
             return self._inline()
         if self._workers is None:
@@ -223,8 +259,11 @@ class BufferedLoader:
             yield self._batch(slot, keys)
 
     def _batch(self, slot: int, keys: list[SampleKey]):
-        images = self.batches.rows(slot, len(keys), keys[0].size)
-        return images, self.batches.labels[slot, :len(keys)].clone()
+        layout = self.dataset.row_layout(keys[0].size)
+        rows = self.batches.rows(slot, len(keys), layout)
+        if not layout.labelled:
+            return rows
+        return rows, self.batches.labels[slot, :len(keys)].clone()
 
     def _drain(self) -> None:
         """Wait for the batches an earlier pass sent and left unread: their workers are

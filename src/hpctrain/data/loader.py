@@ -254,8 +254,8 @@ def build_data(data: DataConfig, batch_size: int, seed: int, device: torch.devic
     shard = dict(rank=rank, world_size=world_size)
     val_size = data.val_image_size or data.image_size
     val_sampler = EpochSampler(len(val_set), val_size, shuffle=False, pad=True, **shard)
-    val_loader = _image_loader(data, val_set, val_sampler, batch_size * 2, False, val_size,
-                               common, between_passes=False)
+    val_loader = _sample_loader(data, val_set, val_sampler, batch_size * 2, False, val_size,
+                                common, between_passes=False)
     if isinstance(train_set, IterableDataset):  # your own stream (streams.py)
         stream = Stream(train_set, data.dataset, rank, world_size, batch_size, seed)
         # fresh workers each epoch: they take the stream's epoch and skip with them
@@ -270,8 +270,8 @@ def build_data(data: DataConfig, batch_size: int, seed: int, device: torch.devic
     train_sampler = EpochSampler(len(train_set), data.image_size, shuffle=True, seed=seed,
                                  **shard)
     largest = max(image_sizes(data), default=data.image_size)  # points, tokens: none
-    train_loader = _image_loader(data, train_set, train_sampler, batch_size, True, largest,
-                                 common, between_passes=True)
+    train_loader = _sample_loader(data, train_set, train_sampler, batch_size, True, largest,
+                                  common, between_passes=True)
     return DataBundle(train_loader, train_sampler, val_loader, val_sampler, num_classes, workers,
                       vocab_size)
 
@@ -279,18 +279,19 @@ def build_data(data: DataConfig, batch_size: int, seed: int, device: torch.devic
 def uses_buffers(data: DataConfig, dataset: Dataset) -> bool:
     """Whether data.loader means batch buffers for this dataset; a ConfigError for
     data.loader=buffers where the dataset cannot render into them."""
-    renders = hasattr(dataset, "render_into") and data.decode == "cpu"
+    renders = hasattr(dataset, "render_rows") and data.decode == "cpu"
     if data.loader == "buffers" and not renders:
         raise ConfigError(f"data.loader=buffers: data.dataset={data.dataset} with "
                           f"data.decode={data.decode} does not render into batch buffers (packs "
-                          "and image folders decoded on the CPU do); use data.loader=auto")
+                          "and image folders decoded on the CPU and the blocks of a token pack "
+                          "do); use data.loader=auto")
     return renders and data.loader != "torch"
 
 
-def _image_loader(data: DataConfig, dataset: Dataset, sampler: EpochSampler, batch_size: int,
-                  drop_last: bool, largest: int, common: dict, between_passes: bool):
+def _sample_loader(data: DataConfig, dataset: Dataset, sampler: EpochSampler, batch_size: int,
+                   drop_last: bool, largest: int, common: dict, between_passes: bool):
     """Batch buffers (batch_buffers.py) where the dataset renders into them, else torch's
-    DataLoader; `largest`: the largest image side the sampler will ask for. Batch buffers
+    DataLoader; `largest`: the largest sample size the sampler will ask for. Batch buffers
     are kept `between_passes` only for training (with data.persistent_workers): the
     validation loader's, twice as large, are freed after each evaluation."""
     if not uses_buffers(data, dataset):
@@ -338,16 +339,16 @@ def _token_data(data: DataConfig, batch_size: int, seed: int, rank: int, world_s
                                         collate_fn=collate, **common)
     else:
         train_sampler = EpochSampler(len(train_set), 0, shuffle=True, seed=seed, **shard)
-        train_loader = SignalSafeLoader(train_set, batch_size=batch_size, sampler=train_sampler,
-                                        drop_last=True, collate_fn=collate, **common)
+        train_loader = _sample_loader(data, train_set, train_sampler, batch_size, True, 0,
+                                      common, between_passes=True)
     if len(train_loader) == 0:
         raise DataError(f"the training split of {pack.root} makes {len(train_set)} samples of "
                         f"data.tokens.seq_len={data.tokens.seq_len}, fewer than one batch "
                         f"(train.batch_size={batch_size} x {world_size} processes); lower the "
                         "batch size or the sequence length")
     val_sampler = EpochSampler(len(val_set), 0, shuffle=False, pad=True, **shard)
-    val_loader = SignalSafeLoader(val_set, batch_size=batch_size * 2, sampler=val_sampler,
-                                  drop_last=False, collate_fn=collate, **common)
+    val_loader = _sample_loader(data, val_set, val_sampler, batch_size * 2, False, 0,
+                                {**common, "collate_fn": collate}, between_passes=False)
     answer = None
     if data.dataset == "arithmetic":
         answer = (ord(ANSWER_START), pack.eos_id)

@@ -23,6 +23,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from hpctrain.config import AugmentConfig
+from hpctrain.data.batch_buffers import ImageRows
 from hpctrain.data.sampling import SampleKey
 from hpctrain.errors import DataError
 
@@ -143,7 +144,7 @@ def render_view(pixels: np.ndarray, box: tuple, size: int, flip: bool,
     return torch.ops.aten.flip.out(image, [1], out=out) if flip else out.copy_(image)
 
 
-class ImageFolderDataset(Dataset):
+class ImageFolderDataset(ImageRows, Dataset):
     """Decode, crop and flip one image; unreadable files are skipped or fatal by config."""
 
     def __init__(self, samples: list[tuple[str, int]], train: bool, augment: AugmentConfig,

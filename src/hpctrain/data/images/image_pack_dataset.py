@@ -21,6 +21,7 @@ from torch.utils.data import Dataset
 
 from hpctrain.config import AugmentConfig
 from hpctrain.data.images.image_folders import draw_view, render_view, skip_counter
+from hpctrain.data.batch_buffers import ImageRows
 from hpctrain.data.sampling import SampleKey
 from hpctrain.data.images.image_pack import KIND_RAW, ShardReader, Split, raw_pixels
 from hpctrain.errors import DataError
@@ -108,7 +109,7 @@ def decode_crop(data: memoryview, record, box: tuple[int, int, int, int], size: 
     return render_view(pixels, box, size, flip, out)
 
 
-class ShardDataset(Dataset):
+class ShardDataset(ImageRows, Dataset):
     """The samples `rows` of a split (all when None), with the views `draw_view` draws, as
     ImageFolderDataset does."""
 

@@ -35,6 +35,7 @@ import torch
 from pydantic import Field, StringConstraints, ValidationError
 from torch.utils.data import Dataset
 
+from hpctrain.data.batch_buffers import RowLayout
 from hpctrain.data.tokens.sequences import pad_collate
 from hpctrain.data.packs import (MANIFEST, FileName, IndexEntry, Sha256, StrictModel, beyond,
                                  file_sha256, pack_file)
@@ -218,21 +219,34 @@ class TokenBlocks(Dataset):
         return self.__getitems__([key])[0]
 
     def __getitems__(self, keys: list) -> list[torch.Tensor]:
-        """A batch's blocks in one pass: where each starts, found for all of them at once,
-        copied into one int32 array and checked against the vocabulary once (the DataLoader
-        asks for a whole batch here; one block at a time cost more than LitData's loader)."""
+        """A batch's blocks in one pass (torch's DataLoader asks for a whole batch here; one
+        block at a time cost more than LitData's loader)."""
+        out = np.empty((len(keys), self.seq_len + 1), np.int32)
+        self.read_into(keys, out)
+        return list(torch.from_numpy(out))
+
+    def row_layout(self, size: int) -> RowLayout:
+        """One block in a batch buffer (batch_buffers.py): int32, no label."""
+        return RowLayout((self.seq_len + 1,), torch.int32, labelled=False)
+
+    def render_rows(self, keys: list, rows: torch.Tensor) -> None:
+        """The blocks written into `rows` (a batch buffer's); no labels."""
+        self.read_into(keys, rows.numpy())
+
+    def read_into(self, keys: list, out: np.ndarray) -> None:
+        """The blocks of `keys` (indices or sample keys) into the rows of `out`: where each
+        starts, found for all of them at once, copied in and checked against the vocabulary
+        once; a damaged block named by its shard and offset."""
         index = np.fromiter((k[0] if isinstance(k, tuple) else k for k in keys), np.int64,
                             len(keys))
         shards = np.searchsorted(self.first_block, index, side="right") - 1
         starts = (index - self.first_block[shards]) * self.seq_len
-        out = np.empty((len(keys), self.seq_len + 1), np.int32)
         for row, (shard, start) in enumerate(zip(shards.tolist(), starts.tolist())):
             out[row] = self.split.shard(shard)[start:start + self.seq_len + 1]
-        if out.size and int(out.max()) >= self.split.vocab_size:  # name the damaged block
+        if out.size and int(out.max()) >= self.split.vocab_size:
             row = int(np.argmax(out.max(axis=1) >= self.split.vocab_size))
             self.split.check_ids(out[row], f"{self.split.shards[shards[row]].name} at "
                                            f"{starts[row]}")
-        return list(torch.from_numpy(out))
 
 
 class TokenDocuments(Dataset):
