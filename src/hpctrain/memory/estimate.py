@@ -28,7 +28,7 @@ from torch import nn
 from hpctrain.config import Config, Strategy
 from hpctrain.data.tokens.tokenizer import BYTE_EOS
 from hpctrain.errors import ConfigError, UserError
-from hpctrain.memory.simulate import Footprint, StepSpec, meta_model, predict
+from hpctrain.memory.simulate import Footprint, StepSpec, predict, shared_build
 from hpctrain.memory.sizes import fmt_bytes, gpu_capability, lacks_bf16, parse_memory
 from hpctrain.models.checkpointing import enable_activation_checkpointing, is_block
 from hpctrain.models.gpt import GPT
@@ -292,7 +292,7 @@ def step_spec(config: Config, target: Target, width: int) -> StepSpec:
 
 
 def model_info(spec: StepSpec, precision: str, config: Config | None = None) -> ModelInfo:
-    model = meta_model(spec)
+    model = shared_build(spec)  # only read here
     units = [sum(p.numel() for p in m.parameters()) for m in model.modules() if is_block(m)]
     total = sum(p.numel() for p in model.parameters())
     rest = total - sum(units)  # blocks nest rarely; the root unit holds the rest

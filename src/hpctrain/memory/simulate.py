@@ -54,7 +54,7 @@ class StepSpec:
     clip_norm: float | None = None
     capability: tuple[int, int] = (9, 0)  # the target GPU's: its attention kernel
     # what sets the model's shapes (its name, settings, output width, checkpointing): specs
-    # with the same key share one build on the meta device (meta_model); None: no sharing
+    # with the same key share one build on the meta device (shared_build); None: no sharing
     model_key: str | None = None
 
 
@@ -144,11 +144,28 @@ def run_steps(spec: StepSpec, model: nn.Module, optimizer: torch.optim.Optimizer
     return end_of_forward
 
 
-def meta_model(spec: StepSpec) -> nn.Module:
-    """A copy of the spec's model on the meta device. A billion-parameter model takes about
-    a second to build even there, and `hpctrain memory` simulates it a dozen times (with and
-    without checkpointing, at several batch sizes), so specs with the same `model_key` share
-    one build (the last BUILDS_KEPT kept)."""
+def meta_model(spec: StepSpec, keep: int | None = None) -> nn.Module:
+    """A copy of the spec's model on the meta device (`shared_build`), its repeated blocks
+    cut to the first `keep` where given: only the blocks kept are copied (copying gpt-1b's 24
+    to keep 2 was a third of its simulations' time)."""
+    built = shared_build(spec)
+    blocks = repeated_blocks(built) if keep is not None else None
+    if blocks is None:
+        return copy.deepcopy(built)
+    every = blocks._modules
+    blocks._modules = type(every)(list(every.items())[:keep])  # copied so, then put back
+    try:
+        return copy.deepcopy(built)
+    finally:
+        blocks._modules = every
+
+
+def shared_build(spec: StepSpec) -> nn.Module:
+    """The spec's model built on the meta device, to be read, never changed (meta_model makes
+    copies to run): a billion-parameter
+    model takes about a second to build even there, and `hpctrain memory` simulates it a
+    dozen times (with and without checkpointing, at several batch sizes), so specs with the
+    same `model_key` share one build (the last BUILDS_KEPT kept)."""
     built = _BUILT.pop(spec.model_key, None) if spec.model_key else None
     if built is None:
         try:
@@ -160,7 +177,7 @@ def meta_model(spec: StepSpec) -> nn.Module:
         _BUILT[spec.model_key] = built  # the most recent last
         while len(_BUILT) > BUILDS_KEPT:
             _BUILT.pop(next(iter(_BUILT)))
-    return copy.deepcopy(built)
+    return built
 
 
 def repeated_blocks(model: nn.Module) -> nn.Module | None:
@@ -183,23 +200,11 @@ def repeated_blocks(model: nn.Module) -> nn.Module | None:
     return best
 
 
-def _keep_blocks(model: nn.Module, keep: int) -> None:
-    """Cut the model's repeated blocks to the first `keep`."""
-    blocks = repeated_blocks(model)
-    if isinstance(blocks, nn.ModuleDict):
-        for key in list(blocks.keys())[keep:]:
-            del blocks[key]
-    else:
-        del blocks[keep:]
-
-
 def _fake_model(spec: StepSpec, mode: FakeTensorMode, device: str,
                 keep: int | None = None) -> nn.Module:
     """The model built on the meta device (its repeated blocks cut to `keep` when given),
     its tensors replaced by fake ones on `device` (tied weights stay tied)."""
-    model = meta_model(spec)
-    if keep is not None:
-        _keep_blocks(model, keep)
+    model = meta_model(spec, keep)
     fakes: dict[int, torch.Tensor] = {}
 
     def fake(t: torch.Tensor, parameter: bool) -> torch.Tensor:
@@ -294,7 +299,7 @@ def simulate(spec: StepSpec, batch_size: int, extend: bool = True) -> Footprint:
     whole model's simulation, in a fraction of its time (the phase peaks are extended one by
     one, so a peak that moves from the forward pass to the optimiser as blocks are added is
     still found). `extend=False` simulates every block."""
-    blocks = repeated_blocks(meta_model(spec)) if extend else None
+    blocks = repeated_blocks(shared_build(spec)) if extend else None
     try:
         counted = _simulated(spec, batch_size, 2).extended(_simulated(spec, batch_size, 3),
                                                            len(blocks) - 3) if blocks else None
