@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 
 from hpctrain.runs.database import open_database
+from hpctrain.runs.identity import remember_tracker
 from hpctrain.runs.index import Index
 from hpctrain.runs.scan import LOST_AFTER_SECONDS, scan_run
+from hpctrain.train.telemetry import write_summary
 
 NOW = time.time()
 
@@ -183,6 +185,72 @@ def test_a_refresh_rereads_only_what_changed_and_follows_a_moved_run(db_url, fle
     index.refresh([fleet, elsewhere])
     gone = index.find("b2")
     assert gone["status"] == "missing" and "no longer exists" in gone["problem"]
+
+
+def _remembered(index: Index) -> set[str]:
+    return {row["path"] for row in index.db.rows("SELECT path FROM folders")}
+
+
+def _settle(*folders: Path) -> None:
+    """Folders last changed a minute ago: older than RACY_SECONDS, so a listing keeps them."""
+    for folder in folders:
+        os.utime(folder, (time.time() - 60, time.time() - 60))
+
+
+def test_an_unchanged_folder_of_finished_runs_is_skipped_and_a_runs_writes_are_seen(db_url,
+                                                                                   fleet):
+    """A folder of runs whose time is the one the last refresh listed holds the same runs: its
+    finished runs are not looked at (a summary replaced by hand is seen by --rescan only).
+    A run that starts again or ends touches the folder holding it (directory.mark_changed),
+    so the next refresh reads it; a folder changed within RACY_SECONDS of a listing is listed
+    again by the next refresh."""
+    index = Index(open_database(db_url))
+    assert index.refresh([fleet]).read == 5
+    assert _remembered(index) == set()  # just made: too recent to be relied on
+    _settle(fleet)
+    assert index.refresh([fleet]).unchanged == 5
+    assert _remembered(index) == {str(fleet)}
+    summary = fleet / "a1" / "summary.json"
+    (fleet / "a1" / "summary.json.tmp").write_text(
+        summary.read_text().replace('"completed"', '"preempted"'))
+    os.replace(fleet / "a1" / "summary.json.tmp", summary)  # by hand: no mark
+    again = index.refresh([fleet])
+    assert (again.read, again.unchanged) == (0, 5)
+    assert index.find("a1")["status"] == "completed"
+    remember_tracker(fleet / "a2", "mlflow", "r-7")  # run.json replaced, as at a start
+    after = index.refresh([fleet])
+    assert after.read == 2  # a2, and a1 whose folder changed: listed now
+    assert index.find("a1")["status"] == "preempted"
+    assert _remembered(index) == set()  # touched just now: listed again next time
+    _settle(fleet)
+    index.refresh([fleet])
+    write_summary(fleet / "b1", {"status": "completed", "device_hours": 3.0})
+    assert index.refresh([fleet]).read == 1
+    assert index.find("b1")["status"] == "completed"
+    assert index.refresh([fleet], rescan=True).read == 0
+
+
+def test_a_sweeps_element_that_ends_is_seen_in_an_unchanged_output_directory(db_url, fleet):
+    """A sweep's elements live one folder down: the one ending touches the sweep's folder,
+    which the refresh checks even where the output directory itself is unchanged."""
+    sweep = fleet / "sweep"
+    for n in (1, 2):
+        make_run(sweep, f"e{n}", "carla", "resnet", "jz", "2026-11-21", 1, "completed", 0.1,
+                 None, [(10, "val_accuracy", 0.5, 60, 0.1, None)])
+    (sweep / "job.sbatch").write_text("#!/bin/bash\n")
+    index = Index(open_database(db_url))
+    assert index.refresh([fleet]).read == 7
+    _settle(sweep, fleet)
+    index.refresh([fleet])
+    assert _remembered(index) == {str(fleet), str(sweep)}
+    write_summary(sweep / "e2", {"status": "failed", "device_hours": 0.2})
+    refreshed_now = index.refresh([fleet])
+    assert (refreshed_now.read, refreshed_now.unchanged) == (1, 6)
+    assert index.find("e2")["status"] == "failed"
+    assert _remembered(index) == {str(fleet)}
+    shutil.rmtree(sweep / "e1")  # a folder removed changes the folder that held it
+    index.refresh([fleet])
+    assert index.find("e1")["status"] == "missing"
 
 
 def test_damaged_and_half_written_runs_are_listed_as_such(db_url, fleet):

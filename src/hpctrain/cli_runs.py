@@ -74,7 +74,8 @@ def _common(parser) -> None:
     parser.add_argument("--no-refresh", action="store_true",
                         help="read the index as it is, without scanning")
     parser.add_argument("--rescan", action="store_true",
-                        help="check every run's files, finished ones too")
+                        help="check every run's files, finished ones too, in every folder "
+                        "(also those whose time says nothing changed)")
     parser.add_argument("--json", action="store_true")
 
 

@@ -64,6 +64,17 @@ OUTPUT_DIRS = "output_dirs"  # where runs were written
 SHELL_LEDGER = "${XDG_STATE_HOME:-$HOME/.local/state}/hpctrain/" + LEDGER
 
 
+def mark_changed(run_dir: Path) -> None:
+    """Touch the folder holding a run whose run.json or summary.json was just replaced: the
+    runs index lists a folder of finished runs again only when its time changed
+    (runs/index.py). A folder this user may not touch is left as it is: there `hpctrain runs
+    --rescan` finds the change."""
+    try:
+        os.utime(run_dir.parent)
+    except OSError:
+        pass
+
+
 @dataclass(frozen=True)
 class RunDir:
     """One run directory's files by name."""

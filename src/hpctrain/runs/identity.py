@@ -26,7 +26,7 @@ from pathlib import Path
 
 from hpctrain.readers import (AMOUNT, COUNT, MAPPING, TEXT, TIME, field_problem, json_mapping,
                               list_of, optional)
-from hpctrain.runs.directory import IDENTITY, RunDir
+from hpctrain.runs.directory import IDENTITY, RunDir, mark_changed
 
 # what says where a run lives, not what it trains: not part of the configuration's hash
 LOCATION_KEYS = ("output_dir", "run_name", "resume")
@@ -145,10 +145,12 @@ def remember_tracker(run_dir: Path, tracker: str, run_id: str | dict) -> None:
 
 
 def _write(run: RunDir, record: dict) -> None:
-    """run.json replaced at once (the rename also marks the folder as changed: runs/index)."""
+    """run.json replaced at once (the rename marks the run's folder as changed, and the folder
+    holding it is touched: runs/index)."""
     tmp = run.identity.with_name(run.identity.name + ".tmp")
     tmp.write_text(json.dumps(record, indent=1) + "\n")
     os.replace(tmp, run.identity)
+    mark_changed(run.path)
 
 
 def job_chain(record: dict) -> list[str]:

@@ -3,10 +3,14 @@ the git commit, user, cluster, Slurm job chain, GPUs, device-hours, energy, best
 status) and one row per evaluation figure, in SQLite or PostgreSQL (database.py).
 
 The run directories stay the truth. `refresh` scans output directories and rereads only the
-runs whose files changed since (their sizes and times, `scan.signature`), so a refresh over
-thousands of runs costs a listing and a few stats per run, and one stat per finished run
-whose folder has not changed (a run renames run.json into its folder at every start, and
-summary.json at its end). A run is keyed by its run.json's `run_id`: a folder
+runs whose files changed since (their sizes and times, `scan.signature`). A run renames
+run.json into its folder at every start and summary.json at its end, and touches the folder
+holding it then (directory.mark_changed): so a folder of runs whose time is unchanged since
+the last refresh listed it holds the same runs, and its finished ones are not looked at (a
+hundred thousand finished runs cost the index's rows and a stat per folder of runs); in a
+folder that changed, a finished run whose own folder is unchanged costs one stat, any other
+run a few. Runs an older hpctrain restarted did not touch their folder: `--rescan` rereads
+every run's files. A run is keyed by its run.json's `run_id`: a folder
 moved elsewhere updates its row's path instead of adding one. A row whose folder is gone is
 marked "missing" (kept: its GPU-hours were spent).
 
@@ -17,6 +21,7 @@ writing it down.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,13 +44,14 @@ COLUMNS = {
 }
 EVAL_COLUMNS = ("run_id", "step", "metric", "value", "elapsed_seconds", "device_hours",
                 "energy_joules")
-SCHEMA_VERSION = 1  # raise it with any change of the tables below
+SCHEMA_VERSION = 2  # raise it with any change of the tables below
 # An index's mark: a table of that name (both dialects) and, in SQLite, the header's
 # application id ("hpct"). A database without it is another application's, left untouched.
 MARK_TABLE = "hpctrain_index"
 APPLICATION_ID = 0x68706374
-TABLES = {"schema_version", "runs", "evals"}
+TABLES = {"schema_version", "runs", "evals", "folders"}
 BATCH = 500  # runs per transaction while scanning
+RACY_SECONDS = 5.0  # a folder changed this recently is listed again by the next refresh
 USAGE_KEYS = {"user": "user_name", "recipe": "recipe", "cluster": "cluster", "month": "month"}
 # the status as read: a silent running run is lost
 STATE = "CASE WHEN status = 'running' AND (heartbeat IS NULL OR heartbeat < ?) THEN 'lost' " \
@@ -98,6 +104,9 @@ class Index:
                    "value DOUBLE PRECISION, elapsed_seconds DOUBLE PRECISION, "
                    "device_hours DOUBLE PRECISION, energy_joules DOUBLE PRECISION, "
                    "PRIMARY KEY (run_id, step, metric))")
+        # the folders of runs a refresh listed, and their times then (refresh)
+        db.execute("CREATE TABLE IF NOT EXISTS folders (path TEXT PRIMARY KEY, "
+                   "mtime DOUBLE PRECISION)")
         db.execute("CREATE INDEX IF NOT EXISTS runs_path ON runs (path)")
         db.execute("CREATE INDEX IF NOT EXISTS runs_recipe ON runs (recipe)")
         db.commit()
@@ -138,7 +147,7 @@ class Index:
                 f"(schema {version}, this one writes {SCHEMA_VERSION}); use the same version "
                 "as the team, or an empty database (the index is rebuilt from the run "
                 "directories by hpctrain runs --root DIR)")
-        for table in ("runs", "evals"):
+        for table in ("runs", "evals", "folders"):
             self.db.execute(f"DROP TABLE IF EXISTS {table}")
         self.db.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION,))
 
@@ -167,22 +176,31 @@ class Index:
 
     def refresh(self, roots: list[Path], rescan: bool = False) -> Refreshed:
         """Reread the runs under `roots` whose files changed; mark the rows whose folder is
-        gone. A finished run whose folder is unchanged is not even listed, unless `rescan`
-        (then every run's files are checked)."""
-        done = Refreshed()
-        rows = self.db.rows("SELECT path, signature, status, folder_mtime FROM runs")
-        known = {r["path"]: r["signature"] for r in rows}
-        settled = {} if rescan else {r["path"]: r["folder_mtime"] for r in rows
-                                     if r["status"] in FINAL and r["folder_mtime"] is not None}
-        seen = set()
+        gone. A folder of runs whose time is unchanged since it was listed is not listed
+        again, and a finished run in it not even looked at; a finished run whose own folder
+        is unchanged is not listed. `rescan`: every run's files are checked."""
+        done, started = Refreshed(), time.time()
+        rows = self.db.execute("SELECT path, signature, status, folder_mtime FROM runs")\
+            .fetchall()
+        known = {path: sign for path, sign, _, _ in rows}
+        settled = {} if rescan else {path: float(when) for path, _, status, when in rows
+                                     if status in FINAL and when is not None}
+        listed = {} if rescan else {path: float(when) for path, when in self.db.execute(
+            "SELECT path, mtime FROM folders").fetchall()}
+        indexed: dict[str, list[str]] = {}  # folder -> the runs in it
+        for path, _, status, _ in rows:
+            if status != "missing":
+                indexed.setdefault(os.path.dirname(path), []).append(path)
+        seen, times = set(), {}
         for root in roots:
-            for folder, still in candidate_dirs(root, settled):
-                path = str(folder)
+            found, listed_now = candidate_dirs(root, settled, listed, indexed)
+            times.update(listed_now)
+            for path, still in found:
                 seen.add(path)
-                if still or known.get(path) == signature(folder):
+                if still or known.get(path) == signature(Path(path)):
                     done.unchanged += 1
                     continue
-                row, evals = scan_run(folder)
+                row, evals = scan_run(Path(path))
                 self.put(row, evals, commit=False)
                 done.read += 1
                 if done.read % BATCH == 0:
@@ -195,8 +213,20 @@ class Index:
                 self.db.execute("UPDATE runs SET status = 'missing', problem = ? WHERE path = ? "
                                 "AND status <> 'missing'", (f"{path} no longer exists", path))
                 done.missing += 1
+        self._remember_listed(times, started)
         self.db.commit()
         return done
+
+    def _remember_listed(self, times: dict[str, float], started: float) -> None:
+        """The times of the folders just listed, for the next refresh to skip those unchanged;
+        not one changed within RACY_SECONDS of the listing (a change right after it could
+        leave the same time, on a file system counting whole seconds or a server's clock)."""
+        for folder, when in times.items():
+            if when < started - RACY_SECONDS:
+                self.db.execute("INSERT INTO folders (path, mtime) VALUES (?, ?) ON CONFLICT "
+                                "(path) DO UPDATE SET mtime = excluded.mtime", (folder, when))
+            else:
+                self.db.execute("DELETE FROM folders WHERE path = ?", (folder,))
 
     # ---- reading
 

@@ -193,28 +193,73 @@ def _still(entry: os.DirEntry, settled: dict[str, float]) -> bool:
         return False
 
 
-def candidate_dirs(root: Path, settled: dict[str, float] | None = None) \
-        -> list[tuple[Path, bool]]:
+def candidate_dirs(root: Path, settled: dict[str, float] | None = None,
+                   listed: dict[str, float] | None = None,
+                   indexed: dict[str, list[str]] | None = None) \
+        -> tuple[list[tuple[str, bool]], dict[str, float]]:
     """(folder, still) for the run directories under an output directory: its folders
     holding a run's files; in a folder with a job script but no configuration (a sweep's
     job), the elements below it (or the folder itself, "submitted", while none has started).
     `settled`: path -> folder time of finished runs; those whose folder is unchanged come back
-    `still`, unlisted. On a parallel file system each metadata call counts: a settled run
-    costs one, any other a listing."""
-    settled = settled or {}
-    found = []
+    `still`, unlisted. `listed`: folder -> its time when a refresh last listed it, and
+    `indexed`: folder -> the index's runs in it. On a parallel file system each metadata call
+    counts: a folder whose time is unchanged (a run touches the folder holding it whenever it
+    replaces run.json or summary.json: directory.mark_changed) holds the runs it held, so it
+    is not listed and its settled runs cost nothing; in a folder listed now a settled run
+    costs one stat, any other a listing. Also returns the times of the folders listed now."""
+    settled, listed, indexed = settled or {}, listed or {}, indexed or {}
+    found: list[tuple[str, bool]] = []
+    times: dict[str, float] = {}
+
+    def as_before(folder: str, time: float | None) -> bool:
+        if time is not None and listed.get(folder) == time:
+            return True
+        if time is not None:
+            times[folder] = time
+        return False
+
+    def sweep(folder: str, entries) -> bool:
+        """A sweep's elements that hold run files, or False where none does."""
+        below = [(e.path, _still(e, settled)) for e in entries]
+        below = [(g, still) for g, still in below if still or _listing(Path(g)) & RUN_FILES]
+        found.extend(below)
+        return bool(below)
+
+    root_path = str(root)
+    if as_before(root_path, _time(root_path)):
+        sweeps = [f for f in listed if os.path.dirname(f) == root_path]
+        found.extend((path, path in settled) for path in indexed.get(root_path, [])
+                     if path not in listed)
+        for folder in sweeps:
+            time = _time(folder)
+            if time is None:  # gone (its runs are then marked missing by the refresh)
+                continue
+            if as_before(folder, time):
+                below = indexed.get(folder, [])
+                found.extend((g, g in settled) for g in below)
+                if not below:
+                    found.append((folder, False))
+            elif not sweep(folder, _folders(Path(folder))):
+                found.append((folder, False))
+        return found, times
     for entry in _folders(root):
         if _still(entry, settled):
-            found.append((Path(entry.path), True))
+            found.append((entry.path, True))
             continue
         names = _listing(Path(entry.path))
         if not names & RUN_FILES:
             continue
         if JOB_SCRIPT in names and CONFIG not in names:
-            below = [(Path(e.path), _still(e, settled)) for e in _folders(Path(entry.path))]
-            below = [(g, still) for g, still in below if still or _listing(g) & RUN_FILES]
-            if below:
-                found.extend(below)
+            if (time := _time(entry.path)) is not None:  # kept, to skip it next time
+                times[entry.path] = time
+            if sweep(entry.path, _folders(Path(entry.path))):
                 continue
-        found.append((Path(entry.path), False))
-    return found
+        found.append((entry.path, False))
+    return found, times
+
+
+def _time(folder: str) -> float | None:
+    try:
+        return os.stat(folder).st_mtime
+    except OSError:
+        return None

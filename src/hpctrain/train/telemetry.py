@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hpctrain.errors import cannot_write
-from hpctrain.runs.directory import RunDir
+from hpctrain.runs.directory import RunDir, mark_changed
 
 KEEP_GOING = "Free space (or set output_dir elsewhere) and run again with resume=auto"
 
@@ -151,6 +151,7 @@ def write_summary(run_dir: Path, summary: dict) -> str | None:
     try:
         tmp.write_text(json.dumps(summary, indent=2) + "\n")
         tmp.replace(path)
+        mark_changed(run_dir)  # for the runs index
     except OSError as err:
         tmp.unlink(missing_ok=True)
         problem = str(cannot_write(path, err, KEEP_GOING))
