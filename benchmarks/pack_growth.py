@@ -7,7 +7,7 @@ photographs (64 x 48 pixels cut from scikit-image's, quality 90, about 2 KB): wh
 does per file (open, read, decode at an eighth, checksum, append to a tar) is the same as
 for distinct ones, and a million files are written in a minute. Each size is packed in a
 fresh process: the memory it adds to its peak resident size while packing (getrusage); each
-worker holds one shard's job at a time.
+worker holds one shard's job at a time (at most SHARD_SAMPLES files).
 
     python benchmarks/pack_growth.py --sizes 10000 100000 1000000 --workers 2
 """
@@ -25,6 +25,8 @@ import numpy as np
 from PIL import Image
 
 from growth import exponent, in_child
+from hpctrain.data.images.image_packing import PackOptions, pack  # imported before the
+# children fork: their memory added is the packing's, not the imports' (torch's 450 MB)
 
 CLASSES = 100
 
@@ -57,8 +59,6 @@ def grow_folder(root: Path, size: int, have: int, blobs: list[bytes]) -> None:
 
 
 def pack_seconds(src: Path, dst: Path, workers: int) -> float:
-    from hpctrain.data.images.image_packing import PackOptions, pack
-
     started = time.perf_counter()
     pack(src, dst, PackOptions(), workers=workers, overwrite=True, log=lambda *a, **k: None)
     return time.perf_counter() - started

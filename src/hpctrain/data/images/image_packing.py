@@ -36,6 +36,8 @@ from hpctrain.data.images.image_pack import (EXTENSIONS, FORMAT, INDEX_DTYPE, KI
 from hpctrain.errors import DataError
 from hpctrain.progress import progress_bar
 
+SHARD_SAMPLES = 16_384  # at most, per shard: 2 kB images made one shard of 100,000 (one worker)
+
 
 @dataclass
 class PackOptions:
@@ -124,7 +126,8 @@ def plan_shards(splits: dict[str, list[tuple[str, int]]], dst: Path, options: Pa
                 strict: bool) -> list[ShardJob]:
     """Shuffle each split once (seeded; a sequential reader of the tars then sees mixed
     classes) and cut it into shards of about options.shard_bytes, estimated from the source
-    files' sizes."""
+    files' sizes, and of at most SHARD_SAMPLES (so that small files too make a shard for
+    every packing worker)."""
     jobs = []
     for split, samples in splits.items():
         order = list(samples)
@@ -134,7 +137,7 @@ def plan_shards(splits: dict[str, list[tuple[str, int]]], dst: Path, options: Pa
         for sample in order:
             current.append(sample)
             size += _estimated_bytes(sample[0], options)
-            if size >= options.shard_bytes:
+            if size >= options.shard_bytes or len(current) == SHARD_SAMPLES:
                 groups.append(current)
                 current, size = [], 0
         groups += [current] if current else []
@@ -230,7 +233,8 @@ def write_shard(job: ShardJob) -> ShardResult:
     dst = Path(job.dst)
     name = shard_name(job.split, job.number)
     partial = dst / f".{name}.partial"
-    records = []
+    records = np.zeros(len(job.samples), INDEX_DTYPE)  # 32 bytes a sample, not a tuple's 300
+    count = 0
     result = ShardResult(job.split, job.number)
     out = HashingFile(partial)
     with out.file, tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
@@ -245,13 +249,13 @@ def write_shard(job: ShardJob) -> ShardResult:
                 continue
             data_at = _add_member(tar, f"{position:08d}.{EXTENSIONS[kind]}", data)
             _add_member(tar, f"{position:08d}.cls", f"{label}\n".encode())
-            records.append((job.number, data_at, len(data), zlib.crc32(data), label,
-                            width, height, kind))
+            records[count] = (job.number, data_at, len(data), zlib.crc32(data), label,
+                              width, height, kind)
+            count += 1
             result.per_class[label] = result.per_class.get(label, 0) + 1
-    result.samples, result.bytes = len(records), out.size
+    result.samples, result.bytes = count, out.size
     result.sha256 = out.digest.hexdigest()
-    save_npy(_fragment(dst, job.split, job.number, "npy"),
-                np.array(records, dtype=INDEX_DTYPE))
+    save_npy(_fragment(dst, job.split, job.number, "npy"), records[:count])
     os.replace(partial, dst / name)
     _fragment(dst, job.split, job.number, "json.partial").write_text(json.dumps(asdict(result)))
     os.replace(_fragment(dst, job.split, job.number, "json.partial"),
@@ -275,7 +279,13 @@ def _finished(dst: Path, job: ShardJob) -> ShardResult | None:
 # --- the whole pack --------------------------------------------------------------------------
 
 def _plan_fingerprint(classes, splits, options: PackOptions) -> str:
-    digest = hashlib.sha256(json.dumps([classes, splits, asdict(options)]).encode())
+    """What an interrupted pack resumes only with: the classes, every file and its label,
+    the options (hashed file by file: no text of every path at once)."""
+    digest = hashlib.sha256(json.dumps([classes, asdict(options), SHARD_SAMPLES]).encode())
+    for split, samples in splits.items():
+        digest.update(f"\0{split}\0{len(samples)}".encode())
+        for path, label in samples:
+            digest.update(f"{path}\0{label}\n".encode())
     return digest.hexdigest()
 
 
