@@ -473,6 +473,16 @@ def test_a_truncated_token_shard_is_named(tmp_path, run_cli, packed):
     assert code == 2 and "train-00000.bin" in err and "truncated" in err
 
 
+def test_batch_buffers_asked_for_documents_are_refused(tmp_path, run_cli, packed):
+    """Documents are padded per batch (no fixed row to render into): data.loader=buffers is
+    refused before training, in one line, exit 2."""
+    code, _, err = run_cli("run", "tiny-lm", *token_run(tmp_path, packed,
+                                                        "data.tokens.batching=documents",
+                                                        "data.loader=buffers"))
+    assert code == 2 and "data.loader=buffers" in err and "use data.loader=auto" in err
+    assert "Traceback" not in err and not list(tmp_path.rglob("summary.json"))
+
+
 def test_an_id_outside_the_vocabulary_is_caught_before_the_model(tmp_path, run_cli, packed):
     copy = damaged_copy(tmp_path, packed)
     shard = copy / "train-00000.bin"

@@ -162,10 +162,10 @@ def meta_model(spec: StepSpec, keep: int | None = None) -> nn.Module:
 
 def shared_build(spec: StepSpec) -> nn.Module:
     """The spec's model built on the meta device, to be read, never changed (meta_model makes
-    copies to run): a billion-parameter
-    model takes about a second to build even there, and `hpctrain memory` simulates it a
-    dozen times (with and without checkpointing, at several batch sizes), so specs with the
-    same `model_key` share one build (the last BUILDS_KEPT kept)."""
+    copies to run): a billion-parameter model takes about a second to build even there, and
+    `hpctrain memory` simulates it a dozen times (with and without checkpointing, at several
+    batch sizes), so specs with the same `model_key` share one build (the last BUILDS_KEPT
+    kept)."""
     built = _BUILT.pop(spec.model_key, None) if spec.model_key else None
     if built is None:
         try:

@@ -210,38 +210,16 @@ def candidate_dirs(root: Path, settled: dict[str, float] | None = None,
     settled, listed, indexed = settled or {}, listed or {}, indexed or {}
     found: list[tuple[str, bool]] = []
     times: dict[str, float] = {}
-
-    def as_before(folder: str, time: float | None) -> bool:
-        if time is not None and listed.get(folder) == time:
-            return True
-        if time is not None:
-            times[folder] = time
-        return False
-
-    def sweep(folder: str, entries) -> bool:
-        """A sweep's elements that hold run files, or False where none does."""
-        below = [(e.path, _still(e, settled)) for e in entries]
-        below = [(g, still) for g, still in below if still or _listing(Path(g)) & RUN_FILES]
-        found.extend(below)
-        return bool(below)
-
-    root_path = str(root)
-    if as_before(root_path, _time(root_path)):
-        sweeps = [f for f in listed if os.path.dirname(f) == root_path]
-        found.extend((path, path in settled) for path in indexed.get(root_path, [])
-                     if path not in listed)
-        for folder in sweeps:
-            time = _time(folder)
-            if time is None:  # gone (its runs are then marked missing by the refresh)
-                continue
-            if as_before(folder, time):
-                below = indexed.get(folder, [])
-                found.extend((g, g in settled) for g in below)
-                if not below:
-                    found.append((folder, False))
-            elif not sweep(folder, _folders(Path(folder))):
-                found.append((folder, False))
+    root_path, root_time = str(root), _time(str(root))
+    if root_time is not None and listed.get(root_path) == root_time:  # the same entries
+        found = [(path, path in settled) for path in indexed.get(root_path, [])
+                 if path not in listed]
+        for folder in [f for f in listed if os.path.dirname(f) == root_path]:
+            if (time := _time(folder)) is not None:  # else gone: its runs are marked missing
+                found += _sweep_runs(folder, time, settled, listed, indexed, times)
         return found, times
+    if root_time is not None:
+        times[root_path] = root_time
     for entry in _folders(root):
         if _still(entry, settled):
             found.append((entry.path, True))
@@ -250,12 +228,26 @@ def candidate_dirs(root: Path, settled: dict[str, float] | None = None,
         if not names & RUN_FILES:
             continue
         if JOB_SCRIPT in names and CONFIG not in names:
-            if (time := _time(entry.path)) is not None:  # kept, to skip it next time
-                times[entry.path] = time
-            if sweep(entry.path, _folders(Path(entry.path))):
-                continue
-        found.append((entry.path, False))
+            found += _sweep_runs(entry.path, _time(entry.path), settled, listed, indexed, times)
+        else:
+            found.append((entry.path, False))
     return found, times
+
+
+def _sweep_runs(folder: str, time: float | None, settled: dict[str, float],
+                listed: dict[str, float], indexed: dict[str, list[str]],
+                times: dict[str, float]) -> list[tuple[str, bool]]:
+    """A sweep's folder: its elements holding run files (the index's, where the folder's
+    time is the one it was listed at; else listed now, and its time kept in `times`), or the
+    folder itself ("submitted") while none has started."""
+    if time is not None and listed.get(folder) == time:
+        below = [(path, path in settled) for path in indexed.get(folder, [])]
+    else:
+        if time is not None:
+            times[folder] = time
+        below = [(e.path, _still(e, settled)) for e in _folders(Path(folder))]
+        below = [(g, still) for g, still in below if still or _listing(Path(g)) & RUN_FILES]
+    return below or [(folder, False)]
 
 
 def _time(folder: str) -> float | None:
