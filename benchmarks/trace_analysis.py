@@ -22,7 +22,9 @@ the recorded ones given with --trace, and prints them beside ours: the two must 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -38,15 +40,16 @@ _MEASURE = """
 import json, resource, sys, time
 start = time.perf_counter()
 {body}
-print(json.dumps({{"seconds": time.perf_counter() - start,
-                   "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))
+peaks = [resource.getrusage(who).ru_maxrss / 1024
+         for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+print(json.dumps({{"seconds": time.perf_counter() - start, "peak_mb": max(peaks)}}))
 """
 BASELINE = "events = json.load(open(sys.argv[1]))['traceEvents']"
 HPCTRAIN = textwrap.dedent("""
     from hpctrain.profiling.analysis import analyse
     from hpctrain.profiling.collect import collect
     from hpctrain.profiling.verdict import decide
-    verdict = decide([analyse(collect(sys.argv[1]))])
+    verdict = decide([analyse(collect(sys.argv[1], processes={processes}))])
     print(verdict.bound, file=sys.stderr)
 """)
 
@@ -158,15 +161,27 @@ def time_big_trace(trace: Path, megabytes: float) -> None:
     size = trace.stat().st_size / 1e6
     print(f"generated {size:,.0f} MB, {steps} steps in {time.perf_counter() - started:.0f} s")
     baseline = measure(BASELINE, trace)
-    ours = measure(HPCTRAIN, trace)
-    print("\n| reader | seconds | peak memory (MB) | peak memory / trace size |\n"
+    one = measure(HPCTRAIN.format(processes=1), trace)
+    ours = measure(HPCTRAIN.format(processes=None), trace)
+    compressed = trace.with_suffix(".json.gz")
+    with open(trace, "rb") as plain, gzip.open(compressed, "wb", compresslevel=1) as out:
+        shutil.copyfileobj(plain, out)
+    zipped = measure(HPCTRAIN.format(processes=None), compressed)
+    cores = len(os.sched_getaffinity(0))
+    print("\n| reader | seconds | peak memory of one process (MB) | / trace size |\n"
           "|---|---|---|---|")
-    for name, row in (("(a) json.load alone", baseline), ("(b) hpctrain analysis", ours)):
+    for name, row in (("(a) json.load alone", baseline),
+                      ("(b) hpctrain analysis, one process", one),
+                      (f"(c) hpctrain analysis, {cores} processes (the default)", ours),
+                      ("(d) the same, trace gzip-compressed (read whole: one process)",
+                       zipped)):
         print(f"| {name} | {row['seconds']:.1f} | {row['peak_mb']:,.0f} | "
               f"{row['peak_mb'] / size:.2f} |")
-    print(f"\n(b)/(a): time {ours['seconds'] / baseline['seconds']:.2f}x, "
-          f"peak memory {ours['peak_mb'] / baseline['peak_mb']:.2f}x")
+    print(f"\n(c)/(a): time {ours['seconds'] / baseline['seconds']:.2f}x, "
+          f"peak memory {ours['peak_mb'] / baseline['peak_mb']:.2f}x; "
+          f"(c)/(b): time {ours['seconds'] / one['seconds']:.2f}x")
     trace.unlink()
+    compressed.unlink()
 
 
 def main() -> None:

@@ -71,3 +71,86 @@ def test_damaged_traces_are_named(trace_file, tmp_path):
         list(iter_events(tmp_path / "other.json"))
     with pytest.raises(TraceError, match="does not exist"):
         list(iter_events(tmp_path / "missing.json"))
+
+
+def _columns(trace) -> dict:
+    """Every column of a collected trace, names spelled out (piece-wise ids differ)."""
+    from hpctrain.profiling.collect import RankTrace
+    tables = {}
+    for table in ("steps", "regions", "ops", "python", "runtime", "gpu"):
+        columns = getattr(trace, table)
+        tables[table] = {column: (trace.name_of(getattr(columns, column)) if column == "name"
+                                  else getattr(columns, column).tolist())
+                         for column in columns._arrays}
+    assert isinstance(trace, RankTrace)
+    return {"tables": tables, "matrix_ops": trace.matrix_ops, "copies": trace.blocking_copies,
+            "memory": trace.peak_memory, "main_tid": trace.main_tid, "rank": trace.rank}
+
+
+@pytest.fixture(scope="module")
+def plain_gpu_trace(tmp_path_factory):
+    """A generated two-stream GPU trace of 12 steps, uncompressed (so it can be cut)."""
+    from kineto_synth import SCENARIOS, write_trace
+    compressed = tmp_path_factory.mktemp("gpu") / "rank-0.json.gz"
+    write_trace(compressed, SCENARIOS["exposed_communication"][0], 12)
+    plain = compressed.with_name("rank-0.json")
+    plain.write_bytes(gzip.decompress(compressed.read_bytes()))
+    return plain, compressed
+
+
+@pytest.mark.parametrize("processes", [2, 3])
+def test_a_trace_read_in_pieces_is_the_trace_read_whole(trace_file, plain_gpu_trace,
+                                                        processes):
+    from hpctrain.profiling.collect import collect
+    from hpctrain.profiling.trace import part_ranges
+    for plain, compressed in (trace_file, plain_gpu_trace):
+        least = plain.stat().st_size // (processes + 1)
+        parts = part_ranges(plain, processes, least)
+        assert len(parts) == processes
+        assert len(part_ranges(compressed, processes, 1)) == 1  # gzip: no entering midway
+        assert [event for part in parts for event in iter_events(plain, part=part)] \
+            == list(iter_events(plain))
+    whole = collect(plain, processes=1)
+    assert _columns(collect(plain, processes=processes, part_bytes=least)) == _columns(whole)
+    assert len(whole.gpu) > 100 and len(whole.steps) == 12
+
+
+def test_a_cut_inside_an_event_is_found_out_and_the_trace_read_whole(tmp_path):
+    """A line opening with `{` inside an event (an object on a line of its own) is where a
+    cut is guessed; the piece before it then ends inside an event, and the whole file is
+    read instead: the same columns, the same answer."""
+    from hpctrain.profiling.collect import collect
+    from hpctrain.profiling.trace import part_ranges
+    events = []
+    for step in range(40):
+        events.append(json.dumps({"ph": "X", "cat": "user_annotation",
+                                  "name": f"ProfilerStep#{step}", "tid": 1,
+                                  "ts": step * 100.0, "dur": 90.0}))
+        events.append(json.dumps({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "tid": 1,
+                                  "ts": step * 100.0 + 1, "dur": 50.0})[:-1]
+                      + ', "args":\n{"Input Dims": [[8, 8], [8, 8]], "Input type": '
+                        '["float", "float"]}}')
+    path = tmp_path / "nested.json"  # every line that opens with { is inside an event
+    path.write_text('{"traceEvents": [' + ", ".join(events) + "]}\n")
+    text = path.read_bytes()
+    cuts = [start for start, _ in part_ranges(path, 4, len(text) // 5)[1:]]
+    assert len(cuts) == 3 and all(text[:cut].endswith(b'"args":\n') for cut in cuts)
+    with pytest.raises(TraceError, match="inside an event|damaged event"):
+        list(iter_events(path, part=(0, cuts[0])))
+    whole = collect(path, processes=1)
+    assert _columns(collect(path, processes=4, part_bytes=len(text) // 5)) == _columns(whole)
+    assert whole.matrix_ops[("aten::mm", ((8, 8), (8, 8)), "float")] == [40, 2000.0]
+
+
+def test_a_damaged_trace_read_in_pieces_is_named_as_when_read_whole(plain_gpu_trace,
+                                                                    tmp_path):
+    from hpctrain.profiling.collect import collect
+    plain, _ = plain_gpu_trace
+    text = plain.read_text()
+    damaged = tmp_path / "damaged.json"
+    damaged.write_text(text[:len(text) * 3 // 4] + "\n]}")
+    with pytest.raises(TraceError) as whole:
+        collect(damaged, processes=1)
+    with pytest.raises(TraceError) as pieces:
+        collect(damaged, processes=2, part_bytes=len(text) // 3)
+    assert str(pieces.value) == str(whole.value)

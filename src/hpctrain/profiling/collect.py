@@ -10,7 +10,11 @@ kernels and copies, and the peak of the memory counters.
 
 from __future__ import annotations
 
+import os
+import pickle
 import re
+import subprocess
+import sys
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,9 +23,10 @@ import numpy as np
 
 from hpctrain.profiling import kernels
 from hpctrain.profiling.names import PREFIX
-from hpctrain.profiling.trace import TraceError, iter_events, read_header
+from hpctrain.profiling.trace import TraceError, iter_events, part_ranges, read_header
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
+PART_BYTES = 64 << 20  # a process's start costs about what 20 MB of JSON do
 
 
 class Columns:
@@ -35,6 +40,8 @@ class Columns:
             column.append(value)
 
     def __getattr__(self, name: str) -> np.ndarray:
+        if name.startswith("_"):  # not a column (unpickling asks before _arrays is set)
+            raise AttributeError(name)
         try:
             return np.frombuffer(self._arrays[name], dtype=self._arrays[name].typecode) \
                 if len(self._arrays[name]) else np.zeros(0)
@@ -43,6 +50,13 @@ class Columns:
 
     def __len__(self) -> int:
         return len(next(iter(self._arrays.values())))
+
+    def extend(self, other: Columns, names: np.ndarray) -> None:
+        """Append `other`'s rows, its `name` ids translated through `names`."""
+        for column, values in self._arrays.items():
+            self._arrays[column].extend(
+                array(values.typecode, names[getattr(other, column)].tolist())
+                if column == "name" and len(other) else other._arrays[column])
 
 
 def _spans() -> Columns:
@@ -69,6 +83,7 @@ class RankTrace:
     blocking_copies: set = field(default_factory=set)  # correlation ids of DtoH pageable copies
     peak_memory: dict = field(default_factory=dict)  # device id (-1: host) -> bytes allocated
     main_tid: int | None = None  # the thread that runs the training steps
+    _ids: dict = field(default_factory=dict, repr=False)  # name -> its index in names
 
     @property
     def is_gpu(self) -> bool:
@@ -77,31 +92,102 @@ class RankTrace:
     def name_of(self, ids: np.ndarray) -> list[str]:
         return [self.names[i] for i in ids]
 
+    def intern(self, name: str) -> int:
+        number = self._ids.get(name)
+        if number is None:
+            number = self._ids[name] = len(self.names)
+            self.names.append(name)
+        return number
 
-def collect(path: Path | str, rank: int | None = None) -> RankTrace:
+    def absorb(self, later: RankTrace) -> None:
+        """Append the columns of the trace's next piece, read apart (its own name ids)."""
+        names = np.array([self.intern(name) for name in later.names] or [0], dtype=np.int64)
+        for table in ("steps", "regions", "ops", "python", "runtime", "gpu"):
+            getattr(self, table).extend(getattr(later, table), names)
+        for key, (calls, microseconds) in later.matrix_ops.items():
+            mine = self.matrix_ops.setdefault(key, [0, 0.0])
+            mine[0] += calls
+            mine[1] += microseconds
+        self.blocking_copies |= later.blocking_copies
+        for device, peak in later.peak_memory.items():
+            self.peak_memory[device] = max(self.peak_memory.get(device, 0), peak)
+        if len(later.steps):
+            self.main_tid = later.main_tid
+
+
+def collect(path: Path | str, rank: int | None = None, processes: int | None = None,
+            part_bytes: int = PART_BYTES) -> RankTrace:
     """Read one trace file into columns. The rank is taken from the trace's distributedInfo,
-    else from a `rank<N>` in the file name, else `rank` (default 0)."""
+    else from a `rank<N>` in the file name, else `rank` (default 0). A plain trace of at
+    least two `part_bytes` is read in pieces by up to `processes` processes (default: the
+    cores this process may use): decoding JSON is the cost, and it is one core's work."""
     path = Path(path)
     info = read_header(path).get("distributedInfo") or {}
     trace = RankTrace(path, _rank(path, info, rank), int(info.get("world_size", 1)))
-    ids: dict[str, int] = {}
+    parts = part_ranges(path, processes or len(os.sched_getaffinity(0)), part_bytes)
+    events = _collect_parts(trace, parts) if len(parts) > 1 else None
+    if events is None:  # one piece, or a piece refused: the whole file names the damage
+        trace = RankTrace(trace.path, trace.rank, trace.world_size)
+        events = _fill(trace, iter_events(path))
+    if events == 0:
+        raise TraceError(f"{path} holds no events")
+    if len(trace.steps) == 0:
+        raise TraceError(f"{path} has no ProfilerStep#N ranges: it was not recorded with a "
+                         "torch.profiler schedule stepped once per training step (prof.step()); "
+                         "record it with hpctrain profile RECIPE")
+    return trace
 
-    def intern(name: str) -> int:
-        number = ids.get(name)
-        if number is None:
-            number = ids[name] = len(trace.names)
-            trace.names.append(name)
-        return number
 
-    events = 0
-    for event in iter_events(path):
-        events += 1
-        category, name = event.get("cat"), event.get("name", "")
-        if event.get("ph") == "i":
+def _collect_parts(trace: RankTrace, parts: list[tuple[int, int]]) -> int | None:
+    """Fill `trace` from the pieces, the first here and each other one in a fresh Python
+    (not a fork: this process may hold torch's threads; not multiprocessing's spawn: it runs
+    the caller's script again); the number of events, or None where a piece was refused
+    (damaged, or its cut not between two events)."""
+    others = [subprocess.Popen([sys.executable, "-c", _PIECE, str(trace.path), str(start),
+                                str(end)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+              for start, end in parts[1:]]
+    try:
+        events = _fill(trace, iter_events(trace.path, part=parts[0]))
+        for other in others:
+            output = other.communicate()[0]
+            if other.returncode != 0:
+                return None
+            piece, count = pickle.loads(output)
+            trace.absorb(piece)
+            events += count
+    except TraceError:
+        return None
+    finally:
+        for other in others:
+            other.kill()
+            other.wait()
+    return events
+
+
+_PIECE = "import sys; from hpctrain.profiling.collect import _piece; _piece(*sys.argv[1:])"
+
+
+def _piece(path: str, start: str, end: str) -> None:
+    """A piece's process: its columns, pickled on stdout (exit code 2 if refused)."""
+    piece = RankTrace(Path(path), 0, 1)
+    try:
+        count = _fill(piece, iter_events(path, part=(int(start), int(end))))
+    except TraceError:
+        sys.exit(2)
+    sys.stdout.buffer.write(pickle.dumps((piece, count)))
+
+
+def _fill(trace: RankTrace, events) -> int:
+    """Append the events' numbers to the trace's columns; how many events there were."""
+    intern, count = trace.intern, 0
+    for event in events:
+        count += 1
+        phase, category, name = event.get("ph"), event.get("cat"), event.get("name", "")
+        if phase == "i":
             if name == "[memory]":
                 _memory_event(trace, event.get("args", {}))
             continue
-        if event.get("ph") != "X" or "dur" not in event:
+        if phase != "X" or "dur" not in event:
             continue
         start = float(event["ts"])
         end = start + float(event["dur"])
@@ -128,13 +214,7 @@ def collect(path: Path | str, rank: int | None = None) -> RankTrace:
                           kernels.kernel_kind(category, name), correlation)
             if category == "gpu_memcpy" and kernels.blocking_copy(name):
                 trace.blocking_copies.add(correlation)
-    if events == 0:
-        raise TraceError(f"{path} holds no events")
-    if len(trace.steps) == 0:
-        raise TraceError(f"{path} has no ProfilerStep#N ranges: it was not recorded with a "
-                         "torch.profiler schedule stepped once per training step (prof.step()); "
-                         "record it with hpctrain profile RECIPE")
-    return trace
+    return count
 
 
 def _rank(path: Path, info: dict, rank: int | None) -> int:

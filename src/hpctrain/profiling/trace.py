@@ -9,15 +9,20 @@ opens it as is).
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import json
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from hpctrain.errors import UserError
 
 ARRAY_KEY = '"traceEvents"'
 CHUNK = 1 << 20
+_SEPARATORS = re.compile(r"[ \t\r\n,]*")
+_EVENT_LINE = re.compile(rb"\n[ \t\r]*\{")
 
 
 class TraceError(UserError):
@@ -49,18 +54,63 @@ def read_header(path: Path | str) -> dict:
         return {}
 
 
-def iter_events(path: Path | str, chunk: int = CHUNK) -> Iterator[dict]:
-    """Every event of the trace's `traceEvents` array, in file order."""
+def part_ranges(path: Path | str, parts: int, least: int) -> list[tuple[int, int]]:
+    """Byte ranges that split a plain trace into up to `parts` pieces of at least `least`
+    bytes, each cut just before a line that opens with `{` (where Kineto starts an event).
+    A cut is only a guess until the piece before it decodes to its end (see iter_events);
+    a compressed trace cannot be entered in the middle and is one piece."""
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as raw:
+        if raw.read(2) == b"\x1f\x8b" or parts < 2 or size < 2 * least:
+            return [(0, size)]
+        cuts, pieces = [0], min(parts, size // least)
+        for offset in (k * size // pieces for k in range(1, pieces)):
+            raw.seek(offset)
+            found = _EVENT_LINE.search(raw.read(CHUNK))
+            if found:
+                cuts.append(offset + found.end() - 1)
+    cuts = sorted(set(cuts))
+    return list(zip(cuts, cuts[1:] + [size]))
+
+
+@contextmanager
+def _text(path: Path, start: int, end: int | None) -> Iterator[Callable[[int], str]]:
+    """read(n) -> up to n more characters: of the whole trace (end None, compressed or not),
+    or of bytes [start, end) of a plain one."""
+    if end is None:
+        with _open(path) as stream:
+            yield stream.read
+        return
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    with open(path, "rb") as raw:
+        raw.seek(start)
+
+        def read(size: int) -> str:
+            data = raw.read(max(0, min(size, end - raw.tell())))
+            return decoder.decode(data, final=not data)
+        yield read
+
+
+def iter_events(path: Path | str, chunk: int = CHUNK,
+                part: tuple[int, int] | None = None) -> Iterator[dict]:
+    """Every event of the trace's `traceEvents` array, in file order; with `part` (a range
+    from part_ranges), the events within those bytes only. A part must end where an event
+    ends: one that ends inside an event, or finds the array closed before its last byte, is
+    refused with a TraceError like a damaged trace (its cut was in the wrong place)."""
     path = Path(path)
     if not path.is_file():
         raise TraceError(f"trace {path} does not exist")
-    decoder = json.JSONDecoder()
+    scan = json.JSONDecoder().scan_once  # raw_decode without its Python wrapper
+    if part is not None and part == (0, path.stat().st_size):
+        part = None
+    first, last = part is None or part[0] == 0, part is None or part[1] == path.stat().st_size
     try:
-        with _open(path) as stream:
-            buffer, position, at_end = "", -1, False
+        with _text(path, *(part or (0, None))) as read:
+            buffer, position, at_end = "", -1 if first else 0, False
 
             def refill() -> bool:
-                text = stream.read(chunk)
+                text = read(chunk)
                 nonlocal buffer
                 buffer += text
                 return bool(text)
@@ -73,27 +123,33 @@ def iter_events(path: Path | str, chunk: int = CHUNK) -> Iterator[dict]:
                     raise TraceError(f"{path} is not a Kineto/Chrome trace: it has no "
                                      "traceEvents array")
             while True:
-                while True:  # skip separators, reading on when the buffer runs out
-                    while position < len(buffer) and buffer[position] in " \t\r\n,":
-                        position += 1
-                    if position < len(buffer) or not refill():
-                        break
+                # skip separators, reading on when the buffer runs out
+                position = _SEPARATORS.match(buffer, position).end()
+                while position >= len(buffer) and refill():
+                    position = _SEPARATORS.match(buffer, position).end()
                 if position >= len(buffer):
+                    if not last:
+                        return  # the part ends between two events, as a cut must
                     raise TraceError(f"{path} ends inside its traceEvents array: the trace "
                                      "is truncated (was the profiled run killed while "
                                      "writing it?)")
                 if buffer[position] == "]":
+                    if not last:
+                        raise TraceError(f"{path}: the traceEvents array closes before the "
+                                         f"end of bytes {part}")
                     return
                 try:
-                    event, end = decoder.raw_decode(buffer, position)
-                except json.JSONDecodeError as err:
-                    if at_end and err.pos >= len(buffer.rstrip()):
+                    event, end = scan(buffer, position)
+                except (json.JSONDecodeError, StopIteration) as err:
+                    where, what = (err.pos, err.msg) if isinstance(err, json.JSONDecodeError) \
+                        else (position, "Expecting value")
+                    if at_end and where >= len(buffer.rstrip()):
                         raise TraceError(f"{path} ends inside an event: the trace is "
                                          "truncated (was the profiled run killed while "
                                          "writing it?)") from None
                     if at_end:
                         raise TraceError(f"{path}: damaged event near character "
-                                         f"{err.pos} of the current window: {err.msg}") from None
+                                         f"{where} of the current window: {what}") from None
                     at_end = not refill()
                     continue
                 at_end = False
