@@ -5,8 +5,10 @@ frames, written by tests/kineto_synth.py in constant memory), then, each in a fr
 so that peak memory is the process's own:
   (a) baseline: json.load of the file, the first line of every hand-written analysis script
       (and of Holistic Trace Analysis's parser), doing nothing else;
-  (b) hpctrain: the whole analysis (streamed collection, evidence, verdict).
-Prints seconds and peak resident memory, and the ratio of (b) to (a).
+  (b) hpctrain: the whole analysis (streamed collection, evidence, verdict), one process;
+  (c) the same with hpctrain's default: a piece of the trace per core;
+  (d) (c) on the same trace gzip-compressed.
+Prints seconds and the largest process's peak resident memory, and the ratios.
 
 With --hta PYTHON (an interpreter where HolisticTraceAnalysis is installed), it also runs
 HTA's temporal breakdown and idle-time breakdown on three small generated GPU traces, or on
@@ -33,6 +35,8 @@ import textwrap
 import time
 from pathlib import Path
 
+from hpctrain.profiling.collect import PART_BYTES
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from kineto_synth import SCENARIOS, Synth, write_trace  # noqa: E402
 
@@ -49,7 +53,8 @@ HPCTRAIN = textwrap.dedent("""
     from hpctrain.profiling.analysis import analyse
     from hpctrain.profiling.collect import collect
     from hpctrain.profiling.verdict import decide
-    verdict = decide([analyse(collect(sys.argv[1], processes={processes}))])
+    verdict = decide([analyse(collect(sys.argv[1], processes={processes},
+                                      part_bytes={part_bytes}))])
     print(verdict.bound, file=sys.stderr)
 """)
 
@@ -154,32 +159,32 @@ def compare_with_hta(python: str, traces: list[Path]) -> None:
                   f"{100 * (mine - theirs):+.1f} |")
 
 
-def time_big_trace(trace: Path, megabytes: float) -> None:
-    """(a) and (b) on a generated trace of `megabytes`, each in a fresh process."""
+def time_big_trace(trace: Path, megabytes: float, part_bytes: int) -> None:
+    """(a) to (d) on a generated trace of `megabytes`, each in a fresh process."""
     started = time.perf_counter()
     steps = generate(trace, megabytes)
     size = trace.stat().st_size / 1e6
     print(f"generated {size:,.0f} MB, {steps} steps in {time.perf_counter() - started:.0f} s")
     baseline = measure(BASELINE, trace)
-    one = measure(HPCTRAIN.format(processes=1), trace)
-    ours = measure(HPCTRAIN.format(processes=None), trace)
+    one = measure(HPCTRAIN.format(processes=1, part_bytes=part_bytes), trace)
+    ours = measure(HPCTRAIN.format(processes=None, part_bytes=part_bytes), trace)
     compressed = trace.with_suffix(".json.gz")
     with open(trace, "rb") as plain, gzip.open(compressed, "wb", compresslevel=1) as out:
         shutil.copyfileobj(plain, out)
-    zipped = measure(HPCTRAIN.format(processes=None), compressed)
+    zipped = measure(HPCTRAIN.format(processes=None, part_bytes=part_bytes), compressed)
     cores = len(os.sched_getaffinity(0))
     print("\n| reader | seconds | peak memory of one process (MB) | / trace size |\n"
           "|---|---|---|---|")
     for name, row in (("(a) json.load alone", baseline),
                       ("(b) hpctrain analysis, one process", one),
                       (f"(c) hpctrain analysis, {cores} processes (the default)", ours),
-                      ("(d) the same, trace gzip-compressed (read whole: one process)",
-                       zipped)):
+                      ("(d) the same, the trace gzip-compressed", zipped)):
         print(f"| {name} | {row['seconds']:.1f} | {row['peak_mb']:,.0f} | "
               f"{row['peak_mb'] / size:.2f} |")
     print(f"\n(c)/(a): time {ours['seconds'] / baseline['seconds']:.2f}x, "
           f"peak memory {ours['peak_mb'] / baseline['peak_mb']:.2f}x; "
-          f"(c)/(b): time {ours['seconds'] / one['seconds']:.2f}x")
+          f"(c)/(b): time {ours['seconds'] / one['seconds']:.2f}x; "
+          f"pieces of at least {part_bytes / 1e6:.1f} MB")
     trace.unlink()
     compressed.unlink()
 
@@ -188,13 +193,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--megabytes", type=float, default=500,
                         help="size of the generated trace to time (0: none)")
+    parser.add_argument("--part-megabytes", type=float, default=PART_BYTES / 1e6,
+                        help="the least piece a process reads (hpctrain's default: %(default)g)")
     parser.add_argument("--hta", metavar="PYTHON", help="an interpreter with HTA installed")
     parser.add_argument("--trace", action="append", default=[],
                         help="a recorded trace to compare with HTA (repeatable)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         if args.megabytes > 0:
-            time_big_trace(Path(scratch) / "big.json", args.megabytes)
+            time_big_trace(Path(scratch) / "big.json", args.megabytes,
+                           int(args.part_megabytes * 1e6))
         if args.hta:
             compare_with_hta(args.hta, recorded_traces(args.trace, Path(scratch))
                              if args.trace else generated_traces(Path(scratch)))

@@ -101,45 +101,50 @@ def plain_gpu_trace(tmp_path_factory):
 @pytest.mark.parametrize("processes", [2, 3])
 def test_a_trace_read_in_pieces_is_the_trace_read_whole(trace_file, plain_gpu_trace,
                                                         processes):
+    """Plain or gzip-compressed, the pieces tile the trace: their events are its events, and
+    the columns collected by several processes are the columns collected by one."""
     from hpctrain.profiling.collect import collect
     from hpctrain.profiling.trace import part_ranges
-    for plain, compressed in (trace_file, plain_gpu_trace):
-        least = plain.stat().st_size // (processes + 1)
-        parts = part_ranges(plain, processes, least)
-        assert len(parts) == processes
-        assert len(part_ranges(compressed, processes, 1)) == 1  # gzip: no entering midway
-        assert [event for part in parts for event in iter_events(plain, part=part)] \
-            == list(iter_events(plain))
-    whole = collect(plain, processes=1)
-    assert _columns(collect(plain, processes=processes, part_bytes=least)) == _columns(whole)
-    assert len(whole.gpu) > 100 and len(whole.steps) == 12
+    for path in (*trace_file, *plain_gpu_trace):
+        least = len(gzip.decompress(path.read_bytes()) if path.suffix == ".gz"
+                    else path.read_bytes()) // (processes + 1)
+        parts = part_ranges(path, processes, least)
+        assert len(parts) == processes and parts[-1][1] is None
+        assert [event for part in parts for event in iter_events(path, part=part)] \
+            == list(iter_events(path))
+    for path in plain_gpu_trace:
+        whole = collect(path, processes=1)
+        assert _columns(collect(path, processes=processes, part_bytes=least)) \
+            == _columns(whole)
+        assert len(whole.gpu) > 100 and len(whole.steps) == 12
 
 
-def test_a_cut_inside_an_event_is_found_out_and_the_trace_read_whole(tmp_path):
-    """A line opening with `{` inside an event (an object on a line of its own) is where a
-    cut is guessed; the piece before it then ends inside an event, and the whole file is
-    read instead: the same columns, the same answer."""
+def _steps(count: int) -> list[dict]:
+    return [event for step in range(count) for event in (
+        {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "tid": 1,
+         "ts": step * 100.0, "dur": 90.0},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "tid": 1, "ts": step * 100.0 + 1,
+         "dur": 50.0, "args": {"Input Dims": [[8, 8], [8, 8]], "Input type": ["float"] * 2}})]
+
+
+def test_a_cut_in_the_wrong_place_is_found_out_and_the_trace_read_whole(tmp_path):
+    """Where the only lines opening with `{` are inside events, the piece before a cut ends
+    inside an event; where no line opens with `{` near a cut, there is no cut. Either way
+    the whole file is read instead: the same columns."""
     from hpctrain.profiling.collect import collect
     from hpctrain.profiling.trace import part_ranges
-    events = []
-    for step in range(40):
-        events.append(json.dumps({"ph": "X", "cat": "user_annotation",
-                                  "name": f"ProfilerStep#{step}", "tid": 1,
-                                  "ts": step * 100.0, "dur": 90.0}))
-        events.append(json.dumps({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "tid": 1,
-                                  "ts": step * 100.0 + 1, "dur": 50.0})[:-1]
-                      + ', "args":\n{"Input Dims": [[8, 8], [8, 8]], "Input type": '
-                        '["float", "float"]}}')
-    path = tmp_path / "nested.json"  # every line that opens with { is inside an event
-    path.write_text('{"traceEvents": [' + ", ".join(events) + "]}\n")
-    text = path.read_bytes()
-    cuts = [start for start, _ in part_ranges(path, 4, len(text) // 5)[1:]]
-    assert len(cuts) == 3 and all(text[:cut].endswith(b'"args":\n') for cut in cuts)
-    with pytest.raises(TraceError, match="inside an event|damaged event"):
-        list(iter_events(path, part=(0, cuts[0])))
-    whole = collect(path, processes=1)
-    assert _columns(collect(path, processes=4, part_bytes=len(text) // 5)) == _columns(whole)
-    assert whole.matrix_ops[("aten::mm", ((8, 8), (8, 8)), "float")] == [40, 2000.0]
+    nested = tmp_path / "nested.json"
+    nested.write_text('{"traceEvents": [' + ", ".join(
+        json.dumps(event).replace('"args": ', '"args":\n') for event in _steps(400)) + "]}")
+    one_line = tmp_path / "one_line.json"
+    one_line.write_text(json.dumps({"traceEvents": _steps(400)}))
+    for path in (nested, one_line):
+        least = path.stat().st_size // 4
+        with pytest.raises(TraceError, match="inside an event|damaged event|no line opens"):
+            list(iter_events(path, part=part_ranges(path, 3, least)[0]))
+        whole = collect(path, processes=1)
+        assert _columns(collect(path, processes=3, part_bytes=least)) == _columns(whole)
+        assert whole.matrix_ops[("aten::mm", ((8, 8), (8, 8)), "float")] == [400, 20000.0]
 
 
 def test_a_damaged_trace_read_in_pieces_is_named_as_when_read_whole(plain_gpu_trace,

@@ -118,9 +118,10 @@ class RankTrace:
 def collect(path: Path | str, rank: int | None = None, processes: int | None = None,
             part_bytes: int = PART_BYTES) -> RankTrace:
     """Read one trace file into columns. The rank is taken from the trace's distributedInfo,
-    else from a `rank<N>` in the file name, else `rank` (default 0). A plain trace of at
-    least two `part_bytes` is read in pieces by up to `processes` processes (default: the
-    cores this process may use): decoding JSON is the cost, and it is one core's work."""
+    else from a `rank<N>` in the file name, else `rank` (default 0). A trace of at least two
+    `part_bytes` (uncompressed) is read in pieces by up to `processes` processes (default:
+    the cores this process may use): decoding JSON is the cost, one core's work. A gzip
+    trace too: each piece's process decompresses the stream up to its piece and discards it."""
     path = Path(path)
     info = read_header(path).get("distributedInfo") or {}
     trace = RankTrace(path, _rank(path, info, rank), int(info.get("world_size", 1)))
@@ -138,7 +139,7 @@ def collect(path: Path | str, rank: int | None = None, processes: int | None = N
     return trace
 
 
-def _collect_parts(trace: RankTrace, parts: list[tuple[int, int]]) -> int | None:
+def _collect_parts(trace: RankTrace, parts: list[tuple[int, int | None]]) -> int | None:
     """Fill `trace` from the pieces, the first here and each other one in a fresh Python
     (not a fork: this process may hold torch's threads; not multiprocessing's spawn: it runs
     the caller's script again); the number of events, or None where a piece was refused
@@ -171,7 +172,8 @@ def _piece(path: str, start: str, end: str) -> None:
     """A piece's process: its columns, pickled on stdout (exit code 2 if refused)."""
     piece = RankTrace(Path(path), 0, 1)
     try:
-        count = _fill(piece, iter_events(path, part=(int(start), int(end))))
+        count = _fill(piece, iter_events(path, part=(int(start),
+                                                    None if end == "None" else int(end))))
     except TraceError:
         sys.exit(2)
     sys.stdout.buffer.write(pickle.dumps((piece, count)))

@@ -13,9 +13,10 @@ import codecs
 import gzip
 import json
 import re
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+import struct
+from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from hpctrain.errors import UserError
 
@@ -23,17 +24,18 @@ ARRAY_KEY = '"traceEvents"'
 CHUNK = 1 << 20
 _SEPARATORS = re.compile(r"[ \t\r\n,]*")
 _EVENT_LINE = re.compile(rb"\n[ \t\r]*\{")
+CUT_WINDOW = 1 << 16  # how far past its nominal offset a piece's cut is looked for
 
 
 class TraceError(UserError):
     """A trace file that is missing, not a Kineto trace, or damaged: exit code 2."""
 
 
-def _open(path: Path):
+def _open(path: Path) -> BinaryIO:
+    """The uncompressed bytes of a plain or gzip-compressed trace."""
     with open(path, "rb") as probe:
         compressed = probe.read(2) == b"\x1f\x8b"
-    return gzip.open(path, "rt", encoding="utf-8") if compressed else \
-        open(path, encoding="utf-8")
+    return gzip.open(path, "rb") if compressed else open(path, "rb")
 
 
 def read_header(path: Path | str) -> dict:
@@ -42,8 +44,8 @@ def read_header(path: Path | str) -> dict:
     path = Path(path)
     try:
         with _open(path) as stream:
-            text = stream.read(CHUNK)
-    except (OSError, EOFError, UnicodeDecodeError) as err:
+            text = stream.read(CHUNK).decode("utf-8", errors="replace")
+    except (OSError, EOFError) as err:
         raise TraceError(f"cannot read trace {path}: {err}") from None
     found = text.find(ARRAY_KEY)
     if found < 0:
@@ -54,66 +56,80 @@ def read_header(path: Path | str) -> dict:
         return {}
 
 
-def part_ranges(path: Path | str, parts: int, least: int) -> list[tuple[int, int]]:
-    """Byte ranges that split a plain trace into up to `parts` pieces of at least `least`
-    bytes, each cut just before a line that opens with `{` (where Kineto starts an event).
-    A cut is only a guess until the piece before it decodes to its end (see iter_events);
-    a compressed trace cannot be entered in the middle and is one piece."""
+def part_ranges(path: Path | str, parts: int, least: int) -> list[tuple[int, int | None]]:
+    """Nominal ranges, in bytes of the uncompressed trace, that split it into up to `parts`
+    pieces of at least `least` bytes; the last ends at None (the end). Each piece really
+    begins at its cut: the first line opening with `{` (where Kineto starts an event) within
+    CUT_WINDOW bytes of its nominal start, which the piece before finds the same way. A cut
+    is only a guess until the piece before it decodes to exactly there (iter_events)."""
     path = Path(path)
     size = path.stat().st_size
     with open(path, "rb") as raw:
-        if raw.read(2) == b"\x1f\x8b" or parts < 2 or size < 2 * least:
-            return [(0, size)]
-        cuts, pieces = [0], min(parts, size // least)
-        for offset in (k * size // pieces for k in range(1, pieces)):
-            raw.seek(offset)
-            found = _EVENT_LINE.search(raw.read(CHUNK))
-            if found:
-                cuts.append(offset + found.end() - 1)
-    cuts = sorted(set(cuts))
-    return list(zip(cuts, cuts[1:] + [size]))
+        if raw.read(2) == b"\x1f\x8b" and size >= 18:  # gzip: its trailer holds the
+            raw.seek(-4, 2)                            # uncompressed size modulo 2**32
+            size = struct.unpack("<I", raw.read(4))[0]
+    pieces = min(parts, size // max(1, least))
+    if pieces < 2:
+        return [(0, None)]
+    starts = [k * size // pieces for k in range(pieces)]
+    return list(zip(starts, starts[1:] + [None]))
 
 
-@contextmanager
-def _text(path: Path, start: int, end: int | None) -> Iterator[Callable[[int], str]]:
-    """read(n) -> up to n more characters: of the whole trace (end None, compressed or not),
-    or of bytes [start, end) of a plain one."""
-    if end is None:
-        with _open(path) as stream:
-            yield stream.read
+def _piece_bytes(raw: BinaryIO, start: int, end: int | None, chunk: int) -> Iterator[bytes]:
+    """The bytes of a piece of the uncompressed trace `raw`: from the cut at `start` (0: the
+    trace's start) to the cut at `end` (None: the trace's end). Both cuts are found in the
+    same CUT_WINDOW bytes by the two pieces they separate, so the pieces tile the trace."""
+    data, offset = b"", 0
+    if start:
+        raw.seek(start)  # forward: a gzip stream is decompressed up to here
+        data = raw.read(CUT_WINDOW)
+        cut = _cut(data, 0)
+        data, offset = data[cut:], start + cut
+    while True:
+        more = raw.read(chunk)
+        data += more
+        if end is None or (more and offset + len(data) < end + CUT_WINDOW):
+            ready = len(data) if end is None else min(len(data), max(0, end - offset))
+            if ready:
+                yield data[:ready]
+                data, offset = data[ready:], offset + ready
+            if not more:
+                return
+            continue
+        yield data[:_cut(data, end - offset)]
         return
-    decoder = codecs.getincrementaldecoder("utf-8")()
-    with open(path, "rb") as raw:
-        raw.seek(start)
 
-        def read(size: int) -> str:
-            data = raw.read(max(0, min(size, end - raw.tell())))
-            return decoder.decode(data, final=not data)
-        yield read
+
+def _cut(data: bytes, at: int) -> int:
+    """Where the first line opening with `{` within CUT_WINDOW bytes of `at` has its `{`."""
+    found = _EVENT_LINE.search(data, at, at + CUT_WINDOW) if at >= 0 else None
+    if found is None:
+        raise TraceError(f"no line opens with {{ within {CUT_WINDOW} bytes of a piece's cut")
+    return found.end() - 1
 
 
 def iter_events(path: Path | str, chunk: int = CHUNK,
-                part: tuple[int, int] | None = None) -> Iterator[dict]:
+                part: tuple[int, int | None] = (0, None)) -> Iterator[dict]:
     """Every event of the trace's `traceEvents` array, in file order; with `part` (a range
-    from part_ranges), the events within those bytes only. A part must end where an event
-    ends: one that ends inside an event, or finds the array closed before its last byte, is
+    from part_ranges), the events of that piece only. A piece before the last must end
+    where an event ends: one that ends inside an event, or finds the array closed, is
     refused with a TraceError like a damaged trace (its cut was in the wrong place)."""
     path = Path(path)
     if not path.is_file():
         raise TraceError(f"trace {path} does not exist")
     scan = json.JSONDecoder().scan_once  # raw_decode without its Python wrapper
-    if part is not None and part == (0, path.stat().st_size):
-        part = None
-    first, last = part is None or part[0] == 0, part is None or part[1] == path.stat().st_size
+    (start, end), decoder = part, codecs.getincrementaldecoder("utf-8")()
+    last = end is None
     try:
-        with _text(path, *(part or (0, None))) as read:
-            buffer, position, at_end = "", -1 if first else 0, False
+        with _open(path) as raw:
+            blocks = _piece_bytes(raw, start, end, chunk)
+            buffer, position, at_end = "", -1 if start == 0 else 0, False
 
             def refill() -> bool:
-                text = read(chunk)
+                block = next(blocks, None)
                 nonlocal buffer
-                buffer += text
-                return bool(text)
+                buffer += decoder.decode(block or b"", final=block is None)
+                return block is not None
 
             while position < 0:  # find the array's opening bracket
                 found = buffer.find(ARRAY_KEY)
@@ -129,17 +145,17 @@ def iter_events(path: Path | str, chunk: int = CHUNK,
                     position = _SEPARATORS.match(buffer, position).end()
                 if position >= len(buffer):
                     if not last:
-                        return  # the part ends between two events, as a cut must
+                        return  # the piece ends between two events, as a cut must
                     raise TraceError(f"{path} ends inside its traceEvents array: the trace "
                                      "is truncated (was the profiled run killed while "
                                      "writing it?)")
                 if buffer[position] == "]":
                     if not last:
                         raise TraceError(f"{path}: the traceEvents array closes before the "
-                                         f"end of bytes {part}")
+                                         f"end of the piece from byte {start}")
                     return
                 try:
-                    event, end = scan(buffer, position)
+                    event, after = scan(buffer, position)
                 except (json.JSONDecodeError, StopIteration) as err:
                     where, what = (err.pos, err.msg) if isinstance(err, json.JSONDecodeError) \
                         else (position, "Expecting value")
@@ -154,8 +170,8 @@ def iter_events(path: Path | str, chunk: int = CHUNK,
                     continue
                 at_end = False
                 yield event
-                position = end
+                position = after
                 if position > chunk:  # drop what has been decoded, now and then
                     buffer, position = buffer[position:], 0
-    except (OSError, EOFError, UnicodeDecodeError) as err:
+    except (OSError, EOFError, UnicodeDecodeError, gzip.BadGzipFile) as err:
         raise TraceError(f"cannot read trace {path}: {err}") from None
