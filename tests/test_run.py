@@ -163,3 +163,18 @@ def test_synthetic_data_trains(tmp_path, run_cli, tiny):
                                                  "data.synthetic.num_classes=5"))
     summary = json.loads((only_run(tmp_path) / "summary.json").read_text())
     assert code == 0 and summary["steps"] == 4
+
+
+def test_version_names_hpctrain_torch_and_python_without_importing_torch():
+    import subprocess
+    import sys
+    from importlib.metadata import version
+
+    from hpctrain.version import __version__
+    probe = ("import sys; from hpctrain import cli\n"
+             "try:\n    cli.main(['--version'])\nexcept SystemExit as end:\n"
+             "    print('torch' in sys.modules, end.code)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    python = ".".join(map(str, sys.version_info[:3]))
+    assert done.stdout.splitlines() == [
+        f"hpctrain {__version__} (torch {version('torch')}, Python {python})", "False 0"]

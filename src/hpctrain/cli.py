@@ -666,6 +666,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="run 'hpctrain VERB --help' for a verb's options and examples\n\n"
                + exit_code_table(),
         formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=_versions(),
+                        help="hpctrain's version, and torch's and Python's beside it")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
     verbs.required = True
     for add in (_add_run, _add_config_show, _add_submit, _add_jobs, _add_logs, _add_cancel,
@@ -674,6 +676,19 @@ def build_parser() -> argparse.ArgumentParser:
     cli_runs.add_verbs(verbs, _verb)
     cli_tune.add_verbs(verbs, _verb)
     return parser
+
+
+def _versions() -> str:
+    """What a bug report needs first, without importing torch (seconds)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from hpctrain.version import __version__
+    try:
+        torch = version("torch")
+    except PackageNotFoundError:
+        torch = "not installed"
+    python = ".".join(map(str, sys.version_info[:3]))
+    return f"hpctrain {__version__} (torch {torch}, Python {python})"
 
 
 def _split_recipe(args) -> None:
