@@ -110,3 +110,19 @@ def test_a_report_shows_the_memory_prediction_written_into_the_run(tmp_path, run
     text = (run / "report.html").read_text()
     assert f"peak allocated {predicted['peak_allocated_bytes'] / 2**20:,.0f} MiB" in text
     assert "measured peak" in text and "host_rss" in text
+
+
+@pytest.mark.parametrize("points", [[(7, 2.3)], [(1, 2.3), (2, 2.1)], [(0, 1.0)]])
+def test_a_run_that_logged_once_or_twice_shows_its_points_to_its_last_step(points):
+    """One or two logged points: each drawn, the last at the plot's right edge (the axis
+    ends at the last step), steps labelled in whole numbers, a single value mid-height."""
+    from hpctrain.report.chart import HEIGHT, LEFT, RIGHT, TOP, BOTTOM, WIDTH, Chart, Line, place
+    placed = place(Chart("loss", "step", [Line("train", "#000", [(x, y, f"{y}")
+                                                               for x, y in points])]))
+    assert len(placed.points) == len(points)
+    right = LEFT + (WIDTH - LEFT - RIGHT) * (points[-1][0] > 0)
+    assert placed.points[-1][0] == pytest.approx(right)
+    labels = [text for _, _, text, anchor in placed.texts if anchor == "middle" and text != "step"]
+    assert labels and all(label.isdigit() for label in labels)
+    if len(points) == 1:
+        assert placed.points[0][1] == pytest.approx(TOP + (HEIGHT - TOP - BOTTOM) / 2)

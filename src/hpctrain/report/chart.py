@@ -37,13 +37,15 @@ class Chart:
     marks: list[tuple[float, str]] = field(default_factory=list)  # vertical lines: x, label
 
 
-def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
-    """Round tick values covering [low, high]."""
+def nice_ticks(low: float, high: float, count: int = 5, whole: bool = False) -> list[float]:
+    """Round tick values covering [low, high]; whole numbers only where `whole` (steps)."""
     if high <= low:
         high = low + (abs(low) or 1.0)
     raw = (high - low) / count
     step = 10 ** math.floor(math.log10(raw))
     step *= next(m for m in (1, 2, 2.5, 5, 10) if raw <= step * m)
+    if whole:
+        step = max(1, round(step))
     first = math.ceil(low / step - 1e-9) * step
     return [first + i * step for i in range(count + 2) if first + i * step <= high + 1e-9 * step]
 
@@ -75,13 +77,26 @@ class Placed:
     legend: list[tuple[str, str]]  # colour, label (the PNG's; the page writes its own)
 
 
+def _spans(xs: list[float], ys: list[float]) -> tuple[float, float, float, float]:
+    """The axes' ranges: x from the first point to the last (from 0 where every point has
+    one x: a run that logged once), y over the values (centred on a single value)."""
+    x0, x1 = min(xs), max(xs)
+    if x1 == x0:
+        x0 = min(0.0, x0)
+        x1 = x1 if x1 > x0 else x0 + 1
+    y0, y1 = min(ys), max(ys)
+    if y1 == y0:
+        pad = abs(y0) / 10 or 1.0
+        y0, y1 = y0 - pad, y1 + pad
+    return x0, x1, y0, y1
+
+
 def place(chart: Chart) -> Placed:
     xs = [x for line in chart.lines for x, _, _ in line.points] + [x for x, _ in chart.marks]
     ys = [y for line in chart.lines for _, y, _ in line.points]
-    x_ticks, y_ticks = nice_ticks(min(xs), max(xs)), nice_ticks(min(ys), max(ys))
-    x0, x1 = min(min(xs), x_ticks[0]), max(max(xs), x_ticks[-1])
-    y0, y1 = min(min(ys), y_ticks[0]), max(max(ys), y_ticks[-1])
-    x1, y1 = (x1 if x1 > x0 else x0 + 1), (y1 if y1 > y0 else y0 + 1)
+    x0, x1, y0, y1 = _spans(xs, ys)
+    x_ticks = nice_ticks(x0, x1, whole=all(float(x).is_integer() for x in xs))
+    y_ticks = nice_ticks(y0, y1)
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
 
     def px(x: float) -> float:
