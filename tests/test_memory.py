@@ -141,9 +141,10 @@ def test_the_prediction_meets_the_cpu_allocators_own_account_of_a_real_step(tiny
                                                                             precision):
     """--measure on the CPU reads the allocator's records (torch.profiler), not the storage
     tracker that makes the prediction (before: the same tracker both ways, an error of 0.0 %
-    by construction). So it can disagree, and does where a kernel allocates for itself: the
-    CPU runs bf16 convolutions as im2col (_slow_conv2d), whose column buffers the tracker
-    cannot see; the report names the operator."""
+    by construction). So it can disagree, and does where a kernel allocates for itself, which
+    depends on the CPU: without AVX512-BF16, bf16 convolutions run as im2col (_slow_conv2d),
+    whose column buffers the tracker cannot see; with it, oneDNN's convolution backward keeps
+    a workspace in fp32. Either way a peak missed by more than 10 % names the operator."""
     config = tiny_config("device=cpu", f"precision={precision}")
     est = estimate(config, resolve_target(config, "1GiB"))
     from hpctrain.memory.measure import measure
@@ -151,11 +152,13 @@ def test_the_prediction_meets_the_cpu_allocators_own_account_of_a_real_step(tiny
     measured = measure(est, config)
     assert measured["measured_bytes"] > est.info.parameters * 4
     assert abs(measured["relative_error"]) < 0.01  # what autograd holds: tensors both see
-    if precision == "fp32":
-        assert abs(measured["peak_relative_error"]) < 0.10 and measured["why"] is None
+    error, why = measured["peak_relative_error"], measured["why"]
+    if error < -0.10:
+        assert why and "allocates memory for itself" in why and "inside aten::" in why
     else:
-        assert measured["peak_relative_error"] < -0.25
-        assert "inside aten::_slow_conv2d_backward" in measured["why"]
+        assert abs(error) < 0.10 and why is None
+    if precision == "bf16" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        assert error < -0.25 and "inside aten::_slow_conv2d_backward" in why
 
 
 class ReadsAValue(nn.Module):
