@@ -58,8 +58,10 @@ def fit(model: nn.Module, train_data: Dataset, val_data: Dataset | None = None,
     hpctrain's defaults (not the shapes recipe `hpctrain run` trains); `overrides` as keyword
     arguments, as for load_config (`fit(model, data, precision="bf16", train={"epochs": 3})`).
     The datasets are those a recipe's `data.dataset` factory returns (data/user_datasets.py):
-    samples of images, point clouds or token blocks, and the training set may be a stream
-    (data/streams.py). Without `val_data`, data.val_fraction (0.1 when unset) of `train_data`
+    samples of images, point clouds, token blocks or tensors of any shape, and the training
+    set may be a stream (data/streams.py). With `task: auto`, the first training sample picks
+    the task (an image or other inputs with an integer label, or a float target: regression),
+    and the run says which. Without `val_data`, data.val_fraction (0.1 when unset) of `train_data`
     is held out for validation, the same samples on every rank and every restart.
 
     Raises a UserError (ConfigError, DataError, ...; `.exit_code` as the command line's) for
@@ -78,11 +80,32 @@ def fit(model: nn.Module, train_data: Dataset, val_data: Dataset | None = None,
     settings = {**overrides, **references}
     config = configuration.with_settings(config, settings) if isinstance(config, Config) \
         else load_config(config, **settings)
+    config = _task_from_samples(config, train_data)
     if val_data is None:
         train_data, val_data = _held_out(train_data, config)
     user_code.give(references["model.name"], lambda: model)
     user_code.give(references["data.dataset"], lambda: (train_data, val_data))
     return _train(config, started)
+
+
+def _task_from_samples(config: Config, train_data: Dataset) -> Config:
+    """With `task: auto`, the task the first training sample calls for (a stream's samples are
+    not read ahead), said once."""
+    from hpctrain.cluster.environment import detect
+    from hpctrain.data.user_datasets import task_of_sample
+
+    if config.task.name != "auto" or isinstance(train_data, IterableDataset):
+        return config
+    try:
+        picked = task_of_sample(train_data[0])
+    except Exception:  # the user's __getitem__: the sample checks name what is wrong
+        return config
+    if picked is None or picked[0] == config.task_spec.name:
+        return config
+    if detect().rank == 0:
+        print(f"hpctrain: task {picked[0]}: the first training sample has {picked[1]} (set "
+              "task=... to choose another)", flush=True)
+    return configuration.with_settings(config, {"task.name": picked[0]})
 
 
 class _Part(Dataset):

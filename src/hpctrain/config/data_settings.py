@@ -178,6 +178,7 @@ class DataConfig(Section):
     shapes3d: Shapes3dConfig = Shapes3dConfig()
 
     _kind_of_user_data: str = PrivateAttr("images")  # set by Config, from the task
+    _targets_of_user_data: str = PrivateAttr("classes")  # classes | values (regression)
 
     @field_validator("dataset")
     @classmethod
@@ -194,9 +195,15 @@ class DataConfig(Section):
         return user_code.is_code_reference(self.dataset)
 
     @property
+    def targets(self) -> str:
+        """What your own samples' targets are: classes (an integer label) or values (a
+        number or a float tensor: regression)."""
+        return self._targets_of_user_data
+
+    @property
     def kind(self) -> str:
-        """What the samples are: images, tokens or points (your own data: what the task
-        learns from, images unless `task` says otherwise)."""
+        """What the samples are: images, tokens, points or tensors (your own data: what the
+        task learns from, images unless `task` says otherwise)."""
         if self.from_user_code:
             return self._kind_of_user_data
         if self.dataset in TOKEN_DATASETS:

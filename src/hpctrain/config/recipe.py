@@ -79,10 +79,15 @@ class Config(Section):
                                  "data.tokens.batching=documents reads a token pack's "
                                  "documents: set data.tokens.batching=blocks")
             self.data._kind_of_user_data = kind
+            self.data._targets_of_user_data = tasks.TARGETS_OF_TASK.get(task, "classes")
         elif task != "auto" and tasks.KIND_OF_TASK[task] != self.data.kind:
             raise ValueError(f"task {task} cannot learn from data.dataset={self.data.dataset} "
                              f"({self.data.kind}); use task=auto, or data that fits the task")
         if self.model.name == "auto":
+            if not self.task_spec.default_model:
+                raise ValueError(f"task {self.task_spec.name} learns from your own tensors "
+                                 "and has no default model: set model.name to yours "
+                                 "(package.module:build or path/to/file.py:build)")
             self.model.name = self.task_spec.default_model
         return self
 

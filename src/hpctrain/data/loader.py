@@ -53,6 +53,7 @@ class DataBundle:
     num_workers: int
     vocab_size: int | None = None  # tokens
     answer: tuple[int, int] | None = None  # tokens: the ids around graded answers
+    classes_from: str | None = None  # where num_classes came from, if not the recipe or data
 
     @property
     def skipped_images(self) -> int:

@@ -17,9 +17,13 @@ holds and what the task expects):
   (3, H, W) tensor already normalised, used as it is;
 - point-cloud classification: (points, label), the points a float (N, 3) tensor or array;
 - language modelling: a block of data.tokens.seq_len + 1 integer token ids (1-D), below the
-  vocabulary's size: data.tokens.vocab_size, or the training dataset's `vocab_size`.
+  vocabulary's size: data.tokens.vocab_size, or the training dataset's `vocab_size`;
+- classification and regression of your own tensors: (inputs, target), the inputs a tensor
+  or array of any shape or a tuple or dict of them, the target an integer label or a number
+  or float tensor (tasks/tensors.py).
 The label is an integer below the number of classes: `data.num_classes`, or the dataset's
-`classes` (a list) or `num_classes`.
+`classes` (a list) or `num_classes` (your own tensors: else the model's output width, read by
+train/build.py).
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ from hpctrain.config import DataConfig
 from hpctrain.data.streams import first_items
 from hpctrain.errors import DataError, UserError
 from hpctrain.seeding import seed_worker
+from hpctrain.tasks import classification, image_classification, regression
+from hpctrain.tasks.tensors import KIND as TENSORS
 
 
 class ByIndex(Dataset):
@@ -69,10 +75,18 @@ def user_datasets(data: DataConfig, seed: int, rank: int = 0) -> tuple[Dataset, 
              "seq_len": data.tokens.seq_len if tokens else None}
     made = user_code.call_factory(factory, "data.dataset", reference, facts, data.kwargs)
     train, val = _train_and_val(made, reference)
-    num_classes = _vocabulary_of(train, data, reference) if tokens else \
-        data.num_classes or _classes_of(train, reference)
-    for split, dataset in (("train", train), ("val", val)):
-        check_samples(dataset, split, reference, data.kind, num_classes, data.tokens.seq_len)
+    splits = (("train", train), ("val", val))
+    if tokens:
+        num_classes = _vocabulary_of(train, data, reference)
+    else:  # the samples' kinds first: a sample of another task is named as one
+        for split, dataset in splits:
+            check_samples(dataset, split, reference, data.kind, None, 0, data.targets)
+        num_classes = None if data.targets == "values" else \
+            data.num_classes or _classes_of(train, reference, required=data.kind != TENSORS)
+    if num_classes is not None:  # then the labels against the classes (tokens: the ids)
+        for split, dataset in splits:
+            check_samples(dataset, split, reference, data.kind, num_classes,
+                          data.tokens.seq_len, data.targets)
     # a stream is wrapped where the loader is made (streams.py): it needs the layout
     return train if isinstance(train, IterableDataset) else ByIndex(train, seed, rank), \
         ByIndex(val, seed, rank), num_classes
@@ -102,11 +116,15 @@ def _train_and_val(made, reference: str) -> tuple[Dataset, Dataset]:
     return made[0], made[1]
 
 
-def _classes_of(dataset, reference: str) -> int:
+def _classes_of(dataset, reference: str, required: bool = True) -> int | None:
+    """The training dataset's classes; None where not `required` (your own tensors: the
+    model's output width says it, build.py)."""
     if isinstance(getattr(dataset, "classes", None), (list, tuple)):
         return len(dataset.classes)
     if isinstance(getattr(dataset, "num_classes", None), int):
         return dataset.num_classes
+    if not required:
+        return None
     raise DataError(f"data.dataset: {reference}: how many classes? The training dataset has "
                     "no `classes` list or `num_classes`; set data.num_classes=N")
 
@@ -135,8 +153,13 @@ def _torch_dtype(array) -> torch.dtype | None:
         return None
 
 
-def _problem(inputs, label, kind: str, num_classes: int) -> str | None:
+def _problem(inputs, label, kind: str, num_classes: int | None,
+             targets: str = "classes") -> str | None:
     """What is wrong with one (inputs, label) sample for the task, or None."""
+    if kind == TENSORS:
+        problem = _inputs_problem(inputs)
+        return problem or (_value_problem(label) if targets == "values" else
+                           _label_problem(label, num_classes))
     if not isinstance(inputs, (torch.Tensor, np.ndarray)):
         return f"its input is {_what(inputs)}"
     shape, dtype = tuple(inputs.shape), _torch_dtype(inputs)
@@ -144,15 +167,70 @@ def _problem(inputs, label, kind: str, num_classes: int) -> str | None:
     if kind == "points":
         if len(shape) != 2 or shape[1] != 3 or not floating:
             return f"its points are {_what(inputs)}"
-    elif not ((dtype == torch.uint8 and len(shape) == 3 and shape[2] == 3) or
-              (floating and len(shape) == 3 and shape[0] == 3)):
+    elif not is_image(inputs):
         return f"its image is {_what(inputs)}"
+    return _label_problem(label, num_classes)
+
+
+def is_image(inputs) -> bool:
+    """A uint8 (H, W, 3) image, or a float (3, H, W) one."""
+    if not isinstance(inputs, (torch.Tensor, np.ndarray)):
+        return False
+    shape, dtype = tuple(inputs.shape), _torch_dtype(inputs)
+    return (dtype == torch.uint8 and len(shape) == 3 and shape[2] == 3) or \
+        (dtype is not None and dtype.is_floating_point and len(shape) == 3 and shape[0] == 3)
+
+
+def _label_problem(label, num_classes: int | None) -> str | None:
     if isinstance(label, (torch.Tensor, np.ndarray)) and label.ndim == 0:
         label = label.item()  # a 0-d tensor or array: its number
     if isinstance(label, (bool, np.bool_)) or not isinstance(label, (int, np.integer)):
         return f"its label is {_what(label)} ({label!r}), not an integer"
+    if num_classes is None:
+        return f"its label is {label}, below 0" if label < 0 else None
     if not 0 <= label < num_classes:
         return f"its label is {label}, outside 0..{num_classes - 1} ({num_classes} classes)"
+    return None
+
+
+def task_of_sample(sample) -> tuple[str, str] | None:
+    """The task `task: auto` stands for on your own sample, and why: an image and an integer
+    label, image classification; other inputs and an integer label, classification; a float
+    number or tensor as the target, regression. None where none of these fits (the sample
+    checks then say what is wrong)."""
+    if not (isinstance(sample, (tuple, list)) and len(sample) == 2) or \
+            _inputs_problem(sample[0]):
+        return None
+    inputs, target = sample
+    if _label_problem(target, None) is None:
+        return (image_classification.SPEC.name, "an image and an integer label") \
+            if is_image(inputs) else (classification.SPEC.name, "an integer label")
+    floating = isinstance(target, (float, np.floating)) or (
+        isinstance(target, (torch.Tensor, np.ndarray)) and _torch_dtype(target) is not None
+        and _torch_dtype(target).is_floating_point)
+    return (regression.SPEC.name, "a float target") if floating else None
+
+
+def _numeric(value) -> bool:
+    dtype = _torch_dtype(value) if isinstance(value, (torch.Tensor, np.ndarray)) else None
+    return dtype is not None and dtype != torch.bool and not dtype.is_complex
+
+
+def _inputs_problem(inputs) -> str | None:
+    """Your own tensors' inputs: a numeric tensor or array, or a tuple, list or dict of them."""
+    parts = list(inputs.values()) if isinstance(inputs, dict) else \
+        list(inputs) if isinstance(inputs, (tuple, list)) else [inputs]
+    if not parts or not all(isinstance(p, (torch.Tensor, np.ndarray)) and
+                            _torch_dtype(p) is not None for p in parts):
+        return f"its inputs are {_what(inputs)}"
+    return None
+
+
+def _value_problem(target) -> str | None:
+    """A regression target: a number, or a numeric tensor or array."""
+    if isinstance(target, (bool, np.bool_)) or not (
+            isinstance(target, (int, float, np.integer, np.floating)) or _numeric(target)):
+        return f"its target is {_what(target)} ({target!r}), not a number or a float tensor"
     return None
 
 
@@ -171,13 +249,17 @@ def _token_problem(ids, seq_len: int, vocab_size: int) -> str | None:
 
 EXPECTED = {"images": "(image, label): a uint8 (H, W, 3) image, or a float (3, H, W) one "
                       "already normalised, and an integer label",
+            "tensors classes": "(inputs, label): a tensor or array of any shape (or a tuple "
+                               "or dict of them) and an integer label",
+            "tensors values": "(inputs, target): a tensor or array of any shape (or a tuple "
+                              "or dict of them) and a number or a float tensor",
             "points": "(points, label): float points of shape (N, 3) and an integer label",
             "tokens": "a block of data.tokens.seq_len + 1 = {} integer token ids (a 1-D tensor "
                       "or array): the model reads the first seq_len and predicts the last"}
 
 
-def check_samples(dataset, split: str, reference: str, kind: str, num_classes: int,
-                  seq_len: int = 0) -> None:
+def check_samples(dataset, split: str, reference: str, kind: str, num_classes: int | None,
+                  seq_len: int = 0, targets: str = "classes") -> None:
     """A few samples (first, middle, last; a stream's first three) of `dataset` fit the task,
     or a DataError naming the first bad index, what it holds and what is expected.
     `num_classes`: the vocabulary's size for tokens."""
@@ -187,10 +269,14 @@ def check_samples(dataset, split: str, reference: str, kind: str, num_classes: i
         elif not (isinstance(sample, (tuple, list)) and len(sample) == 2):
             problem = f"it is {_what(sample)}, not a pair"
         else:
-            problem = _problem(*sample, kind, num_classes)
+            problem = _problem(*sample, kind, num_classes, targets)
         if problem:
+            expected = EXPECTED[f"{kind} {targets}" if kind == TENSORS else kind]
+            fits = task_of_sample(sample) if kind == "images" else None
+            other = f"; or set task={fits[0]} ({fits[1]})" \
+                if fits and fits[0] != image_classification.SPEC.name else ""
             raise DataError(f"data.dataset: {reference}: {split} sample {index}: {problem}; "
-                            f"expected {EXPECTED[kind].format(seq_len + 1)}")
+                            f"expected {expected.format(seq_len + 1)}{other}")
 
 
 def _some_samples(dataset, split: str, reference: str):

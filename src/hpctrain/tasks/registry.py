@@ -7,17 +7,20 @@ its line below; a new kind of data also needs its reader in data/loader.py.
 
 from __future__ import annotations
 
-from hpctrain.tasks import image_classification, language_modeling, point_cloud_classification
+from hpctrain.tasks import (classification, image_classification, language_modeling,
+                           point_cloud_classification, regression)
 from hpctrain.tasks.spec import Curve, TaskSpec
 
 SPECS: dict[str, TaskSpec] = {task.SPEC.name: task.SPEC for task in (
-    image_classification, language_modeling, point_cloud_classification)}
+    image_classification, language_modeling, point_cloud_classification, classification,
+    regression)}
 NAMES = tuple(SPECS)
 # `task: auto`: the first task registered for the data's kind (another task on the same kind,
 # a segmentation on images, is named in the recipe)
 TASK_OF_DATA = {kind: next(name for name, spec in SPECS.items() if spec.data_kind == kind)
                 for kind in dict.fromkeys(spec.data_kind for spec in SPECS.values())}
 KIND_OF_TASK = {name: spec.data_kind for name, spec in SPECS.items()}
+TARGETS_OF_TASK = {name: spec.targets for name, spec in SPECS.items()}
 TASK_OBJECTIVE = {name: spec.objective for name, spec in SPECS.items()}
 
 

@@ -65,23 +65,27 @@ class TaskSpec:
     """One task kind.
 
     - `name`: the recipe's `task:` and summary.json's `task`;
-    - `data_kind`: what its samples are (images, tokens, points): `task: auto` picks the
-      task of the data's kind, and a task is refused on data of another kind;
+    - `data_kind`: what its samples are (images, tokens, points, tensors): `task: auto`
+      picks the task of the data's kind, and a task is refused on data of another kind;
     - `unit`: what its throughput counts (images, tokens, clouds);
     - `objective`: what `hpctrain tune` optimises by default, `SUMMARY_KEY:max|min`;
-    - `default_model`: the model of a recipe that names none (`model.name: auto`);
+    - `default_model`: the model of a recipe that names none (`model.name: auto`); "" for
+      a task on your own tensors, which has none;
     - `curves`: its own lines in the run report, beside those every run has;
     - `figures(measured) -> dict`: its own figures in summary.json (`Measured`);
     - `rate_label`: its unit in the progress line ("img" in "1,200 img/s");
     - `sample_size`: the setting that sets a sample's size, which out-of-memory advice
-      names ("data.image_size");
+      names ("data.image_size"; None: your own tensors, sized by your code);
     - `units_per_sample(config)`: the throughput units in one sample;
     - `flops_per_unit(model_flops, config)`: the model FLOPs per unit behind its MFU (None:
       no MFU);
     - `build(setup) -> steps.Task`: its batches, loss and metrics on the device;
     - `describe(config, num_classes, vocab_size)`: its samples, in the run's banner;
     - `check_model(model, vocab_size, config)`: a model that cannot learn this data,
-      refused before training (or None).
+      refused before training (or None);
+    - `classes_from_output`: where neither the recipe nor the data says how many classes
+      there are, the width of the model's output is the number (the engine reads it);
+    - `targets`: what a sample's target is: classes (an integer label) or values (numbers).
     """
 
     name: str
@@ -92,9 +96,11 @@ class TaskSpec:
     curves: tuple[Curve, ...]
     figures: Callable[[Measured], dict]
     rate_label: str
-    sample_size: str
+    sample_size: str | None
     build: Callable
     describe: Callable[[object, int | None, int | None], str]
     check_model: Callable | None = None
     units_per_sample: Callable[[object], int] = _one_unit_per_sample
     flops_per_unit: Callable[[object, object], float] | None = None
+    classes_from_output: bool = False
+    targets: str = "classes"

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from hpctrain.errors import ConfigError
+from hpctrain.tasks.tensors import first_rows
 
 
 @dataclass
@@ -31,7 +32,7 @@ class Batch:
 
     def first(self, rows: int) -> Batch:
         """The first `rows` samples (evaluation leaves out the sampler's padding repeats)."""
-        return Batch(self.inputs[:rows], self.targets[:rows], self.labels[:rows])
+        return Batch(first_rows(self.inputs, rows), self.targets[:rows], self.labels[:rows])
 
 
 @dataclass(frozen=True)

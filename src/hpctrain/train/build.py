@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 import torch
 from torch import nn
+from torch.utils.data import default_collate
 
 from hpctrain import user_code
 from hpctrain.cluster.environment import detect
@@ -38,8 +39,9 @@ from hpctrain.parallel.pipeline import Pipeline
 from hpctrain.parallel.processes import Distributed
 from hpctrain.report import trackers
 from hpctrain.runs.directory import RunDir
+from hpctrain.tasks import tensors
 from hpctrain.tasks.spec import TaskSetup
-from hpctrain.tasks.steps import Batch, Task
+from hpctrain.tasks.steps import Batch, Task, logits_of
 from hpctrain.train import fp8, fused_eval
 from hpctrain.train.checkpoint import Checkpointer
 from hpctrain.train.mfu import ModelFlops, model_flops
@@ -191,6 +193,23 @@ def _model_on_device(config: Config, data: DataBundle, plan: SystemPlan, layout:
     return model, flops
 
 
+def _classes_from_output(model: nn.Module, config: Config, data: DataBundle,
+                         device: torch.device) -> DataBundle:
+    """Where the task takes its classes from the model (your own tensors, and neither the
+    recipe nor the dataset names them): the width of its output on the first validation
+    sample, before any wrapper (the same on every rank, no collective)."""
+    if data.num_classes is not None or not config.task_spec.classes_from_output:
+        return data
+    inputs = tensors.moved(default_collate([data.val_loader.dataset[0]])[0], device)
+    training = model.training
+    model.eval()
+    with torch.no_grad():
+        width = logits_of(tensors.call(model, inputs)).shape[-1]
+    model.train(training)
+    return dataclasses.replace(data, num_classes=int(width),
+                               classes_from="the model's output width; data.num_classes unset")
+
+
 def _cut_for_pipeline(model: nn.Module, config: Config, layout: Layout, rank: int,
                       distributed: Distributed, device: torch.device, micro_batch: int):
     """This rank's stage of the model, the stages' parts it holds, and the shape of the
@@ -298,6 +317,7 @@ def build_parts(config: Config, env: ProcessEnv | None = None,
 
     # ---- the model, then its distributed wrapper ----
     model, flops = _model_on_device(config, data, plan, layout, distributed, device)
+    data = _classes_from_output(model, config, data, device)
     stream = stage_parts = stages = None
     if layout.pipeline > 1:
         model, stage_parts, stream = _cut_for_pipeline(model, config, layout, env.rank,

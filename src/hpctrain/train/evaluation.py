@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from hpctrain.tasks import tensors
 from hpctrain.train.checkpoint import capture_rng, restore_rng
 from hpctrain.train.progress_state import Progress
 
@@ -38,7 +39,7 @@ def evaluate(parts, model: nn.Module, stopper=None) -> dict | None:
             keep = max(0, min(rows, real - seen))
             seen += rows
             with parts.precision.autocast():
-                outputs = model(batch.inputs) if parts.pipeline is None else \
+                outputs = tensors.call(model, batch.inputs) if parts.pipeline is None else \
                     parts.pipeline.forward(batch.inputs)
             if keep and outputs is not None:  # a pipeline's output is on its last stage
                 kept = batch.first(keep)

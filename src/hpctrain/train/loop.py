@@ -37,6 +37,7 @@ from hpctrain.report.page import write_run_report
 from hpctrain.runs.directory import RunDir, remember_output_dir
 from hpctrain.runs.identity import Heartbeat, earlier_jobs, record_job, record_start
 from hpctrain.runs.live_registration import register
+from hpctrain.tasks import tensors
 from hpctrain.train import run_summary
 from hpctrain.train.build import Parts, build_parts
 from hpctrain.train.checkpoint import step_of
@@ -304,7 +305,7 @@ def _train_step(parts: Parts, batches, metrics: RunningMetrics, clock: Clock,
         else:
             with parts.gradient_sync(micro == accumulate - 1), parts.loss_context():
                 with region("forward"), parts.precision.autocast():
-                    outputs = parts.forward(batch.inputs)
+                    outputs = tensors.call(parts.forward, batch.inputs)
                     loss = task.loss(outputs, batch)
                 with region("backward"):
                     parts.precision.backward(loss / accumulate)
@@ -447,12 +448,12 @@ def _log_interval(parts: Parts, progress: Progress, metrics: RunningMetrics,
                 "or precision=bf16 instead of fp16.")
     else:
         progress.nan_intervals, progress.nan_since_step = 0, None
-    record = {"loss": values["loss"], "train_accuracy": values["accuracy"], "lr": lr,
-              "epoch": progress.step / parts.steps_per_epoch, **rates,
-              "data_wait_fraction": data_wait}
+    record = {"loss": values["loss"], "lr": lr, "epoch": progress.step / parts.steps_per_epoch,
+              **rates, "data_wait_fraction": data_wait,
+              **{f"train_{name}": value for name, value in values.items()  # the task's own
+                 if name not in ("loss", "units", "padding_fraction")}}
     if "padding_fraction" in values:
         record["padding_fraction"] = values["padding_fraction"]
-    record.update({f"train_{name}": values[name] for name in parts.task.own_metrics})
     if len(per_rank) > 1:
         record["rank_step_seconds"] = [r[0] / steps for r in per_rank]
         record["rank_data_wait_fraction"] = [r[1] / r[0] if r[0] else 0.0 for r in per_rank]

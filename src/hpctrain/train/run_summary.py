@@ -71,8 +71,9 @@ def start_record(parts) -> dict:
 
 
 def _samples(parts) -> str:
-    return parts.config.task_spec.describe(parts.config, parts.data.num_classes,
+    said = parts.config.task_spec.describe(parts.config, parts.data.num_classes,
                                            parts.data.vocab_size)
+    return f"{said} ({parts.data.classes_from})" if parts.data.classes_from else said
 
 
 def oom_advice(parts, step: int) -> str:
@@ -87,7 +88,8 @@ def oom_advice(parts, step: int) -> str:
     if parts.world_size > 1 and parts.distributed.strategy == Strategy.DDP:
         tips.append("parallel.strategy=fsdp (shard parameters, gradients and optimiser state)")
     size = c.task_spec.sample_size
-    tips.append(f"a smaller {size} (now {reduce(getattr, size.split('.'), c)})")
+    if size is not None:  # your own tensors: sized by your code
+        tips.append(f"a smaller {size} (now {reduce(getattr, size.split('.'), c)})")
     return (f"CUDA out of memory at step {step} with train.batch_size={parts.batch_size} "
             f"per device on {parts.plan.device_name} ({c.model.name}, precision "
             f"{parts.plan.precision}). Any of these lowers the peak:\n  " + "\n  ".join(tips))

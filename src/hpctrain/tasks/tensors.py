@@ -1,0 +1,50 @@
+"""Samples that are neither images, token blocks nor point clouds: your own tensors.
+
+A sample is (inputs, target). The inputs are a tensor (or array) of any shape, or a tuple or
+dict of them: the model is called as model(x), model(*x) or model(**x). The target is what
+the task learns: a class index (classification), a number or a float tensor (regression).
+Nothing is normalised or laid out: the tensors reach the model as the dataset made them,
+floating ones in torch's default dtype (NumPy's float64 arrays would not meet float32
+weights).
+
+torch is imported when a batch is moved, never when a recipe is read (`spec.py`).
+"""
+
+from __future__ import annotations
+
+KIND = "tensors"  # the data kind of these tasks (TaskSpec.data_kind)
+
+
+def moved(value, device):
+    """`value` (a tensor, or a tuple, list or dict of them) on `device`; floating tensors in
+    the default dtype."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        if value.is_floating_point() and value.dtype != torch.get_default_dtype():
+            value = value.to(torch.get_default_dtype())
+        return value.to(device, non_blocking=True)
+    if isinstance(value, dict):
+        return {key: moved(item, device) for key, item in value.items()}
+    if isinstance(value, (tuple, list)):
+        return type(value)(moved(item, device) for item in value)
+    return value
+
+
+def first_rows(value, rows: int):
+    """The first `rows` samples of a batch's inputs, however they are nested."""
+    if isinstance(value, dict):
+        return {key: first_rows(item, rows) for key, item in value.items()}
+    if isinstance(value, (tuple, list)):
+        return type(value)(first_rows(item, rows) for item in value)
+    return value[:rows]
+
+
+def call(model, inputs):
+    """The model on a batch's inputs: model(x), model(*x) for a tuple or list, model(**x) for
+    a dict."""
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    if isinstance(inputs, (tuple, list)):
+        return model(*inputs)
+    return model(inputs)

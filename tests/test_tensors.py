@@ -1,0 +1,119 @@
+"""Your own tensors, neither images nor tokens nor point clouds (issue 40): a 16-feature
+regression and a 1-D signal classifier train through hpctrain.fit and through a recipe,
+the task picked from the samples by fit, the classes from the model's output; each way it
+can be wrong is one line (exit 2)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import hpctrain
+from hpctrain.errors import ConfigError, DataError
+
+FIXTURE = Path(__file__).parent / "fixtures" / "tensor_data.py"
+sys.path.insert(0, str(FIXTURE.parent))
+from tensor_data import Linear16, SignalNet, Waves, mlp  # noqa: E402
+
+QUICK = dict(train={"epochs": 5, "batch_size": 64}, optim={"name": "adamw", "lr": 0.01},
+             data={"num_workers": 0}, tensorboard=False, report=False)
+
+
+def _records(run_dir: str, kind: str) -> list[dict]:
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    return [record for record in map(json.loads, lines) if record["kind"] == kind]
+
+
+@pytest.mark.parametrize("numpy", [False, True])
+def test_a_regression_mlp_trains_through_fit_without_naming_its_task(tmp_path, capsys, numpy):
+    torch.manual_seed(0)
+    summary = hpctrain.fit(mlp(), Linear16(1024, 0, numpy), Linear16(256, 1, numpy),
+                           output_dir=str(tmp_path), **QUICK)
+    out = capsys.readouterr().out
+    assert "task regression: the first training sample has a float target" in out
+    assert summary["status"] == "completed" and summary["task"] == "regression"
+    assert summary["final_val_r2"] > 0.95 and summary["final_val_mae"] < 0.3
+    assert summary["best_val_loss"] == pytest.approx(min(
+        r["val_mse"] for r in _records(summary["run_dir"], "eval")))
+    last = _records(summary["run_dir"], "train")[-1]
+    assert {"train_mse", "train_mae", "train_r2"} <= set(last) and "train_accuracy" not in last
+    assert "final_val_r2" in out  # the summary table shows the task's figures
+
+
+@pytest.mark.parametrize("as_dict", [False, True])
+def test_a_signal_classifier_takes_its_classes_from_the_model(tmp_path, capsys, as_dict):
+    """No num_classes anywhere: the model's output width on a validation sample says 4, and
+    the banner says where the number came from; a dict sample calls model(**inputs)."""
+    torch.manual_seed(0)
+    summary = hpctrain.fit(SignalNet(), Waves(1024, 0, as_dict), Waves(256, 1, as_dict),
+                           output_dir=str(tmp_path), **QUICK)
+    out = capsys.readouterr().out
+    assert "task classification: the first training sample has an integer label" in out
+    assert "tensors, 4 classes (the model's output width; data.num_classes unset)" in out
+    assert summary["task"] == "classification" and summary["final_val_accuracy"] > 0.9
+
+
+def test_a_model_whose_output_does_not_match_the_targets_is_named(tmp_path):
+    """(B, 2) outputs for (B,) targets would broadcast into a (B, B) comparison: refused."""
+    with pytest.raises(ConfigError, match=r"outputs of shape \(64, 2\) for targets of shape "
+                                          r"\(64,\)"):
+        hpctrain.fit(mlp(outputs=2), Linear16(256, 0), Linear16(64, 1),
+                     output_dir=str(tmp_path), **QUICK)
+
+
+def test_a_sample_that_fits_no_task_is_named(tmp_path):
+    class Strings(torch.utils.data.Dataset):
+        def __len__(self):
+            return 128
+
+        def __getitem__(self, index):
+            return torch.zeros(16), "positive"
+
+    with pytest.raises(DataError, match=r"train sample 0: its label is a str \('positive'\), "
+                                        r"not an integer"):
+        hpctrain.fit(mlp(), Strings(), Strings(), output_dir=str(tmp_path), task="classification",
+                     **QUICK)
+
+
+def _recipe(tmp_path: Path, task: str, model: str, dataset: str, *extra: str) -> Path:
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(textwrap.dedent(f"""\
+        name: tensors
+        task: {task}
+        model: {{name: "{FIXTURE}:{model}"}}
+        data: {{dataset: "{FIXTURE}:{dataset}", kwargs: {{count: 1024}}, num_workers: 0}}
+        optim: {{name: adamw, lr: 0.01}}
+        train: {{epochs: 5, batch_size: 64}}
+        output_dir: {tmp_path / "runs"}
+        tensorboard: false
+        report: false
+        """) + "".join(f"{line}\n" for line in extra))
+    return recipe
+
+
+@pytest.mark.parametrize("task, model, dataset, figure, least", [
+    ("regression", "mlp", "linear16", "final_val_r2", 0.95),
+    ("classification", "SignalNet", "waves", "final_val_accuracy", 0.9)])
+def test_a_recipe_names_the_task_and_trains_your_tensors(tmp_path, run_cli, task, model,
+                                                         dataset, figure, least):
+    code, out, err = run_cli("run", str(_recipe(tmp_path, task, model, dataset)))
+    assert code == 0, err
+    summary = json.loads(next((tmp_path / "runs").glob("tensors-*/summary.json")).read_text())
+    assert summary["task"] == task and summary[figure] > least
+
+
+def test_a_recipe_of_your_tensors_says_what_is_missing(tmp_path, run_cli):
+    """No model: a task on tensors has no default one. Float targets under task: auto
+    (images): the refusal names the task that fits."""
+    code, _, err = run_cli("run", str(_recipe(tmp_path, "regression", "mlp", "linear16")),
+                           "model.name=auto")
+    assert code == 2 and "task regression learns from your own tensors and has no default " \
+        "model: set model.name" in err
+    code, _, err = run_cli("run", str(_recipe(tmp_path, "auto", "mlp", "linear16")))
+    assert code == 2 and "train sample 0: its image is a Tensor of shape (16,)" in err
+    assert "set task=regression (a float target)" in err
