@@ -18,7 +18,7 @@ from hpctrain.errors import ConfigError, DataError
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tensor_data.py"
 sys.path.insert(0, str(FIXTURE.parent))
-from tensor_data import Linear16, SignalNet, Waves, mlp  # noqa: E402
+from tensor_data import Linear16, SignalNet, Tags, Waves, mlp  # noqa: E402
 
 QUICK = dict(train={"epochs": 5, "batch_size": 64}, optim={"name": "adamw", "lr": 0.01},
              data={"num_workers": 0}, tensorboard=False, report=False)
@@ -56,6 +56,21 @@ def test_a_signal_classifier_takes_its_classes_from_the_model(tmp_path, capsys, 
     assert "task classification: the first training sample has an integer label" in out
     assert "tensors, 4 classes (the model's output width; data.num_classes unset)" in out
     assert summary["task"] == "classification" and summary["final_val_accuracy"] > 0.9
+
+
+def test_a_multi_label_set_trains_through_fit_scored_by_f1(tmp_path, capsys):
+    torch.manual_seed(0)
+    summary = hpctrain.fit(mlp(outputs=5), Tags(1024, 0), Tags(256, 1),
+                           output_dir=str(tmp_path), **QUICK)
+    out = capsys.readouterr().out
+    assert "task multilabel_classification: the first training sample has a multi-hot " \
+        "target of 5 labels" in out and "tensors, 5 labels each on or off" in out
+    assert summary["final_val_f1"] > 0.85 and summary["final_val_exact_match"] > 0.5
+    last = _records(summary["run_dir"], "eval")[-1]
+    assert summary["best_val_loss"] <= last["val_loss"] < 0.3
+    hits = last["val_precision"] * last["val_recall"]
+    assert last["val_f1"] == pytest.approx(2 * hits / (last["val_precision"]
+                                                       + last["val_recall"]))
 
 
 def test_a_model_whose_output_does_not_match_the_targets_is_named(tmp_path):
@@ -98,7 +113,8 @@ def _recipe(tmp_path: Path, task: str, model: str, dataset: str, *extra: str) ->
 
 @pytest.mark.parametrize("task, model, dataset, figure, least", [
     ("regression", "mlp", "linear16", "final_val_r2", 0.95),
-    ("classification", "SignalNet", "waves", "final_val_accuracy", 0.9)])
+    ("classification", "SignalNet", "waves", "final_val_accuracy", 0.9),
+    ("multilabel_classification", "tagger", "tags", "final_val_f1", 0.85)])
 def test_a_recipe_names_the_task_and_trains_your_tensors(tmp_path, run_cli, task, model,
                                                          dataset, figure, least):
     code, out, err = run_cli("run", str(_recipe(tmp_path, task, model, dataset)))

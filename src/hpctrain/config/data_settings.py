@@ -178,7 +178,7 @@ class DataConfig(Section):
     shapes3d: Shapes3dConfig = Shapes3dConfig()
 
     _kind_of_user_data: str = PrivateAttr("images")  # set by Config, from the task
-    _targets_of_user_data: str = PrivateAttr("classes")  # classes | values (regression)
+    _targets_of_user_data: str = PrivateAttr("classes")  # classes | labels | values
 
     @field_validator("dataset")
     @classmethod
@@ -196,8 +196,8 @@ class DataConfig(Section):
 
     @property
     def targets(self) -> str:
-        """What your own samples' targets are: classes (an integer label) or values (a
-        number or a float tensor: regression)."""
+        """What your own samples' targets are: classes (an integer label), labels (a
+        multi-hot vector) or values (a number or a float tensor: regression)."""
         return self._targets_of_user_data
 
     @property

@@ -19,8 +19,9 @@ class TaskConfig(Section):
     name: Literal[("auto", *tasks.NAMES)] = Field(
         "auto", description="auto: from data.dataset (token data: language_modeling, point "
         "clouds: point_cloud_classification, images: image_classification); on your own "
-        "tensors of any shape: classification (integer labels) or regression (float "
-        "targets), which hpctrain.fit picks from the first sample")
+        "tensors of any shape: classification (integer labels), multilabel_classification "
+        "(multi-hot vectors) or regression (float targets), which hpctrain.fit picks from "
+        "the first sample")
     loss: str | None = Field(None, description="your own loss instead of the task's: "
                              "module:fn or path/to/file.py:fn, fn(outputs, targets) -> a 0-d "
                              "tensor")
@@ -50,7 +51,8 @@ class TaskConfig(Section):
 
 
 RESERVED_METRICS = ("loss", "accuracy", "perplexity", "padding_fraction", "answer_accuracy",
-                    "mse", "mae", "r2", "lr", "epoch", "step")
+                    "mse", "mae", "r2", "f1", "precision", "recall", "exact_match", "lr",
+                    "epoch", "step")
 
 
 class ModelConfig(Section):

@@ -39,7 +39,7 @@ from hpctrain.config import DataConfig
 from hpctrain.data.streams import first_items
 from hpctrain.errors import DataError, UserError
 from hpctrain.seeding import seed_worker
-from hpctrain.tasks import classification, image_classification, regression
+from hpctrain.tasks import classification, image_classification, multilabel, regression
 from hpctrain.tasks.tensors import KIND as TENSORS
 
 
@@ -81,8 +81,9 @@ def user_datasets(data: DataConfig, seed: int, rank: int = 0) -> tuple[Dataset, 
     else:  # the samples' kinds first: a sample of another task is named as one
         for split, dataset in splits:
             check_samples(dataset, split, reference, data.kind, None, 0, data.targets)
-        num_classes = None if data.targets == "values" else \
-            data.num_classes or _classes_of(train, reference, required=data.kind != TENSORS)
+        num_classes = None if data.targets == "values" else data.num_classes or (
+            _label_count(train, reference) if data.targets == "labels" else
+            _classes_of(train, reference, required=data.kind != TENSORS))
     if num_classes is not None:  # then the labels against the classes (tokens: the ids)
         for split, dataset in splits:
             check_samples(dataset, split, reference, data.kind, num_classes,
@@ -129,6 +130,12 @@ def _classes_of(dataset, reference: str, required: bool = True) -> int | None:
                     "no `classes` list or `num_classes`; set data.num_classes=N")
 
 
+def _label_count(dataset, reference: str) -> int:
+    """A multi-label set's labels: the length of the first training sample's target."""
+    _, (_, target) = next(_some_samples(dataset, "train", reference))
+    return len(target)
+
+
 def _vocabulary_of(dataset, data: DataConfig, reference: str) -> int:
     if data.tokens.vocab_size:
         return data.tokens.vocab_size
@@ -159,6 +166,7 @@ def _problem(inputs, label, kind: str, num_classes: int | None,
     if kind == TENSORS:
         problem = _inputs_problem(inputs)
         return problem or (_value_problem(label) if targets == "values" else
+                           _labels_problem(label, num_classes) if targets == "labels" else
                            _label_problem(label, num_classes))
     if not isinstance(inputs, (torch.Tensor, np.ndarray)):
         return f"its input is {_what(inputs)}"
@@ -195,9 +203,9 @@ def _label_problem(label, num_classes: int | None) -> str | None:
 
 def task_of_sample(sample) -> tuple[str, str] | None:
     """The task `task: auto` stands for on your own sample, and why: an image and an integer
-    label, image classification; other inputs and an integer label, classification; a float
-    number or tensor as the target, regression. None where none of these fits (the sample
-    checks then say what is wrong)."""
+    label, image classification; other inputs and an integer label, classification; a
+    vector of 0s and 1s, multi-label classification; a float number or tensor, regression.
+    None where none of these fits (the sample checks then say what is wrong)."""
     if not (isinstance(sample, (tuple, list)) and len(sample) == 2) or \
             _inputs_problem(sample[0]):
         return None
@@ -205,10 +213,30 @@ def task_of_sample(sample) -> tuple[str, str] | None:
     if _label_problem(target, None) is None:
         return (image_classification.SPEC.name, "an image and an integer label") \
             if is_image(inputs) else (classification.SPEC.name, "an integer label")
+    if _multi_hot(target) and len(target) > 1:
+        return multilabel.SPEC.name, f"a multi-hot target of {len(target)} labels"
     floating = isinstance(target, (float, np.floating)) or (
         isinstance(target, (torch.Tensor, np.ndarray)) and _torch_dtype(target) is not None
         and _torch_dtype(target).is_floating_point)
     return (regression.SPEC.name, "a float target") if floating else None
+
+
+def _multi_hot(target) -> bool:
+    """A 1-D tensor or array of 0s and 1s (bool, integer or float)."""
+    if not isinstance(target, (torch.Tensor, np.ndarray)) or _torch_dtype(target) is None \
+            or target.ndim != 1 or len(target) == 0:
+        return False
+    values = torch.as_tensor(target)
+    return bool(((values == 0) | (values == 1)).all())
+
+
+def _labels_problem(target, num_classes: int | None) -> str | None:
+    if not _multi_hot(target):
+        return f"its target is {_what(target)}, not a multi-hot vector of 0s and 1s"
+    if num_classes is not None and len(target) != num_classes:
+        return f"its target has {len(target)} labels, where the first training sample's " \
+               f"has {num_classes}"
+    return None
 
 
 def _numeric(value) -> bool:
@@ -253,6 +281,8 @@ EXPECTED = {"images": "(image, label): a uint8 (H, W, 3) image, or a float (3, H
                                "or dict of them) and an integer label",
             "tensors values": "(inputs, target): a tensor or array of any shape (or a tuple "
                               "or dict of them) and a number or a float tensor",
+            "tensors labels": "(inputs, target): a tensor or array of any shape (or a tuple "
+                              "or dict of them) and a multi-hot vector (C,) of 0s and 1s",
             "points": "(points, label): float points of shape (N, 3) and an integer label",
             "tokens": "a block of data.tokens.seq_len + 1 = {} integer token ids (a 1-D tensor "
                       "or array): the model reads the first seq_len and predicts the last"}

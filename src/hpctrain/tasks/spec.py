@@ -85,7 +85,8 @@ class TaskSpec:
       refused before training (or None);
     - `classes_from_output`: where neither the recipe nor the data says how many classes
       there are, the width of the model's output is the number (the engine reads it);
-    - `targets`: what a sample's target is: classes (an integer label) or values (numbers).
+    - `targets`: what a sample's target is: classes (an integer label), labels (a multi-hot
+      vector) or values (numbers).
     """
 
     name: str
