@@ -18,7 +18,7 @@ from hpctrain.errors import ConfigError, DataError
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tensor_data.py"
 sys.path.insert(0, str(FIXTURE.parent))
-from tensor_data import Linear16, SignalNet, Tags, Waves, mlp  # noqa: E402
+from tensor_data import Levels, Linear16, SignalNet, Tags, Waves, mlp, pixel_net  # noqa: E402
 
 QUICK = dict(train={"epochs": 5, "batch_size": 64}, optim={"name": "adamw", "lr": 0.01},
              data={"num_workers": 0}, tensorboard=False, report=False)
@@ -73,6 +73,23 @@ def test_a_multi_label_set_trains_through_fit_scored_by_f1(tmp_path, capsys):
                                                        + last["val_recall"]))
 
 
+def test_a_segmentation_of_masks_trains_through_fit_scored_by_miou(tmp_path, capsys):
+    """A class for every pixel (some ignored): the classes from the model's output channels."""
+    torch.manual_seed(0)
+    summary = hpctrain.fit(pixel_net(), Levels(1024, 0), Levels(128, 1),
+                           output_dir=str(tmp_path), **{**QUICK, "optim.lr": 0.03})
+    out = capsys.readouterr().out
+    assert "task segmentation: the first training sample has an integer mask of shape " \
+        "(16, 16)" in out
+    assert "a class of 3 for every element (the model's output width" in out
+    assert summary["final_val_accuracy"] > 0.9 and summary["final_val_miou"] > 0.8
+    with pytest.raises(ConfigError, match=r"outputs of shape \(64, 3, 16\) for masks of "
+                                          r"shape \(64, 16, 16\)"):
+        hpctrain.fit(torch.nn.Sequential(pixel_net(), torch.nn.Flatten(2),
+                                         torch.nn.Linear(256, 16)),
+                     Levels(256, 0), Levels(64, 1), output_dir=str(tmp_path), **QUICK)
+
+
 def test_a_model_whose_output_does_not_match_the_targets_is_named(tmp_path):
     """(B, 2) outputs for (B,) targets would broadcast into a (B, B) comparison: refused."""
     with pytest.raises(ConfigError, match=r"outputs of shape \(64, 2\) for targets of shape "
@@ -114,10 +131,12 @@ def _recipe(tmp_path: Path, task: str, model: str, dataset: str, *extra: str) ->
 @pytest.mark.parametrize("task, model, dataset, figure, least", [
     ("regression", "mlp", "linear16", "final_val_r2", 0.95),
     ("classification", "SignalNet", "waves", "final_val_accuracy", 0.9),
-    ("multilabel_classification", "tagger", "tags", "final_val_f1", 0.85)])
+    ("multilabel_classification", "tagger", "tags", "final_val_f1", 0.85),
+    ("segmentation", "pixel_net", "levels", "final_val_miou", 0.8)])
 def test_a_recipe_names_the_task_and_trains_your_tensors(tmp_path, run_cli, task, model,
                                                          dataset, figure, least):
-    code, out, err = run_cli("run", str(_recipe(tmp_path, task, model, dataset)))
+    code, out, err = run_cli("run", str(_recipe(tmp_path, task, model, dataset)), "optim.lr="
+                             + ("0.03" if task == "segmentation" else "0.01"))
     assert code == 0, err
     summary = json.loads(next((tmp_path / "runs").glob("tensors-*/summary.json")).read_text())
     assert summary["task"] == task and summary[figure] > least

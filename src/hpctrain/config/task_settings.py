@@ -20,8 +20,8 @@ class TaskConfig(Section):
         "auto", description="auto: from data.dataset (token data: language_modeling, point "
         "clouds: point_cloud_classification, images: image_classification); on your own "
         "tensors of any shape: classification (integer labels), multilabel_classification "
-        "(multi-hot vectors) or regression (float targets), which hpctrain.fit picks from "
-        "the first sample")
+        "(multi-hot vectors), segmentation (integer masks) or regression (float targets), "
+        "which hpctrain.fit picks from the first sample")
     loss: str | None = Field(None, description="your own loss instead of the task's: "
                              "module:fn or path/to/file.py:fn, fn(outputs, targets) -> a 0-d "
                              "tensor")
@@ -51,7 +51,7 @@ class TaskConfig(Section):
 
 
 RESERVED_METRICS = ("loss", "accuracy", "perplexity", "padding_fraction", "answer_accuracy",
-                    "mse", "mae", "r2", "f1", "precision", "recall", "exact_match", "lr",
+                    "mse", "mae", "r2", "f1", "precision", "recall", "exact_match", "miou", "lr",
                     "epoch", "step")
 
 

@@ -39,7 +39,8 @@ from hpctrain.config import DataConfig
 from hpctrain.data.streams import first_items
 from hpctrain.errors import DataError, UserError
 from hpctrain.seeding import seed_worker
-from hpctrain.tasks import classification, image_classification, multilabel, regression
+from hpctrain.tasks import (classification, image_classification, multilabel, regression,
+                           segmentation)
 from hpctrain.tasks.tensors import KIND as TENSORS
 
 
@@ -167,6 +168,7 @@ def _problem(inputs, label, kind: str, num_classes: int | None,
         problem = _inputs_problem(inputs)
         return problem or (_value_problem(label) if targets == "values" else
                            _labels_problem(label, num_classes) if targets == "labels" else
+                           _mask_problem(label, num_classes) if targets == "mask" else
                            _label_problem(label, num_classes))
     if not isinstance(inputs, (torch.Tensor, np.ndarray)):
         return f"its input is {_what(inputs)}"
@@ -204,7 +206,8 @@ def _label_problem(label, num_classes: int | None) -> str | None:
 def task_of_sample(sample) -> tuple[str, str] | None:
     """The task `task: auto` stands for on your own sample, and why: an image and an integer
     label, image classification; other inputs and an integer label, classification; a
-    vector of 0s and 1s, multi-label classification; a float number or tensor, regression.
+    vector of 0s and 1s, multi-label classification; another integer tensor, a segmentation
+    mask; a float number or tensor, regression.
     None where none of these fits (the sample checks then say what is wrong)."""
     if not (isinstance(sample, (tuple, list)) and len(sample) == 2) or \
             _inputs_problem(sample[0]):
@@ -215,6 +218,8 @@ def task_of_sample(sample) -> tuple[str, str] | None:
             if is_image(inputs) else (classification.SPEC.name, "an integer label")
     if _multi_hot(target) and len(target) > 1:
         return multilabel.SPEC.name, f"a multi-hot target of {len(target)} labels"
+    if _integer_tensor(target) and target.ndim >= 1:
+        return segmentation.SPEC.name, f"an integer mask of shape {tuple(target.shape)}"
     floating = isinstance(target, (float, np.floating)) or (
         isinstance(target, (torch.Tensor, np.ndarray)) and _torch_dtype(target) is not None
         and _torch_dtype(target).is_floating_point)
@@ -236,6 +241,24 @@ def _labels_problem(target, num_classes: int | None) -> str | None:
     if num_classes is not None and len(target) != num_classes:
         return f"its target has {len(target)} labels, where the first training sample's " \
                f"has {num_classes}"
+    return None
+
+
+def _integer_tensor(target) -> bool:
+    dtype = _torch_dtype(target) if isinstance(target, (torch.Tensor, np.ndarray)) else None
+    return dtype is not None and not dtype.is_floating_point and not dtype.is_complex
+
+
+def _mask_problem(mask, num_classes: int | None) -> str | None:
+    """A segmentation mask: an integer tensor or array of a class (or -100, ignored) for
+    every element."""
+    if not _integer_tensor(mask) or mask.ndim == 0:
+        return f"its mask is {_what(mask)}, not an integer tensor of classes"
+    values = torch.as_tensor(mask).long()
+    wrong = values[(values != -100) & ((values < 0) | (values >= (num_classes or 2**62)))]
+    if wrong.numel():
+        return f"its mask holds {int(wrong[0])}, outside 0..{num_classes - 1}" \
+            if num_classes else f"its mask holds {int(wrong[0])}, below 0 (-100: ignored)"
     return None
 
 
@@ -283,6 +306,8 @@ EXPECTED = {"images": "(image, label): a uint8 (H, W, 3) image, or a float (3, H
                               "or dict of them) and a number or a float tensor",
             "tensors labels": "(inputs, target): a tensor or array of any shape (or a tuple "
                               "or dict of them) and a multi-hot vector (C,) of 0s and 1s",
+            "tensors mask": "(inputs, mask): a tensor or array of any shape (or a tuple or "
+                            "dict of them) and an integer tensor of a class for every element",
             "points": "(points, label): float points of shape (N, 3) and an integer label",
             "tokens": "a block of data.tokens.seq_len + 1 = {} integer token ids (a 1-D tensor "
                       "or array): the model reads the first seq_len and predicts the last"}

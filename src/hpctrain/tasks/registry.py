@@ -8,12 +8,12 @@ its line below; a new kind of data also needs its reader in data/loader.py.
 from __future__ import annotations
 
 from hpctrain.tasks import (classification, image_classification, language_modeling,
-                           multilabel, point_cloud_classification, regression)
+                           multilabel, point_cloud_classification, regression, segmentation)
 from hpctrain.tasks.spec import Curve, TaskSpec
 
 SPECS: dict[str, TaskSpec] = {task.SPEC.name: task.SPEC for task in (
     image_classification, language_modeling, point_cloud_classification, classification,
-    multilabel, regression)}
+    multilabel, regression, segmentation)}
 NAMES = tuple(SPECS)
 # `task: auto`: the first task registered for the data's kind (another task on the same kind,
 # a segmentation on images, is named in the recipe)

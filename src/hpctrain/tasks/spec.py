@@ -86,7 +86,7 @@ class TaskSpec:
     - `classes_from_output`: where neither the recipe nor the data says how many classes
       there are, the width of the model's output is the number (the engine reads it);
     - `targets`: what a sample's target is: classes (an integer label), labels (a multi-hot
-      vector) or values (numbers).
+      vector), mask (a class per element) or values (numbers).
     """
 
     name: str

@@ -204,7 +204,7 @@ def _classes_from_output(model: nn.Module, config: Config, data: DataBundle,
     training = model.training
     model.eval()
     with torch.no_grad():
-        width = logits_of(tensors.call(model, inputs)).shape[-1]
+        width = logits_of(tensors.call(model, inputs)).shape[1]  # (batch, classes, ...)
     model.train(training)
     return dataclasses.replace(data, num_classes=int(width),
                                classes_from="the model's output width; data.num_classes unset")

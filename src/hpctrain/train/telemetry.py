@@ -164,7 +164,7 @@ SUMMARY_ROWS = [
     ("status", "{}"), ("task", "{}"), ("best_val_accuracy", "{:.4f}"),
     ("final_val_accuracy", "{:.4f}"), ("best_val_loss", "{:.4f}"), ("final_val_mse", "{:.4g}"),
     ("final_val_mae", "{:.4g}"), ("final_val_r2", "{:.4f}"), ("final_val_f1", "{:.4f}"),
-    ("final_val_exact_match", "{:.4f}"),
+    ("final_val_exact_match", "{:.4f}"), ("final_val_miou", "{:.4f}"),
     ("best_val_perplexity", "{:.3f}"), ("images_per_second", "{:,.1f}"),
     ("tokens_per_second", "{:,.0f}"), ("samples_per_second", "{:,.1f}"),
     ("padding_fraction", "{:.1%}"), ("mfu", "{:.1%}"), ("data_wait_fraction", "{:.1%}"),
