@@ -152,3 +152,36 @@ def test_a_recipe_of_your_tensors_says_what_is_missing(tmp_path, run_cli):
     code, _, err = run_cli("run", str(_recipe(tmp_path, "auto", "mlp", "linear16")))
     assert code == 2 and "train sample 0: its image is a Tensor of shape (16,)" in err
     assert "set task=regression (a float target)" in err
+
+
+@pytest.mark.parametrize("task, model, dataset, shape", [
+    ("regression", "mlp", "linear16", [16]),
+    ("multilabel_classification", "tagger", "tags", [16]),
+    ("segmentation", "pixel_net", "levels", [1, 16, 16])])
+def test_memory_predicts_a_step_of_your_tensors_and_measures_it(tmp_path, run_cli, task, model,
+                                                                dataset, shape):
+    """The batch has the first sample's shapes, the loss is the task's; measured on the CPU,
+    what autograd holds after forward is what was predicted."""
+    code, out, err = run_cli("memory", str(_recipe(tmp_path, task, model, dataset)),
+                             "device=cpu", "--gpu-memory", "1GiB", "--measure",
+                             "--out", str(tmp_path), "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["estimate"]["input_shape"] == shape and report["estimate"]["fits"]
+    assert report["estimate"]["breakdown_bytes"]["inputs"] >= 64 * 16 * 4
+    assert abs(report["measured"]["relative_error"]) < 0.01
+
+
+def test_profile_tune_and_submit_take_a_recipe_of_your_tensors(tmp_path, run_cli):
+    recipe = str(_recipe(tmp_path, "regression", "mlp", "linear16"))
+    code, out, err = run_cli("profile", recipe, "--steps", "2", "--json")
+    assert code == 0, err
+    assert json.loads(out)["verdict"]["bound"]
+    code, out, err = run_cli("tune", recipe, "train.epochs=1", "--space",
+                             "optim.lr=loguniform(0.001,0.05)", "--trials", "2", "--objective",
+                             "final_val_r2:max", "--dir", str(tmp_path / "search"))
+    assert code == 0, err
+    assert "final_val_r2 (maximize), budget 2 trials; 2 complete" in out
+    code, out, err = run_cli("submit", recipe, "--gpus", "4", "--dry-run")
+    assert code == 0, err
+    assert f"hpctrain run {recipe}" in out or recipe in out

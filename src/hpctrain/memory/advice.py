@@ -204,7 +204,7 @@ def _activation_options(base: Estimate, config: Config,
                               base.batch_size)
             options.append(_option([f"data.points.num_points={fewer}"], sparse,
                                    "half the points per cloud"))
-    elif lower < size:
+    elif config.data.kind == "images" and lower < size:
         small = estimate(_variant(config, ("data.image_size", lower)), base.target,
                          base.batch_size)
         options.append(_option([f"data.image_size={lower}"], small,

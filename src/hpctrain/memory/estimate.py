@@ -30,6 +30,7 @@ from hpctrain.data.tokens.tokenizer import BYTE_EOS
 from hpctrain.errors import ConfigError, UserError
 from hpctrain.memory.simulate import Footprint, StepSpec, predict, shared_build
 from hpctrain.memory.sizes import fmt_bytes, gpu_capability, lacks_bf16, parse_memory
+from hpctrain.memory.tensor_batches import batch_of, first_sample, leading_shape, task_loss
 from hpctrain.models.checkpointing import enable_activation_checkpointing, is_block
 from hpctrain.models.gpt import GPT
 from hpctrain.models.model_names import build_model
@@ -39,6 +40,7 @@ from hpctrain.parallel.data import bf16_parameters
 from hpctrain.parallel.processes import per_device_batch
 from hpctrain.train.system import resolve_precision
 from hpctrain.tasks.steps import with_regulariser
+from hpctrain.tasks.tensors import KIND as TENSORS
 
 CONTEXT_BYTES = 512 * 2**20  # CUDA context, cuBLAS/cuDNN handles, NCCL: outside torch's count
 ALLOCATOR_OVERHEAD = 0.10  # caching-allocator blocks reserved but not allocated, at the peak
@@ -200,6 +202,8 @@ def output_width(config: Config) -> tuple[int, str | None]:
     """The model's output width (classes, or a language model's vocabulary), without reading
     a large dataset when it can be avoided; and a note when it had to be assumed."""
     data = config.data
+    if data.kind == TENSORS:  # your own tensors: the data says it, or the model's output
+        return (data.num_classes or first_sample(config).num_classes), None
     if data.kind == "tokens" and data.from_user_code:  # your own: said, or read below
         if data.tokens.vocab_size:
             return data.tokens.vocab_size, None
@@ -242,7 +246,10 @@ def input_size(config: Config) -> int:
 
 
 def input_shape(config: Config) -> tuple[int, ...]:
-    """One sample's shape: (channels, height, width), (tokens,) or (points, 3)."""
+    """One sample's shape: (channels, height, width), (tokens,) or (points, 3); your own
+    tensors' (their first tensor's, where nested)."""
+    if config.data.kind == TENSORS:
+        return leading_shape(first_sample(config))
     if config.data.kind == "tokens":
         return (config.data.tokens.seq_len,)
     if config.data.kind == "points":
@@ -258,7 +265,7 @@ def _token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 def step_spec(config: Config, target: Target, width: int) -> StepSpec:
     """The recipe's step; `width`: its classes or its vocabulary (output_width)."""
     shape = input_shape(config)
-    tokens = config.data.kind == "tokens"
+    tokens, own = config.data.kind == "tokens", config.data.kind == TENSORS
     optim_device = torch.device(target.device)
     lr = scaled_lr(config.optim, per_device_batch(config, target.data)[1])
 
@@ -274,14 +281,16 @@ def step_spec(config: Config, target: Target, width: int) -> StepSpec:
         return model
 
     def make_batch(batch: int, device: torch.device):
+        if own:
+            return batch_of(first_sample(config), batch, device)
         if tokens:
             return (torch.randint(0, width, (batch, *shape), device=device),
                     torch.randint(0, width, (batch, *shape), device=device))
         return (torch.randn(batch, *shape, device=device),
                 torch.randint(0, width, (batch,), device=device))
 
-    criterion = _token_loss if tokens else with_regulariser(
-        nn.CrossEntropyLoss(label_smoothing=config.train.label_smoothing))
+    criterion = task_loss(config, width, optim_device) if own else _token_loss if tokens \
+        else with_regulariser(nn.CrossEntropyLoss(label_smoothing=config.train.label_smoothing))
     key = json.dumps([config.model.name, config.model.kwargs, width, config.data.kind,
                       image_sizes(config.data), config.model.activation_checkpointing],
                      sort_keys=True, default=str)

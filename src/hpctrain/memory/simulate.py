@@ -31,6 +31,7 @@ from torch.profiler import record_function
 
 from hpctrain.memory.attention import TargetAttention
 from hpctrain.memory.tracker import CATEGORIES, LiveMemory
+from hpctrain.tasks import tensors
 from hpctrain.train.precision import AUTOCAST_DTYPES  # fp8 simulated as its bf16 autocast
 CUDA_GRANULARITY = 512  # the CUDA caching allocator rounds every block up to 512 bytes
 FIXED = ("parameters", "optimizer states")  # what does not grow with the batch
@@ -125,7 +126,7 @@ def run_steps(spec: StepSpec, model: nn.Module, optimizer: torch.optim.Optimizer
         images, labels = spec.make_batch(batch_size, device)
         tracker.phase = "forward"
         with autocast_rules(device.type, spec.precision), record_function(FORWARD):
-            logits = model(images)
+            logits = tensors.call(model, images)
             loss = spec.criterion(logits, labels)
         end_of_forward = dict(tracker.totals)
         if forward_only:

@@ -31,7 +31,11 @@ PRUNERS = ("median", "hyperband", "none")
 # summary.json's numbers a search can optimise (a test checks a run's summary holds them)
 OBJECTIVES = ("best_val_accuracy", "final_val_accuracy", "best_val_loss", "best_val_perplexity",
               "samples_per_second", "wall_seconds", "device_hours", "energy_joules",
-              "tokens_per_second", "images_per_second", "samples_per_joule", "mfu")
+              "tokens_per_second", "images_per_second", "samples_per_joule", "mfu",
+              # your own tensors' (tasks/regression.py, multilabel.py, segmentation.py)
+              "final_val_mse", "final_val_mae", "final_val_r2", "final_val_f1",
+              "final_val_precision", "final_val_recall", "final_val_exact_match",
+              "final_val_miou")
 SHARED_FILE_SYSTEMS = ("nfs", "nfs4", "lustre", "gpfs", "beegfs", "cifs", "smb3", "ceph",
                        "glusterfs", "fuse.glusterfs", "panfs", "wekafs", "fuse.sshfs")
 
