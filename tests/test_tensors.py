@@ -18,7 +18,8 @@ from hpctrain.errors import ConfigError, DataError
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tensor_data.py"
 sys.path.insert(0, str(FIXTURE.parent))
-from tensor_data import Levels, Linear16, SignalNet, Tags, Waves, mlp, pixel_net  # noqa: E402
+from tensor_data import (Levels, Linear16, SignalNet, Squares, Tags, Waves, mlp,  # noqa: E402
+                         pixel_net)
 
 QUICK = dict(train={"epochs": 5, "batch_size": 64}, optim={"name": "adamw", "lr": 0.01},
              data={"num_workers": 0}, tensorboard=False, report=False)
@@ -88,6 +89,26 @@ def test_a_segmentation_of_masks_trains_through_fit_scored_by_miou(tmp_path, cap
         hpctrain.fit(torch.nn.Sequential(pixel_net(), torch.nn.Flatten(2),
                                          torch.nn.Linear(256, 16)),
                      Levels(256, 0), Levels(64, 1), output_dir=str(tmp_path), **QUICK)
+
+
+def test_images_without_a_classes_list_take_them_from_your_model(tmp_path, capsys, run_cli):
+    """(float image, int) pairs and no `classes`: image classification, 3 classes from the
+    model's output. A model of hpctrain's or a library's is built for the number it is given,
+    so there the recipe must say it."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 1), torch.nn.ReLU(),
+                              torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+                              torch.nn.Linear(8, 3))
+    summary = hpctrain.fit(net, Squares(512, 0), Squares(128, 1), output_dir=str(tmp_path),
+                           **QUICK)
+    out = capsys.readouterr().out
+    assert "images, 3 classes (the model's output width; data.num_classes unset)" in out
+    assert summary["task"] == "image_classification" and summary["final_val_accuracy"] > 0.9
+    code, _, err = run_cli("run", str(_recipe(tmp_path, "auto", "mlp", "squares")),
+                           "model.name=hpctrain:tiny_cnn")
+    assert code == 2 and "how many classes? The training dataset has no `classes` list or " \
+        "`num_classes`, and model.name hpctrain:tiny_cnn is built for the number it is " \
+        "given; set data.num_classes=N" in err
 
 
 def test_a_model_whose_output_does_not_match_the_targets_is_named(tmp_path):

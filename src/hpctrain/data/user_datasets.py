@@ -22,8 +22,8 @@ holds and what the task expects):
   or array of any shape or a tuple or dict of them, the target an integer label or a number
   or float tensor (tasks/tensors.py).
 The label is an integer below the number of classes: `data.num_classes`, or the dataset's
-`classes` (a list) or `num_classes` (your own tensors: else the model's output width, read by
-train/build.py).
+`classes` (a list) or `num_classes` (images and your own tensors: else your own model's
+output width, read by train/build.py).
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def user_datasets(data: DataConfig, seed: int, rank: int = 0) -> tuple[Dataset, 
             check_samples(dataset, split, reference, data.kind, None, 0, data.targets)
         num_classes = None if data.targets == "values" else data.num_classes or (
             _label_count(train, reference) if data.targets == "labels" else
-            _classes_of(train, reference, required=data.kind != TENSORS))
+            _classes_of(train, reference, required=data.kind == "points"))
     if num_classes is not None:  # then the labels against the classes (tokens: the ids)
         for split, dataset in splits:
             check_samples(dataset, split, reference, data.kind, num_classes,
@@ -119,16 +119,20 @@ def _train_and_val(made, reference: str) -> tuple[Dataset, Dataset]:
 
 
 def _classes_of(dataset, reference: str, required: bool = True) -> int | None:
-    """The training dataset's classes; None where not `required` (your own tensors: the
-    model's output width says it, build.py)."""
+    """The training dataset's classes; None where not `required` (images and your own
+    tensors: your own model's output width says it, train/build.py)."""
     if isinstance(getattr(dataset, "classes", None), (list, tuple)):
         return len(dataset.classes)
     if isinstance(getattr(dataset, "num_classes", None), int):
         return dataset.num_classes
     if not required:
         return None
-    raise DataError(f"data.dataset: {reference}: how many classes? The training dataset has "
-                    "no `classes` list or `num_classes`; set data.num_classes=N")
+    raise unknown_classes(reference)
+
+
+def unknown_classes(reference: str, why: str = "") -> DataError:
+    return DataError(f"data.dataset: {reference}: how many classes? The training dataset has "
+                     f"no `classes` list or `num_classes`{why}; set data.num_classes=N")
 
 
 def _label_count(dataset, reference: str) -> int:

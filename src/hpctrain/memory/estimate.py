@@ -232,7 +232,9 @@ def output_width(config: Config) -> tuple[int, str | None]:
     if data.dataset == "shapes":
         return len(SHAPE_CLASSES), None
     try:
-        return build_datasets(data, config.seed)[2], None
+        found = build_datasets(data, config.seed)[2]
+        return (found, None) if found else (1000, "number of classes assumed 1000 (the data "
+                                            "does not say it); set data.num_classes")
     except UserError as err:
         return 1000, f"number of classes assumed 1000 ({err}); set data.num_classes"
 

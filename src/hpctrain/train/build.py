@@ -26,6 +26,7 @@ from hpctrain.cluster.scheduler import current as scheduler
 from hpctrain.config import Config, Strategy
 from hpctrain.data.loader import DataBundle, DeviceBatcher, build_data, image_sizes, up_axis
 from hpctrain.data.streams import Stream
+from hpctrain.data.user_datasets import unknown_classes
 from hpctrain.errors import ConfigError, DataError
 from hpctrain.models.checkpointing import enable_activation_checkpointing
 from hpctrain.models.model_names import build_model, check_model_takes
@@ -193,14 +194,25 @@ def _model_on_device(config: Config, data: DataBundle, plan: SystemPlan, layout:
     return model, flops
 
 
+def _ask_for_classes(config: Config, data: DataBundle) -> None:
+    """Classes that neither the recipe nor the data says: only your own model's output can
+    say them (a library's or hpctrain's model would be built with its default head)."""
+    if data.num_classes is None and config.task_spec.classes_from_output and \
+            not user_code.is_code_reference(config.model.name):
+        raise unknown_classes(config.data.dataset, f", and model.name {config.model.name} is "
+                              "built for the number it is given")
+
+
 def _classes_from_output(model: nn.Module, config: Config, data: DataBundle,
                          device: torch.device) -> DataBundle:
-    """Where the task takes its classes from the model (your own tensors, and neither the
+    """Where the task takes its classes from the model (your own model, and neither the
     recipe nor the dataset names them): the width of its output on the first validation
     sample, before any wrapper (the same on every rank, no collective)."""
     if data.num_classes is not None or not config.task_spec.classes_from_output:
         return data
-    inputs = tensors.moved(default_collate([data.val_loader.dataset[0]])[0], device)
+    inputs, labels = default_collate([data.val_loader.dataset[0]])
+    inputs = DeviceBatcher(device, config.data.mean, config.data.std, False)(
+        inputs, labels)[0] if config.data.kind == "images" else tensors.moved(inputs, device)
     training = model.training
     model.eval()
     with torch.no_grad():
@@ -316,6 +328,7 @@ def build_parts(config: Config, env: ProcessEnv | None = None,
     distributed, place, job_end, data = _start(config, env, decided, held)
 
     # ---- the model, then its distributed wrapper ----
+    _ask_for_classes(config, data)
     model, flops = _model_on_device(config, data, plan, layout, distributed, device)
     data = _classes_from_output(model, config, data, device)
     stream = stage_parts = stages = None
