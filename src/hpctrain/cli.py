@@ -19,7 +19,8 @@ from pathlib import Path
 from hpctrain.arguments import (Parser, add_job_options, add_recipe, count, counts, job_options,
                                 join_dashed_values, seconds, size_bytes)
 from hpctrain import cli_bench, cli_runs, cli_tune
-from hpctrain.errors import ConfigError, ExitCode, Preempted, UserError, exit_code_table
+from hpctrain.errors import (ConfigError, ExitCode, FetchFailed, Preempted, UserError,
+                             exit_code_table)
 
 RUN_EXAMPLE = """examples:
   hpctrain run                                   # the built-in default (shapes dataset)
@@ -76,6 +77,42 @@ def cmd_config_show(args) -> int:
         print(json.dumps(config.model_dump(mode="json"), indent=2))
     else:
         print(to_yaml(config), end="")
+    return 0
+
+
+def _add_prefetch(verbs) -> None:
+    """`hpctrain prefetch`'s arguments."""
+    prefetch = _verb(verbs, "prefetch", "download what a recipe needs (pretrained weights) "
+                     "into the shared caches, where there is internet",
+                     "example (on a login node, TORCH_HOME and HF_HOME on shared storage):\n"
+                     "  hpctrain prefetch finetune-resnet50 data.path=/scratch/flowers",
+                     cmd_prefetch)
+    add_recipe(prefetch)
+    prefetch.add_argument("--json", action="store_true")
+
+
+def cmd_prefetch(args) -> int:
+    from hpctrain.config import load_config
+    from hpctrain.models import pretrained
+
+    config = load_config(args.recipe, args.overrides)
+    fetched = []
+    if config.model.pretrained:
+        library, _, name = config.model.name.partition(":")
+        try:
+            fetched.append({"what": f"{config.model.name} pretrained weights",
+                            "path": str(pretrained.prefetch(library, name))})
+        except (OSError, RuntimeError) as err:  # no network, a refusal, a hash mismatch
+            raise FetchFailed(f"cannot fetch the weights of {config.model.name}: "
+                              f"{type(err).__name__}: {err}; run hpctrain prefetch where "
+                              "there is internet") from None
+    if args.json:
+        print(json.dumps(fetched, indent=2))
+    elif not fetched:
+        print(f"hpctrain: nothing to fetch: recipe {config.name} reads no pretrained weights "
+              "(model.pretrained is false)")
+    for item in [] if args.json else fetched:
+        print(f"{item['what']}: {item['path']}")
     return 0
 
 
@@ -671,7 +708,8 @@ def build_parser() -> argparse.ArgumentParser:
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
     verbs.required = True
     for add in (_add_run, _add_config_show, _add_submit, _add_jobs, _add_logs, _add_cancel,
-                _add_status, _add_pack, _add_bench, _add_profile, _add_memory, _add_recipes):
+                _add_status, _add_pack, _add_bench, _add_profile, _add_memory, _add_prefetch,
+                _add_recipes):
         add(verbs)  # each beside its handler below
     cli_runs.add_verbs(verbs, _verb)
     cli_tune.add_verbs(verbs, _verb)

@@ -29,7 +29,9 @@ MEANINGS = {
     ExitCode.DONE: "done (a run: every step trained and its final weights evaluated)",
     ExitCode.FAILED: "the run failed: CUDA out of memory (with the settings that lower the "
                      "peak), a loss that stays NaN, a peer lost; the last good checkpoint is "
-                     "kept; tune: 3 trials in a row failed; scale: no size finished",
+                     "kept; tune: 3 trials in a row failed; scale: no size finished; "
+                     "prefetch: a download refused (no network, the server, a hash "
+                     "mismatch)",
     ExitCode.BAD_INPUT: "bad usage, configuration or input (the message names the key or "
                         "file and how to fix it); also files that cannot be written (a full "
                         "disk, a quota): the last good checkpoint is kept",
@@ -84,6 +86,13 @@ class OutputError(UserError):
 def cannot_write(what, err: OSError, then: str) -> OutputError:
     """An OutputError for `err` (errno text, not a traceback), then what to do."""
     return OutputError(f"cannot write {what}: {err.strerror or err}. {then}")
+
+
+class FetchFailed(UserError):
+    """A download (hpctrain prefetch) that the network, the server or a hash check refused:
+    exit code 1. Nothing partial is left in the cache."""
+
+    exit_code = ExitCode.FAILED
 
 
 class RunFailed(UserError):

@@ -65,4 +65,22 @@ class ModelConfig(Section):
                       "relative path is read from the recipe's folder)")
     kwargs: dict[str, Any] = Field(default_factory=dict,
                                    description="extra keyword arguments for the constructor")
+    pretrained: bool = Field(False, description="torchvision:NAME and timm:NAME: start from "
+                             "the library's default pretrained weights, read from its cache "
+                             "(TORCH_HOME, HF_HOME; nothing is downloaded: fill the cache "
+                             "with hpctrain prefetch RECIPE where there is internet), the "
+                             "head replaced for the data's classes")
+    freeze: list[str] = Field(default_factory=list, description="parameters left as they "
+                              "are (not trained), by name pattern: ['conv1.*', 'layer1.*'] "
+                              "(fnmatch; each must match a parameter)")
     activation_checkpointing: bool = False
+
+    @field_validator("pretrained")
+    @classmethod
+    def _pretrained_from_a_library(cls, value, info):
+        name = info.data.get("name", "")
+        if value and not name.startswith(("torchvision:", "timm:")):
+            raise ValueError(f"model.name {name} has no pretrained weights hpctrain can load: "
+                             "use torchvision:NAME or timm:NAME (your own factory loads its "
+                             "own)")
+        return value

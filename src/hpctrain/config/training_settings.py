@@ -27,6 +27,10 @@ class OptimConfig(Section):
     lr_scaling: Literal["none", "linear", "sqrt"] = "none"
     reference_batch_size: int = Field(256, ge=1)
     grad_clip_norm: float | None = Field(None, gt=0)
+    pretrained_lr_scale: float = Field(1.0, gt=0, le=1, description="with "
+                                       "model.pretrained: the pretrained layers' learning "
+                                       "rate as a share of optim.lr (0.1: ten times lower); "
+                                       "the replaced head trains at optim.lr")
     ema: EmaConfig = EmaConfig()
 
 

@@ -35,7 +35,7 @@ from hpctrain.models.checkpointing import enable_activation_checkpointing, is_bl
 from hpctrain.models.gpt import GPT
 from hpctrain.models.model_names import build_model
 from hpctrain.parallel.layout import MICROBATCHES_PER_STAGE, Layout, split_world
-from hpctrain.train.optim import build_optimizer, scaled_lr
+from hpctrain.train.optim import build_optimizer, freeze, scaled_lr
 from hpctrain.parallel.data import bf16_parameters
 from hpctrain.parallel.processes import per_device_batch
 from hpctrain.train.system import resolve_precision
@@ -278,6 +278,7 @@ def step_spec(config: Config, target: Target, width: int) -> StepSpec:
                             vocab_size=width if tokens else None,
                             points=config.data.kind == "points",
                             image_sizes=image_sizes(config.data))
+        freeze(model, config.model.freeze)  # no gradients nor optimiser states for those
         if config.model.activation_checkpointing:
             model = enable_activation_checkpointing(model, config.model.name)
         return model
@@ -294,7 +295,8 @@ def step_spec(config: Config, target: Target, width: int) -> StepSpec:
     criterion = task_loss(config, width, optim_device) if own else _token_loss if tokens \
         else with_regulariser(nn.CrossEntropyLoss(label_smoothing=config.train.label_smoothing))
     key = json.dumps([config.model.name, config.model.kwargs, width, config.data.kind,
-                      image_sizes(config.data), config.model.activation_checkpointing],
+                      image_sizes(config.data), config.model.activation_checkpointing,
+                      config.model.freeze],
                      sort_keys=True, default=str)
     return StepSpec(build, make_batch,
                     lambda model: build_optimizer(model, config.optim, lr, optim_device),

@@ -3,7 +3,8 @@
 (`package.module:build` or `path/to/file.py:build`, user_code.py).
 
 A bare name is looked up among the built-in nets first, then timm. Weights are never
-downloaded (compute nodes have no internet): models start from random initialisation. timm's
+downloaded (compute nodes have no internet): models start from random initialisation, or
+with model.pretrained from a library's cache (pretrained.py). timm's
 ViT attention comes with its query, key and value projections apart (vit_attention.py), which
 tensor parallelism needs.
 """
@@ -17,6 +18,7 @@ from torch import nn
 from hpctrain import user_code
 from hpctrain.errors import ConfigError
 from hpctrain.models import gpt, huggingface, pointnet, small
+from hpctrain.models import pretrained as weights
 from hpctrain.models.vit_attention import split_fused_attention
 
 BUILTIN = {"resnet_small": small.resnet_small, "tiny_cnn": small.tiny_cnn,
@@ -112,11 +114,12 @@ def _sized_for(model_name: str, kwargs: dict, image_sizes: tuple[int, ...]) -> d
 
 def build_model(name: str, num_classes: int | None, kwargs: dict | None = None,
                 vocab_size: int | None = None, points: bool = False,
-                image_sizes: tuple[int, ...] = ()) -> nn.Module:
+                image_sizes: tuple[int, ...] = (), pretrained: bool = False) -> nn.Module:
     """The model `name`, sized for the data: its classes, or its vocabulary for a language
     model (model.kwargs may set a larger vocabulary, never a smaller one). `points`: the data
     is point clouds, which only point-cloud models take. `image_sizes`: every size the run
-    feeds an image model (a model of fixed input size is built for it)."""
+    feeds an image model (a model of fixed input size is built for it). `pretrained`: a
+    library's default weights from its cache (pretrained.py)."""
     kwargs = dict(kwargs or {})
     check_model_takes(name, "tokens" if vocab_size is not None else
                       "points" if points else "images")
@@ -145,6 +148,8 @@ def build_model(name: str, num_classes: int | None, kwargs: dict | None = None,
             known = torchvision.models.list_models()
             if model_name not in known:
                 raise _unknown(source, model_name, known)
+            if pretrained:
+                return weights.load(source, model_name, num_classes, kwargs)
             return torchvision.models.get_model(model_name, weights=None,
                                                 num_classes=num_classes, **kwargs)
         import timm  # timm:NAME, or a bare name that is not built in
@@ -153,6 +158,9 @@ def build_model(name: str, num_classes: int | None, kwargs: dict | None = None,
             raise _unknown("timm", model_name, timm.list_models())
         sized = _sized_for(model_name, kwargs, image_sizes)
         try:
+            if pretrained:
+                return split_fused_attention(weights.load("timm", model_name, num_classes,
+                                                          {**kwargs, **sized}))
             return split_fused_attention(timm.create_model(
                 model_name, pretrained=False, num_classes=num_classes, **kwargs, **sized))
         except (TypeError, ValueError, AssertionError, RuntimeError) as err:

@@ -46,7 +46,8 @@ from hpctrain.tasks.steps import Batch, Task, logits_of
 from hpctrain.train import fp8, fused_eval
 from hpctrain.train.checkpoint import Checkpointer
 from hpctrain.train.mfu import ModelFlops, model_flops
-from hpctrain.train.optim import WeightEma, build_optimizer, build_scheduler, scaled_lr
+from hpctrain.train.optim import (WeightEma, build_optimizer, build_scheduler, freeze,
+                                  scaled_lr)
 from hpctrain.train.precision import Precision
 from hpctrain.train.preemption import deadline_at
 from hpctrain.train.run_place import RunPlace, resolve_run
@@ -180,9 +181,11 @@ def _model_on_device(config: Config, data: DataBundle, plan: SystemPlan, layout:
     (SyncBatchNorm where asked), with its FLOPs counted whole (before a pipeline cuts it)."""
     model = build_model(config.model.name, data.num_classes, config.model.kwargs,
                         vocab_size=data.vocab_size, points=config.data.kind == "points",
-                        image_sizes=image_sizes(config.data))
+                        image_sizes=image_sizes(config.data),
+                        pretrained=config.model.pretrained)
     if config.task_spec.check_model is not None:
         config.task_spec.check_model(model, data.vocab_size, config)
+    freeze(model, config.model.freeze)
     flops = model_flops(model)  # of the whole model: a pipeline stage holds only its part
     model = data_parallel.convert_batchnorm(model, config, layout.strategy)
     memory_format = torch.channels_last if plan.channels_last else torch.preserve_format

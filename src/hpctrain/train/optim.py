@@ -9,6 +9,7 @@ LambdaLR so its position is part of the checkpoint.
 from __future__ import annotations
 
 import copy
+import fnmatch
 import math
 
 import torch
@@ -17,6 +18,7 @@ from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
 from hpctrain.config import OptimConfig, ScheduleConfig
+from hpctrain.errors import ConfigError
 
 
 def scaled_lr(optim: OptimConfig, global_batch_size: int) -> float:
@@ -26,17 +28,41 @@ def scaled_lr(optim: OptimConfig, global_batch_size: int) -> float:
     return optim.lr * factor
 
 
-def param_groups(model: nn.Module, weight_decay: float, no_decay_norm_bias: bool) -> list[dict]:
+def param_groups(model: nn.Module, weight_decay: float, no_decay_norm_bias: bool,
+                 lr: float | None = None, pretrained_lr_scale: float = 1.0) -> list[dict]:
     """The parameters with weight decay, then those without; each again parted into the
     tensor-parallel split ones (DTensors) and plain ones, as one foreach or fused kernel takes
-    one kind (a split model's norms and biases, which no plan splits, are plain)."""
-    kinds: dict[tuple[bool, bool], list] = {}
-    for param in model.parameters():
+    one kind (a split model's norms and biases, which no plan splits, are plain). Where
+    pretrained weights were loaded (models/pretrained.py) and `pretrained_lr_scale` is below
+    1, the pretrained parameters are a group of their own at `lr` x that scale."""
+    replaced = getattr(model, "replaced_layers", None)
+    lower = replaced is not None and pretrained_lr_scale < 1
+    kinds: dict[tuple[bool, bool, bool], list] = {}
+    for name, param in model.named_parameters():
         if param.requires_grad:
             decays = not (no_decay_norm_bias and param.ndim <= 1)
-            kinds.setdefault((not decays, isinstance(param, DTensor)), []).append(param)
-    return [{"params": params, "weight_decay": 0.0 if no_decay else weight_decay}
-            for (no_decay, _), params in sorted(kinds.items(), key=lambda kind: kind[0])]
+            pretrained = lower and not any(name == layer or name.startswith(layer + ".")
+                                           for layer in replaced)
+            kinds.setdefault((pretrained, not decays, isinstance(param, DTensor)),
+                             []).append(param)
+    return [{"params": params, "weight_decay": 0.0 if no_decay else weight_decay,
+             **({"lr": lr * pretrained_lr_scale} if pretrained else {})}
+            for (pretrained, no_decay, _), params in sorted(kinds.items(),
+                                                            key=lambda kind: kind[0])]
+
+
+def freeze(model: nn.Module, patterns: list[str]) -> None:
+    """model.freeze: the parameters whose names match a pattern are not trained; a pattern
+    that matches none is refused, naming a few parameters."""
+    names = [name for name, _ in model.named_parameters()]
+    for pattern in patterns:
+        matched = [name for name in names if fnmatch.fnmatchcase(name, pattern)]
+        if not matched:
+            raise ConfigError(f"model.freeze: {pattern!r} matches no parameter of the model "
+                              f"(its parameters are named like {', '.join(names[:3])}, ..., "
+                              f"{names[-1]})")
+        for name in matched:
+            model.get_parameter(name).requires_grad_(False)
 
 
 def build_optimizer(model: nn.Module, optim: OptimConfig, lr: float,
@@ -47,7 +73,8 @@ def build_optimizer(model: nn.Module, optim: OptimConfig, lr: float,
     to 2.14 at least) allocates it there uninitialised and, when the scaler skips that step
     (the usual first fp16 step), never fills it, and the weights blew up a step later on an
     H200. Zeros are what the first step would have made of it (buffer = 0 x momentum + grad)."""
-    groups = param_groups(model, optim.weight_decay, optim.no_decay_norm_bias)
+    groups = param_groups(model, optim.weight_decay, optim.no_decay_norm_bias, lr,
+                          optim.pretrained_lr_scale)
     fast = {"fused": True} if device.type == "cuda" else {"foreach": True}
     if optim.name == "sgd":
         sgd = torch.optim.SGD(groups, lr=lr, momentum=optim.momentum,

@@ -37,6 +37,8 @@ def banner(parts, resume_from: Path | None) -> str:
         f"{parts.total_steps} steps, {c.optim.name} effective lr {parts.effective_lr:.4g} "
         f"({c.optim.lr_scaling} scaling)",
     ]
+    if getattr(parts.model, "pretrained_note", None):
+        lines.append(f"  weights: {parts.model.pretrained_note}")
     if env.world_size > 1:
         lines.append(f"  {env.world_size} processes ({env.launcher}, {env.num_nodes} node(s) x "
                      f"{env.local_world_size}), {parts.distributed.layout.describe()}")

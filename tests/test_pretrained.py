@@ -1,0 +1,173 @@
+"""Pretrained weights, offline first (issue 40): read from torchvision's and timm's caches,
+the head replaced for the data's classes and named; missing or damaged weights are one line
+naming `hpctrain prefetch`, which fills the cache from a local HTTP server standing in for
+download.pytorch.org (the tests have no internet)."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import http.server
+import io
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+import torchvision
+
+from hpctrain.models.model_names import build_model
+
+TV = "shufflenet_v2_x0_5"  # torchvision's smallest classifier with a Linear head (fc)
+
+
+@pytest.fixture
+def weights_server(tmp_path, monkeypatch):
+    """Random shufflenet weights served over HTTP under torch.hub's name for them (its
+    SHA-256 prefix), the model's weights URL pointed there, TORCH_HOME empty."""
+    torch.manual_seed(0)
+    buffer = io.BytesIO()
+    state = torchvision.models.get_model(TV).state_dict()
+    torch.save(state, buffer)
+    data = buffer.getvalue()
+    name = f"shufflenetv2_x0.5-{hashlib.sha256(data).hexdigest()[:10]}.pth"
+    served = tmp_path / "served"
+    served.mkdir()
+    (served / name).write_bytes(data)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
+    handler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    weights = torchvision.models.get_model_weights(TV).DEFAULT
+    monkeypatch.setattr(weights.value, "url", f"http://127.0.0.1:{server.server_port}/{name}")
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))
+    yield {"state": state, "name": name, "data": data,
+           "cache": tmp_path / "torch_home" / "hub" / "checkpoints" / name}
+    server.shutdown()
+
+
+def test_pretrained_weights_come_from_the_cache_that_prefetch_fills(weights_server, run_cli,
+                                                                    tiny, capsys):
+    model = ["model.name=torchvision:" + TV, "model.pretrained=true", "data.image_size=32",
+             "train.max_steps=2"]
+    code, _, err = run_cli("run", "default", *tiny(*model))
+    assert code == 2 and err.count("\n") == 1
+    assert "the weights of torchvision:shufflenet_v2_x0_5 (IMAGENET1K_V1) are not in" in err
+    assert "hpctrain prefetch RECIPE" in err
+
+    code, out, err = run_cli("prefetch", "default", *tiny(*model))
+    assert code == 0, err
+    assert out.strip() == f"torchvision:{TV} pretrained weights: {weights_server['cache']}"
+    assert weights_server["cache"].read_bytes() == weights_server["data"]
+
+    built = build_model("torchvision:" + TV, 8, pretrained=True)
+    assert built.fc.out_features == 8 and "fc replaced for 8 classes" in built.pretrained_note
+    for key, value in weights_server["state"].items():
+        if not key.startswith("fc."):
+            assert torch.equal(built.state_dict()[key], value), key
+    code, out, err = run_cli("run", "default", *tiny(*model))
+    assert code == 0, err
+    assert f"weights: pretrained IMAGENET1K_V1 from {weights_server['cache']}; fc replaced " \
+           "for 10 classes (random start)" in out  # the shapes: 10
+
+
+def test_damaged_weights_and_a_refused_download_are_one_line(weights_server, run_cli, tiny,
+                                                             monkeypatch):
+    model = ["model.name=torchvision:" + TV, "model.pretrained=true", "data.image_size=32"]
+    cache: Path = weights_server["cache"]
+    cache.parent.mkdir(parents=True)
+    cache.write_bytes(weights_server["data"][:1000])
+    code, _, err = run_cli("run", "default", *tiny(*model))
+    assert code == 2 and err.count("\n") == 1
+    assert f"the cached weights {cache} cannot be read" in err and "delete the file" in err
+    cache.unlink()
+    weights = torchvision.models.get_model_weights(TV).DEFAULT
+    monkeypatch.setattr(weights.value, "url", weights.url.rsplit("/", 1)[0] + "/gone-0abc.pth")
+    code, _, err = run_cli("prefetch", "default", *tiny(*model))
+    assert code == 1 and "cannot fetch the weights of torchvision:shufflenet_v2_x0_5" in err
+    assert "HTTPError" in err and not any(cache.parent.iterdir())
+
+
+def test_timm_weights_are_read_from_the_hugging_face_cache(tmp_path, monkeypatch):
+    """A hub cache laid out as huggingface_hub lays it out (refs/main -> snapshots/<commit>),
+    holding random resnet10t weights: built from them, the head replaced."""
+    import timm
+    from huggingface_hub import constants
+    from safetensors.torch import save_file
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(Exception, match=r"the weights of timm:resnet10t \(c3_in1k\) are not in "
+                                        r"the Hugging Face cache .* hpctrain prefetch"):
+        build_model("timm:resnet10t", 5, pretrained=True)
+    torch.manual_seed(1)
+    state = timm.create_model("resnet10t").state_dict()
+    repo = tmp_path / "hub" / "models--timm--resnet10t.c3_in1k"
+    commit = "0" * 40
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    (repo / "snapshots" / commit).mkdir(parents=True)
+    save_file(state, repo / "snapshots" / commit / "model.safetensors")
+    built = build_model("timm:resnet10t", 5, pretrained=True)
+    assert built.fc.out_features == 5 and "fc replaced for 5 classes" in built.pretrained_note
+    assert torch.equal(built.conv1[0].weight, state["conv1.0.weight"])
+
+
+def test_pretrained_is_refused_where_no_library_has_weights():
+    from hpctrain.config import load_config
+    from hpctrain.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="hpctrain:tiny_cnn has no pretrained weights "
+                                          "hpctrain can load"):
+        load_config("default", ["model.name=hpctrain:tiny_cnn", "model.pretrained=true"])
+
+
+def test_a_frozen_backbone_stays_and_the_pretrained_part_trains_slower(weights_server, run_cli,
+                                                                       tiny):
+    """model.freeze leaves the first layers as loaded; optim.pretrained_lr_scale=0.1 puts the
+    other pretrained layers in groups at a tenth of the head's rate; memory counts no
+    gradients for the frozen ones."""
+    from hpctrain.config import load_config
+    from hpctrain.memory.estimate import estimate, resolve_target
+    from hpctrain.train.optim import build_optimizer, freeze
+
+    model = ["model.name=torchvision:" + TV, "model.pretrained=true", "data.image_size=32",
+             "model.freeze=[conv1.*,stage2.*]", "optim.pretrained_lr_scale=0.1"]
+    code, _, err = run_cli("prefetch", "default", *tiny(*model))
+    assert code == 0, err
+    config = load_config("default", tiny(*model))
+    built = build_model(config.model.name, 10, pretrained=True)
+    freeze(built, config.model.freeze)
+    frozen = {n for n, p in built.named_parameters() if not p.requires_grad}
+    assert frozen and all(n.startswith(("conv1.", "stage2.")) for n in frozen)
+    groups = build_optimizer(built, config.optim, 0.2, torch.device("cpu")).param_groups
+    head = {id(p) for p in built.fc.parameters()}
+    for group in groups:
+        assert group["lr"] == pytest.approx(0.2 if id(group["params"][0]) in head else 0.02)
+    assert sum(len(g["params"]) for g in groups) == sum(
+        p.requires_grad for p in built.parameters())
+    before = {n: p.detach().clone() for n, p in built.named_parameters()}
+    optimizer = build_optimizer(built, config.optim, 0.2, torch.device("cpu"))
+    torch.nn.functional.cross_entropy(built(torch.randn(4, 3, 32, 32)),
+                                      torch.tensor([0, 1, 2, 3])).backward()
+    optimizer.step()
+    for name, param in built.named_parameters():
+        assert torch.equal(param, before[name]) == (name in frozen), name
+    code, out, err = run_cli("run", "default", *tiny(*model, "train.max_steps=2"))
+    assert code == 0, err
+    full = estimate(load_config("default", tiny(*model[:3])), resolve_target(config, "1GiB"))
+    cut = estimate(config, resolve_target(config, "1GiB"))
+    assert cut.footprint.at_peak["optimizer states"] < full.footprint.at_peak[
+        "optimizer states"]
+    with pytest.raises(Exception, match=r"model.freeze: 'layer9.\*' matches no parameter"):
+        freeze(built, ["layer9.*"])
+
+
+def test_the_fine_tuning_recipe_starts_from_imagenet_weights_and_names_prefetch(tmp_path,
+                                                                                run_cli):
+    from hpctrain.config import load_config
+
+    config = load_config("finetune-resnet50", [f"data.path={tmp_path}"])
+    assert config.model.name == "torchvision:resnet50" and config.model.pretrained
+    assert config.optim.pretrained_lr_scale == 0.1
+    code, out, _ = run_cli("recipes")
+    assert code == 0 and "finetune-resnet50  Fine-tune an ImageNet-pretrained ResNet-50" in out
