@@ -9,6 +9,8 @@ import functools
 import hashlib
 import http.server
 import io
+import os
+import subprocess
 import threading
 from pathlib import Path
 
@@ -84,7 +86,7 @@ def test_damaged_weights_and_a_refused_download_are_one_line(weights_server, run
     weights = torchvision.models.get_model_weights(TV).DEFAULT
     monkeypatch.setattr(weights.value, "url", weights.url.rsplit("/", 1)[0] + "/gone-0abc.pth")
     code, _, err = run_cli("prefetch", "default", *tiny(*model))
-    assert code == 1 and "cannot fetch the weights of torchvision:shufflenet_v2_x0_5" in err
+    assert code == 1 and "cannot fetch torchvision:shufflenet_v2_x0_5's pretrained weights" in err
     assert "HTTPError" in err and not any(cache.parent.iterdir())
 
 
@@ -171,3 +173,73 @@ def test_the_fine_tuning_recipe_starts_from_imagenet_weights_and_names_prefetch(
     assert config.optim.pretrained_lr_scale == 0.1
     code, out, _ = run_cli("recipes")
     assert code == 0 and "finetune-resnet50  Fine-tune an ImageNet-pretrained ResNet-50" in out
+
+
+def _tiny_gpt2(folder: Path) -> dict:
+    """A two-layer GPT-2 of a 300-token vocabulary, saved as transformers saves it."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(2)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=300, n_positions=64, n_embd=32, n_layer=2,
+                                       n_head=2))
+    model.save_pretrained(folder)
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def test_a_hugging_face_model_is_read_from_a_folder_or_the_hub_cache(tmp_path, monkeypatch):
+    """hf:FOLDER with model.pretrained: the weights beside its config; hf:ORG/NAME: the same
+    files in the Hugging Face cache (refs/main -> snapshots/<commit>), as prefetch leaves
+    them; a name not in the cache is one line naming prefetch."""
+    from huggingface_hub import constants
+
+    from hpctrain.errors import ConfigError
+
+    state = _tiny_gpt2(tmp_path / "tiny")
+    loaded = build_model(f"hf:{tmp_path / 'tiny'}", None, vocab_size=300, pretrained=True)
+    assert torch.equal(loaded.model.transformer.h[1].mlp.c_fc.weight,
+                       state["transformer.h.1.mlp.c_fc.weight"])
+    fresh = build_model(f"hf:{tmp_path / 'tiny'}", None, vocab_size=300)
+    assert not torch.equal(fresh.model.transformer.h[1].mlp.c_fc.weight,
+                           state["transformer.h.1.mlp.c_fc.weight"])
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(ConfigError, match=r"no model lab/tiny-gpt in the Hugging Face cache "
+                                          r".* hpctrain prefetch RECIPE"):
+        build_model("hf:lab/tiny-gpt", None, vocab_size=300, pretrained=True)
+    repo, commit = tmp_path / "hub" / "models--lab--tiny-gpt", "1" * 40
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    (repo / "snapshots").mkdir()
+    (tmp_path / "tiny").rename(repo / "snapshots" / commit)
+    loaded = build_model("hf:lab/tiny-gpt", None, vocab_size=300, pretrained=True)
+    assert torch.equal(loaded.model.lm_head.weight, state["lm_head.weight"])
+    assert loaded.vocab_size == 300 and loaded.context == 64
+
+
+def test_prefetch_fills_the_hub_cache_from_a_stand_in_hub_and_a_run_reads_it(tmp_path, run_cli,
+                                                                            monkeypatch):
+    """hf:lab/tiny-gpt: prefetch downloads its config and weights from a local server standing
+    in for huggingface.co into the cache; tiny-lm then fine-tunes it offline for two steps."""
+    from huggingface_hub import constants
+    from hub_server import StandInHub
+
+    state = _tiny_gpt2(tmp_path / "served" / "lab" / "tiny-gpt")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    recipe = ["model.name=hf:lab/tiny-gpt", "model.pretrained=true",
+              f"output_dir={tmp_path / 'runs'}", f"data.arithmetic.cache_dir={tmp_path}",
+              "data.arithmetic.num_train=200", "data.arithmetic.num_val=20",
+              "data.tokens.seq_len=32", "train.batch_size=4", "train.max_steps=2",
+              "data.num_workers=0", "tensorboard=false", "report=false"]
+    with StandInHub(tmp_path / "served") as url:  # a login node's command, as users type it
+        done = subprocess.run(["hpctrain", "prefetch", "tiny-lm", *recipe], text=True,
+                              capture_output=True, env={**os.environ, "HF_ENDPOINT": url,
+                                                        "HF_HUB_CACHE": str(tmp_path / "hub")})
+    out = done.stdout
+    assert done.returncode == 0, done.stderr
+    assert out.startswith("hf:lab/tiny-gpt config, weights and tokenizer: ")
+    snapshot = Path(out.split(": ", 1)[1].strip())
+    assert {"config.json", "model.safetensors"} <= {p.name for p in snapshot.iterdir()}
+    loaded = build_model("hf:lab/tiny-gpt", None, vocab_size=300, pretrained=True)
+    assert torch.equal(loaded.model.lm_head.weight, state["lm_head.weight"])
+    code, out, err = run_cli("run", "tiny-lm", *recipe)
+    assert code == 0, err

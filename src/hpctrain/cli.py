@@ -93,24 +93,28 @@ def _add_prefetch(verbs) -> None:
 
 def cmd_prefetch(args) -> int:
     from hpctrain.config import load_config
-    from hpctrain.models import pretrained
+    from hpctrain.models import huggingface, pretrained
 
     config = load_config(args.recipe, args.overrides)
     fetched = []
-    if config.model.pretrained:
-        library, _, name = config.model.name.partition(":")
+    library, _, name = config.model.name.partition(":")
+    job = None
+    if library == "hf" and not Path(name).expanduser().exists():  # a hub name, not a folder
+        job = ("config, weights and tokenizer", lambda: huggingface.prefetch(name))
+    elif config.model.pretrained and library != "hf":
+        job = ("pretrained weights", lambda: pretrained.prefetch(library, name))
+    if job is not None:
         try:
-            fetched.append({"what": f"{config.model.name} pretrained weights",
-                            "path": str(pretrained.prefetch(library, name))})
+            fetched.append({"what": f"{config.model.name} {job[0]}", "path": str(job[1]())})
         except (OSError, RuntimeError) as err:  # no network, a refusal, a hash mismatch
-            raise FetchFailed(f"cannot fetch the weights of {config.model.name}: "
+            raise FetchFailed(f"cannot fetch {config.model.name}'s {job[0]}: "
                               f"{type(err).__name__}: {err}; run hpctrain prefetch where "
                               "there is internet") from None
     if args.json:
         print(json.dumps(fetched, indent=2))
     elif not fetched:
-        print(f"hpctrain: nothing to fetch: recipe {config.name} reads no pretrained weights "
-              "(model.pretrained is false)")
+        print(f"hpctrain: nothing to fetch: recipe {config.name} reads nothing from the "
+              "internet (no model.pretrained, no hf: hub name)")
     for item in [] if args.json else fetched:
         print(f"{item['what']}: {item['path']}")
     return 0

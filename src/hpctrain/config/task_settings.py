@@ -69,7 +69,8 @@ class ModelConfig(Section):
                              "the library's default pretrained weights, read from its cache "
                              "(TORCH_HOME, HF_HOME; nothing is downloaded: fill the cache "
                              "with hpctrain prefetch RECIPE where there is internet), the "
-                             "head replaced for the data's classes")
+                             "head replaced for the data's classes; hf:NAME: the weights "
+                             "beside its config (a folder, or the hub's cache)")
     freeze: list[str] = Field(default_factory=list, description="parameters left as they "
                               "are (not trained), by name pattern: ['conv1.*', 'layer1.*'] "
                               "(fnmatch; each must match a parameter)")
@@ -79,8 +80,8 @@ class ModelConfig(Section):
     @classmethod
     def _pretrained_from_a_library(cls, value, info):
         name = info.data.get("name", "")
-        if value and not name.startswith(("torchvision:", "timm:")):
+        if value and not name.startswith(("torchvision:", "timm:", "hf:")):
             raise ValueError(f"model.name {name} has no pretrained weights hpctrain can load: "
-                             "use torchvision:NAME or timm:NAME (your own factory loads its "
-                             "own)")
+                             "use torchvision:NAME, timm:NAME or hf:NAME (your own factory "
+                             "loads its own)")
         return value

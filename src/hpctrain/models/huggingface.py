@@ -1,15 +1,18 @@
 """Hugging Face `transformers` causal language models, built from a local config.
 
 `model.name: hf:PATH`, where PATH is a folder holding `config.json` (as saved by
-`AutoConfig.save_pretrained`, or downloaded once on a login node) or that file itself. The
-model starts from random initialisation: nothing is downloaded (compute nodes have no
-internet), and `model.kwargs` change the config's fields (`n_layer: 2`, ...). The model is
+`AutoConfig.save_pretrained`, or downloaded once on a login node) or that file itself, or a
+hub name (`hf:openai-community/gpt2`) whose files `hpctrain prefetch` put in the Hugging Face
+cache. The model starts from random initialisation, or with model.pretrained from the weights
+beside its config: nothing is downloaded (compute nodes have no internet), and `model.kwargs`
+change the config's fields (`n_layer: 2`, ...). The model is
 wrapped to take token ids and return logits, as the built-in GPT does, so the language-model
 task, checkpoints and every verb treat both alike. `pip install "hpctrain[hf]"`.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -47,7 +50,10 @@ class CausalLM(nn.Module):
         return layers, heads, getattr(config, "head_dim", None) or width // heads
 
 
-def causal_lm(path: str, kwargs: dict) -> CausalLM:
+def causal_lm(path: str, kwargs: dict, pretrained: bool = False) -> CausalLM:
+    """The causal LM of a local folder (or its config.json), else of a hub name in the
+    Hugging Face cache; random weights from its config, or with `pretrained` its weights.
+    Nothing is downloaded: `hpctrain prefetch` fills the cache (models/pretrained.py)."""
     try:
         from transformers import AutoConfig, AutoModelForCausalLM
     except ImportError:
@@ -55,14 +61,18 @@ def causal_lm(path: str, kwargs: dict) -> CausalLM:
                           'pip install "hpctrain[hf]"') from None
     where = Path(path).expanduser()
     folder = where.parent if where.name == "config.json" else where
-    if not (folder / "config.json").is_file():
-        raise ConfigError(f"model.name hf:{path}: no config.json there; give a folder with a "
-                          "model's config.json (models start from random weights, nothing is "
-                          "downloaded)")
+    local = (folder / "config.json").is_file()
+    source = str(folder) if local else path
+    found = {"local_files_only": True, **({} if local else {"cache_dir": _hub_cache()})}
+    if not local and not _cached(path):
+        raise ConfigError(f"model.name hf:{path}: no config.json there, and no model {path} "
+                          f"in the Hugging Face cache ({_hub_cache()}); give a folder with a "
+                          "model's config.json, or fetch the model with hpctrain prefetch "
+                          "RECIPE (on a login node, where there is internet)")
     try:
-        config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+        config = AutoConfig.from_pretrained(source, **found)
     except (OSError, ValueError, KeyError) as err:
-        raise ConfigError(f"model.name hf:{path}: {folder / 'config.json'} is not a config "
+        raise ConfigError(f"model.name hf:{path}: its config.json is not a config "
                           f"transformers can read ({err})") from None
     for key, value in kwargs.items():
         if not hasattr(config, key):
@@ -70,7 +80,42 @@ def causal_lm(path: str, kwargs: dict) -> CausalLM:
                               f"field {key!r}")
         setattr(config, key, value)
     try:
+        if pretrained:
+            return CausalLM(AutoModelForCausalLM.from_pretrained(source, config=config,
+                                                                 **found))
         return CausalLM(AutoModelForCausalLM.from_config(config))
+    except OSError as err:  # the weights are not there
+        raise ConfigError(f"model.pretrained: hf:{path} has a config but no weights "
+                          f"transformers can read ({str(err).splitlines()[0][:200]}); fetch "
+                          "them with hpctrain prefetch RECIPE (on a login node, where there "
+                          "is internet)") from None
     except ValueError as err:  # a config of a model that is not a causal LM (BERT, ...)
         raise ConfigError(f"model.name hf:{path}: {config.model_type} is not a causal "
                           f"language model transformers can build ({err})") from None
+
+
+def _hub_cache() -> str:
+    from huggingface_hub import constants
+
+    return constants.HF_HUB_CACHE  # read now: HF_HOME may point at shared storage
+
+
+def _cached(name: str) -> bool:
+    """Whether `name` is a hub name (ORG/NAME) whose config.json is in the cache."""
+    from huggingface_hub import try_to_load_from_cache
+
+    if not re.fullmatch(r"[\w.-]+/[\w.-]+", name):
+        return False  # a path that does not exist
+    return isinstance(try_to_load_from_cache(name, "config.json", cache_dir=_hub_cache()), str)
+
+
+HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "tokenizer*"]  # what prefetch gets
+
+
+def prefetch(name: str) -> Path:
+    """A hub model's config, weights and tokenizer files into the Hugging Face cache."""
+    from huggingface_hub import constants, snapshot_download
+
+    # the endpoint as now set (HF_ENDPOINT: a mirror), where the library formed its URLs at import
+    return Path(snapshot_download(name, allow_patterns=HUB_FILES, cache_dir=_hub_cache(),
+                                  endpoint=constants.ENDPOINT))

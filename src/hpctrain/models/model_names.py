@@ -124,7 +124,7 @@ def build_model(name: str, num_classes: int | None, kwargs: dict | None = None,
     check_model_takes(name, "tokens" if vocab_size is not None else
                       "points" if points else "images")
     if name.startswith("hf:"):
-        return huggingface.causal_lm(name[3:], kwargs)
+        return huggingface.causal_lm(name[3:], kwargs, pretrained)
     if user_code.is_code_reference(name):
         return user_model(name, num_classes, kwargs, vocab_size, image_sizes)
     source, _, model_name = name.rpartition(":")
