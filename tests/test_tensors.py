@@ -199,10 +199,14 @@ def test_profile_tune_and_submit_take_a_recipe_of_your_tensors(tmp_path, run_cli
     assert code == 0, err
     assert json.loads(out)["verdict"]["bound"]
     code, out, err = run_cli("tune", recipe, "train.epochs=1", "--space",
-                             "optim.lr=loguniform(0.001,0.05)", "--trials", "2", "--objective",
-                             "final_val_r2:max", "--dir", str(tmp_path / "search"))
+                             "optim.lr=loguniform(0.001,0.05)", "--trials", "2", "--dir",
+                             str(tmp_path / "search"))
     assert code == 0, err
-    assert "final_val_r2 (maximize), budget 2 trials; 2 complete" in out
+    assert "best_val_loss (minimize), budget 2 trials; 2 complete" in out  # the task's own
+    code, out, err = run_cli("tune", recipe, "train.epochs=1", "--space",
+                             "optim.lr=loguniform(0.001,0.05)", "--trials", "1", "--objective",
+                             "final_val_r2:max", "--dir", str(tmp_path / "r2"))
+    assert code == 0 and "final_val_r2 (maximize), budget 1 trials; 1 complete" in out, err
     code, out, err = run_cli("submit", recipe, "--gpus", "4", "--dry-run")
     assert code == 0, err
     assert f"hpctrain run {recipe}" in out or recipe in out

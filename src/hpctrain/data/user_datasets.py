@@ -76,18 +76,20 @@ def user_datasets(data: DataConfig, seed: int, rank: int = 0) -> tuple[Dataset, 
              "seq_len": data.tokens.seq_len if tokens else None}
     made = user_code.call_factory(factory, "data.dataset", reference, facts, data.kwargs)
     train, val = _train_and_val(made, reference)
-    splits = (("train", train), ("val", val))
+    # a few samples of each split, read once (a dataset may count what is drawn from it)
+    read = {split: list(_some_samples(dataset, split, reference))
+            for split, dataset in (("train", train), ("val", val))}
     if tokens:
         num_classes = _vocabulary_of(train, data, reference)
     else:  # the samples' kinds first: a sample of another task is named as one
-        for split, dataset in splits:
-            check_samples(dataset, split, reference, data.kind, None, 0, data.targets)
+        for split, samples in read.items():
+            check_samples(samples, split, reference, data.kind, None, 0, data.targets)
         num_classes = None if data.targets == "values" else data.num_classes or (
-            _label_count(train, reference) if data.targets == "labels" else
+            len(read["train"][0][1][1]) if data.targets == "labels" else  # its vector's
             _classes_of(train, reference, required=data.kind == "points"))
     if num_classes is not None:  # then the labels against the classes (tokens: the ids)
-        for split, dataset in splits:
-            check_samples(dataset, split, reference, data.kind, num_classes,
+        for split, samples in read.items():
+            check_samples(samples, split, reference, data.kind, num_classes,
                           data.tokens.seq_len, data.targets)
     # a stream is wrapped where the loader is made (streams.py): it needs the layout
     return train if isinstance(train, IterableDataset) else ByIndex(train, seed, rank), \
@@ -133,12 +135,6 @@ def _classes_of(dataset, reference: str, required: bool = True) -> int | None:
 def unknown_classes(reference: str, why: str = "") -> DataError:
     return DataError(f"data.dataset: {reference}: how many classes? The training dataset has "
                      f"no `classes` list or `num_classes`{why}; set data.num_classes=N")
-
-
-def _label_count(dataset, reference: str) -> int:
-    """A multi-label set's labels: the length of the first training sample's target."""
-    _, (_, target) = next(_some_samples(dataset, "train", reference))
-    return len(target)
 
 
 def _vocabulary_of(dataset, data: DataConfig, reference: str) -> int:
@@ -317,12 +313,12 @@ EXPECTED = {"images": "(image, label): a uint8 (H, W, 3) image, or a float (3, H
                       "or array): the model reads the first seq_len and predicts the last"}
 
 
-def check_samples(dataset, split: str, reference: str, kind: str, num_classes: int | None,
-                  seq_len: int = 0, targets: str = "classes") -> None:
-    """A few samples (first, middle, last; a stream's first three) of `dataset` fit the task,
-    or a DataError naming the first bad index, what it holds and what is expected.
-    `num_classes`: the vocabulary's size for tokens."""
-    for index, sample in _some_samples(dataset, split, reference):
+def check_samples(samples: list, split: str, reference: str, kind: str,
+                  num_classes: int | None, seq_len: int = 0, targets: str = "classes") -> None:
+    """The (index, sample) pairs read of a split (_some_samples: first, middle, last; a
+    stream's first three) fit the task, or a DataError naming the first bad index, what it
+    holds and what is expected. `num_classes`: the vocabulary's size for tokens."""
+    for index, sample in samples:
         if kind == "tokens":
             problem = _token_problem(sample, seq_len, num_classes)
         elif not (isinstance(sample, (tuple, list)) and len(sample) == 2):

@@ -45,14 +45,20 @@ def segmentation(device, num_classes: int, model_name: str):
         return F.cross_entropy(checked(outputs, batch.targets).float(), batch.targets,
                                ignore_index=IGNORED)
 
+    def counts(classes):
+        """Elements per class, by sorting (bincount has no deterministic CUDA kernel, and
+        `deterministic=true` refuses it)."""
+        edges = torch.searchsorted(classes.sort().values,
+                                   torch.arange(num_classes + 1, device=classes.device))
+        return edges[1:] - edges[:-1]
+
     def sums(outputs, batch: Batch, loss, training: bool):
         masks = batch.labels
         predicted = checked(outputs, masks).argmax(dim=1)
         kept = masks != IGNORED
         truth, guess = masks[kept], predicted[kept]
-        both = torch.bincount(truth[truth == guess], minlength=num_classes)[:num_classes]
-        either = torch.bincount(truth, minlength=num_classes)[:num_classes] + \
-            torch.bincount(guess, minlength=num_classes)[:num_classes] - both
+        both = counts(truth[truth == guess])
+        either = counts(truth) + counts(guess) - both
         return torch.cat([torch.stack([(truth == guess).sum(), truth.new_tensor(truth.numel()),
                                        truth.new_tensor(masks.shape[0])]),
                           both, either]).double()
