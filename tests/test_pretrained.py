@@ -243,3 +243,29 @@ def test_prefetch_fills_the_hub_cache_from_a_stand_in_hub_and_a_run_reads_it(tmp
     assert torch.equal(loaded.model.lm_head.weight, state["lm_head.weight"])
     code, out, err = run_cli("run", "tiny-lm", *recipe)
     assert code == 0, err
+
+
+def test_prefetch_fetches_timm_weights_from_a_stand_in_hub(tmp_path, monkeypatch):
+    """timm:resnet10t's weights live on the hub as timm/resnet10t.c3_in1k: prefetch, run as
+    a command against the stand-in, puts them where a run then finds them offline."""
+    import timm
+    from huggingface_hub import constants
+    from hub_server import StandInHub
+    from safetensors.torch import save_file
+
+    torch.manual_seed(3)
+    state = timm.create_model("resnet10t").state_dict()
+    served = tmp_path / "served" / "timm" / "resnet10t.c3_in1k"
+    served.mkdir(parents=True)
+    save_file(state, served / "model.safetensors")
+    recipe = ["model.name=timm:resnet10t", "model.pretrained=true"]
+    with StandInHub(tmp_path / "served") as url:
+        done = subprocess.run(["hpctrain", "prefetch", "default", *recipe], text=True,
+                              capture_output=True, env={**os.environ, "HF_ENDPOINT": url,
+                                                        "HF_HUB_CACHE": str(tmp_path / "hub")})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("timm:resnet10t pretrained weights: " + str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    built = build_model("timm:resnet10t", 4, pretrained=True)
+    assert torch.equal(built.conv1[0].weight, state["conv1.0.weight"])
+    assert built.fc.out_features == 4

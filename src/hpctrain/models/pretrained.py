@@ -158,9 +158,10 @@ def prefetch(library: str, name: str) -> Path:
     node's job); the file's path. torch.hub checks the file against the hash in its name."""
     found = source(library, name)
     if found.hub_id:
-        from huggingface_hub import hf_hub_download
+        from huggingface_hub import constants, hf_hub_download
 
-        return Path(hf_hub_download(found.hub_id, found.hub_files[0]))
+        return Path(hf_hub_download(found.hub_id, found.hub_files[0], cache_dir=hub_cache(),
+                                    endpoint=constants.ENDPOINT))
     path = torch_cache() / Path(urlparse(found.url).path).name
     if not path.is_file():
         os.makedirs(path.parent, exist_ok=True)
