@@ -6,6 +6,7 @@ can be wrong is one line (exit 2)."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -210,3 +211,23 @@ def test_profile_tune_and_submit_take_a_recipe_of_your_tensors(tmp_path, run_cli
     code, out, err = run_cli("submit", recipe, "--gpus", "4", "--dry-run")
     assert code == 0, err
     assert f"hpctrain run {recipe}" in out or recipe in out
+
+
+@pytest.mark.distributed
+def test_two_processes_train_a_regression_as_one(tmp_path):
+    """The global batch split over two torchrun processes on gloo: the same samples per step,
+    so the same loss curve; MSE, MAE and R² from sums added over the ranks, as one process
+    counts them."""
+    recipe = _recipe(tmp_path, "regression", "mlp", "linear16", "schedule: {name: constant}")
+    figures = {}
+    for processes in (1, 2):
+        command = [sys.executable, "-m", "hpctrain", "run", str(recipe),
+                   "train.global_batch_size=64", "train.epochs=2", f"run_name=p{processes}"]
+        if processes > 1:
+            command[1:3] = ["-m", "torch.distributed.run", "--standalone",
+                            f"--nproc-per-node={processes}", "-m", "hpctrain"]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=240)
+        assert done.returncode == 0, done.stderr[-2000:]
+        figures[processes] = _records(str(tmp_path / "runs" / f"p{processes}"), "eval")[-1]
+    for key in ("val_mse", "val_mae", "val_r2"):
+        assert figures[2][key] == pytest.approx(figures[1][key], rel=1e-3), key
