@@ -231,3 +231,21 @@ def test_two_processes_train_a_regression_as_one(tmp_path):
         figures[processes] = _records(str(tmp_path / "runs" / f"p{processes}"), "eval")[-1]
     for key in ("val_mse", "val_mae", "val_r2"):
         assert figures[2][key] == pytest.approx(figures[1][key], rel=1e-3), key
+
+
+def test_r2_of_targets_that_do_not_vary_is_refused_not_invented(tmp_path, capsys):
+    """R² divides by the targets' spread: for a constant target it is undefined, so the
+    figure is left empty (null, "-"), never a number."""
+    class Constant(torch.utils.data.Dataset):
+        def __len__(self):
+            return 128
+
+        def __getitem__(self, index):
+            return torch.randn(16), 1.0
+
+    summary = hpctrain.fit(mlp(), Constant(), Constant(), output_dir=str(tmp_path),
+                           **{**QUICK, "train": {"epochs": 1, "batch_size": 64}})
+    assert summary["status"] == "completed" and summary["final_val_r2"] is None
+    assert summary["final_val_mse"] is not None
+    assert "val_r2 -" in capsys.readouterr().out
+    assert _records(summary["run_dir"], "eval")[-1]["val_r2"] is None

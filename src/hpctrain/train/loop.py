@@ -502,8 +502,8 @@ def _evaluate_and_record(parts: Parts, progress: Progress, clock: Clock, telemet
     telemetry.record("eval", progress.step, {
         **values, "epoch": progress.step / parts.steps_per_epoch, "eval_seconds": seconds,
         **{key: run[key] for key in ("elapsed_seconds", "device_hours", "energy_joules")}})
-    telemetry.message(f"step {progress.step}: " + "  ".join(
-        f"{name} {value:.4f}" for name, value in values.items()))
+    telemetry.message(f"step {progress.step}: " + "  ".join(  # None: undefined (R² of one value)
+        f"{name} {'-' if value is None else f'{value:.4f}'}" for name, value in values.items()))
     if parts.trial is not None and parts.trial.prune(values, evaluation,
                                                      progress.step == parts.total_steps):
         raise TrialPruned(f"trial {parts.trial.number} pruned by the study after evaluation "
