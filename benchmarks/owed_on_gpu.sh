@@ -55,4 +55,12 @@ step run-pointnet 90 hpctrain run pointnet output_dir=/tmp/runs
 step solve 60 hpctrain bench solve --size 8192 --device cuda --precisions fp16,bf16,tf32,fp32
 step decode-gpu 60 hpctrain bench data default data.decode=gpu --model
 step decode-cpu 60 hpctrain bench data default data.decode=cpu --model
+# issue 40: your own tensors under bf16 and deterministic mode (segmentation counts by sorting)
+TENSORS=tests/fixtures/tensor_data.py
+step tensors-seg 60 hpctrain run default task=segmentation model.name=$TENSORS:pixel_net \
+  data.dataset=$TENSORS:levels deterministic=true precision=bf16 optim.lr=0.03 \
+  output_dir=/tmp/runs
+step tensors-regression 60 hpctrain run default task=regression model.name=$TENSORS:mlp \
+  data.dataset=$TENSORS:linear16 precision=bf16 optim.name=adamw optim.lr=0.01 \
+  output_dir=/tmp/runs
 echo "=== done at $(( $(date +%s) - T0 ))s" >>"$LOG"
