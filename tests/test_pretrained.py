@@ -269,3 +269,10 @@ def test_prefetch_fetches_timm_weights_from_a_stand_in_hub(tmp_path, monkeypatch
     built = build_model("timm:resnet10t", 4, pretrained=True)
     assert torch.equal(built.conv1[0].weight, state["conv1.0.weight"])
     assert built.fc.out_features == 4
+
+
+def test_prefetch_of_a_recipe_that_reads_nothing_from_the_internet_says_so(run_cli):
+    code, out, _ = run_cli("prefetch", "default")
+    assert code == 0 and "nothing to fetch: recipe default reads nothing from the internet" in out
+    code, out, _ = run_cli("prefetch", "default", "--json")
+    assert code == 0 and out.strip() == "[]"
