@@ -17,6 +17,7 @@ import torch
 from hpctrain.config import Config
 from hpctrain.tasks.spec import TaskSetup
 from hpctrain.tasks.steps import Batch, logits_of
+from hpctrain.tasks.tensors import each
 
 _READ: dict[str, TensorSample] = {}  # data settings -> the sample read for them
 
@@ -39,17 +40,9 @@ def first_sample(config: Config) -> TensorSample:
         train, _, num_classes = build_datasets(config.data, config.seed)
         inputs, target = train[0]
         target = torch.as_tensor(target)  # a multi-hot vector of bools trains as floats
-        _READ[key] = TensorSample(_as_tensors(inputs), target.float() if target.dtype ==
-                                  torch.bool else target, num_classes)
+        _READ[key] = TensorSample(each(inputs, torch.as_tensor), target.float() if
+                                  target.dtype == torch.bool else target, num_classes)
     return _READ[key]
-
-
-def _as_tensors(value):
-    if isinstance(value, dict):
-        return {key: _as_tensors(item) for key, item in value.items()}
-    if isinstance(value, (tuple, list)):
-        return type(value)(_as_tensors(item) for item in value)
-    return torch.as_tensor(value)
 
 
 def leading_shape(sample: TensorSample) -> tuple[int, ...]:
@@ -63,14 +56,10 @@ def leading_shape(sample: TensorSample) -> tuple[int, ...]:
 def batch_of(sample: TensorSample, batch: int, device: torch.device) -> tuple[object, object]:
     """(inputs, target) of `batch` zero samples shaped as `sample`'s, on `device`."""
     def zeros(value):
-        if isinstance(value, dict):
-            return {key: zeros(item) for key, item in value.items()}
-        if isinstance(value, (tuple, list)):
-            return type(value)(zeros(item) for item in value)
         dtype = torch.get_default_dtype() if value.is_floating_point() else value.dtype
         return torch.zeros((batch, *value.shape), dtype=dtype, device=device)
 
-    return zeros(sample.inputs), zeros(sample.target)
+    return each(sample.inputs, zeros), zeros(sample.target)
 
 
 def task_loss(config: Config, num_classes: int | None, device: torch.device):

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from hpctrain.errors import ConfigError
+from hpctrain.models.pretrained import PREFETCH, hub_cache
 
 CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "n_ctx", "seq_length")
 
@@ -63,12 +64,11 @@ def causal_lm(path: str, kwargs: dict, pretrained: bool = False) -> CausalLM:
     folder = where.parent if where.name == "config.json" else where
     local = (folder / "config.json").is_file()
     source = str(folder) if local else path
-    found = {"local_files_only": True, **({} if local else {"cache_dir": _hub_cache()})}
+    found = {"local_files_only": True, **({} if local else {"cache_dir": hub_cache()})}
     if not local and not _cached(path):
         raise ConfigError(f"model.name hf:{path}: no config.json there, and no model {path} "
-                          f"in the Hugging Face cache ({_hub_cache()}); give a folder with a "
-                          "model's config.json, or fetch the model with hpctrain prefetch "
-                          "RECIPE (on a login node, where there is internet)")
+                          f"in the Hugging Face cache ({hub_cache()}); give a folder with a "
+                          f"model's config.json, or fetch the model with {PREFETCH}")
     try:
         config = AutoConfig.from_pretrained(source, **found)
     except (OSError, ValueError, KeyError) as err:
@@ -87,17 +87,10 @@ def causal_lm(path: str, kwargs: dict, pretrained: bool = False) -> CausalLM:
     except OSError as err:  # the weights are not there
         raise ConfigError(f"model.pretrained: hf:{path} has a config but no weights "
                           f"transformers can read ({str(err).splitlines()[0][:200]}); fetch "
-                          "them with hpctrain prefetch RECIPE (on a login node, where there "
-                          "is internet)") from None
+                          f"them with {PREFETCH}") from None
     except ValueError as err:  # a config of a model that is not a causal LM (BERT, ...)
         raise ConfigError(f"model.name hf:{path}: {config.model_type} is not a causal "
                           f"language model transformers can build ({err})") from None
-
-
-def _hub_cache() -> str:
-    from huggingface_hub import constants
-
-    return constants.HF_HUB_CACHE  # read now: HF_HOME may point at shared storage
 
 
 def _cached(name: str) -> bool:
@@ -106,7 +99,7 @@ def _cached(name: str) -> bool:
 
     if not re.fullmatch(r"[\w.-]+/[\w.-]+", name):
         return False  # a path that does not exist
-    return isinstance(try_to_load_from_cache(name, "config.json", cache_dir=_hub_cache()), str)
+    return isinstance(try_to_load_from_cache(name, "config.json", cache_dir=hub_cache()), str)
 
 
 HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "tokenizer*"]  # what prefetch gets
@@ -117,5 +110,5 @@ def prefetch(name: str) -> Path:
     from huggingface_hub import constants, snapshot_download
 
     # the endpoint as now set (HF_ENDPOINT: a mirror), where the library formed its URLs at import
-    return Path(snapshot_download(name, allow_patterns=HUB_FILES, cache_dir=_hub_cache(),
+    return Path(snapshot_download(name, allow_patterns=HUB_FILES, cache_dir=hub_cache(),
                                   endpoint=constants.ENDPOINT))

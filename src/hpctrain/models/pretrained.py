@@ -18,7 +18,6 @@ slower than the new head.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -53,8 +52,11 @@ class Source:
                 if isinstance(found, str):
                     return Path(found)
             return None
-        path = torch_cache() / Path(urlparse(self.url).path).name
-        return path if path.is_file() else None
+        return self.torch_file() if self.torch_file().is_file() else None
+
+    def torch_file(self) -> Path:
+        """Where torch.hub keeps the file of a web URL."""
+        return torch_cache() / Path(urlparse(self.url).path).name
 
     def where(self) -> str:
         return f"the Hugging Face cache ({hub_cache()}) as {self.hub_id}/{self.hub_files[0]}" \
@@ -66,6 +68,7 @@ def torch_cache() -> Path:
 
 
 def hub_cache() -> str:
+    """Read at each call: a test or a script may point it elsewhere after the import."""
     from huggingface_hub import constants
 
     return constants.HF_HUB_CACHE
@@ -162,15 +165,10 @@ def prefetch(library: str, name: str) -> Path:
 
         return Path(hf_hub_download(found.hub_id, found.hub_files[0], cache_dir=hub_cache(),
                                     endpoint=constants.ENDPOINT))
-    path = torch_cache() / Path(urlparse(found.url).path).name
+    path = found.torch_file()
     if not path.is_file():
         os.makedirs(path.parent, exist_ok=True)
-        torch.hub.download_url_to_file(found.url, str(path), hash_prefix=_hash_prefix(path),
-                                       progress=False)
+        named = torch.hub.HASH_REGEX.search(path.name)  # NAME-<SHA-256 prefix>.EXT
+        torch.hub.download_url_to_file(found.url, str(path), progress=False,
+                                       hash_prefix=named.group(1) if named else None)
     return path
-
-
-def _hash_prefix(path: Path) -> str | None:
-    """torch.hub's convention: NAME-<first hex digits of the SHA-256>.EXT."""
-    found = re.search(r"-([a-f0-9]+)\.", path.name)
-    return found.group(1) if found else None

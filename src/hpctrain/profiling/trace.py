@@ -117,7 +117,7 @@ def iter_events(path: Path | str, chunk: int = CHUNK,
     path = Path(path)
     if not path.is_file():
         raise TraceError(f"trace {path} does not exist")
-    scan = json.JSONDecoder().scan_once  # raw_decode without its Python wrapper
+    json_decoder = json.JSONDecoder()
     (start, end), decoder = part, codecs.getincrementaldecoder("utf-8")()
     last = end is None
     try:
@@ -132,10 +132,8 @@ def iter_events(path: Path | str, chunk: int = CHUNK,
                 return block is not None
 
             while position < 0:  # find the array's opening bracket
-                found = buffer.find(ARRAY_KEY)
-                if found >= 0 and (bracket := buffer.find("[", found)) >= 0:
-                    position = bracket + 1
-                elif not refill():
+                position = _array_start(buffer)
+                if position < 0 and not refill():
                     raise TraceError(f"{path} is not a Kineto/Chrome trace: it has no "
                                      "traceEvents array")
             while True:
@@ -155,17 +153,10 @@ def iter_events(path: Path | str, chunk: int = CHUNK,
                                          f"end of the piece from byte {start}")
                     return
                 try:
-                    event, after = scan(buffer, position)
-                except (json.JSONDecodeError, StopIteration) as err:
-                    where, what = (err.pos, err.msg) if isinstance(err, json.JSONDecodeError) \
-                        else (position, "Expecting value")
-                    if at_end and where >= len(buffer.rstrip()):
-                        raise TraceError(f"{path} ends inside an event: the trace is "
-                                         "truncated (was the profiled run killed while "
-                                         "writing it?)") from None
-                    if at_end:
-                        raise TraceError(f"{path}: damaged event near character "
-                                         f"{where} of the current window: {what}") from None
+                    event, after = json_decoder.raw_decode(buffer, position)
+                except json.JSONDecodeError as err:
+                    if at_end:  # no more to read: the event is cut short or damaged
+                        raise _damage(path, err, buffer) from None
                     at_end = not refill()
                     continue
                 at_end = False
@@ -173,5 +164,20 @@ def iter_events(path: Path | str, chunk: int = CHUNK,
                 position = after
                 if position > chunk:  # drop what has been decoded, now and then
                     buffer, position = buffer[position:], 0
-    except (OSError, EOFError, UnicodeDecodeError, gzip.BadGzipFile) as err:
+    except (OSError, EOFError, UnicodeDecodeError) as err:  # gzip's BadGzipFile too
         raise TraceError(f"cannot read trace {path}: {err}") from None
+
+
+def _array_start(buffer: str) -> int:
+    """Just past the traceEvents array's opening bracket, or -1 where not read yet."""
+    found = buffer.find(ARRAY_KEY)
+    bracket = buffer.find("[", found) if found >= 0 else -1
+    return bracket + 1 if bracket >= 0 else -1
+
+
+def _damage(path: Path, err: json.JSONDecodeError, buffer: str) -> TraceError:
+    if err.pos >= len(buffer.rstrip()):
+        return TraceError(f"{path} ends inside an event: the trace is truncated (was the "
+                          "profiled run killed while writing it?)")
+    return TraceError(f"{path}: damaged event near character {err.pos} of the current "
+                      f"window: {err.msg}")

@@ -15,29 +15,33 @@ from __future__ import annotations
 KIND = "tensors"  # the data kind of these tasks (TaskSpec.data_kind)
 
 
+def each(value, fn):
+    """`value` with `fn` applied to every tensor (or array) in it, however nested in tuples,
+    lists and dicts."""
+    if isinstance(value, dict):
+        return {key: each(item, fn) for key, item in value.items()}
+    if isinstance(value, (tuple, list)):
+        return type(value)(each(item, fn) for item in value)
+    return fn(value)
+
+
 def moved(value, device):
     """`value` (a tensor, or a tuple, list or dict of them) on `device`; floating tensors in
     the default dtype."""
     import torch
 
-    if isinstance(value, torch.Tensor):
-        if value.is_floating_point() and value.dtype != torch.get_default_dtype():
-            value = value.to(torch.get_default_dtype())
-        return value.to(device, non_blocking=True)
-    if isinstance(value, dict):
-        return {key: moved(item, device) for key, item in value.items()}
-    if isinstance(value, (tuple, list)):
-        return type(value)(moved(item, device) for item in value)
-    return value
+    def move(tensor):
+        if not isinstance(tensor, torch.Tensor):
+            return tensor
+        if tensor.is_floating_point() and tensor.dtype != torch.get_default_dtype():
+            tensor = tensor.to(torch.get_default_dtype())
+        return tensor.to(device, non_blocking=True)
+    return each(value, move)
 
 
 def first_rows(value, rows: int):
     """The first `rows` samples of a batch's inputs, however they are nested."""
-    if isinstance(value, dict):
-        return {key: first_rows(item, rows) for key, item in value.items()}
-    if isinstance(value, (tuple, list)):
-        return type(value)(first_rows(item, rows) for item in value)
-    return value[:rows]
+    return each(value, lambda tensor: tensor[:rows])
 
 
 def call(model, inputs):
