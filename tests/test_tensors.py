@@ -249,3 +249,11 @@ def test_r2_of_targets_that_do_not_vary_is_refused_not_invented(tmp_path, capsys
     assert summary["final_val_mse"] is not None
     assert "val_r2 -" in capsys.readouterr().out
     assert _records(summary["run_dir"], "eval")[-1]["val_r2"] is None
+
+
+def test_a_freeze_pattern_that_matches_nothing_is_one_line(tmp_path, run_cli):
+    code, _, err = run_cli("run", str(_recipe(tmp_path, "regression", "mlp", "linear16")),
+                           "model.freeze=[encoder.*]")
+    assert code == 2 and err.count("\n") == 1
+    assert "model.freeze: 'encoder.*' matches no parameter of the model (its parameters " \
+           "are named like 0.weight, 0.bias, 2.weight, ..., 2.bias)" in err
