@@ -118,10 +118,26 @@ def _cosine(t: float, floor: float) -> float:
     return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * t))
 
 
+class StepSchedule(LambdaLR):
+    """hpctrain's LR schedule: one function of the step (`lr_multiplier`)."""
+
+    def restore(self, state: dict, settings: list[dict]) -> None:
+        """A resume's position (`state`: the checkpoint's, read through SCHEDULER_RULES) with
+        this run's hyper-parameters (`settings`, its param groups' before the checkpoint was
+        loaded): the base LRs this run's, each group's LR that of the saved step."""
+        own = self.state_dict()  # only what this schedule holds: never another attribute
+        self.load_state_dict({k: v for k, v in state.items() if k in own})
+        self.base_lrs = [values["initial_lr"] for values in settings]
+        groups = self.optimizer.param_groups
+        for group, base, rule in zip(groups, self.base_lrs, self.lr_lambdas):
+            group["lr"] = base * rule(self.last_epoch)
+        self._last_lr = [group["lr"] for group in groups]
+
+
 def build_scheduler(optimizer: torch.optim.Optimizer, schedule: ScheduleConfig,
-                    total_steps: int, steps_per_epoch: int) -> LambdaLR:
-    return LambdaLR(optimizer, lambda step: lr_multiplier(schedule, step, total_steps,
-                                                          steps_per_epoch))
+                    total_steps: int, steps_per_epoch: int) -> StepSchedule:
+    return StepSchedule(optimizer, lambda step: lr_multiplier(schedule, step, total_steps,
+                                                              steps_per_epoch))
 
 
 class WeightEma:

@@ -190,16 +190,9 @@ def _saved_names(state: dict, aliases: dict[str, str]) -> dict[str, dict[str, st
 def _apply_settings(parts, settings: list[dict], scheduler_state: dict) -> None:
     """The checkpoint's schedule position with this run's hyper-parameters: its param groups
     brought back the saved LR, momentum, weight decay, and its scheduler the saved base LR."""
-    groups = parts.optimizer.param_groups
-    for group, values in zip(groups, settings):
+    for group, values in zip(parts.optimizer.param_groups, settings):
         group.update(values)
-    scheduler = parts.scheduler
-    own = scheduler.state_dict()  # only what this schedule holds: never another attribute
-    scheduler.load_state_dict({k: v for k, v in scheduler_state.items() if k in own})
-    scheduler.base_lrs = [values["initial_lr"] for values in settings]
-    for group, base, rule in zip(groups, scheduler.base_lrs, scheduler.lr_lambdas):
-        group["lr"] = base * rule(scheduler.last_epoch)
-    scheduler._last_lr = [group["lr"] for group in groups]
+    parts.scheduler.restore(scheduler_state, settings)
 
 
 def _not_loadable(path: Path, err: Exception, changes: dict) -> Exception:
