@@ -20,6 +20,8 @@ def each(value, fn):
     lists and dicts."""
     if isinstance(value, dict):
         return {key: each(item, fn) for key, item in value.items()}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple
+        return type(value)(*(each(item, fn) for item in value))
     if isinstance(value, (tuple, list)):
         return type(value)(each(item, fn) for item in value)
     return fn(value)
