@@ -59,8 +59,9 @@ def fit(model: nn.Module, train_data: Dataset, val_data: Dataset | None = None,
     arguments, as for load_config (`fit(model, data, precision="bf16", train={"epochs": 3})`).
     The datasets are those a recipe's `data.dataset` factory returns (data/user_datasets.py):
     samples of images, point clouds, token blocks or tensors of any shape, and the training
-    set may be a stream (data/streams.py). With `task: auto`, the first training sample picks
-    the task (an image or other inputs with an integer label, or a float target: regression),
+    set may be a stream (data/streams.py). With `task: auto`, a LightningModule trains on its
+    own steps (tasks/lightning.py), any other model on the task the first training sample
+    picks (an image or other inputs with an integer label, or a float target: regression),
     and the run says which. Without `val_data`, data.val_fraction (0.1 when unset) of `train_data`
     is held out for validation, the same samples on every rank and every restart.
 
@@ -80,7 +81,7 @@ def fit(model: nn.Module, train_data: Dataset, val_data: Dataset | None = None,
     settings = {**overrides, **references}
     config = configuration.with_settings(config, settings) if isinstance(config, Config) \
         else load_config(config, **settings)
-    config = _task_from_samples(config, train_data)
+    config = _task_from_samples(config, train_data, model)
     if val_data is None:
         train_data, val_data = _held_out(train_data, config)
     user_code.give(references["model.name"], lambda: model)
@@ -88,12 +89,15 @@ def fit(model: nn.Module, train_data: Dataset, val_data: Dataset | None = None,
     return _train(config, started)
 
 
-def _task_from_samples(config: Config, train_data: Dataset) -> Config:
-    """With `task: auto`, the task the first training sample calls for (a stream's samples are
-    not read ahead), said once."""
+def _task_from_samples(config: Config, train_data: Dataset, model: nn.Module) -> Config:
+    """With `task: auto`, the task a LightningModule is, else the task the first training
+    sample calls for (a stream's samples are not read ahead), said once."""
     from hpctrain.cluster.environment import detect
     from hpctrain.data.user_datasets import task_of_sample
+    from hpctrain.tasks import lightning
 
+    if config.task.name == "auto" and lightning.is_lightning_module(model):
+        return configuration.with_settings(config, {"task.name": lightning.SPEC.name})
     if config.task.name != "auto" or isinstance(train_data, IterableDataset):
         return config
     try:

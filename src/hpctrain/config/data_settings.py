@@ -178,7 +178,7 @@ class DataConfig(Section):
     shapes3d: Shapes3dConfig = Shapes3dConfig()
 
     _kind_of_user_data: str = PrivateAttr("images")  # set by Config, from the task
-    _targets_of_user_data: str = PrivateAttr("classes")  # classes|labels|mask|values
+    _targets_of_user_data: str = PrivateAttr("classes")  # classes|labels|mask|values|any
 
     @field_validator("dataset")
     @classmethod
@@ -197,7 +197,8 @@ class DataConfig(Section):
     @property
     def targets(self) -> str:
         """What your own samples' targets are: classes (an integer label), labels (a
-        multi-hot vector), mask (a class per element) or values (numbers: regression)."""
+        multi-hot vector), mask (a class per element), values (numbers: regression) or any
+        (a LightningModule's steps take the batch as it is)."""
         return self._targets_of_user_data
 
     @property

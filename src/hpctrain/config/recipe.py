@@ -70,6 +70,10 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _task_fits_data(self):
+        if self.task.name == "auto":
+            self.task.name = tasks.for_model(self.model.name) or self.task.name
+        if self.task_spec.steps_model:
+            self._model_brings_its_steps()
         task = self.task.name
         if self.data.from_user_code:
             kind = tasks.KIND_OF_TASK.get(task, "images")
@@ -90,6 +94,21 @@ class Config(Section):
                                  "(package.module:build or path/to/file.py:build)")
             self.model.name = self.task_spec.default_model
         return self
+
+    def _model_brings_its_steps(self) -> None:
+        """A model with its own steps (a LightningModule) takes your own data, gives its own
+        loss and figures, and is trained whole on each process (DDP or FSDP)."""
+        what = f"task {self.task_spec.name} (a LightningModule)"
+        if not self.data.from_user_code:
+            raise ValueError(f"{what} takes the batches your own dataset makes: name its "
+                             "factory in data.dataset, or give the datasets to hpctrain.fit, "
+                             f"not data.dataset={self.data.dataset}")
+        if self.task.loss or self.task.metrics:
+            raise ValueError(f"{what}: its training_step gives the loss and self.log its "
+                             "figures; task.loss and task.metrics are for a plain nn.Module")
+        if self.parallel.tensor > 1 or self.parallel.pipeline > 1:
+            raise ValueError(f"{what} trains with data parallelism (DDP or FSDP): "
+                             "parallel.tensor and parallel.pipeline stay 1")
 
     @property
     def task_spec(self) -> tasks.TaskSpec:

@@ -21,7 +21,8 @@ class TaskConfig(Section):
         "clouds: point_cloud_classification, images: image_classification); on your own "
         "tensors of any shape: classification (integer labels), multilabel_classification "
         "(multi-hot vectors), segmentation (integer masks) or regression (float targets), "
-        "which hpctrain.fit picks from the first sample")
+        "which hpctrain.fit picks from the first sample; lightning where model.name is a "
+        "LightningModule (its own steps, logs and optimiser: docs/lightning.md)")
     loss: str | None = Field(None, description="your own loss instead of the task's: "
                              "module:fn or path/to/file.py:fn, fn(outputs, targets) -> a 0-d "
                              "tensor")

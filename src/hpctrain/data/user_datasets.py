@@ -20,7 +20,9 @@ holds and what the task expects):
   vocabulary's size: data.tokens.vocab_size, or the training dataset's `vocab_size`;
 - classification and regression of your own tensors: (inputs, target), the inputs a tensor
   or array of any shape or a tuple or dict of them, the target an integer label or a number
-  or float tensor (tasks/tensors.py).
+  or float tensor (tasks/tensors.py);
+- a LightningModule: anything its training_step takes, not checked here (its step is the
+  judge).
 The label is an integer below the number of classes: `data.num_classes`, or the dataset's
 `classes` (a list) or `num_classes` (images and your own tensors: else your own model's
 output width, read by train/build.py).
@@ -81,6 +83,8 @@ def user_datasets(data: DataConfig, seed: int, rank: int = 0) -> tuple[Dataset, 
             for split, dataset in (("train", train), ("val", val))}
     if tokens:
         num_classes = _vocabulary_of(train, data, reference)
+    elif data.targets == "any":  # a LightningModule's steps take the samples as they are
+        num_classes = None
     else:  # the samples' kinds first: a sample of another task is named as one
         for split, samples in read.items():
             check_samples(samples, split, reference, data.kind, None, 0, data.targets)

@@ -35,6 +35,8 @@ from hpctrain.models.checkpointing import enable_activation_checkpointing, is_bl
 from hpctrain.models.gpt import GPT
 from hpctrain.models.model_names import build_model
 from hpctrain.parallel.layout import MICROBATCHES_PER_STAGE, Layout, split_world
+from hpctrain.tasks import lightning
+from hpctrain.train import lightning_optim
 from hpctrain.train.optim import build_optimizer, freeze, scaled_lr
 from hpctrain.parallel.data import bf16_parameters
 from hpctrain.parallel.processes import per_device_batch
@@ -260,6 +262,11 @@ def input_shape(config: Config) -> tuple[int, ...]:
     return (3, size, size)
 
 
+def _step_loss(outputs, targets) -> torch.Tensor:
+    """The loss a LightningModule's training_step gave (lightning_step.StepOutput)."""
+    return outputs.loss
+
+
 def _token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
@@ -273,17 +280,23 @@ def step_spec(config: Config, target: Target, width: int) -> StepSpec:
 
     from hpctrain.data.loader import image_sizes
 
+    steps_model = config.task_spec.steps_model  # a LightningModule: its own step and optimiser
+
     def build() -> nn.Module:
         model = build_model(config.model.name, None if tokens else width, config.model.kwargs,
                             vocab_size=width if tokens else None,
                             points=config.data.kind == "points",
                             image_sizes=image_sizes(config.data))
         freeze(model, config.model.freeze)  # no gradients nor optimiser states for those
+        if steps_model:
+            model = lightning.adapt(model, torch.device("cpu"))
         if config.model.activation_checkpointing:
             model = enable_activation_checkpointing(model, config.model.name)
         return model
 
     def make_batch(batch: int, device: torch.device):
+        if steps_model:  # the module's step takes the whole batch
+            return {"batch": batch_of(first_sample(config), batch, device)[0]}, None
         if own:
             return batch_of(first_sample(config), batch, device)
         if tokens:
@@ -292,13 +305,15 @@ def step_spec(config: Config, target: Target, width: int) -> StepSpec:
         return (torch.randn(batch, *shape, device=device),
                 torch.randint(0, width, (batch,), device=device))
 
-    criterion = task_loss(config, width, optim_device) if own else _token_loss if tokens \
-        else with_regulariser(nn.CrossEntropyLoss(label_smoothing=config.train.label_smoothing))
+    criterion = _step_loss if steps_model else task_loss(config, width, optim_device) if own \
+        else _token_loss if tokens else \
+        with_regulariser(nn.CrossEntropyLoss(label_smoothing=config.train.label_smoothing))
     key = json.dumps([config.model.name, config.model.kwargs, width, config.data.kind,
                       image_sizes(config.data), config.model.activation_checkpointing,
                       config.model.freeze],
                      sort_keys=True, default=str)
     return StepSpec(build, make_batch,
+                    (lambda model: lightning_optim.from_module(model)[0]) if steps_model else
                     lambda model: build_optimizer(model, config.optim, lr, optim_device),
                     criterion, target.precision, target.device, config.optim.grad_clip_norm,
                     target.capability, model_key=key)

@@ -25,7 +25,7 @@ _READ: dict[str, TensorSample] = {}  # data settings -> the sample read for them
 @dataclass(frozen=True)
 class TensorSample:
     inputs: object  # the first training sample's inputs: a tensor, tuple, list or dict
-    target: torch.Tensor
+    target: torch.Tensor | None  # None: a LightningModule's sample, all of it in `inputs`
     num_classes: int | None  # as the data says it (None: the model's output says it)
 
 
@@ -38,6 +38,9 @@ def first_sample(config: Config) -> TensorSample:
                      sort_keys=True)
     if key not in _READ:
         train, _, num_classes = build_datasets(config.data, config.seed)
+        if config.data.targets == "any":  # a LightningModule's step takes the whole sample
+            _READ[key] = TensorSample(each(train[0], torch.as_tensor), None, num_classes)
+            return _READ[key]
         inputs, target = train[0]
         target = torch.as_tensor(target)  # a multi-hot vector of bools trains as floats
         _READ[key] = TensorSample(each(inputs, torch.as_tensor), target.float() if
@@ -59,7 +62,7 @@ def batch_of(sample: TensorSample, batch: int, device: torch.device) -> tuple[ob
         dtype = torch.get_default_dtype() if value.is_floating_point() else value.dtype
         return torch.zeros((batch, *value.shape), dtype=dtype, device=device)
 
-    return each(sample.inputs, zeros), zeros(sample.target)
+    return each(sample.inputs, zeros), None if sample.target is None else zeros(sample.target)
 
 
 def task_loss(config: Config, num_classes: int | None, device: torch.device):

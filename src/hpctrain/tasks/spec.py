@@ -28,7 +28,9 @@ class TaskSetup:
     """What `build` is given by the engine: the recipe, the device, the data's classes or
     answer marks, the per-device batch, and what only one task needs, made when it asks:
     `image_batcher()` (uint8 to normalised on the device) and `up_axis()` (the axis point
-    clouds turn about, which may read the dataset's files)."""
+    clouds turn about, which may read the dataset's files); `model`: the module the engine
+    steps, before any wrapper (a LightningModule's adapter, whose logged names its task
+    reads)."""
 
     config: object  # config.Config (not imported: config asks this module)
     device: object  # torch.device
@@ -37,6 +39,7 @@ class TaskSetup:
     batch_size: int
     image_batcher: Callable[[], Callable]
     up_axis: Callable[[], int]
+    model: object = None  # torch.nn.Module
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,12 @@ class TaskSpec:
     - `classes_from_output`: where neither the recipe nor the data says how many classes
       there are, the width of the model's output is the number (the engine reads it);
     - `targets`: what a sample's target is: classes (an integer label), labels (a multi-hot
-      vector), mask (a class per element) or values (numbers).
+      vector), mask (a class per element), values (numbers) or any (the model's own steps
+      take the batch as it is: a LightningModule);
+    - `names_figures`: its metrics come named as they are recorded (a LightningModule's
+      logged names), not to be prefixed train_ and val_ by the engine;
+    - `steps_model`: the model brings its own steps and optimiser (a LightningModule): the
+      engine steps it behind `lightning_step.adapt` and takes its configure_optimizers.
     """
 
     name: str
@@ -105,3 +113,5 @@ class TaskSpec:
     flops_per_unit: Callable[[object, object], float] | None = None
     classes_from_output: bool = False
     targets: str = "classes"
+    names_figures: bool = False
+    steps_model: bool = False

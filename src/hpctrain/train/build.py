@@ -40,10 +40,10 @@ from hpctrain.parallel.pipeline import Pipeline
 from hpctrain.parallel.processes import Distributed
 from hpctrain.report import trackers
 from hpctrain.runs.directory import RunDir
-from hpctrain.tasks import tensors
+from hpctrain.tasks import lightning, lightning_step, tensors
 from hpctrain.tasks.spec import TaskSetup
 from hpctrain.tasks.steps import Batch, Task, logits_of
-from hpctrain.train import fp8, fused_eval
+from hpctrain.train import fp8, fused_eval, lightning_optim
 from hpctrain.train.checkpoint import Checkpointer
 from hpctrain.train.mfu import ModelFlops, model_flops
 from hpctrain.train.optim import (WeightEma, build_optimizer, build_scheduler, freeze,
@@ -88,6 +88,7 @@ class Parts:
     batch_size: int  # per device and micro-step
     global_batch_size: int
     effective_lr: float
+    optimizer_note: str  # the optimiser and its LR, as the banner says them
     model_flops: ModelFlops  # parameters of the whole model, and its FLOPs per token
 
     @property
@@ -165,10 +166,11 @@ def _wrap(model: nn.Module, config: Config, layout: Layout, distributed: Distrib
 
 
 def _run_task(config: Config, data: DataBundle, device: torch.device, plan: SystemPlan,
-              batch_size: int, layout: Layout) -> Task:
+              batch_size: int, layout: Layout, model: nn.Module) -> Task:
     """The task's batch handling, loss and metrics, with the user's functions; under tensor
     parallelism without loss parallelism, on logits made local first."""
-    task = with_user_functions(_task(config, data, device, plan, batch_size), config.task)
+    task = with_user_functions(_task(config, data, device, plan, batch_size, model),
+                               config.task)
     if layout.tensor > 1 and not config.parallel.loss_parallel:
         task = tensor.local_logits(task)
     return task
@@ -187,6 +189,12 @@ def _model_on_device(config: Config, data: DataBundle, plan: SystemPlan, layout:
         config.task_spec.check_model(model, data.vocab_size, config)
     freeze(model, config.model.freeze)
     flops = model_flops(model)  # of the whole model: a pipeline stage holds only its part
+    if config.task_spec.steps_model:  # a LightningModule: the engine steps its own steps
+        model = lightning.adapt(model, device)
+    elif lightning.is_lightning_module(model):
+        raise ConfigError(f"model.name {config.model.name} made a LightningModule, which "
+                          f"trains on its own steps: set task={lightning.SPEC.name} (task "
+                          f"{config.task_spec.name} trains a plain torch.nn.Module)")
     model = data_parallel.convert_batchnorm(model, config, layout.strategy)
     memory_format = torch.channels_last if plan.channels_last else torch.preserve_format
     model = model.to(device=device, memory_format=memory_format)
@@ -286,12 +294,34 @@ def _fused_evaluation(model: nn.Module, config: Config, layout, plan: SystemPlan
 
 
 def _task(config: Config, data: DataBundle, device: torch.device, plan: SystemPlan,
-          batch_size: int) -> Task:
+          batch_size: int, model: nn.Module | None = None) -> Task:
     batcher = functools.partial(DeviceBatcher, device, config.data.mean, config.data.std,
                                 plan.channels_last)
     return config.task_spec.build(TaskSetup(config, device, data.num_classes, data.answer,
                                             batch_size, batcher,
-                                            functools.partial(up_axis, config.data)))
+                                            functools.partial(up_axis, config.data), model))
+
+
+def _compiled(model: nn.Module, wrapped: nn.Module, config: Config, plan: SystemPlan):
+    """The module the step calls, compiled when compile is on: a LightningModule's own
+    forward only (its steps, with their logging, stay Python, as under Lightning)."""
+    if not plan.compile:
+        return wrapped
+    if config.task_spec.steps_model:
+        model.compile_forward(config.compile_mode)
+        return wrapped
+    return torch.compile(wrapped, mode=config.compile_mode)
+
+
+def _position(config: Config, distributed: Distributed, place: RunPlace, steps_per_epoch: int,
+              total_steps: int) -> lightning_step.Position:
+    """Where a LightningModule's `self.trainer` reads the run's length, ranks and folder."""
+    env = distributed.env
+    return lightning_step.Position(
+        steps_per_epoch=steps_per_epoch, accumulate=config.train.grad_accum_steps,
+        total_steps=total_steps, world_size=env.world_size, rank=env.rank,
+        local_rank=env.local_rank, local_world_size=env.local_world_size,
+        num_nodes=env.num_nodes, run_dir=place.run_dir)
 
 
 def _check_split(model: nn.Module, config: Config, layout) -> None:
@@ -339,21 +369,27 @@ def build_parts(config: Config, env: ProcessEnv | None = None,
         model, stage_parts, stream = _cut_for_pipeline(model, config, layout, env.rank,
                                                        distributed, device, batch_size // micro)
     model, fp8_plan, wrapped, plan = _wrap(model, config, layout, distributed, device, plan)
-    forward = torch.compile(wrapped, mode=config.compile_mode) if plan.compile else wrapped
+    forward = _compiled(model, wrapped, config, plan)
     folded = _fused_evaluation(model, config, layout, plan)
 
     # ---- optimiser and schedule, sized by the global batch ----
-    lr = scaled_lr(config.optim, global_batch)
     steps_per_epoch, total_steps = _run_length(config, data, global_batch)
-    task = _run_task(config, data, device, plan, batch_size, layout)
+    task = _run_task(config, data, device, plan, batch_size, layout, model)
     if layout.pipeline > 1:
         stages = pipeline.build(
             wrapped, stage_parts,
             lambda outputs, targets: task.loss(outputs, Batch(None, targets, targets)),
             layout, env.rank, device, config.parallel.schedule, micro,
             distributed.mesh["pipeline"].get_group(), stream)
-    optimizer = build_optimizer(model, config.optim, lr, device)
-    scheduler = build_scheduler(optimizer, config.schedule, total_steps, steps_per_epoch)
+    if config.task_spec.steps_model:
+        model.position = _position(config, distributed, place, steps_per_epoch, total_steps)
+        optimizer, scheduler = lightning_optim.from_module(model)
+        lr, note = optimizer.param_groups[0]["lr"], scheduler.describe()
+    else:
+        lr = scaled_lr(config.optim, global_batch)
+        optimizer = build_optimizer(model, config.optim, lr, device)
+        scheduler = build_scheduler(optimizer, config.schedule, total_steps, steps_per_epoch)
+        note = f"{config.optim.name} effective lr {lr:.4g} ({config.optim.lr_scaling} scaling)"
     return Parts(
         config=config, plan=plan, device=device, distributed=distributed, place=place,
         data=data, model=model, forward=forward,
@@ -373,4 +409,5 @@ def build_parts(config: Config, env: ProcessEnv | None = None,
         deadline=deadline_at(config.preemption, job_end),
         trial=link(config, distributed),
         steps_per_epoch=steps_per_epoch, total_steps=total_steps, batch_size=batch_size,
-        global_batch_size=global_batch, effective_lr=lr, model_flops=flops)
+        global_batch_size=global_batch, effective_lr=lr, optimizer_note=note,
+        model_flops=flops)

@@ -22,8 +22,8 @@ from hpctrain.train.progress_state import Progress
 
 @torch.no_grad()
 def evaluate(parts, model: nn.Module, stopper=None) -> dict | None:
-    """The task's metrics on the validation set, named val_<metric>; None when a stop (signal
-    or deadline) was agreed on midway."""
+    """The task's metrics on the validation set, named val_<metric> (a LightningModule's as
+    it logged them); None when a stop (signal or deadline) was agreed on midway."""
     task = parts.task
     model.eval()
     sums = torch.zeros(len(task.sum_names), device=parts.device, dtype=torch.float64)
@@ -51,7 +51,8 @@ def evaluate(parts, model: nn.Module, stopper=None) -> dict | None:
         restore_rng(streams)
     totals = parts.distributed.sum_(sums).tolist()
     values = task.values(dict(zip(task.sum_names, totals)))
-    return {f"val_{name}": value for name, value in values.items()
+    named = parts.config.task_spec.names_figures  # a LightningModule's names, as logged
+    return {name if named else f"val_{name}": value for name, value in values.items()
             if name != "padding_fraction"}
 
 

@@ -448,9 +448,11 @@ def _log_interval(parts: Parts, progress: Progress, metrics: RunningMetrics,
                 "or precision=bf16 instead of fp16.")
     else:
         progress.nan_intervals, progress.nan_since_step = 0, None
+    named = parts.config.task_spec.names_figures  # a LightningModule's names, as logged
     record = {"loss": values["loss"], "lr": lr, "epoch": progress.step / parts.steps_per_epoch,
               **rates, "data_wait_fraction": data_wait,
-              **{f"train_{name}": value for name, value in values.items()  # the task's own
+              **{name if named else f"train_{name}": value  # the task's own
+                 for name, value in values.items()
                  if name not in ("loss", "units", "padding_fraction")}}
     if "padding_fraction" in values:
         record["padding_fraction"] = values["padding_fraction"]

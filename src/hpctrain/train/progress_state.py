@@ -47,12 +47,14 @@ PROGRESS_RULES = {
     "nan_since_step": optional(COUNT), "restarts": COUNT, "wall_seconds": AMOUNT,
     "device_hours": AMOUNT, "energy_joules": optional(AMOUNT), "changes": list_of(CHANGE),
 }
-# the LR schedule's position (torch's LambdaLR.state_dict): only what hpctrain's schedule holds
+# the LR schedule's position (torch's LambdaLR.state_dict): only what hpctrain's schedule
+# holds; a LightningModule's (train/lightning_optim.py): the step and its schedulers' states
 SCHEDULER_RULES = {
     "last_epoch": Kind("a whole number from -1", lambda v: isinstance(v, int) and
                        not isinstance(v, bool) and v >= -1),
     "_step_count": COUNT, "base_lrs": list_of(FINITE), "_last_lr": list_of(FINITE),
     "lr_lambdas": list_of(NONE),  # hpctrain's rules are functions, saved as null
+    "schedulers": list_of(MAPPING),
 }
 # fp16's loss scaler (torch's GradScaler.state_dict); empty for the other precisions
 SCALER_RULES = {"scale": AMOUNT, "growth_factor": AMOUNT, "backoff_factor": AMOUNT,

@@ -34,8 +34,7 @@ def banner(parts, resume_from: Path | None) -> str:
         f"  global batch {parts.global_batch_size} (batch {parts.batch_size} x "
         f"{parts.distributed.layout.data} process(es) x accumulation "
         f"{c.train.grad_accum_steps}), "
-        f"{parts.total_steps} steps, {c.optim.name} effective lr {parts.effective_lr:.4g} "
-        f"({c.optim.lr_scaling} scaling)",
+        f"{parts.total_steps} steps, {parts.optimizer_note}",
     ]
     if getattr(parts.model, "pretrained_note", None):
         lines.append(f"  weights: {parts.model.pretrained_note}")

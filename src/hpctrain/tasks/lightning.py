@@ -1,0 +1,123 @@
+"""A LightningModule trained on hpctrain's engine: its own steps, logs and optimiser.
+
+The module is the task: `training_step` gives the loss, `self.log`/`self.log_dict` in
+`training_step` and `validation_step` give the figures, `configure_optimizers` the optimiser
+and LR schedule (train/lightning_optim.py). The engine's loop, DDP/FSDP, precision,
+checkpoints, preemption and telemetry stay hpctrain's: the module runs behind an adapter
+(`lightning_step.py`) whose forward calls the step, so the data-parallel wrappers see the
+module's parameters used as in any forward. Batches reach the module as the dataset and the
+default collation made them, on the device, as Lightning's DataLoader would give them.
+
+What the engine does not call is refused before training, named: a hook the module overrides
+(`on_train_epoch_end`, `optimizer_step`, ...) and manual optimisation. Test and predict
+hooks are not part of fitting and are left alone, as Lightning's `fit` leaves them.
+
+Lightning is never imported here: a module is recognised by its classes' names, so a recipe
+is read without it (`spec.py`), from `lightning.pytorch` or `pytorch_lightning` alike.
+"""
+
+from __future__ import annotations
+
+from hpctrain import user_code
+from hpctrain.errors import ConfigError
+from hpctrain.tasks import tensors
+from hpctrain.tasks.spec import Curve, Measured, TaskSetup, TaskSpec
+
+LIGHTNING_PACKAGES = ("lightning.pytorch.", "pytorch_lightning.")
+# what the engine calls, besides forward (which the steps call themselves)
+CALLED = ("training_step", "validation_step", "configure_optimizers", "setup",
+          "configure_model")
+# the LightningModule's own methods that are hooks (besides those of its hook classes)
+MODULE_HOOKS = ("optimizer_step", "optimizer_zero_grad", "lr_scheduler_step", "backward",
+                "configure_gradient_clipping", "configure_callbacks")
+HOOK_CLASSES = ("ModelHooks", "DataHooks", "CheckpointHooks")
+CURVES = (Curve("loss", "validation loss (val_loss, as logged)", "eval", "val_loss"),)
+
+
+def _lightning_classes(cls: type) -> list[type]:
+    return [base for base in cls.__mro__
+            if base.__module__.startswith(LIGHTNING_PACKAGES)]
+
+
+def is_lightning_class(cls) -> bool:
+    """Whether `cls` is a LightningModule subclass (of either package)."""
+    return isinstance(cls, type) and any(
+        base.__name__ == "LightningModule" for base in _lightning_classes(cls))
+
+
+def is_lightning_module(value) -> bool:
+    return is_lightning_class(type(value))
+
+
+def names_lightning_class(reference: str) -> bool:
+    """Whether the recipe's model.name is a LightningModule class (importing its module);
+    False for a factory, hpctrain's or a library's model, or code that does not import."""
+    if not user_code.is_code_reference(reference):
+        return False
+    try:
+        return is_lightning_class(user_code.load(reference, "model.name"))
+    except ConfigError:  # said again, whole, where the model is built
+        return False
+
+
+def refused_hooks(cls: type) -> list[str]:
+    """The hooks `cls` overrides that hpctrain's engine does not call (test and predict
+    hooks aside: fitting does not call them)."""
+    lightning = _lightning_classes(cls)
+    hooks = {name for base in lightning if base.__name__ in HOOK_CLASSES
+             for name in vars(base) if not name.startswith("_")} | set(MODULE_HOOKS)
+    return sorted(
+        name for name in hooks - set(CALLED)
+        if "test" not in name and "predict" not in name
+        and next(base for base in cls.__mro__ if name in vars(base)) not in lightning)
+
+
+def adapt(module, device):
+    """The module the engine steps (lightning_step.LightningStep, on `device`), after its
+    own setup hooks; a module that needs what the engine does not call is refused, naming
+    it."""
+    if not is_lightning_module(module):
+        raise ConfigError(f"task {SPEC.name}: the model is a {type(module).__name__}, not a "
+                          "LightningModule; use task=auto for your own torch.nn.Module")
+    refused = refused_hooks(type(module))
+    if refused:
+        data = any("dataloader" in name for name in refused)
+        raise ConfigError(f"{type(module).__name__} overrides {', '.join(refused)}, which "
+                          f"hpctrain's engine does not call (it calls {', '.join(CALLED)}): "
+                          "move that work into training_step or validation_step"
+                          + (", and give the datasets to hpctrain.fit or name their factory "
+                             "in data.dataset" if data else "")
+                          + ", or train it with Lightning's Trainer")
+    if not module.automatic_optimization:
+        raise ConfigError(f"{type(module).__name__} sets automatic_optimization = False: "
+                          "manual optimisation is not supported by hpctrain's engine, which "
+                          "steps the optimiser configure_optimizers returns")
+    from hpctrain.tasks.lightning_step import LightningStep
+
+    module.setup("fit")
+    module.configure_model()
+    return LightningStep(module, device)
+
+
+def build(setup: TaskSetup):
+    from hpctrain.tasks.lightning_step import task
+
+    return task(setup.device, setup.model, SPEC.name, SPEC.unit)
+
+
+def describe(config, num_classes: int | None, vocab_size: int | None) -> str:
+    return "your LightningModule's own batches, loss and logged figures"
+
+
+def figures(measured: Measured) -> dict:
+    final = measured.final_eval or {}
+    return {"images_per_second": None,  # summary.json has the key for every task
+            "best_val_loss": measured.best_val_loss,
+            **{f"final_{name}": value for name, value in final.items()}}
+
+
+SPEC = TaskSpec(name="lightning", data_kind=tensors.KIND, unit="samples",
+                objective="best_val_loss:min", default_model="", curves=CURVES,
+                figures=figures, rate_label="samples", sample_size=None, build=build,
+                describe=describe, targets="any", names_figures=True,
+                steps_model=True)

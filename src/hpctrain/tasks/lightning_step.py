@@ -1,0 +1,298 @@
+"""The torch side of a LightningModule on hpctrain's engine (lightning.py says what is taken
+and refuses what is not).
+
+- `LightningStep`, the module the engine steps: its forward is the LightningModule's
+  `training_step` (in train mode) or `validation_step` (in eval mode), so DDP's and FSDP's
+  hooks see a forward like any other. It returns the loss and what the step logged.
+- `Logs`: `self.log` and `self.log_dict`, replaced on the module, add each value into a
+  device vector, slot by name (`CAPACITY` names a run), weighted by the batch's size as
+  Lightning's `reduce_fx="mean"` is (`"sum"`: summed). Nothing is read back in the step:
+  the engine sums the vectors over micro-steps, intervals and ranks and reads them at its
+  logging interval, so a training figure is its mean over the interval (Lightning logs the
+  last step's), a validation figure its mean over the validation set. Every rank must log
+  the same names in the same order, as Lightning asks of logged names.
+- `EngineView`: what the module reads of `self.trainer` (`current_epoch`, `global_step`,
+  `estimated_stepping_batches`, ranks, ...), from the engine's `Position`; any other
+  attribute is refused, named.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from hpctrain.errors import ConfigError
+from hpctrain.tasks import tensors
+from hpctrain.tasks.steps import Batch, Task
+
+CAPACITY = 32  # names a module may log in one run
+REDUCTIONS = ("mean", "sum")
+
+
+@dataclass
+class Position:
+    """Where the engine is, as a LightningModule asks it (the LR schedules advance it)."""
+
+    steps: int = 0  # optimiser steps done: global_step
+    micro: int = 0  # training micro-batches since the last optimiser step
+    val_index: int = 0  # validation batches since the evaluation began
+    steps_per_epoch: int = 1
+    accumulate: int = 1
+    total_steps: int = 0
+    world_size: int = 1
+    rank: int = 0
+    local_rank: int = 0
+    local_world_size: int = 1
+    num_nodes: int = 1
+    run_dir: Path | None = None
+
+    def __deepcopy__(self, memo) -> Position:
+        return self  # one per run, as the engine's step is
+
+    def batch_index(self) -> int:
+        """Lightning's batch_idx: the training batch's number within its epoch."""
+        return (self.steps % self.steps_per_epoch) * self.accumulate + self.micro
+
+
+class StepOutput(NamedTuple):
+    loss: torch.Tensor
+    logged: torch.Tensor  # (2 * CAPACITY,): per slot, the weighted sum and the weight
+
+
+class Logs:
+    """The names a module logged, by slot, and what one step logged."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.names: list[str] = []
+        self.reductions: list[str] = []
+        self.rows: int | None = None  # the step's batch size, while a step runs
+        self.pending: torch.Tensor | None = None
+        self.latest: dict[str, float | None] = {}  # read back: trainer.callback_metrics
+
+    def begin(self, rows: int) -> None:
+        self.rows = rows
+        self.pending = torch.zeros(2 * CAPACITY, device=self.device, dtype=torch.float64)
+
+    def __deepcopy__(self, memo) -> Logs:
+        return self  # one per run: a copy of the module (the EMA's) logs into the same slots
+
+    def take(self) -> torch.Tensor:
+        pending, self.pending, self.rows = self.pending, None, None
+        return pending
+
+    def _slot(self, name: str, reduce_fx: str) -> int:
+        if name in self.names:
+            return self.names.index(name)
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"self.log({name!r}, ...): the name is a non-empty string")
+        if name in RESERVED:
+            raise ConfigError(f"self.log({name!r}, ...): hpctrain records {name!r} itself in "
+                              f"metrics.jsonl; log it under another name")
+        if len(self.names) == CAPACITY:
+            raise ConfigError(f"self.log({name!r}, ...): a run logs at most {CAPACITY} names "
+                              f"on hpctrain's engine, and these were logged: "
+                              f"{', '.join(self.names)}")
+        self.names.append(name)
+        self.reductions.append(reduce_fx)
+        return len(self.names) - 1
+
+    def add(self, name: str, value, reduce_fx="mean", batch_size: int | None = None,
+            **ignored) -> None:
+        """One `self.log` call (prog_bar, logger, on_step, on_epoch, sync_dist: the engine
+        always sums over ranks and records every name)."""
+        if self.pending is None:
+            raise ConfigError(f"self.log({name!r}, ...) outside training_step and "
+                              "validation_step: hpctrain's engine records what those log")
+        if reduce_fx not in REDUCTIONS:
+            raise ConfigError(f"self.log({name!r}, ..., reduce_fx={reduce_fx!r}): hpctrain's "
+                              f"engine reduces by {' or '.join(REDUCTIONS)}")
+        slot = self._slot(name, reduce_fx)
+        number = _number(name, value).to(self.device, torch.float64)
+        weight = 1 if reduce_fx == "sum" else (batch_size or self.rows)
+        self.pending[2 * slot] += number * weight
+        self.pending[2 * slot + 1] += weight
+
+    def add_dict(self, dictionary, **options) -> None:
+        for name, value in dict(dictionary).items():
+            self.add(name, value, **options)
+
+    def values(self, sums: dict) -> dict:
+        """The logged names with a weight in `sums` (read back): their means (or sums)."""
+        read = {}
+        for slot, (name, reduction) in enumerate(zip(self.names, self.reductions)):
+            total, weight = sums[f"{slot}:sum"], sums[f"{slot}:weight"]
+            if weight > 0:
+                read[name] = total if reduction == "sum" else total / weight
+        self.latest.update(read)
+        return read
+
+
+RESERVED = ("step", "kind", "time", "epoch", "lr", "samples_per_second",
+            "data_wait_fraction", "eval_seconds", "elapsed_seconds", "device_hours",
+            "energy_joules")
+
+
+def _number(name: str, value) -> torch.Tensor:
+    """A logged value as a 0-d tensor (detached), or a ConfigError saying what it was."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value.detach().reshape(())
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return torch.tensor(float(value))
+    what = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else \
+        f"a {type(value).__name__}"
+    hint = " (a torchmetrics Metric: log metric.compute()'s value, or the batch's value)" \
+        if any(c.__module__.startswith("torchmetrics") for c in type(value).__mro__) else ""
+    raise ConfigError(f"self.log({name!r}, ...) was given {what}: hpctrain's engine logs "
+                      f"one number per name{hint}")
+
+
+def batch_rows(batch) -> int:
+    """The batch's size: the length of its first tensor (Lightning's extract_batch_size)."""
+    found = []
+    tensors.each(batch, lambda value: found.append(value) if isinstance(
+        value, torch.Tensor) and value.dim() > 0 else None)
+    if not found:
+        raise ConfigError("a batch without a tensor: hpctrain's engine counts a batch's "
+                          "samples by its first tensor's length")
+    return len(found[0])
+
+
+class NotGiven(ConfigError, AttributeError):
+    """What the engine's `self.trainer` does not give: a refusal (exit 2) that `hasattr`
+    and `getattr(trainer, name, default)` still read as a missing attribute."""
+
+
+class EngineView:
+    """`self.trainer` for a LightningModule on hpctrain's engine."""
+
+    GIVEN = ("current_epoch", "global_step", "estimated_stepping_batches", "max_epochs",
+             "max_steps", "num_training_batches", "accumulate_grad_batches", "world_size",
+             "global_rank", "local_rank", "node_rank", "num_nodes", "num_devices",
+             "is_global_zero", "training", "sanity_checking", "callback_metrics",
+             "logged_metrics", "log_dir", "default_root_dir", "logger", "loggers",
+             "progress_bar_callback", "lightning_module")
+
+    def __init__(self, step: LightningStep):
+        self._step = step
+
+    def __getattr__(self, name: str):
+        raise NotGiven(f"self.trainer.{name}: hpctrain's engine stands in for "
+                             f"Lightning's Trainer with {', '.join(self.GIVEN)}")
+
+    @property
+    def _position(self) -> Position:
+        return self._step.position
+
+    current_epoch = property(lambda self: self._position.steps // self._position.steps_per_epoch)
+    global_step = property(lambda self: self._position.steps)
+    estimated_stepping_batches = property(lambda self: self._position.total_steps)
+    max_steps = property(lambda self: self._position.total_steps)
+    max_epochs = property(lambda self: -(-self._position.total_steps //
+                                         self._position.steps_per_epoch))
+    num_training_batches = property(lambda self: self._position.steps_per_epoch *
+                                    self._position.accumulate)
+    accumulate_grad_batches = property(lambda self: self._position.accumulate)
+    world_size = property(lambda self: self._position.world_size)
+    global_rank = property(lambda self: self._position.rank)
+    local_rank = property(lambda self: self._position.local_rank)
+    node_rank = property(lambda self: self._position.rank // self._position.local_world_size)
+    num_nodes = property(lambda self: self._position.num_nodes)
+    num_devices = property(lambda self: self._position.local_world_size)
+    is_global_zero = property(lambda self: self._position.rank == 0)
+    training = property(lambda self: self._step.training)
+    sanity_checking = property(lambda self: False)
+    callback_metrics = property(lambda self: {k: torch.tensor(v) for k, v in
+                                              self._step.logs.latest.items() if v is not None})
+    logged_metrics = callback_metrics
+    log_dir = property(lambda self: str(self._position.run_dir))
+    default_root_dir = log_dir
+    logger = property(lambda self: None)
+    loggers = property(lambda self: [])
+    progress_bar_callback = property(lambda self: None)
+    lightning_module = property(lambda self: self._step.module)
+
+
+class LightningStep(nn.Module):
+    """The module the engine steps: forward runs the LightningModule's step on a batch."""
+
+    def __init__(self, module: nn.Module, device: torch.device):
+        super().__init__()
+        self.module = module
+        self.logs = Logs(device)
+        self.position = Position()
+        module.trainer = EngineView(self)  # the property's setter: child modules too
+        module.log, module.log_dict = self.logs.add, self.logs.add_dict
+
+    def to(self, *args, **kwargs) -> LightningStep:
+        """Moved through the module's own `to`, which keeps its `self.device` true."""
+        self.module.to(*args, **kwargs)
+        return self
+
+    def compile_forward(self, mode: str) -> LightningStep:
+        """The module's forward compiled, as Lightning compiles it: the steps around it, with
+        their logging, run as Python."""
+        self.module.forward = torch.compile(self.module.forward, mode=mode)
+        return self
+
+    def forward(self, batch):
+        self.logs.begin(batch_rows(batch))
+        if self.training:
+            index = self.position.batch_index()
+            self.position.micro += 1
+            self.position.val_index = 0
+            loss = _loss_of(self.module.training_step(batch, index), index)
+            return StepOutput(loss, self.logs.take())
+        self.module.validation_step(batch, self.position.val_index)
+        self.position.val_index += 1
+        rows = self.logs.rows
+        # each sample carries its batch's share: evaluation drops the sampler's repeats by rows
+        return (self.logs.take() / rows).expand(rows, -1)
+
+
+def _loss_of(returned, index: int) -> torch.Tensor:
+    """training_step's loss: a tensor, or a dict's "loss"."""
+    loss = returned.get("loss") if isinstance(returned, dict) else returned
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+        return loss.reshape(())
+    what = "None" if returned is None else f"a {type(returned).__name__}" + (
+        f" of shape {tuple(returned.shape)}" if isinstance(returned, torch.Tensor) else "")
+    raise ConfigError(f"training_step returned {what} at batch {index}: hpctrain's engine "
+                      "takes the loss, a one-number tensor or a dict's 'loss' (it skips no "
+                      "step: every process must step alike)")
+
+
+def task(device: torch.device, step: LightningStep, name: str, unit: str) -> Task:
+    """The engine's task record for `step`: the batch moved as it is, the loss and the
+    logged sums as the step gave them."""
+    names = tuple(f"{slot}:{part}" for slot in range(CAPACITY) for part in ("sum", "weight"))
+
+    def to_device(batch, training: bool) -> Batch:
+        batch = tensors.each(batch, lambda value: value.to(device, non_blocking=True)
+                             if isinstance(value, torch.Tensor) else value)
+        return WholeBatch({"batch": batch}, None, torch.empty(batch_rows(batch)))
+
+    def loss(outputs, batch: Batch) -> torch.Tensor:
+        return outputs.loss if isinstance(outputs, StepOutput) else outputs.new_zeros(())
+
+    def sums(outputs, batch: Batch, loss, training: bool) -> torch.Tensor:
+        return outputs.logged if isinstance(outputs, StepOutput) else outputs.sum(0)
+
+    return Task(name, unit, names, None, to_device, loss, sums, step.logs.values)
+
+
+@dataclasses.dataclass
+class WholeBatch(Batch):
+    """A batch the module's step took whole. Its `labels` only count its rows (an empty
+    tensor of that length: the engine counts samples by them); `first` keeps fewer rows,
+    as evaluation leaves out the sampler's repeats by cutting the step's output, a share
+    of what the batch logged per sample."""
+
+    def first(self, rows: int) -> Batch:
+        return WholeBatch(self.inputs, None, self.labels[:rows])

@@ -1,0 +1,316 @@
+"""A LightningModule on hpctrain's engine (issue 40, item 3): the docs-style module of
+fixtures/lit_classifier.py, unmodified, trains through hpctrain.fit and a recipe with the loss
+curve Lightning's own Trainer gives it, logs into metrics.jsonl and TensorBoard, resumes
+after a stop as if never stopped, and trains under DDP and FSDP; what the engine does not
+call is refused, named."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import Dataset, Sampler
+
+import hpctrain
+from hpctrain.data.sampling import EpochSampler
+from hpctrain.errors import ConfigError
+
+FIXTURE = Path(__file__).parent / "fixtures" / "lit_classifier.py"
+sys.path.insert(0, str(FIXTURE.parent))
+from lit_classifier import LitClassifier, blobs  # noqa: E402
+
+L = pytest.importorskip("lightning")
+
+QUICK = dict(train={"epochs": 2, "batch_size": 32, "log_every": 1}, data={"num_workers": 0},
+             tensorboard=False, report=False)
+
+
+class EpochlyHalving(LitClassifier):
+    """The same module with a schedule stepped each epoch."""
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9)
+        return {"optimizer": optimizer, "lr_scheduler": {
+            "scheduler": torch.optim.lr_scheduler.StepLR(optimizer, 1, gamma=0.5),
+            "interval": "epoch"}}
+
+
+def _records(run_dir, kind: str) -> list[dict]:
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    return [record for record in map(json.loads, lines) if record["kind"] == kind]
+
+
+class HpctrainOrder(Sampler):
+    """hpctrain's sample order for each epoch, for Lightning's DataLoader."""
+
+    def __init__(self, count: int, seed: int):
+        self.order = EpochSampler(count, 0, shuffle=True, seed=seed)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.order.set_epoch(epoch, 0)
+
+    def __iter__(self):
+        return iter(self.order.order())
+
+    def __len__(self) -> int:
+        return self.order.num_samples
+
+
+class Curve(L.Callback):
+    """What Lightning's Trainer did at every step: the loss, the LR, the validation figures."""
+
+    def __init__(self):
+        self.losses, self.lrs, self.evals = [], [], []
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.losses.append(float(trainer.callback_metrics["train_loss"]))  # as logged
+        self.lrs.append(trainer.optimizers[0].param_groups[0]["lr"])
+
+    def on_validation_end(self, trainer, module):
+        self.evals.append({k: float(v) for k, v in trainer.callback_metrics.items()
+                           if k.startswith("val_")})
+
+
+def _lightning_curve(module, accumulate: int) -> Curve:
+    from torch.utils.data import DataLoader
+
+    train, val = blobs()
+    curve = Curve()
+    trainer = L.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, num_sanity_val_steps=0,
+                        accumulate_grad_batches=accumulate, callbacks=[curve])
+    trainer.fit(module, DataLoader(train, batch_size=32 // accumulate,
+                                   sampler=HpctrainOrder(len(train), 0)),
+                DataLoader(val, batch_size=32 // accumulate))
+    return curve
+
+
+@pytest.mark.parametrize("module_class, accumulate", [(LitClassifier, 1),
+                                                      (EpochlyHalving, 2)])
+def test_the_same_module_gives_lightning_s_loss_curve(tmp_path, module_class, accumulate):
+    """Both start from the same weights and read the same batches: every step's loss and LR
+    (a schedule stepped each step, or each epoch under accumulation) and every
+    evaluation's figures agree."""
+    torch.manual_seed(0)
+    module = module_class()
+    curve = _lightning_curve(copy.deepcopy(module), accumulate)
+    train, val = blobs()
+    summary = hpctrain.fit(copy.deepcopy(module), train, val, output_dir=str(tmp_path),
+                           run_name="same", **{**QUICK, "train": {
+                               **QUICK["train"], "batch_size": 32 // accumulate,
+                               "grad_accum_steps": accumulate}})
+    assert summary["task"] == "lightning" and summary["steps"] == 32
+    steps = _records(summary["run_dir"], "train")
+    # hpctrain's figure of a step under accumulation is its micro-batches' mean
+    lightning_losses = torch.tensor(curve.losses).reshape(-1, accumulate).mean(1)
+    assert torch.allclose(torch.tensor([r["train_loss"] for r in steps]), lightning_losses,
+                          rtol=1e-5, atol=1e-7)
+    assert [r["lr"] for r in steps] == pytest.approx(curve.lrs[accumulate - 1::accumulate])
+    evals = _records(summary["run_dir"], "eval")
+    assert [{k: r[k] for k in ("val_loss", "val_acc")} for r in evals] == \
+        [pytest.approx(e, rel=1e-5) for e in curve.evals]
+    assert summary["final_val_acc"] == evals[-1]["val_acc"] > 0.9
+    assert summary["best_val_loss"] == min(r["val_loss"] for r in evals)
+
+
+class StopAt(Dataset):
+    """The samples of `data`, the `at`-th drawn sending SIGUSR1 to this process (with
+    data.num_workers=0 the draw is in the training process: the same moment every run)."""
+
+    def __init__(self, data, at: int):
+        self.data, self.at, self.drawn = data, at, 0
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, index):
+        self.drawn += 1
+        if self.drawn == self.at:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return self.data[index]
+
+
+def test_stopped_and_resumed_it_trains_as_if_never_stopped(tmp_path, capsys):
+    """A stop signal mid-epoch saves the weights, the optimiser's momentum, the schedule and
+    the step (global_step, batch_idx); the resumed run's curve is the uninterrupted one."""
+    torch.manual_seed(0)
+    module = EpochlyHalving()
+    train, val = blobs()
+    settings = dict(output_dir=str(tmp_path), **QUICK)
+    whole = hpctrain.fit(copy.deepcopy(module), train, val, run_name="whole", **settings)
+    with pytest.raises(SystemExit) as stopped:
+        hpctrain.fit(copy.deepcopy(module), StopAt(train, 20 * 32 + 5), val,
+                     run_name="cut", **settings)
+    assert stopped.value.code == 75
+    assert "stopped at step 21" in capsys.readouterr().err  # mid-epoch: 16 steps an epoch
+    resumed = hpctrain.fit(EpochlyHalving(), train, val, run_name="cut", resume="auto",
+                           **settings)
+    first, second = (_records(s["run_dir"], "train") for s in (whole, resumed))
+    assert [r["step"] for r in second] == list(range(1, 33))
+    assert [r["loss"] for r in second] == pytest.approx([r["loss"] for r in first], rel=1e-6)
+    assert [r["lr"] for r in second] == [r["lr"] for r in first]
+    assert resumed["final_val_acc"] == pytest.approx(whole["final_val_acc"])
+
+
+def _recipe(tmp_path: Path, *extra: str) -> Path:
+    recipe = tmp_path / "lit.yaml"
+    recipe.write_text("\n".join([
+        "name: lit", f"model: {{name: {FIXTURE}:LitClassifier}}",
+        f"data: {{dataset: {FIXTURE}:blobs, num_workers: 0}}",
+        f"output_dir: {tmp_path / 'runs'}", "train: {epochs: 2, batch_size: 32, log_every: 4}",
+        "report: false", *extra]) + "\n")
+    return recipe
+
+
+def test_a_recipe_names_the_module_and_its_logs_reach_tensorboard(tmp_path, run_cli):
+    """model.name names the class; task: auto sees a LightningModule. What it logs is in
+    metrics.jsonl and TensorBoard under its own names; the banner says whose optimiser."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    code, out, err = run_cli("run", str(_recipe(tmp_path)))
+    assert code == 0, err
+    assert "task lightning" in out and "SGD lr 0.05 and StepLR every 1 step(s), from " \
+        "configure_optimizers" in out
+    [run] = (tmp_path / "runs").glob("lit-*")
+    assert _records(run, "eval")[-1]["val_acc"] > 0.9
+    assert "train_loss" in _records(run, "train")[0]
+    scalars = EventAccumulator(str(run / "tb")).Reload().Tags()["scalars"]
+    assert {"train/train_loss", "eval/val_acc", "eval/val_loss"} <= set(scalars), scalars
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_processes_train_the_module_as_one(tmp_path, strategy):
+    """The global batch split over two torchrun processes on gloo, DDP or FSDP wrapping the
+    module: the loss curve and the validation figures of one process."""
+    recipe = _recipe(tmp_path, "train: {epochs: 1, global_batch_size: 32, log_every: 1}")
+    curves = {}
+    for processes in (1, 2):
+        command = [sys.executable, "-m", "hpctrain", "run", str(recipe),
+                   f"parallel.strategy={strategy if processes > 1 else 'auto'}",
+                   f"run_name=p{processes}"]
+        if processes > 1:
+            command[1:3] = ["-m", "torch.distributed.run", "--standalone",
+                            f"--nproc-per-node={processes}", "-m", "hpctrain"]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=240,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+        run = tmp_path / "runs" / f"p{processes}"
+        curves[processes] = ([r["loss"] for r in _records(run, "train")],
+                             _records(run, "eval")[-1])
+    assert curves[2][0] == pytest.approx(curves[1][0], rel=1e-4)
+    for key in ("val_loss", "val_acc"):
+        assert curves[2][1][key] == pytest.approx(curves[1][1][key], rel=1e-4), key
+
+
+class Hooked(LitClassifier):
+    def on_train_epoch_end(self):
+        pass
+
+    def on_before_optimizer_step(self, optimizer):
+        pass
+
+
+class Manual(LitClassifier):
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+
+
+class TwoOptimisers(LitClassifier):
+    def configure_optimizers(self):
+        return [torch.optim.SGD(self.parameters(), lr=0.1),
+                torch.optim.Adam(self.parameters())]
+
+
+class Plateau(LitClassifier):
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+        return {"optimizer": optimizer, "lr_scheduler": {
+            "scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer),
+            "monitor": "val_loss"}}
+
+
+class Skipping(LitClassifier):
+    def training_step(self, batch, batch_idx):
+        return None
+
+
+class LogsAVector(LitClassifier):
+    def training_step(self, batch, batch_idx):
+        self.log("scores", self(batch[0]).mean(0))
+        return super().training_step(batch, batch_idx)
+
+
+class LogsItsLr(LitClassifier):
+    def training_step(self, batch, batch_idx):
+        self.log("lr", 0.1)
+        return super().training_step(batch, batch_idx)
+
+
+class BringsLoaders(LitClassifier):
+    def train_dataloader(self):
+        return None
+
+
+class AsksTheTrainer(LitClassifier):
+    def training_step(self, batch, batch_idx):
+        self.log("profiled", float(self.trainer.profiler is None))
+        return super().training_step(batch, batch_idx)
+
+
+@pytest.mark.parametrize("module_class, message", [
+    (Hooked, "Hooked overrides on_before_optimizer_step, on_train_epoch_end, which "
+             "hpctrain's engine does not call"),
+    (Manual, "sets automatic_optimization = False: manual optimisation is not supported"),
+    (TwoOptimisers, "configure_optimizers returned 2 optimisers: hpctrain's engine steps "
+                    "one torch.optim.Optimizer"),
+    (Plateau, "a scheduler stepped on a monitored figure ('monitor', ReduceLROnPlateau)"),
+    (Skipping, "training_step returned None at batch 0"),
+    (LogsAVector, "self.log('scores', ...) was given a tensor of shape (3,)"),
+    (LogsItsLr, "self.log('lr', ...): hpctrain records 'lr' itself in metrics.jsonl"),
+    (BringsLoaders, "overrides train_dataloader, which hpctrain's engine does not call (it "
+                    "calls training_step, validation_step, configure_optimizers, setup, "
+                    "configure_model): move that work into training_step or validation_step, "
+                    "and give the datasets to hpctrain.fit"),
+    (AsksTheTrainer, "self.trainer.profiler: hpctrain's engine stands in for Lightning's "
+                     "Trainer with current_epoch, global_step")])
+def test_what_the_engine_does_not_do_is_refused_by_name(tmp_path, module_class, message):
+    train, val = blobs()
+    with pytest.raises(ConfigError) as refused:
+        hpctrain.fit(module_class(), train, val, output_dir=str(tmp_path), **QUICK)
+    assert message in str(refused.value)
+    assert refused.value.exit_code == 2
+
+
+def test_a_module_on_built_in_data_is_refused(tmp_path, run_cli):
+    code, _, err = run_cli("run", str(_recipe(tmp_path)), "data.dataset=shapes")
+    assert code == 2 and "takes the batches your own dataset makes" in err
+
+
+def test_profile_memory_and_submit_take_the_module_s_recipe(tmp_path, run_cli):
+    """`profile` steps the module's own training_step; `memory` simulates it with a batch
+    shaped as the first sample and the module's own optimiser (SGD with momentum: one state
+    per parameter), and its measurement on the CPU meets the prediction; `submit` writes
+    the job."""
+    recipe = str(_recipe(tmp_path))
+    code, out, err = run_cli("submit", recipe, "--gpus", "4", "--dry-run")
+    assert code == 0 and recipe in out, err
+    code, out, err = run_cli("profile", recipe, "--steps", "2", "--json")
+    assert code == 0, err
+    assert json.loads(out)["verdict"]["bound"]
+    code, out, err = run_cli("memory", recipe, "device=cpu", "--gpu-memory", "1GiB",
+                             "--measure", "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    rows = report["estimate"]["breakdown_bytes"]
+    assert rows["optimizer states"] == rows["parameters"] == 387 * 4
+    assert abs(report["measured"]["relative_error"]) < 0.01
