@@ -3,10 +3,13 @@
 Same model and initial weights, the same uint8 batches already in memory, batch, precision,
 channels_last, compile, SGD + one-cycle schedule and label smoothing on every side; the
 Lightning module logs loss and accuracy every step as its users do, since hpctrain counts
-both on the device. A hand-written PyTorch loop (engine_overhead.py's) is the floor. The
-three alternate round by round, forwards then backwards, so machine noise hits all of them;
-each side is timed from the start of its training loop to the end (Lightning: on_train_start
-to on_train_end), leaving out the once-per-run setup. Ratios are against Lightning.
+both on the device. A fourth side trains that same LightningModule on hpctrain's engine
+(`task: lightning`: its training_step and self.log behind hpctrain's adapter), which is what
+a Lightning user who switches gets. A hand-written PyTorch loop (engine_overhead.py's) is the
+floor. The sides alternate round by round, forwards then backwards, so machine noise hits all
+of them; each side is timed from the start of its training loop to the end (Lightning:
+on_train_start to on_train_end), leaving out the once-per-run setup. Ratios are against
+Lightning.
 
     python benchmarks/lightning_step.py                       # CPU: resnet_small, 32 px
     python benchmarks/lightning_step.py --model torchvision:resnet50 --image-size 224 \
@@ -28,8 +31,10 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from engine_overhead import hand_written_loop
-from harness import (alternate, hpctrain_parts, make_batches, median_ms, time_hpctrain,
-                     with_batches)
+from harness import (alternate, hpctrain_parts, make_batches, median_ms, recipe_parts,
+                     time_hpctrain, with_batches)
+
+from hpctrain import user_code
 
 LR = 0.2
 LIGHTNING_PRECISION = {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
@@ -99,6 +104,35 @@ def lightning_steps(module: Classifier, batches, steps: int, precision: str,
     return clock.seconds / steps
 
 
+class HeldSamples(torch.utils.data.Dataset):
+    """The held batches' samples, for the recipe's data.dataset (the loop then reads the
+    batches themselves: harness.with_batches)."""
+
+    def __init__(self, batches):
+        self.images = torch.cat([images for images, _ in batches])
+        self.labels = torch.cat([labels for _, labels in batches])
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index):
+        return self.images[index], self.labels[index]
+
+
+def module_on_hpctrain(module: Classifier, overrides: list[str], batches, output_dir: str):
+    """hpctrain's parts for the LightningModule itself (task lightning), fed `batches`. Its
+    schedule is built once for every round, so its one-cycle is made long enough for all;
+    compile is the module's own (its model is compiled as on Lightning's side)."""
+    module.total_steps = 10**6
+    user_code.give("given:Classifier", lambda: module)
+    user_code.give("given:HeldSamples", lambda: (HeldSamples(batches), HeldSamples(batches)))
+    parts = recipe_parts("default", [*overrides, "model.name=given:Classifier",
+                                     "data.dataset=given:HeldSamples", "task=lightning",
+                                     "compile=false", "run_name=module-on-hpctrain"],
+                        output_dir)
+    return with_batches(parts, batches)
+
+
 def quiet_lightning() -> None:
     """Lightning's start-up hints (no logger, few workers, TPU/GPU availability) off."""
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
@@ -130,32 +164,39 @@ def main() -> None:
         batches = make_batches(8, args.batch_size, args.image_size, 10,
                                pin=device.type == "cuda")
         parts = with_batches(parts, batches)
-        hand_model, lightning_model = copy.deepcopy(parts.model), copy.deepcopy(parts.model)
+        hand_model, lightning_model, engine_model = (copy.deepcopy(parts.model)
+                                                     for _ in range(3))
         if plan.compile:
-            hand_model, lightning_model = torch.compile(hand_model), torch.compile(lightning_model)
+            hand_model, lightning_model, engine_model = (
+                torch.compile(m) for m in (hand_model, lightning_model, engine_model))
         module = Classifier(lightning_model, args.steps, plan.channels_last)
+        on_engine = module_on_hpctrain(Classifier(engine_model, args.steps, plan.channels_last),
+                                       overrides, batches, tmp)
 
         def hand(steps: int) -> float:
             return hand_written_loop(hand_model, batches, steps, LR, plan.precision, device,
                                      plan.channels_last)
 
         for warm_up in (lambda: time_hpctrain(parts, 3), lambda: hand(3),
-                        lambda: lightning_steps(module, batches, 3, plan.precision, device)):
+                        lambda: lightning_steps(module, batches, 3, plan.precision, device),
+                        lambda: time_hpctrain(on_engine, 3)):
             warm_up()  # compilation and first-touch, every side
-        lightning, ours, floor = alternate(
+        lightning, ours, floor, theirs_on_ours = alternate(
             args.rounds,
             lambda: lightning_steps(module, batches, args.steps, plan.precision, device),
             lambda: time_hpctrain(parts, args.steps),
-            lambda: hand(args.steps))
+            lambda: hand(args.steps),
+            lambda: time_hpctrain(on_engine, args.steps))
     print(f"lightning_step: {args.model}, {args.image_size} px, batch {args.batch_size}, "
           f"{plan.precision}, channels_last {plan.channels_last}, compile {plan.compile}, "
           f"device {plan.device_name}, Lightning {L.__version__}, "
           f"{args.rounds} rounds x {args.steps} steps")
-    print(f"{'loop':<26}{'median ms/step':>16}{'img/s':>8}{'time ratio':>12}")
-    for label, samples in (("Lightning Trainer", lightning), ("hpctrain", ours),
-                           ("hand-written PyTorch", floor)):
+    print(f"{'loop':<34}{'median ms/step':>16}{'img/s':>8}{'time ratio':>12}")
+    for label, samples in (("Lightning Trainer", lightning),
+                           ("hpctrain, the LightningModule", theirs_on_ours),
+                           ("hpctrain", ours), ("hand-written PyTorch", floor)):
         med = median_ms(samples)
-        print(f"{label:<26}{med:>16.1f}{args.batch_size / med * 1e3:>8.0f}"
+        print(f"{label:<34}{med:>16.1f}{args.batch_size / med * 1e3:>8.0f}"
               f"{med / median_ms(lightning):>12.3f}")
 
 

@@ -230,3 +230,23 @@ def test_the_predicted_attention_kernel_is_the_one_torch_picks_here(dtype, head,
     predicted = choose(torch.cuda.get_device_capability(), dtype, head, head, masked, True,
                        0.0, True)
     assert predicted == names[picked]
+
+
+def test_a_lightning_module_trains_in_bf16_with_only_its_forward_compiled(tmp_path):
+    """On a GPU `auto` picks bf16 and compile for a LightningModule too: its own forward is
+    compiled (its steps and their self.log stay Python), and it learns as on the CPU."""
+    import sys
+    from pathlib import Path
+
+    import hpctrain
+
+    sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+    from lit_classifier import LitClassifier, blobs
+
+    module = LitClassifier()
+    summary = hpctrain.fit(module, *blobs(), output_dir=str(tmp_path), tensorboard=False,
+                           report=False, train={"epochs": 3, "batch_size": 32},
+                           data={"num_workers": 0})
+    assert summary["precision"] == "bf16" and summary["final_val_acc"] > 0.9
+    assert hasattr(module.forward, "_torchdynamo_orig_callable")  # compiled in place
+    assert module.device.type == "cuda"

@@ -183,8 +183,8 @@ class EngineView:
         self._step = step
 
     def __getattr__(self, name: str):
-        raise NotGiven(f"self.trainer.{name}: hpctrain's engine stands in for "
-                             f"Lightning's Trainer with {', '.join(self.GIVEN)}")
+        raise NotGiven(f"self.trainer.{name}: hpctrain's engine stands in for Lightning's "
+                       f"Trainer with {', '.join(self.GIVEN)}")
 
     @property
     def _position(self) -> Position:
