@@ -42,6 +42,28 @@ class EpochlyHalving(LitClassifier):
             "interval": "epoch"}}
 
 
+class WithMetrics(LitClassifier):
+    """The same module scoring with torchmetrics, logging the Metric objects themselves, as
+    Lightning's docs show for torchmetrics."""
+
+    def __init__(self):
+        super().__init__()
+        import torchmetrics
+
+        self.train_accuracy = torchmetrics.Accuracy(task="multiclass", num_classes=3)
+        self.val_accuracy = torchmetrics.Accuracy(task="multiclass", num_classes=3)
+
+    def training_step(self, batch, batch_idx):
+        self.train_accuracy(self(batch[0]), batch[1])
+        self.log("train_accuracy", self.train_accuracy)
+        return super().training_step(batch, batch_idx)
+
+    def validation_step(self, batch, batch_idx):
+        super().validation_step(batch, batch_idx)
+        self.val_accuracy(self(batch[0]), batch[1])
+        self.log("val_accuracy", self.val_accuracy)
+
+
 def _records(run_dir, kind: str) -> list[dict]:
     lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
     return [record for record in map(json.loads, lines) if record["kind"] == kind]
@@ -94,11 +116,12 @@ def _lightning_curve(module, accumulate: int) -> Curve:
 
 
 @pytest.mark.parametrize("module_class, accumulate", [(LitClassifier, 1),
-                                                      (EpochlyHalving, 2)])
+                                                      (EpochlyHalving, 2), (WithMetrics, 1)])
 def test_the_same_module_gives_lightning_s_loss_curve(tmp_path, module_class, accumulate):
     """Both start from the same weights and read the same batches: every step's loss and LR
     (a schedule stepped each step, or each epoch under accumulation) and every
-    evaluation's figures agree."""
+    evaluation's figures (a torchmetrics Metric's too: computed over the validation set)
+    agree."""
     torch.manual_seed(0)
     module = module_class()
     curve = _lightning_curve(copy.deepcopy(module), accumulate)
@@ -115,9 +138,12 @@ def test_the_same_module_gives_lightning_s_loss_curve(tmp_path, module_class, ac
                           rtol=1e-5, atol=1e-7)
     assert [r["lr"] for r in steps] == pytest.approx(curve.lrs[accumulate - 1::accumulate])
     evals = _records(summary["run_dir"], "eval")
-    assert [{k: r[k] for k in ("val_loss", "val_acc")} for r in evals] == \
-        [pytest.approx(e, rel=1e-5) for e in curve.evals]
+    assert len(evals) == len(curve.evals) == 2
+    for ours, theirs in zip(evals, curve.evals):
+        assert {k: ours[k] for k in theirs} == pytest.approx(theirs, rel=1e-5)
     assert summary["final_val_acc"] == evals[-1]["val_acc"] > 0.9
+    if module_class is WithMetrics:  # a training Metric: computed over each interval
+        assert all(0 < r["train_accuracy"] <= 1 for r in steps)
     assert summary["best_val_loss"] == min(r["val_loss"] for r in evals)
 
 
@@ -275,7 +301,8 @@ class AsksTheTrainer(LitClassifier):
                     "one torch.optim.Optimizer"),
     (Plateau, "a scheduler stepped on a monitored figure ('monitor', ReduceLROnPlateau)"),
     (Skipping, "training_step returned None at batch 0"),
-    (LogsAVector, "self.log('scores', ...) was given a tensor of shape (3,)"),
+    (LogsAVector, "self.log('scores', ...) was given a tensor of shape (3,): hpctrain's "
+                  "engine logs one number per name (or a torchmetrics Metric giving one)"),
     (LogsItsLr, "self.log('lr', ...): hpctrain records 'lr' itself in metrics.jsonl"),
     (BringsLoaders, "overrides train_dataloader, which hpctrain's engine does not call (it "
                     "calls training_step, validation_step, configure_optimizers, setup, "

@@ -6,7 +6,9 @@ and refuses what is not).
   hooks see a forward like any other. It returns the loss and what the step logged.
 - `Logs`: `self.log` and `self.log_dict`, replaced on the module, add each value into a
   device vector, slot by name (`CAPACITY` names a run), weighted by the batch's size as
-  Lightning's `reduce_fx="mean"` is (`"sum"`: summed). Nothing is read back in the step:
+  Lightning's `reduce_fx="mean"` is (`"sum"`: summed); a torchmetrics Metric logged is
+  computed (and reset) when its figures are read, as Lightning computes it at an epoch's
+  end. Nothing is read back in the step:
   the engine sums the vectors over micro-steps, intervals and ranks and reads them at its
   logging interval, so a training figure is its mean over the interval (Lightning logs the
   last step's), a validation figure its mean over the validation set. Every rank must log
@@ -33,6 +35,7 @@ from hpctrain.tasks.steps import Batch, Task
 
 CAPACITY = 32  # names a module may log in one run
 REDUCTIONS = ("mean", "sum")
+METRIC = "metric"  # a torchmetrics Metric logged: its compute() over what it gathered
 
 
 @dataclass
@@ -74,6 +77,7 @@ class Logs:
         self.reductions: list[str] = []
         self.rows: int | None = None  # the step's batch size, while a step runs
         self.pending: torch.Tensor | None = None
+        self.metrics: dict[int, nn.Module] = {}  # slot -> the torchmetrics Metric logged there
         self.latest: dict[str, float | None] = {}  # read back: trainer.callback_metrics
 
     def begin(self, rows: int) -> None:
@@ -110,6 +114,11 @@ class Logs:
         if self.pending is None:
             raise ConfigError(f"self.log({name!r}, ...) outside training_step and "
                               "validation_step: hpctrain's engine records what those log")
+        if _is_metric(value):  # counted in this read's window; computed when read
+            slot = self._slot(name, METRIC)
+            self.metrics[slot] = value
+            self.pending[2 * slot + 1] += 1
+            return
         if reduce_fx not in REDUCTIONS:
             raise ConfigError(f"self.log({name!r}, ..., reduce_fx={reduce_fx!r}): hpctrain's "
                               f"engine reduces by {' or '.join(REDUCTIONS)}")
@@ -124,11 +133,15 @@ class Logs:
             self.add(name, value, **options)
 
     def values(self, sums: dict) -> dict:
-        """The logged names with a weight in `sums` (read back): their means (or sums)."""
+        """The logged names with a weight in `sums` (read back): their means (or sums); a
+        Metric's compute() over what it gathered since, then reset (on every rank alike,
+        in slot order: its compute syncs the ranks)."""
         read = {}
         for slot, (name, reduction) in enumerate(zip(self.names, self.reductions)):
             total, weight = sums[f"{slot}:sum"], sums[f"{slot}:weight"]
-            if weight > 0:
+            if weight > 0 and reduction == METRIC:
+                read[name] = _computed(name, self.metrics[slot])
+            elif weight > 0:
                 read[name] = total if reduction == "sum" else total / weight
         self.latest.update(read)
         return read
@@ -139,6 +152,18 @@ RESERVED = ("step", "kind", "time", "epoch", "lr", "samples_per_second",
             "energy_joules")
 
 
+def _is_metric(value) -> bool:
+    return any(c.__name__ == "Metric" and c.__module__.startswith("torchmetrics")
+               for c in type(value).__mro__)
+
+
+def _computed(name: str, metric) -> float:
+    """A logged Metric's value over what it gathered, the Metric reset for the next read."""
+    value = metric.compute()
+    metric.reset()
+    return float(_number(name, value))
+
+
 def _number(name: str, value) -> torch.Tensor:
     """A logged value as a 0-d tensor (detached), or a ConfigError saying what it was."""
     if isinstance(value, torch.Tensor) and value.numel() == 1:
@@ -147,10 +172,8 @@ def _number(name: str, value) -> torch.Tensor:
         return torch.tensor(float(value))
     what = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else \
         f"a {type(value).__name__}"
-    hint = " (a torchmetrics Metric: log metric.compute()'s value, or the batch's value)" \
-        if any(c.__module__.startswith("torchmetrics") for c in type(value).__mro__) else ""
     raise ConfigError(f"self.log({name!r}, ...) was given {what}: hpctrain's engine logs "
-                      f"one number per name{hint}")
+                      "one number per name (or a torchmetrics Metric giving one)")
 
 
 def batch_rows(batch) -> int:
