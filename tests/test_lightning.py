@@ -64,6 +64,27 @@ class WithMetrics(LitClassifier):
         self.log("val_accuracy", self.val_accuracy)
 
 
+class PlateauAndEpochHooks(LitClassifier):
+    """The same module counting its validation samples in epoch hooks, its LR halved at
+    every epoch's end by a ReduceLROnPlateau on val_loss that sees no improvement."""
+
+    def on_validation_epoch_start(self):
+        self.seen = 0
+
+    def validation_step(self, batch, batch_idx):
+        super().validation_step(batch, batch_idx)
+        self.seen += len(batch[1])
+
+    def on_validation_epoch_end(self):
+        self.log("val_seen", float(self.seen))
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9)
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=0.5,
+                                                             patience=0, threshold=10)
+        return {"optimizer": optimizer, "lr_scheduler": plateau, "monitor": "val_loss"}
+
+
 def _records(run_dir, kind: str) -> list[dict]:
     lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
     return [record for record in map(json.loads, lines) if record["kind"] == kind]
@@ -116,7 +137,8 @@ def _lightning_curve(module, accumulate: int) -> Curve:
 
 
 @pytest.mark.parametrize("module_class, accumulate", [(LitClassifier, 1),
-                                                      (EpochlyHalving, 2), (WithMetrics, 1)])
+                                                      (EpochlyHalving, 2), (WithMetrics, 1),
+                                                      (PlateauAndEpochHooks, 1)])
 def test_the_same_module_gives_lightning_s_loss_curve(tmp_path, module_class, accumulate):
     """Both start from the same weights and read the same batches: every step's loss and LR
     (a schedule stepped each step, or each epoch under accumulation) and every
@@ -144,6 +166,9 @@ def test_the_same_module_gives_lightning_s_loss_curve(tmp_path, module_class, ac
     assert summary["final_val_acc"] == evals[-1]["val_acc"] > 0.9
     if module_class is WithMetrics:  # a training Metric: computed over each interval
         assert all(0 < r["train_accuracy"] <= 1 for r in steps)
+    if module_class is PlateauAndEpochHooks:
+        assert [r["val_seen"] for r in evals] == [128, 128]
+        assert steps[-1]["lr"] == steps[0]["lr"] / 2  # halved once, after the first epoch
     assert summary["best_val_loss"] == min(r["val_loss"] for r in evals)
 
 
@@ -164,11 +189,13 @@ class StopAt(Dataset):
         return self.data[index]
 
 
-def test_stopped_and_resumed_it_trains_as_if_never_stopped(tmp_path, capsys):
-    """A stop signal mid-epoch saves the weights, the optimiser's momentum, the schedule and
-    the step (global_step, batch_idx); the resumed run's curve is the uninterrupted one."""
+@pytest.mark.parametrize("module_class", [EpochlyHalving, PlateauAndEpochHooks])
+def test_stopped_and_resumed_it_trains_as_if_never_stopped(tmp_path, capsys, module_class):
+    """A stop signal mid-epoch saves the weights, the optimiser's momentum, the schedule (a
+    StepLR's, a ReduceLROnPlateau's) and the step (global_step, batch_idx); the resumed
+    run's curve is the uninterrupted one."""
     torch.manual_seed(0)
-    module = EpochlyHalving()
+    module = module_class()
     train, val = blobs()
     settings = dict(output_dir=str(tmp_path), **QUICK)
     whole = hpctrain.fit(copy.deepcopy(module), train, val, run_name="whole", **settings)
@@ -177,7 +204,7 @@ def test_stopped_and_resumed_it_trains_as_if_never_stopped(tmp_path, capsys):
                      run_name="cut", **settings)
     assert stopped.value.code == 75
     assert "stopped at step 21" in capsys.readouterr().err  # mid-epoch: 16 steps an epoch
-    resumed = hpctrain.fit(EpochlyHalving(), train, val, run_name="cut", resume="auto",
+    resumed = hpctrain.fit(module_class(), train, val, run_name="cut", resume="auto",
                            **settings)
     first, second = (_records(s["run_dir"], "train") for s in (whole, resumed))
     assert [r["step"] for r in second] == list(range(1, 33))
@@ -257,12 +284,12 @@ class TwoOptimisers(LitClassifier):
                 torch.optim.Adam(self.parameters())]
 
 
-class Plateau(LitClassifier):
+class PlateauOnNothing(LitClassifier):
     def configure_optimizers(self):
         optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
         return {"optimizer": optimizer, "lr_scheduler": {
             "scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer),
-            "monitor": "val_loss"}}
+            "monitor": "val_los"}}
 
 
 class Skipping(LitClassifier):
@@ -294,20 +321,21 @@ class AsksTheTrainer(LitClassifier):
 
 
 @pytest.mark.parametrize("module_class, message", [
-    (Hooked, "Hooked overrides on_before_optimizer_step, on_train_epoch_end, which "
-             "hpctrain's engine does not call"),
+    (Hooked, "Hooked overrides on_before_optimizer_step, which hpctrain's engine does not "
+             "call (docs/lightning.md lists what it calls)"),
     (Manual, "sets automatic_optimization = False: manual optimisation is not supported"),
     (TwoOptimisers, "configure_optimizers returned 2 optimisers: hpctrain's engine steps "
                     "one torch.optim.Optimizer"),
-    (Plateau, "a scheduler stepped on a monitored figure ('monitor', ReduceLROnPlateau)"),
+    (PlateauOnNothing, "the ReduceLROnPlateau of configure_optimizers monitors 'val_los', "
+                       "which has not been logged by the end of epoch 0 (logged: train_loss, "
+                       "val_loss, val_acc)"),
     (Skipping, "training_step returned None at batch 0"),
     (LogsAVector, "self.log('scores', ...) was given a tensor of shape (3,): hpctrain's "
                   "engine logs one number per name (or a torchmetrics Metric giving one)"),
     (LogsItsLr, "self.log('lr', ...): hpctrain records 'lr' itself in metrics.jsonl"),
-    (BringsLoaders, "overrides train_dataloader, which hpctrain's engine does not call (it "
-                    "calls training_step, validation_step, configure_optimizers, setup, "
-                    "configure_model): move that work into training_step or validation_step, "
-                    "and give the datasets to hpctrain.fit"),
+    (BringsLoaders, "overrides train_dataloader, which hpctrain's engine does not call "
+                    "(docs/lightning.md lists what it calls): move that work into the steps "
+                    "or the epoch hooks, and give the datasets to hpctrain.fit"),
     (AsksTheTrainer, "self.trainer.profiler: hpctrain's engine stands in for Lightning's "
                      "Trainer with current_epoch, global_step")])
 def test_what_the_engine_does_not_do_is_refused_by_name(tmp_path, module_class, message):

@@ -24,9 +24,12 @@ from hpctrain.tasks import tensors
 from hpctrain.tasks.spec import Curve, Measured, TaskSetup, TaskSpec
 
 LIGHTNING_PACKAGES = ("lightning.pytorch.", "pytorch_lightning.")
-# what the engine calls, besides forward (which the steps call themselves)
+# what the engine calls, besides forward (which the steps call themselves); the epoch's and
+# the evaluation's hooks at the loop's moments (lightning_step.HOOKS)
 CALLED = ("training_step", "validation_step", "configure_optimizers", "setup",
-          "configure_model")
+          "configure_model", "on_fit_start", "on_train_start", "on_train_epoch_start",
+          "on_validation_start", "on_validation_epoch_start", "on_validation_epoch_end",
+          "on_validation_end", "on_train_epoch_end", "on_train_end", "on_fit_end")
 # the LightningModule's own methods that are hooks (besides those of its hook classes)
 MODULE_HOOKS = ("optimizer_step", "optimizer_zero_grad", "lr_scheduler_step", "backward",
                 "configure_gradient_clipping", "configure_callbacks")
@@ -83,8 +86,8 @@ def adapt(module, device):
     if refused:
         data = any("dataloader" in name for name in refused)
         raise ConfigError(f"{type(module).__name__} overrides {', '.join(refused)}, which "
-                          f"hpctrain's engine does not call (it calls {', '.join(CALLED)}): "
-                          "move that work into training_step or validation_step"
+                          "hpctrain's engine does not call (docs/lightning.md lists what it "
+                          "calls): move that work into the steps or the epoch hooks"
                           + (", and give the datasets to hpctrain.fit or name their factory "
                              "in data.dataset" if data else "")
                           + ", or train it with Lightning's Trainer")

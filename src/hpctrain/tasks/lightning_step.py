@@ -112,8 +112,9 @@ class Logs:
         """One `self.log` call (prog_bar, logger, on_step, on_epoch, sync_dist: the engine
         always sums over ranks and records every name)."""
         if self.pending is None:
-            raise ConfigError(f"self.log({name!r}, ...) outside training_step and "
-                              "validation_step: hpctrain's engine records what those log")
+            raise ConfigError(f"self.log({name!r}, ...) outside the steps and the epoch "
+                              "hooks (in on_train_end or on_fit_end, or in configure_"
+                              "optimizers): hpctrain's engine records what those log")
         if _is_metric(value):  # counted in this read's window; computed when read
             slot = self._slot(name, METRIC)
             self.metrics[slot] = value
@@ -242,14 +243,26 @@ class EngineView:
     lightning_module = property(lambda self: self._step.module)
 
 
+# the LightningModule's hooks at each of the loop's moments (steps.MOMENTS), in Lightning's
+# order: validation inside the epoch, then on_train_epoch_end
+HOOKS = {"train_start": ("on_fit_start", "on_train_start"),
+         "train_epoch_start": ("on_train_epoch_start",),
+         "validation_start": ("on_validation_start", "on_validation_epoch_start"),
+         "validation_end": ("on_validation_epoch_end", "on_validation_end"),
+         "train_epoch_end": ("on_train_epoch_end",),
+         "train_end": ("on_train_end", "on_fit_end")}
+
+
 class LightningStep(nn.Module):
-    """The module the engine steps: forward runs the LightningModule's step on a batch."""
+    """The module the engine steps: forward runs the LightningModule's step on a batch;
+    `at(moment)` its hooks at the loop's moments."""
 
     def __init__(self, module: nn.Module, device: torch.device):
         super().__init__()
         self.module = module
         self.logs = Logs(device)
         self.position = Position()
+        self.after: dict[str, list] = {moment: [] for moment in HOOKS}  # the engine's own
         module.trainer = EngineView(self)  # the property's setter: child modules too
         module.log, module.log_dict = self.logs.add, self.logs.add_dict
 
@@ -264,12 +277,27 @@ class LightningStep(nn.Module):
         self.module.forward = torch.compile(self.module.forward, mode=mode)
         return self
 
+    def at(self, moment: str) -> torch.Tensor:
+        """The module's hooks at `moment`, then what the engine added there (a monitored LR
+        schedule); what they logged, as a step's sums. After the last read (train_end)
+        nothing is recorded: self.log there is refused, as Lightning refuses it."""
+        window = moment != "train_end"
+        if window:
+            self.logs.begin(1)
+        if moment == "validation_start":
+            self.position.val_index = 0
+        for hook in HOOKS[moment]:
+            getattr(self.module, hook)()
+        for then in self.after[moment]:
+            then()
+        return self.logs.take() if window else \
+            torch.zeros(2 * CAPACITY, device=self.logs.device, dtype=torch.float64)
+
     def forward(self, batch):
         self.logs.begin(batch_rows(batch))
         if self.training:
             index = self.position.batch_index()
             self.position.micro += 1
-            self.position.val_index = 0
             loss = _loss_of(self.module.training_step(batch, index), index)
             return StepOutput(loss, self.logs.take())
         self.module.validation_step(batch, self.position.val_index)
@@ -307,7 +335,8 @@ def task(device: torch.device, step: LightningStep, name: str, unit: str) -> Tas
     def sums(outputs, batch: Batch, loss, training: bool) -> torch.Tensor:
         return outputs.logged if isinstance(outputs, StepOutput) else outputs.sum(0)
 
-    return Task(name, unit, names, None, to_device, loss, sums, step.logs.values)
+    return Task(name, unit, names, None, to_device, loss, sums, step.logs.values,
+                moment=step.at)
 
 
 @dataclasses.dataclass

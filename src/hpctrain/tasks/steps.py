@@ -10,7 +10,8 @@ A `Task` is a record of four functions and two names, not a class hierarchy:
   step); what only evaluation reports is left at zero in training;
 - `values(sums)`: those sums read back as named metrics (accuracy, perplexity, ...).
 `unit` names what throughput counts (images, tokens, clouds) and `unit_sum` which sum counts it
-(None: the samples are the unit). Evaluation runs the same functions in eval mode.
+(None: the samples are the unit). Evaluation runs the same functions in eval mode. A task may
+also act at the loop's moments (`moment`: an epoch's start and end, an evaluation's).
 """
 
 from __future__ import annotations
@@ -46,6 +47,14 @@ class Task:
     sums: Callable[[torch.Tensor, Batch, torch.Tensor, bool], torch.Tensor]
     values: Callable[[dict], dict]
     own_metrics: tuple[str, ...] = ()  # the recipe's task.metrics, recorded in training too
+    # the task's own code at the loop's moments (MOMENTS: a LightningModule's hooks): the sums
+    # it logged there, added to the interval's or the evaluation's; None: a task without any
+    moment: Callable[[str], torch.Tensor] | None = None
+
+
+# the loop's moments a task may act at (Task.moment), in the order a run meets them
+MOMENTS = ("train_start", "train_epoch_start", "validation_start", "validation_end",
+           "train_epoch_end", "train_end")
 
 
 def top1_sums(num_classes: int, model_name: str) -> Callable:

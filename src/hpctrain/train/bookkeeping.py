@@ -66,6 +66,10 @@ class RunningMetrics:
         self.samples += samples
         self.micro_steps += 1
 
+    def add_sums(self, task_sums: torch.Tensor) -> None:
+        """The task's sums from outside a step (what it logged at one of the loop's moments)."""
+        self.sums[2:] += task_sums.to(self.sums.dtype)
+
     def read(self, distributed) -> dict:
         """Sums over all ranks since the last read, then reset: `loss` (the mean over finite
         micro-steps), `all_nonfinite`, `units` (what throughput counts) and the task's

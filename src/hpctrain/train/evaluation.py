@@ -31,6 +31,8 @@ def evaluate(parts, model: nn.Module, stopper=None) -> dict | None:
     seen = 0
     streams = capture_rng()
     try:
+        if task.moment is not None:
+            sums += task.moment("validation_start").to(sums.dtype)
         for host_batch in parts.data.val_loader:
             if stopper is not None and stopper.check() is not None:
                 return None
@@ -46,6 +48,8 @@ def evaluate(parts, model: nn.Module, stopper=None) -> dict | None:
                 with parts.loss_context():
                     loss = task.loss(outputs[:keep], kept)
                     sums += task.sums(outputs[:keep], kept, loss, False).to(sums.dtype)
+        if task.moment is not None:
+            sums += task.moment("validation_end").to(sums.dtype)
     finally:
         model.train()
         restore_rng(streams)

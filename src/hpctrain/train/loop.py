@@ -238,10 +238,13 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
     params = [p for p in parts.model.parameters() if p.requires_grad]
     parts.model.train()
     _stop_if_asked_during_start_up(stopper, progress)
+    _moment(parts, metrics, "train_start")
     if progress.eval_owed is not None:
         _owed_evaluation(parts, progress, clock, telemetry, stopper, eval_every)
 
     while progress.step < parts.total_steps:
+        if progress.step % parts.steps_per_epoch == 0:
+            _moment(parts, metrics, "train_epoch_start")
         epoch, batches = _start_epoch(parts, progress.step)
         for _ in range(progress.step % parts.steps_per_epoch, parts.steps_per_epoch):
             _train_step(parts, batches, metrics, clock, params)
@@ -256,6 +259,8 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
             if progress.step % eval_every == 0 or last:
                 _evaluate_and_record(parts, progress, clock, telemetry, stopper,
                                      -(-progress.step // eval_every))  # its number
+            if progress.step % parts.steps_per_epoch == 0:
+                _moment(parts, metrics, "train_epoch_end")
             saved = progress.step % ckpt_every == 0 or last
             if saved:
                 _save(parts, progress, clock, telemetry)
@@ -274,7 +279,15 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
                 on_step(parts, progress.step)
             if last:
                 break
+    _moment(parts, metrics, "train_end")
     _finish_saving(parts)
+
+
+def _moment(parts: Parts, metrics: RunningMetrics, moment: str) -> None:
+    """The task's own code at one of the loop's moments (a LightningModule's hooks); what it
+    logs joins the interval under way."""
+    if parts.task.moment is not None:
+        metrics.add_sums(parts.task.moment(moment))
 
 
 def _every(parts: Parts) -> tuple[int, int]:
