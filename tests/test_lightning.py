@@ -20,11 +20,11 @@ from torch.utils.data import Dataset, Sampler
 
 import hpctrain
 from hpctrain.data.sampling import EpochSampler
-from hpctrain.errors import ConfigError
+from hpctrain.errors import ConfigError, DataError
 
 FIXTURE = Path(__file__).parent / "fixtures" / "lit_classifier.py"
 sys.path.insert(0, str(FIXTURE.parent))
-from lit_classifier import LitClassifier, blobs  # noqa: E402
+from lit_classifier import BlobData, LitClassifier, blobs  # noqa: E402
 
 L = pytest.importorskip("lightning")
 
@@ -170,6 +170,31 @@ def test_the_same_module_gives_lightning_s_loss_curve(tmp_path, module_class, ac
         assert [r["val_seen"] for r in evals] == [128, 128]
         assert steps[-1]["lr"] == steps[0]["lr"] / 2  # halved once, after the first epoch
     assert summary["best_val_loss"] == min(r["val_loss"] for r in evals)
+
+
+class PaddingData(BlobData):
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(self.train, batch_size=8, collate_fn=list)
+
+
+def test_a_data_module_brings_the_datasets_through_fit_and_a_recipe(tmp_path, run_cli):
+    """A LightningDataModule in fit's train_data, or as a recipe's data.dataset: its
+    prepare_data and setup run, hpctrain's loader batches the datasets its loaders read, and
+    the run is the one of those datasets given directly. A loader's own collate_fn, which
+    hpctrain's loader would not call, is refused."""
+    torch.manual_seed(0)
+    module = LitClassifier()
+    settings = dict(output_dir=str(tmp_path), **QUICK)
+    direct = hpctrain.fit(copy.deepcopy(module), *blobs(), run_name="direct", **settings)
+    through = hpctrain.fit(copy.deepcopy(module), BlobData(), run_name="dm", **settings)
+    assert [r["loss"] for r in _records(through["run_dir"], "train")] == \
+        [r["loss"] for r in _records(direct["run_dir"], "train")]
+    with pytest.raises(DataError) as refused:
+        hpctrain.fit(LitClassifier(), PaddingData(), **settings)
+    assert "PaddingData.train_dataloader() collates with its own list, which hpctrain's " \
+        "loader would not call" in str(refused.value)
+    code, _, err = run_cli("run", str(_recipe(tmp_path)), f"data.dataset={FIXTURE}:BlobData")
+    assert code == 0, err
 
 
 class StopAt(Dataset):
@@ -346,9 +371,13 @@ def test_what_the_engine_does_not_do_is_refused_by_name(tmp_path, module_class, 
     assert refused.value.exit_code == 2
 
 
-def test_a_module_on_built_in_data_is_refused(tmp_path, run_cli):
-    code, _, err = run_cli("run", str(_recipe(tmp_path)), "data.dataset=shapes")
-    assert code == 2 and "takes the batches your own dataset makes" in err
+@pytest.mark.parametrize("setting, message", [
+    ("data.dataset=shapes", "takes the batches your own dataset makes"),
+    ("optim.ema.enabled=true", "optim.ema would evaluate a copy beside the module"),
+    ("parallel.tensor=2", "parallel.tensor and parallel.pipeline stay 1")])
+def test_settings_the_module_cannot_take_are_refused(tmp_path, run_cli, setting, message):
+    code, _, err = run_cli("run", str(_recipe(tmp_path)), setting)
+    assert code == 2 and message in err
 
 
 def test_profile_memory_and_submit_take_the_module_s_recipe(tmp_path, run_cli):

@@ -23,6 +23,7 @@ from torch.utils.data import Dataset, IterableDataset
 from hpctrain import config as configuration
 from hpctrain import user_code
 from hpctrain.config import Config
+from hpctrain.tasks import lightning
 from hpctrain.errors import ConfigError, Preempted
 
 
@@ -57,7 +58,8 @@ def fit(model: nn.Module, train_data: Dataset, val_data: Dataset | None = None,
     `config`: a Config (`hpctrain.load_config`), a recipe name or path, or None for
     hpctrain's defaults (not the shapes recipe `hpctrain run` trains); `overrides` as keyword
     arguments, as for load_config (`fit(model, data, precision="bf16", train={"epochs": 3})`).
-    The datasets are those a recipe's `data.dataset` factory returns (data/user_datasets.py):
+    The datasets are those a recipe's `data.dataset` factory returns (data/user_datasets.py),
+    or a LightningDataModule in `train_data` (the datasets its loaders read):
     samples of images, point clouds, token blocks or tensors of any shape, and the training
     set may be a stream (data/streams.py). With `task: auto`, a LightningModule trains on its
     own steps (tasks/lightning.py), any other model on the task the first training sample
@@ -71,7 +73,12 @@ def fit(model: nn.Module, train_data: Dataset, val_data: Dataset | None = None,
     started = time.perf_counter()
     if not isinstance(model, nn.Module):
         raise ConfigError(f"fit(model=...): a torch.nn.Module, not a {type(model).__name__}")
-    for what, data in (("train_data", train_data), ("val_data", val_data)):
+    data_module = lightning.is_data_module(train_data)  # it brings its validation set
+    if data_module and val_data is not None:
+        raise ConfigError("fit(): a LightningDataModule brings its own validation set: give "
+                          "no val_data beside it")
+    for what, data in (("train_data", None if data_module else train_data),
+                       ("val_data", val_data)):
         if data is not None and not hasattr(data, "__getitem__"):
             raise ConfigError(f"fit({what}=...): a torch.utils.data.Dataset, not a "
                               f"{type(data).__name__}")
@@ -82,10 +89,11 @@ def fit(model: nn.Module, train_data: Dataset, val_data: Dataset | None = None,
     config = configuration.with_settings(config, settings) if isinstance(config, Config) \
         else load_config(config, **settings)
     config = _task_from_samples(config, train_data, model)
-    if val_data is None:
+    if val_data is None and not data_module:
         train_data, val_data = _held_out(train_data, config)
     user_code.give(references["model.name"], lambda: model)
-    user_code.give(references["data.dataset"], lambda: (train_data, val_data))
+    user_code.give(references["data.dataset"], lambda: train_data if data_module else
+                   (train_data, val_data))
     return _train(config, started)
 
 
@@ -94,11 +102,11 @@ def _task_from_samples(config: Config, train_data: Dataset, model: nn.Module) ->
     sample calls for (a stream's samples are not read ahead), said once."""
     from hpctrain.cluster.environment import detect
     from hpctrain.data.user_datasets import task_of_sample
-    from hpctrain.tasks import lightning
 
     if config.task.name == "auto" and lightning.is_lightning_module(model):
         return configuration.with_settings(config, {"task.name": lightning.SPEC.name})
-    if config.task.name != "auto" or isinstance(train_data, IterableDataset):
+    if config.task.name != "auto" or not hasattr(train_data, "__getitem__") or \
+            isinstance(train_data, IterableDataset):  # a stream, a LightningDataModule
         return config
     try:
         picked = task_of_sample(train_data[0])

@@ -109,6 +109,10 @@ class Config(Section):
         if self.parallel.tensor > 1 or self.parallel.pipeline > 1:
             raise ValueError(f"{what} trains with data parallelism (DDP or FSDP): "
                              "parallel.tensor and parallel.pipeline stay 1")
+        if self.optim.ema.enabled:
+            raise ValueError(f"{what}: optim.ema would evaluate a copy beside the module "
+                             "whose hooks run; keep an EMA in the module (Lightning's "
+                             "WeightAveraging callback's work) or train without it")
 
     @property
     def task_spec(self) -> tasks.TaskSpec:

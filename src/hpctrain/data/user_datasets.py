@@ -1,7 +1,8 @@
 """Your own datasets: `data.dataset: package.module:make` or `path/to/file.py:make`.
 
 The factory returns the training and validation `torch.utils.data.Dataset`s, as a pair or as
-{"train": ..., "val": ...}; `data.kwargs` are passed to it, and so are the facts it names as
+{"train": ..., "val": ...}, or a LightningDataModule (the datasets its loaders read);
+`data.kwargs` are passed to it, and so are the facts it names as
 parameters: `path` (data.path), `image_size`, `num_points`, `seq_len`, `seed`. The training
 set may also be a stream (an IterableDataset, streams.py). Map-style datasets take
 hpctrain's sampler (an epoch-seeded order, split over ranks, resumed mid-epoch at the exact
@@ -34,7 +35,8 @@ from collections.abc import Sized
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, IterableDataset, get_worker_info
+from torch.utils.data import (Dataset, IterableDataset, default_collate, default_convert,
+                              get_worker_info)
 
 from hpctrain import user_code
 from hpctrain.config import DataConfig
@@ -43,6 +45,7 @@ from hpctrain.errors import DataError, UserError
 from hpctrain.seeding import seed_worker
 from hpctrain.tasks import (classification, image_classification, multilabel, regression,
                            segmentation)
+from hpctrain.tasks.lightning import is_data_module
 from hpctrain.tasks.tensors import KIND as TENSORS
 
 
@@ -101,6 +104,8 @@ def user_datasets(data: DataConfig, seed: int, rank: int = 0) -> tuple[Dataset, 
 
 
 def _train_and_val(made, reference: str) -> tuple[Dataset, Dataset]:
+    if is_data_module(made):
+        made = _of_data_module(made, reference)
     if isinstance(made, dict) and set(made) == {"train", "val"}:
         made = (made["train"], made["val"])
     if not (isinstance(made, (tuple, list)) and len(made) == 2):
@@ -122,6 +127,30 @@ def _train_and_val(made, reference: str) -> tuple[Dataset, Dataset]:
         if len(dataset) == 0:
             raise DataError(f"data.dataset: the {split} dataset of {reference} is empty")
     return made[0], made[1]
+
+
+def _of_data_module(module, reference: str) -> tuple[Dataset, Dataset]:
+    """The training and validation datasets of a LightningDataModule, after its
+    prepare_data() and setup("fit"): those its DataLoaders read. hpctrain's own loader batches
+    them (train.batch_size, its sampler, data.num_workers), so a DataLoader's own collate_fn,
+    which that loader would not call, is refused."""
+    module.prepare_data()
+    module.setup("fit")
+    datasets = []
+    for hook in ("train_dataloader", "val_dataloader"):
+        loader = getattr(module, hook)()
+        dataset = getattr(loader, "dataset", None)
+        if not isinstance(dataset, Dataset):
+            raise DataError(f"data.dataset: {reference}.{hook}() returned {_what(loader)}, "
+                            "not a torch DataLoader: hpctrain reads the dataset it loads from")
+        collate = getattr(loader, "collate_fn", default_collate)
+        if collate not in (default_collate, default_convert):
+            raise DataError(f"data.dataset: {reference}.{hook}() collates with its own "
+                            f"{getattr(collate, '__name__', type(collate).__name__)}, which "
+                            "hpctrain's loader would not call: its batches are "
+                            "default_collate's")
+        datasets.append(dataset)
+    return datasets[0], datasets[1]
 
 
 def _classes_of(dataset, reference: str, required: bool = True) -> int | None:

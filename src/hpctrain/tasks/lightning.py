@@ -52,6 +52,12 @@ def is_lightning_module(value) -> bool:
     return is_lightning_class(type(value))
 
 
+def is_data_module(value) -> bool:
+    """Whether `value` is a LightningDataModule (of either package)."""
+    return any(base.__name__ == "LightningDataModule"
+               for base in _lightning_classes(type(value)))
+
+
 def names_lightning_class(reference: str) -> bool:
     """Whether the recipe's model.name is a LightningModule class (importing its module);
     False for a factory, hpctrain's or a library's model, or code that does not import."""
