@@ -223,3 +223,17 @@ def test_a_worker_gone_mid_request_leaves_no_traceback_once_the_run_ends(mode):
     sharer_error = "_serve" in done.stderr or "EOFError" in done.stderr
     assert sharer_error == (mode == "loud"), done.stderr[-2000:]
     assert "ConnectionResetError: in the main thread" in done.stderr
+
+
+def test_a_ctrl_c_caught_inside_exec_still_exits_130(tmp_path):
+    """CPython 3.11 marks a KeyboardInterrupt raised inside exec()'d code as unhandled though
+    it was caught (a Ctrl-C while torch makes a lazily imported module's dataclasses), and a
+    module run with -m then ends by SIGINT (-2), whatever sys.exit said: hpctrain's exit of
+    an interrupted run keeps its 130."""
+    (tmp_path / "interrupted_in_exec.py").write_text(
+        "from hpctrain.console import _exit_interrupted\n"
+        "try:\n    exec('raise KeyboardInterrupt')\nexcept KeyboardInterrupt:\n    pass\n"
+        "_exit_interrupted(130)\n")
+    done = subprocess.run([sys.executable, "-m", "interrupted_in_exec"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 130, done.stderr

@@ -26,4 +26,20 @@ def entry() -> None:
     except KeyboardInterrupt:  # one held, handed back where no verb was left to catch it
         print("hpctrain: interrupted", file=sys.stderr)
         code = ExitCode.INTERRUPTED
+    if code == ExitCode.INTERRUPTED:
+        _exit_interrupted(code)
     sys.exit(code)
+
+
+def _exit_interrupted(code: int) -> None:
+    """Exit with `code` after the exit functions. CPython 3.11 marks a KeyboardInterrupt
+    raised inside exec()'d code as unhandled even where hpctrain caught it (a Ctrl-C while
+    torch makes the dataclasses of a module it imports lazily, as torch.optim does with
+    torch._dynamo on its first optimiser), and then ends by SIGINT whatever sys.exit said."""
+    import atexit
+    import os
+
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
