@@ -128,6 +128,14 @@ def seeded():
     torch.manual_seed(0)
 
 
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A private job ledger (~/.local/state/hpctrain/jobs.jsonl) for the jobs a test submits."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "home" / ".local" / "state"))
+    return tmp_path / "home"
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory):
     """A real two-node Slurm cluster for the session (see slurm_cluster.py); SLURM_CONF points

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -287,6 +288,33 @@ def test_two_processes_train_the_module_as_one(tmp_path, strategy):
     assert curves[2][0] == pytest.approx(curves[1][0], rel=1e-4)
     for key in ("val_loss", "val_acc"):
         assert curves[2][1][key] == pytest.approx(curves[1][1][key], rel=1e-4), key
+
+
+@pytest.mark.slurm
+def test_on_slurm_a_preempted_job_requeues_and_ends_as_an_uninterrupted_one(
+        slurm_cluster, home, tmp_path):
+    """The module's recipe submitted to the test's Slurm cluster, two processes on two nodes:
+    SIGUSR1 (what --signal=USR1@lead sends before the time limit) saves, the job requeues
+    itself, and it ends with the figures of a job that was never stopped."""
+    from hpctrain.cluster import slurm
+    from hpctrain.cluster.jobs import submit
+
+    recipe = str(_recipe(tmp_path, "train: {epochs: 60, batch_size: 16, log_every: 8}"))
+    reference, preempted = (submit(recipe, [f"run_name={name}"], gpus=2, nodes=2,
+                                   time_limit="10") for name in ("straight", "preempted"))
+    metrics = preempted.run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 180
+    while not (metrics.exists() and metrics.read_text().count('"train"') >= 2):
+        assert time.monotonic() < deadline and preempted.state in ("PENDING", "RUNNING")
+        time.sleep(0.2)
+    slurm.cancel(preempted.id, signal="USR1")
+    assert reference.wait(timeout=300, poll=1) == "COMPLETED"
+    assert preempted.wait(timeout=300, poll=1) == "COMPLETED", preempted.logs(err=True)[-3000:]
+    assert "SIGUSR1 received" in preempted.logs(err=True)
+    ours, theirs = (json.loads((job.run_dir / "summary.json").read_text())
+                    for job in (preempted, reference))
+    assert ours["restarts"] == 1 and ours["steps"] == theirs["steps"] == 60 * 16
+    assert ours["final_val_loss"] == pytest.approx(theirs["final_val_loss"], rel=1e-5)
 
 
 class Hooked(LitClassifier):

@@ -65,14 +65,6 @@ def test_user_values_cannot_run_anything(tmp_path):
     assert not marker.exists()
 
 
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    """A private job ledger (~/.local/state/hpctrain/jobs.jsonl)."""
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "home" / ".local" / "state"))
-    return tmp_path / "home"
-
-
 @pytest.mark.slurm
 def test_a_two_node_job_runs_to_completion_and_can_be_followed(slurm_cluster, home, tmp_path,
                                                                run_cli, tiny):

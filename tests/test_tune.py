@@ -272,13 +272,6 @@ def test_a_trial_run_by_hand_reports_to_an_unreachable_study_and_trains_on(tiny_
 
 # --- on the local Slurm cluster ----------------------------------------------------------
 
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "home" / ".local" / "state"))
-    return tmp_path / "home"
-
-
 def _started(folder: Path) -> list[int]:
     """Trial numbers as the element logs say they started (a resume is not a start)."""
     import re

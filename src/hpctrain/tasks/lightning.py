@@ -95,7 +95,8 @@ def adapt(module, device):
                           "hpctrain's engine does not call (docs/lightning.md lists what it "
                           "calls): move that work into the steps or the epoch hooks"
                           + (", and give the datasets to hpctrain.fit or name their factory "
-                             "in data.dataset" if data else "")
+                             "in data.dataset (a LightningDataModule is taken there)"
+                             if data else "")
                           + ", or train it with Lightning's Trainer")
     if not module.automatic_optimization:
         raise ConfigError(f"{type(module).__name__} sets automatic_optimization = False: "
@@ -115,7 +116,7 @@ def build(setup: TaskSetup):
 
 
 def describe(config, num_classes: int | None, vocab_size: int | None) -> str:
-    return "your LightningModule's own batches, loss and logged figures"
+    return "samples as your LightningModule's steps take them"
 
 
 def figures(measured: Measured) -> dict:
