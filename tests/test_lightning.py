@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 from torch.utils.data import Dataset, Sampler
@@ -26,8 +27,6 @@ from hpctrain.errors import ConfigError, DataError
 FIXTURE = Path(__file__).parent / "fixtures" / "lit_classifier.py"
 sys.path.insert(0, str(FIXTURE.parent))
 from lit_classifier import BlobData, LitClassifier, blobs  # noqa: E402
-
-L = pytest.importorskip("lightning")
 
 QUICK = dict(train={"epochs": 2, "batch_size": 32, "log_every": 1}, data={"num_workers": 0},
              tensorboard=False, report=False)

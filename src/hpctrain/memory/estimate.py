@@ -296,7 +296,8 @@ def step_spec(config: Config, target: Target, width: int) -> StepSpec:
 
     def make_batch(batch: int, device: torch.device):
         if steps_model:  # the module's step takes the whole batch
-            return {"batch": batch_of(first_sample(config), batch, device)[0]}, None
+            return {"batch": batch_of(first_sample(config), batch, device)[0],
+                    "rows": batch}, None
         if own:
             return batch_of(first_sample(config), batch, device)
         if tokens:

@@ -24,12 +24,17 @@ from hpctrain.tasks import tensors
 from hpctrain.tasks.spec import Curve, Measured, TaskSetup, TaskSpec
 
 LIGHTNING_PACKAGES = ("lightning.pytorch.", "pytorch_lightning.")
-# what the engine calls, besides forward (which the steps call themselves); the epoch's and
-# the evaluation's hooks at the loop's moments (lightning_step.HOOKS)
+# the module's hooks at each of the loop's moments (Task.moment), in Lightning's order:
+# validation inside the epoch, then on_train_epoch_end
+HOOKS = {"train_start": ("on_fit_start", "on_train_start"),
+         "train_epoch_start": ("on_train_epoch_start",),
+         "validation_start": ("on_validation_start", "on_validation_epoch_start"),
+         "validation_end": ("on_validation_epoch_end", "on_validation_end"),
+         "train_epoch_end": ("on_train_epoch_end",),
+         "train_end": ("on_train_end", "on_fit_end")}
+# what the engine calls, besides forward (which the steps call themselves)
 CALLED = ("training_step", "validation_step", "configure_optimizers", "setup",
-          "configure_model", "on_fit_start", "on_train_start", "on_train_epoch_start",
-          "on_validation_start", "on_validation_epoch_start", "on_validation_epoch_end",
-          "on_validation_end", "on_train_epoch_end", "on_train_end", "on_fit_end")
+          "configure_model", *(hook for hooks in HOOKS.values() for hook in hooks))
 # the LightningModule's own methods that are hooks (besides those of its hook classes)
 MODULE_HOOKS = ("optimizer_step", "optimizer_zero_grad", "lr_scheduler_step", "backward",
                 "configure_gradient_clipping", "configure_callbacks")
@@ -106,7 +111,7 @@ def adapt(module, device):
 
     module.setup("fit")
     module.configure_model()
-    return LightningStep(module, device)
+    return LightningStep(module, device, HOOKS)
 
 
 def build(setup: TaskSetup):

@@ -124,7 +124,8 @@ class Logs:
             raise ConfigError(f"self.log({name!r}, ..., reduce_fx={reduce_fx!r}): hpctrain's "
                               f"engine reduces by {' or '.join(REDUCTIONS)}")
         slot = self._slot(name, reduce_fx)
-        number = _number(name, value).to(self.device, torch.float64)
+        number = value if _is_real(value) else _number(name, value).to(self.device,
+                                                                          torch.float64)
         weight = 1 if reduce_fx == "sum" else (batch_size or self.rows)
         self.pending[2 * slot] += number * weight
         self.pending[2 * slot + 1] += weight
@@ -153,6 +154,10 @@ RESERVED = ("step", "kind", "time", "epoch", "lr", "samples_per_second",
             "energy_joules")
 
 
+def _is_real(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def _is_metric(value) -> bool:
     return any(c.__name__ == "Metric" and c.__module__.startswith("torchmetrics")
                for c in type(value).__mro__)
@@ -169,7 +174,7 @@ def _number(name: str, value) -> torch.Tensor:
     """A logged value as a 0-d tensor (detached), or a ConfigError saying what it was."""
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         return value.detach().reshape(())
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+    if _is_real(value):
         return torch.tensor(float(value))
     what = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else \
         f"a {type(value).__name__}"
@@ -243,26 +248,19 @@ class EngineView:
     lightning_module = property(lambda self: self._step.module)
 
 
-# the LightningModule's hooks at each of the loop's moments (steps.MOMENTS), in Lightning's
-# order: validation inside the epoch, then on_train_epoch_end
-HOOKS = {"train_start": ("on_fit_start", "on_train_start"),
-         "train_epoch_start": ("on_train_epoch_start",),
-         "validation_start": ("on_validation_start", "on_validation_epoch_start"),
-         "validation_end": ("on_validation_epoch_end", "on_validation_end"),
-         "train_epoch_end": ("on_train_epoch_end",),
-         "train_end": ("on_train_end", "on_fit_end")}
-
-
 class LightningStep(nn.Module):
     """The module the engine steps: forward runs the LightningModule's step on a batch;
-    `at(moment)` its hooks at the loop's moments."""
+    `at(moment)` its hooks at the loop's moments (`hooks`: moment -> the hook names, in
+    Lightning's order: lightning.HOOKS)."""
 
-    def __init__(self, module: nn.Module, device: torch.device):
+    def __init__(self, module: nn.Module, device: torch.device,
+                 hooks: dict[str, tuple[str, ...]]):
         super().__init__()
         self.module = module
         self.logs = Logs(device)
         self.position = Position()
-        self.after: dict[str, list] = {moment: [] for moment in HOOKS}  # the engine's own
+        self.hooks = hooks
+        self.after: dict[str, list] = {moment: [] for moment in hooks}  # the engine's own
         module.trainer = EngineView(self)  # the property's setter: child modules too
         module.log, module.log_dict = self.logs.add, self.logs.add_dict
 
@@ -286,15 +284,15 @@ class LightningStep(nn.Module):
             self.logs.begin(1)
         if moment == "validation_start":
             self.position.val_index = 0
-        for hook in HOOKS[moment]:
+        for hook in self.hooks[moment]:
             getattr(self.module, hook)()
         for then in self.after[moment]:
             then()
         return self.logs.take() if window else \
             torch.zeros(2 * CAPACITY, device=self.logs.device, dtype=torch.float64)
 
-    def forward(self, batch):
-        self.logs.begin(batch_rows(batch))
+    def forward(self, batch, rows: int):
+        self.logs.begin(rows)
         if self.training:
             index = self.position.batch_index()
             self.position.micro += 1
@@ -302,7 +300,6 @@ class LightningStep(nn.Module):
             return StepOutput(loss, self.logs.take())
         self.module.validation_step(batch, self.position.val_index)
         self.position.val_index += 1
-        rows = self.logs.rows
         # each sample carries its batch's share: evaluation drops the sampler's repeats by rows
         return (self.logs.take() / rows).expand(rows, -1)
 
@@ -327,7 +324,8 @@ def task(device: torch.device, step: LightningStep, name: str, unit: str) -> Tas
     def to_device(batch, training: bool) -> Batch:
         batch = tensors.each(batch, lambda value: value.to(device, non_blocking=True)
                              if isinstance(value, torch.Tensor) else value)
-        return WholeBatch({"batch": batch}, None, torch.empty(batch_rows(batch)))
+        rows = batch_rows(batch)
+        return WholeBatch({"batch": batch, "rows": rows}, None, torch.empty(rows))
 
     def loss(outputs, batch: Batch) -> torch.Tensor:
         return outputs.loss if isinstance(outputs, StepOutput) else outputs.new_zeros(())

@@ -115,3 +115,8 @@ class TaskSpec:
     targets: str = "classes"
     names_figures: bool = False
     steps_model: bool = False
+
+    def figure_name(self, stage: str, name: str) -> str:
+        """One of its metrics as metrics.jsonl records it: `stage`_NAME (train_accuracy,
+        val_accuracy), or as the task named it (names_figures)."""
+        return name if self.names_figures else f"{stage}_{name}"

@@ -47,14 +47,10 @@ class Task:
     sums: Callable[[torch.Tensor, Batch, torch.Tensor, bool], torch.Tensor]
     values: Callable[[dict], dict]
     own_metrics: tuple[str, ...] = ()  # the recipe's task.metrics, recorded in training too
-    # the task's own code at the loop's moments (MOMENTS: a LightningModule's hooks): the sums
+    # the task's own code at the loop's moments (train_start, train_epoch_start/end,
+    # validation_start/end, train_end: a LightningModule's hooks, lightning.HOOKS): the sums
     # it logged there, added to the interval's or the evaluation's; None: a task without any
     moment: Callable[[str], torch.Tensor] | None = None
-
-
-# the loop's moments a task may act at (Task.moment), in the order a run meets them
-MOMENTS = ("train_start", "train_epoch_start", "validation_start", "validation_end",
-           "train_epoch_end", "train_end")
 
 
 def top1_sums(num_classes: int, model_name: str) -> Callable:

@@ -313,6 +313,22 @@ def _compiled(model: nn.Module, wrapped: nn.Module, config: Config, plan: System
     return torch.compile(wrapped, mode=config.compile_mode)
 
 
+def _optimizer(model: nn.Module, config: Config, distributed: Distributed, place: RunPlace,
+               device: torch.device, global_batch: int, steps_per_epoch: int,
+               total_steps: int) -> tuple:
+    """(optimiser, schedule, its first LR, the banner's words for them): hpctrain's from
+    optim.* and schedule.*, the LR scaled to the global batch; or a LightningModule's own."""
+    if config.task_spec.steps_model:
+        model.position = _position(config, distributed, place, steps_per_epoch, total_steps)
+        optimizer, scheduler = lightning_optim.from_module(model)
+        return optimizer, scheduler, optimizer.param_groups[0]["lr"], scheduler.describe()
+    lr = scaled_lr(config.optim, global_batch)
+    optimizer = build_optimizer(model, config.optim, lr, device)
+    scheduler = build_scheduler(optimizer, config.schedule, total_steps, steps_per_epoch)
+    return optimizer, scheduler, lr, \
+        f"{config.optim.name} effective lr {lr:.4g} ({config.optim.lr_scaling} scaling)"
+
+
 def _position(config: Config, distributed: Distributed, place: RunPlace, steps_per_epoch: int,
               total_steps: int) -> lightning_step.Position:
     """Where a LightningModule's `self.trainer` reads the run's length, ranks and folder."""
@@ -372,7 +388,7 @@ def build_parts(config: Config, env: ProcessEnv | None = None,
     forward = _compiled(model, wrapped, config, plan)
     folded = _fused_evaluation(model, config, layout, plan)
 
-    # ---- optimiser and schedule, sized by the global batch ----
+    # ---- the run's length, the task, the optimiser and schedule ----
     steps_per_epoch, total_steps = _run_length(config, data, global_batch)
     task = _run_task(config, data, device, plan, batch_size, layout, model)
     if layout.pipeline > 1:
@@ -381,15 +397,8 @@ def build_parts(config: Config, env: ProcessEnv | None = None,
             lambda outputs, targets: task.loss(outputs, Batch(None, targets, targets)),
             layout, env.rank, device, config.parallel.schedule, micro,
             distributed.mesh["pipeline"].get_group(), stream)
-    if config.task_spec.steps_model:
-        model.position = _position(config, distributed, place, steps_per_epoch, total_steps)
-        optimizer, scheduler = lightning_optim.from_module(model)
-        lr, note = optimizer.param_groups[0]["lr"], scheduler.describe()
-    else:
-        lr = scaled_lr(config.optim, global_batch)
-        optimizer = build_optimizer(model, config.optim, lr, device)
-        scheduler = build_scheduler(optimizer, config.schedule, total_steps, steps_per_epoch)
-        note = f"{config.optim.name} effective lr {lr:.4g} ({config.optim.lr_scaling} scaling)"
+    optimizer, scheduler, lr, note = _optimizer(model, config, distributed, place, device,
+                                                global_batch, steps_per_epoch, total_steps)
     return Parts(
         config=config, plan=plan, device=device, distributed=distributed, place=place,
         data=data, model=model, forward=forward,

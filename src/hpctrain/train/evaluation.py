@@ -55,8 +55,8 @@ def evaluate(parts, model: nn.Module, stopper=None) -> dict | None:
         restore_rng(streams)
     totals = parts.distributed.sum_(sums).tolist()
     values = task.values(dict(zip(task.sum_names, totals)))
-    named = parts.config.task_spec.names_figures  # a LightningModule's names, as logged
-    return {name if named else f"val_{name}": value for name, value in values.items()
+    spec = parts.config.task_spec
+    return {spec.figure_name("val", name): value for name, value in values.items()
             if name != "padding_fraction"}
 
 

@@ -461,10 +461,10 @@ def _log_interval(parts: Parts, progress: Progress, metrics: RunningMetrics,
                 "or precision=bf16 instead of fp16.")
     else:
         progress.nan_intervals, progress.nan_since_step = 0, None
-    named = parts.config.task_spec.names_figures  # a LightningModule's names, as logged
+    spec = parts.config.task_spec
     record = {"loss": values["loss"], "lr": lr, "epoch": progress.step / parts.steps_per_epoch,
               **rates, "data_wait_fraction": data_wait,
-              **{name if named else f"train_{name}": value  # the task's own
+              **{spec.figure_name("train", name): value  # the task's own
                  for name, value in values.items()
                  if name not in ("loss", "units", "padding_fraction")}}
     if "padding_fraction" in values:
