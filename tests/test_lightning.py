@@ -366,6 +366,38 @@ class BringsLoaders(LitClassifier):
         return None
 
 
+class LogsWhileConfiguring(LitClassifier):
+    def configure_optimizers(self):
+        self.log("configured", 1.0)
+        return super().configure_optimizers()
+
+
+class LogsTheMaximum(LitClassifier):
+    def training_step(self, batch, batch_idx):
+        self.log("peak", 1.0, reduce_fx="max")
+        return super().training_step(batch, batch_idx)
+
+
+class LogsTooMany(LitClassifier):
+    def training_step(self, batch, batch_idx):
+        self.log_dict({f"figure_{n}": 1.0 for n in range(33)})
+        return super().training_step(batch, batch_idx)
+
+
+class PlateauWithoutMonitor(LitClassifier):
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+        return {"optimizer": optimizer,
+                "lr_scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer)}
+
+
+class HourlySchedule(LitClassifier):
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+        return {"optimizer": optimizer, "lr_scheduler": {
+            "scheduler": torch.optim.lr_scheduler.StepLR(optimizer, 1), "interval": "hour"}}
+
+
 class AsksTheTrainer(LitClassifier):
     def training_step(self, batch, batch_idx):
         self.log("profiled", float(self.trainer.profiler is None))
@@ -388,6 +420,15 @@ class AsksTheTrainer(LitClassifier):
     (BringsLoaders, "overrides train_dataloader, which hpctrain's engine does not call "
                     "(docs/lightning.md lists what it calls): move that work into the steps "
                     "or the epoch hooks, and give the datasets to hpctrain.fit"),
+    (LogsWhileConfiguring, "self.log('configured', ...) outside the steps and the epoch "
+                           "hooks"),
+    (LogsTheMaximum, "self.log('peak', ..., reduce_fx='max'): hpctrain's engine reduces by "
+                     "mean or sum"),
+    (LogsTooMany, "self.log('figure_32', ...): a run logs at most 32 names"),
+    (PlateauWithoutMonitor, "its ReduceLROnPlateau steps on a figure it logs: give "
+                            "'monitor'"),
+    (HourlySchedule, "lr_scheduler interval 'hour', frequency 1: expected an interval of "
+                     "step or epoch"),
     (AsksTheTrainer, "self.trainer.profiler: hpctrain's engine stands in for Lightning's "
                      "Trainer with current_epoch, global_step")])
 def test_what_the_engine_does_not_do_is_refused_by_name(tmp_path, module_class, message):
@@ -396,6 +437,17 @@ def test_what_the_engine_does_not_do_is_refused_by_name(tmp_path, module_class, 
         hpctrain.fit(module_class(), train, val, output_dir=str(tmp_path), **QUICK)
     assert message in str(refused.value)
     assert refused.value.exit_code == 2
+
+
+def test_a_data_module_beside_val_data_and_a_plain_module_under_task_lightning_are_refused(
+        tmp_path):
+    settings = dict(output_dir=str(tmp_path), **QUICK)
+    with pytest.raises(ConfigError, match="a LightningDataModule brings its own validation "
+                                          "set: give no val_data beside it"):
+        hpctrain.fit(LitClassifier(), BlobData(), blobs()[1], **settings)
+    with pytest.raises(ConfigError, match="the model is a Sequential, not a LightningModule"):
+        hpctrain.fit(torch.nn.Sequential(torch.nn.Linear(8, 3)), *blobs(), task="lightning",
+                     **settings)
 
 
 @pytest.mark.parametrize("setting, message", [
