@@ -90,3 +90,44 @@ META_DAMAGE = {
 }
 DAMAGE["meta.json with a step of text"] = (
     lambda c: edit_meta(c, META_DAMAGE["step of text"][0]), META_DAMAGE["step of text"][1])
+
+
+# ---- weight files (issue 51): a pickle in a weights cache, a safetensors file that lies
+
+
+def plant_hostile_weights(path: Path, marker: Path, torch_save: bool = True) -> None:
+    """A weight file that runs `touch MARKER` when unpickled: saved by torch.save (a zip
+    archive, as torchvision's files are) or a plain pickle."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if torch_save:
+        torch.save(RunsACommand(marker), path)
+    else:
+        path.write_bytes(pickle.dumps(RunsACommand(marker)))
+
+
+def _rewrite_safetensors_header(path: Path, change) -> None:
+    data = path.read_bytes()
+    length = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + length])
+    change(next(entry for key, entry in header.items()  # a tensor of one value or more
+                if key != "__metadata__" and entry["shape"]))
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(len(text).to_bytes(8, "little") + text + data[8 + length:])
+
+
+def _stretch(entry: dict) -> None:
+    entry["data_offsets"][1] += 10**9
+
+
+def _double(entry: dict) -> None:
+    entry["shape"] = [side * 2 for side in entry["shape"]]
+
+
+# name -> how a safetensors file's header lies
+FALSE_SAFETENSORS = {
+    "header length 2^63": lambda p: p.write_bytes((2**63).to_bytes(8, "little")
+                                                  + p.read_bytes()[8:]),
+    "offsets past the end": lambda p: _rewrite_safetensors_header(p, _stretch),
+    "shape and offsets disagree": lambda p: _rewrite_safetensors_header(p, _double),
+}

@@ -18,6 +18,8 @@ import pytest
 import torch
 import torchvision
 
+from hostile import FALSE_SAFETENSORS, plant_hostile_weights
+
 from hpctrain.models.model_names import build_model
 
 TV = "shufflenet_v2_x0_5"  # torchvision's smallest classifier with a Linear head (fc)
@@ -88,6 +90,78 @@ def test_damaged_weights_and_a_refused_download_are_one_line(weights_server, run
     code, _, err = run_cli("prefetch", "default", *tiny(*model))
     assert code == 1 and "cannot fetch torchvision:shufflenet_v2_x0_5's pretrained weights" in err
     assert "HTTPError" in err and not any(cache.parent.iterdir())
+
+
+@pytest.mark.parametrize("torch_save", [True, False], ids=["torch.save", "plain pickle"])
+def test_cached_weights_that_would_run_code_are_refused_and_never_run(weights_server, run_cli,
+                                                                      tiny, tmp_path,
+                                                                      torch_save):
+    """torch.hub's loader reads with weights_only=False: a pickle planted in a shared
+    TORCH_HOME would run in every job. It is refused in one line naming the file and what
+    it would have run; the payload never runs."""
+    marker = tmp_path / "payload-ran"
+    plant_hostile_weights(weights_server["cache"], marker, torch_save)
+    code, _, err = run_cli("run", "default", *tiny("model.name=torchvision:" + TV,
+                                                   "model.pretrained=true",
+                                                   "data.image_size=32"))
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"the cached weights {weights_server['cache']} cannot be read (a pickle" in err
+    assert ("would run posix.system" in err) == torch_save and "refused" in err
+    assert not marker.exists()
+
+
+def _hub_repo(cache: Path, repo: str) -> Path:
+    """An empty snapshot folder of `repo` in a Hugging Face cache, as huggingface_hub lays
+    one out (refs/main -> snapshots/<commit>)."""
+    commit = "0" * 40
+    folder = cache / f"models--{repo.replace('/', '--')}"
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text(commit)
+    (folder / "snapshots" / commit).mkdir(parents=True)
+    return folder / "snapshots" / commit
+
+
+def test_an_hf_folders_pickled_weights_that_would_run_code_are_one_line(tmp_path, run_cli):
+    marker = tmp_path / "payload-ran"
+    _tiny_gpt2(tmp_path / "tiny")
+    (tmp_path / "tiny" / "model.safetensors").unlink()
+    plant_hostile_weights(tmp_path / "tiny" / "pytorch_model.bin", marker)
+    code, _, err = run_cli("run", "tiny-lm", f"model.name=hf:{tmp_path / 'tiny'}",
+                           "model.pretrained=true", f"output_dir={tmp_path / 'runs'}",
+                           f"data.arithmetic.cache_dir={tmp_path}", "tensorboard=false")
+    assert code == 2 and "Traceback" not in err, err  # above it: the libraries' own notes
+    assert err.splitlines()[-1].startswith("hpctrain: error: model.pretrained: ")
+    assert f"the weights in {tmp_path / 'tiny'} cannot be read (a pickle that would run " \
+           "posix.system, not only tensors; refused)" in err
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("lie", list(FALSE_SAFETENSORS))
+def test_a_safetensors_file_whose_header_lies_is_one_line_naming_it(tmp_path, monkeypatch,
+                                                                    lie):
+    """A header of length 2^63, offsets past the end, a shape its offsets do not hold: in an
+    hf: folder and in timm's weights in the hub cache, each refused naming the weights."""
+    import timm
+    from huggingface_hub import constants
+    from safetensors.torch import save_file
+
+    from hpctrain.errors import ConfigError
+
+    _tiny_gpt2(tmp_path / "tiny")
+    FALSE_SAFETENSORS[lie](tmp_path / "tiny" / "model.safetensors")
+    with pytest.raises(ConfigError) as refused:
+        build_model(f"hf:{tmp_path / 'tiny'}", None, vocab_size=300, pretrained=True)
+    assert f"the weights in {tmp_path / 'tiny'} cannot be read (SafetensorError: " \
+           in str(refused.value) and "\n" not in str(refused.value)
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    weights = _hub_repo(tmp_path / "hub", "timm/resnet10t.c3_in1k") / "model.safetensors"
+    save_file(timm.create_model("resnet10t").state_dict(), weights)
+    FALSE_SAFETENSORS[lie](weights)
+    with pytest.raises(ConfigError) as refused:
+        build_model("timm:resnet10t", 4, pretrained=True)
+    assert f"the cached weights {weights} cannot be read (SafetensorError: " \
+           in str(refused.value) and "\n" not in str(refused.value)
 
 
 def test_timm_weights_are_read_from_the_hugging_face_cache(tmp_path, monkeypatch):

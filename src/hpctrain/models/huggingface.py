@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from hpctrain.errors import ConfigError
+from hpctrain.models import weight_files
 from hpctrain.models.pretrained import PREFETCH, hub_cache
 
 CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "n_ctx", "seq_length")
@@ -79,18 +80,37 @@ def causal_lm(path: str, kwargs: dict, pretrained: bool = False) -> CausalLM:
             raise ConfigError(f"model.kwargs.{key}: the {config.model_type} config has no "
                               f"field {key!r}")
         setattr(config, key, value)
+    if not pretrained:
+        try:
+            return CausalLM(AutoModelForCausalLM.from_config(config))
+        except ValueError as err:  # a config of a model that is not a causal LM (BERT, ...)
+            raise _not_causal(path, config, err) from None
     try:
-        if pretrained:
+        with weight_files.tensors_only():
             return CausalLM(AutoModelForCausalLM.from_pretrained(source, config=config,
                                                                  **found))
-        return CausalLM(AutoModelForCausalLM.from_config(config))
     except OSError as err:  # the weights are not there
         raise ConfigError(f"model.pretrained: hf:{path} has a config but no weights "
                           f"transformers can read ({str(err).splitlines()[0][:200]}); fetch "
                           f"them with {PREFETCH}") from None
-    except ValueError as err:  # a config of a model that is not a causal LM (BERT, ...)
-        raise ConfigError(f"model.name hf:{path}: {config.model_type} is not a causal "
-                          f"language model transformers can build ({err})") from None
+    except ValueError as err:
+        if "Unrecognized configuration class" in str(err):  # BERT, ...
+            raise _not_causal(path, config, err) from None
+        raise _damaged(path, folder if local else None, err) from None
+    except weight_files.UNREADABLE as err:  # a pickle that is not only tensors, a bad header
+        raise _damaged(path, folder if local else None, err) from None
+
+
+def _not_causal(path: str, config, err: Exception) -> ConfigError:
+    return ConfigError(f"model.name hf:{path}: {config.model_type} is not a causal language "
+                       f"model transformers can build ({err})")
+
+
+def _damaged(path: str, folder: Path | None, err: Exception) -> ConfigError:
+    weights = f"the weights in {folder}" if folder else \
+        f"the weights of hf:{path} in the Hugging Face cache ({hub_cache()})"
+    return weight_files.refused("model.pretrained", weights, err, "replace them with weights "
+                                f"you trust, or fetch them again with {PREFETCH}")
 
 
 def _cached(name: str) -> bool:

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from hpctrain.errors import ConfigError
+from hpctrain.models import weight_files
 
 PREFETCH = "hpctrain prefetch RECIPE (on a login node, where there is internet)"
 
@@ -106,12 +107,11 @@ def load(library: str, name: str, num_classes: int | None, kwargs: dict) -> nn.M
         raise ConfigError(f"model.pretrained: the weights of {library}:{name} ({found.tag}) "
                           f"are not in {found.where()}; fetch them with {PREFETCH}")
     try:
-        model = _built(found, path, kwargs)
-    except (RuntimeError, EOFError, OSError, ValueError) as err:
-        first = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
-        raise ConfigError(f"model.pretrained: the cached weights {path} cannot be read "
-                          f"({type(err).__name__}: {first}); delete the file and run "
-                          f"{PREFETCH} again") from None
+        with weight_files.tensors_only():
+            model = _built(found, path, kwargs)
+    except weight_files.UNREADABLE as err:
+        raise weight_files.refused("model.pretrained", f"the cached weights {path}", err,
+                                   f"delete the file and run {PREFETCH} again") from None
     replaced = replace_head(model, num_classes, found.classes) if num_classes else []
     model.replaced_layers = replaced  # trained at optim.lr (optim.pretrained_lr_scale)
     model.pretrained_note = f"pretrained {found.tag} from {path}" + (
