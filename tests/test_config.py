@@ -41,6 +41,16 @@ def test_bad_values_name_the_key_value_and_what_is_allowed(run_cli, override, ex
     assert "Traceback" not in err
 
 
+def test_a_value_in_an_error_is_shown_in_a_few_items_however_large(run_cli):
+    """An error message never prints a value unbounded (issue 51): a list of 50,000 numbers or
+    a string of a megabyte is shown in a few items and characters."""
+    values = "[" + ", ".join(str(n) for n in range(50000)) + "]"
+    code, _, err = run_cli("config", "show", "default", f"train.batch_size={values}")
+    assert code == 2 and "train.batch_size = [0, 1, 2, 3, ...]" in err and len(err) < 600
+    code, _, err = run_cli("config", "show", "default", "precision=" + "x" * 1_000_000)
+    assert code == 2 and "precision = 'xxxxxxxxxxxx" in err and len(err) < 800, len(err)
+
+
 def test_a_value_given_where_a_section_is_expected_is_explained(run_cli):
     code, _, err = run_cli("config", "show", "default", "train.epochs.max=3")
     assert code == 2 and "train.epochs is a value, not a section" in err

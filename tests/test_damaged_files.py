@@ -146,3 +146,103 @@ def test_the_end_of_run_report_never_fails_the_run(tmp_path, monkeypatch):
     monkeypatch.setattr(chart, "png", broken)
     said = write_run_report(run)  # returned for the run to print, never raised
     assert "RuntimeError: a charting bug" in said and f"hpctrain report {run}" in said
+
+
+# ---- bombs (issue 51, item 3): every read is bounded, every damage named --------------------
+
+def _link_to_zero(name: str):
+    def spoil(run: Path) -> None:
+        (run / name).unlink()
+        (run / name).symlink_to("/dev/zero")
+    return spoil
+
+
+def _nested(name: str, depth: int = 30000):
+    def spoil(run: Path) -> None:
+        with open(run / name, "a" if name == "metrics.jsonl" else "w") as file:
+            file.write("[" * depth + "]" * depth + "\n")
+    return spoil
+
+
+def _sparse(name: str, size: int = 100 << 30):
+    def spoil(run: Path) -> None:
+        with open(run / name, "r+b") as file:
+            file.truncate(size)
+    return spoil
+
+
+# name -> (how, the words naming it in `runs`, `report` and `watch`)
+BOMBS = {
+    "summary.json to /dev/zero": (_link_to_zero("summary.json"),
+                                  "summary.json is a symbolic link"),
+    "run.json to /dev/zero": (_link_to_zero("run.json"), "run.json is a symbolic link"),
+    "metrics.jsonl to /dev/zero": (_link_to_zero("metrics.jsonl"),
+                                   "metrics.jsonl is a symbolic link"),
+    "summary.json nested 30,000 deep": (_nested("summary.json"),
+                                        "summary.json is nested deeper than 64 levels"),
+    "run.json nested 30,000 deep": (_nested("run.json"),
+                                    "run.json is nested deeper than 64 levels"),
+    "metrics.jsonl line nested 30,000 deep": (_nested("metrics.jsonl"),
+                                              "is nested deeper than 64 levels"),
+    "summary.json of 100 GB": (_sparse("summary.json"),
+                               "summary.json holds 107,374,182,400 bytes, more than"),
+}
+
+
+def _limited(*args: str, home: Path) -> tuple[int, str, str]:
+    """`hpctrain ARGS` in a child of 4 GiB of address space: an unbounded read fails there,
+    not on the machine."""
+    import os
+    import resource
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "hpctrain", *args], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "XDG_STATE_HOME": str(home)},
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS,
+                                                                (4 << 30, 4 << 30)))
+    return done.returncode, done.stdout, done.stderr
+
+
+def test_links_to_dev_zero_deep_nesting_and_huge_files_are_named_not_read(tmp_path):
+    root = tmp_path / "runs"
+    for number, (name, (spoil, _)) in enumerate(BOMBS.items()):
+        write_run(root / f"bomb-{number}", number)
+        spoil(root / f"bomb-{number}")
+    write_run(root / "whole", 99)
+    code, out, err = _limited("runs", "--root", str(root), "--db", str(tmp_path / "i.sqlite"),
+                              "--json", home=tmp_path / "state")
+    assert code == 0 and "Traceback" not in err, err[-3000:]
+    rows = {row["name"]: row for row in json.loads(out)}
+    assert rows["whole"]["status"] == "completed"
+    for number, (name, (_, words)) in enumerate(BOMBS.items()):
+        assert rows[f"bomb-{number}"]["status"] == "damaged", name
+        assert words in rows[f"bomb-{number}"]["problem"], (name, rows[f"bomb-{number}"])
+    runs = [str(root / f"bomb-{number}") for number in range(len(BOMBS))]
+    code, out, err = _limited("report", *runs, "--out", str(tmp_path / "r.html"),
+                              home=tmp_path / "state")
+    assert code == 0 and "Traceback" not in err, err[-3000:]
+    for number, (name, (_, words)) in enumerate(BOMBS.items()):
+        assert words in err, name
+    for number, (name, (_, words)) in enumerate(BOMBS.items()):
+        code, out, err = _limited("watch", runs[number], "--once", home=tmp_path / "state")
+        assert code == 0 and "Traceback" not in err, (name, err[-3000:])
+        assert "damaged: " in out and words in out, (name, out)
+
+
+def test_a_lock_that_is_a_link_or_nested_deep_is_named_by_run(tmp_path, tiny):
+    """`run` in a named run directory whose run.lock links to /dev/zero, or holds JSON nested
+    30,000 deep: refused in one line naming why, within the memory limit."""
+    run = tmp_path / "runs" / "held"
+    write_run(run, 0)
+    (run / "run.lock").symlink_to("/dev/zero")
+    code, _, err = _limited("run", "default", *tiny("run_name=held", "resume=auto"),
+                            home=tmp_path / "state")
+    assert code == 2 and "Traceback" not in err and "run.lock is a symbolic link" in err, err
+    (run / "run.lock").unlink()
+    (run / "run.lock").write_text("[" * 30000 + "]" * 30000)
+    code, _, err = _limited("run", "default", *tiny("run_name=held", "resume=auto"),
+                            home=tmp_path / "state")
+    assert code == 2 and "Traceback" not in err, err
+    assert "in use by a run whose lock cannot be read (it is nested deeper than 64 levels)" \
+        in err

@@ -1,6 +1,7 @@
 """The process layout read from the launchers' variables, and the checks made before any
 process group starts."""
 
+import os
 import resource
 import subprocess
 import sys
@@ -146,6 +147,55 @@ def test_a_slurm_variable_that_is_not_a_number_stops_a_run_in_one_line(
     code, _, err = run_cli("run", "default", *tiny())
     assert code == 2 and "SLURM_RESTART_COUNT='abc' is not a whole number" in err
     assert err.count("error:") == 1 and "Traceback" not in err
+
+
+SLURM_STEP = {"SLURM_JOB_ID": "4242", "SLURM_STEP_NUM_TASKS": "2", "SLURM_NTASKS": "2",
+              "SLURM_PROCID": "1", "SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_STEP_NODELIST": "n1"}
+TORCHRUN = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
+
+
+@pytest.mark.parametrize("launcher, change, words", [
+    (SLURM_STEP, {"SLURM_PROCID": "5"}, "SLURM_PROCID=5 but SLURM_STEP_NUM_TASKS=2"),
+    (SLURM_STEP, {"SLURM_STEP_NUM_TASKS": "0"}, "SLURM_STEP_NUM_TASKS='0' is not a whole "
+                                                "number from 1 to 1,048,576"),
+    (SLURM_STEP, {"SLURM_STEP_NUM_TASKS": "-1"}, "SLURM_STEP_NUM_TASKS='-1' is not"),
+    (SLURM_STEP, {"SLURM_PROCID": "-1"}, "SLURM_PROCID='-1' is not a whole number from 0"),
+    (SLURM_STEP, {"SLURM_LOCALID": "2"}, "SLURM_LOCALID=2 but the tasks per node=2"),
+    (SLURM_STEP, {"SLURM_STEP_TASKS_PER_NODE": "1(x3)"}, "add up to 3"),
+    (SLURM_STEP, {"SLURM_RESTART_COUNT": "-5"}, "SLURM_RESTART_COUNT='-5' is not a whole "
+                                                "number from 0 to 1,000,000"),
+    (SLURM_STEP, {"SLURM_RESTART_COUNT": "1" + "0" * 30},
+     "SLURM_RESTART_COUNT='10000000000000000...' is not"),
+    (SLURM_STEP, {"MASTER_PORT": "70000"}, "MASTER_PORT='70000' is not a whole number from 1 "
+                                           "to 65,535"),
+    (TORCHRUN, {"RANK": "2"}, "RANK=2 but WORLD_SIZE=2"),
+    (TORCHRUN, {"WORLD_SIZE": "0"}, "WORLD_SIZE='0' is not"),
+    (TORCHRUN, {"RANK": "-1"}, "RANK='-1' is not"),
+    (TORCHRUN, {"LOCAL_RANK": "3"}, "LOCAL_RANK=3 but LOCAL_WORLD_SIZE=2"),
+    (TORCHRUN, {"LOCAL_WORLD_SIZE": "4"}, "LOCAL_WORLD_SIZE=4 but WORLD_SIZE=2"),
+    (TORCHRUN, {"GROUP_RANK": "1"}, "GROUP_RANK=1 but WORLD_SIZE / LOCAL_WORLD_SIZE"),
+    (TORCHRUN, {"HPCTRAIN_RESTARTS": "-1"}, "HPCTRAIN_RESTARTS='-1' is not"),
+])
+def test_launcher_variables_that_cannot_be_a_process_of_the_run_are_named(launcher, change,
+                                                                          words):
+    """Checked before any process group (issue 51): a rank past the process count waited in
+    the rendezvous forever, a count of 0 or a rank of -1 failed inside torch.distributed,
+    and a restart count of -5 or 10^30 was taken."""
+    assert detect(launcher).world_size == 2  # the variables as a launcher sets them
+    with pytest.raises(ConfigError) as refused:
+        detect({**launcher, **change})
+    assert words in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_rank_past_the_process_count_stops_a_run_at_once_not_in_the_rendezvous(tiny):
+    """SLURM_PROCID=5 of 2 tasks: one line and exit 2 within seconds (before: killed after
+    714 s waiting for the other processes)."""
+    done = subprocess.run([sys.executable, "-m", "hpctrain", "run", "default", *tiny()],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **SLURM_STEP, "SLURM_PROCID": "5"})
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.count("error:") == 1 and "Traceback" not in done.stderr
+    assert "SLURM_PROCID=5 but SLURM_STEP_NUM_TASKS=2" in done.stderr
 
 
 HUGE = """

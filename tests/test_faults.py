@@ -216,6 +216,25 @@ def recipe(text: bytes):
     return make
 
 
+def _alias_bomb(leaf: str, width: int = 9, depth: int = 9) -> str:
+    """YAML anchors each holding `width` aliases of the one before: `width`^`depth` values
+    once expanded, in a few hundred bytes (a 'billion laughs')."""
+    members = (lambda name: "[" + ", ".join([name] * width) + "]") if leaf == "list" else \
+        (lambda name: "{" + ", ".join(f"k{i}: {name}" for i in range(width)) + "}")
+    lines = [f"  a0: &a0 {members('1')}"]
+    lines += [f"  a{i}: &a{i} {members(f'*a{i - 1}')}" for i in range(1, depth)]
+    return "x-anchors:\n" + "\n".join(lines) + "\n"
+
+
+def alias_bomb(leaf: str, key: str):
+    section, name = key.split(".")
+    return recipe((_alias_bomb(leaf) + f"{section}:\n  {name}: *a8\n").encode())
+
+
+def override(*overrides: str):
+    return lambda world: ["run", "default", *world.tiny(*overrides)]
+
+
 def status_of_a_file(verb: str):
     def make(world):
         (world.tmp / "afile").write_text("x")
@@ -283,6 +302,30 @@ def a_very_wide_image(world):
     return ["pack", str(world.tmp / "src"), str(world.tmp / "out"), "--store", "raw"]
 
 
+def linked_out(name: str, folder: bool = False, *extra: str):
+    """The trained run resumed with `name` in it a link out of the run: to the victim file,
+    or (`folder`) to a folder beside the victim holding what was there."""
+    def make(world):
+        run = world.run_copy()
+        if folder:
+            target = world.victim.parent / name
+            if (run / name).exists():
+                shutil.move(run / name, target)
+            else:
+                target.mkdir()
+        else:
+            target = world.victim
+            (run / name).unlink(missing_ok=True)
+        (run / name).symlink_to(target)
+        world.outside = sorted(p.name for p in world.victim.parent.rglob("*"))
+        return world.resume(*extra)
+    return make
+
+
+def nothing_written_outside(world):
+    assert sorted(p.name for p in world.victim.parent.rglob("*")) == world.outside
+
+
 FAULTS = [
     # files hpctrain did not write: checkpoints
     Fault("checkpoint index that runs a command", checkpoint_made(
@@ -336,6 +379,20 @@ FAULTS = [
           ("index says 20 x",)),
     Fault("index holding pickled objects", index(_object_index, allow_pickle=True), 2,
           ("is not an index",)),
+    # the run directory: nothing is written through a link (issue 51)
+    Fault("config.yaml of a resumed run a link out", linked_out("config.yaml"), 2,
+          ("config.yaml is a symbolic link (to", "Remove the link"),
+          after=nothing_written_outside),
+    Fault("metrics.jsonl of a resumed run a link out", linked_out("metrics.jsonl"), 2,
+          ("metrics.jsonl is a symbolic link",), after=nothing_written_outside),
+    Fault("summary.json.tmp planted as a link", linked_out("summary.json.tmp"), 2,
+          ("summary.json.tmp is a symbolic link",), after=nothing_written_outside),
+    Fault("checkpoints/ a link to a folder outside", linked_out("checkpoints", True), 2,
+          ("checkpoints is a symbolic link",), after=nothing_written_outside),
+    Fault("tb/ a link to a folder outside", linked_out("tb", True, "tensorboard=true"), 2,
+          ("tb is a symbolic link",), after=nothing_written_outside),
+    Fault("wandb/ a link to a folder outside", linked_out("wandb", True), 2,
+          ("wandb is a symbolic link",), after=nothing_written_outside),
     # sources
     Fault("list that is not UTF-8", csv_list(b"a.jpg,cat\n\xff\xfe.jpg,dog\n"), 2,
           ("not UTF-8",)),
@@ -365,6 +422,33 @@ FAULTS = [
     Fault("an empty recipe", recipe(b""), 2, ("mine.yaml is empty",)),
     Fault("a recipe of comments only", recipe(b"# to do\n"), 2,
           ("mine.yaml is empty (or only comments)",)),
+    # recipes that bomb (issue 51): each refused in one line, in bounded time and memory
+    Fault("an alias bomb of lists as train.batch_size", alias_bomb("list", "train.batch_size"),
+          2, ("mine.yaml: refused: it holds more than 100,000 values (its aliases expanded)",),
+          isolate=True),
+    Fault("an alias bomb of mappings in model.kwargs", alias_bomb("dict", "model.kwargs"), 2,
+          ("it holds more than 100,000 values",), isolate=True),
+    Fault("an alias bomb as an override", override("train.batch_size=[" + ", ".join(
+        f"&a{i} [" + ", ".join(["1" if i == 0 else f"*a{i - 1}"] * 9) + "]" for i in range(9))
+        + "]"), 2, ("override train.batch_size=...: it holds more than 100,000 values",),
+        isolate=True),
+    Fault("an integer of 100,000 digits", recipe(b"seed: " + b"9" * 100000 + b"\n"), 2,
+          ("an integer of 100,000 digits (at most 40) (line 1, column 7)",), isolate=True),
+    Fault("100,000 nested lists", recipe(b"model:\n  kwargs:\n    a: " + b"[" * 100000
+                                         + b"]" * 100000 + b"\n"), 2,
+          ("nested deeper than 64 levels",), isolate=True),
+    Fault("900 levels of model.kwargs", recipe(("model:\n  kwargs:\n" + "".join(
+        "  " * (i + 2) + f"k{i}:\n" for i in range(900)) + "  " * 902 + "v: 1\n").encode()), 2,
+        ("nested deeper than 64 levels",), isolate=True),
+    Fault("a section given twice", recipe(b"train:\n  max_steps: 3\ntrain:\n  epochs: 1\n"), 2,
+          ("found the key 'train' twice (the first would be dropped) (line 3, column 1)",)),
+    Fault("a flag as a count", recipe(b"checkpoint:\n  keep_last: true\n"), 2,
+          ("checkpoint.keep_last = True", "true is a flag, not a number")),
+    Fault("a flag as the batch size", override("train.batch_size=true"), 2,
+          ("train.batch_size = True", "true is a flag, not a number")),
+    Fault("a built-in dataset of 10^12 samples", override(f"data.shapes.num_train={10**12}"),
+          2, ("data.shapes.num_train = 1000000000000", "less than or equal to 10000000"),
+          isolate=True),
     Fault("tune status of a file", status_of_a_file("tune"), 2, ("not a search folder",)),
     Fault("scale status of a file", status_of_a_file("scale"), 2, ("not a scaling study",)),
     Fault("report --out into a folder that cannot be made", report_out(

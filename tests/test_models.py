@@ -1,5 +1,7 @@
 """The model registry and activation checkpointing."""
 
+import json
+
 import pytest
 import torch
 from torch import nn
@@ -123,3 +125,48 @@ def test_a_model_without_the_datas_classes_is_refused_naming_the_setting(
     if "torchvision" in model:  # the setting it names is the fix
         code, _, err = run_cli("run", "default", *args, "model.kwargs.num_classes=10")
         assert code == 0, err
+
+
+LAZY = """
+from torch import nn
+
+
+def build(num_classes=10):
+    return nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.LazyLinear(num_classes))
+
+
+def unreached(num_classes=10):
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body, self.spare = nn.Sequential(nn.Flatten(), nn.LazyLinear(num_classes)), \\
+                nn.LazyLinear(3)
+
+        def forward(self, x):
+            return self.body(x)
+    return Net()
+"""
+
+
+def test_a_model_with_lazy_modules_trains_and_is_counted_after_a_dry_run(tmp_path, run_cli,
+                                                                       tiny):
+    """nn.LazyLinear is valid torch: its parameters come from a first forward, which
+    hpctrain makes on one sample before counting, wrapping or optimising them (issue 51;
+    before: a traceback counting an uninitialised parameter for the MFU)."""
+    (tmp_path / "lazy.py").write_text(LAZY)
+    model = f"model.name={tmp_path / 'lazy.py'}:build"
+    code, out, err = run_cli("run", "default", *tiny(model, "train.max_steps=2"))
+    assert code == 0, err
+    from hpctrain.train.checkpoint import read_checkpoint
+
+    run, = (tmp_path / "runs").iterdir()
+    assert json.loads((run / "summary.json").read_text())["status"] == "completed"
+    saved = read_checkpoint(next((run / "checkpoints").glob("step_*")))
+    assert saved["model"]["3.weight"].shape == (10, 8 * 14 * 14)  # made from 16 px images
+    assert "(0.02 M parameters)" in out  # counted once made: 224 + 15,690
+    code, out, err = run_cli("memory", "default", *tiny(model))
+    assert code == 0 and "Traceback" not in err, err
+    code, _, err = run_cli("run", "default", *tiny(f"model.name={tmp_path / 'lazy.py'}"
+                                                   ":unreached"))
+    assert code == 2 and err.count("\n") == 1
+    assert "the lazy modules spare were not called by a forward on one sample" in err

@@ -128,16 +128,15 @@ def _add_recipes(verbs) -> None:
 
 
 def cmd_recipes(args) -> int:
-    import yaml
-
     from hpctrain.config import shipped_recipes
+    from hpctrain.readers import load_yaml
 
     rows = []
     for name, path in sorted(shipped_recipes().items()):
         text = path.read_text()
         first = text.splitlines()[0] if text else ""
         description = first.lstrip("# ").strip() if first.startswith("#") else ""
-        data = (yaml.safe_load(text) or {}).get("data", {})
+        data = (load_yaml(text) or {}).get("data", {})
         rows.append({"name": name, "description": description,
                      "dataset": data.get("dataset", "shapes"), "path": str(path)})
     if args.json:
@@ -534,6 +533,7 @@ def cmd_memory(args) -> int:
     from hpctrain.memory.estimate import estimate, resolve_target
     from hpctrain.memory.estimate_report import document, text_report, write_picture
     from hpctrain.runs.directory import MEMORY_PREDICTION
+    from hpctrain.writers import write_whole
 
     config = load_config(args.recipe, args.overrides)
     env = detect()
@@ -568,8 +568,8 @@ def cmd_memory(args) -> int:
     out["search"] = search.to_json() if search else None
     out["picture"] = str(picture)
     # beside the picture: a run directory given as --out shows it in its report
-    (folder / MEMORY_PREDICTION.format(recipe=config.name)).write_text(
-        json.dumps(out, indent=2) + "\n")
+    write_whole(folder / MEMORY_PREDICTION.format(recipe=config.name),
+                json.dumps(out, indent=2) + "\n")
     if args.json:
         print(json.dumps(out, indent=2))
         return ExitCode.DONE if fits else ExitCode.DOES_NOT_FIT

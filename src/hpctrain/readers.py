@@ -1,36 +1,239 @@
-"""Reading a file that informs but is not essential (a run's summary.json or config.yaml, read
-by `status`, `profile --trace` or a resume): a crash, a full disk or a stranger may have left
-it cut short, empty or of another shape. Such a file is read as absent, never as a traceback.
+"""Reading the files hpctrain reads back: bounded, and damage named, never a traceback.
 
-A file whose fields must hold (run.json, metrics.jsonl, a checkpoint's meta.json) states its
-rules with the kinds below, beside its reader, and a record that breaks one is named.
+A file hpctrain wrote may come back cut short by a crash, empty, of another shape, or made by
+someone else: a link to /dev/zero, a file of 100 GB, JSON nested 200,000 deep, a YAML alias
+bomb. So every read here takes a regular file only (not a link, a device or a FIFO), no more
+than the cap of its kind, and parses it no deeper than MAX_DEPTH levels; YAML is read by a
+loader that also refuses aliases expanding past MAX_VALUES values, duplicate keys and
+integers longer than MAX_DIGITS. What breaks a limit is `Unreadable`, with the reason.
+
+A file that informs but is not essential (a run's summary.json or config.yaml, read by
+`status`, `profile --trace` or a resume) is read as absent when it cannot be read. A file
+whose fields must hold (run.json, metrics.jsonl, a checkpoint's meta.json) states its rules
+with the kinds below, beside its reader, and a record that breaks one is named.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import math
-from collections.abc import Callable
+import os
+import stat
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+MAX_DEPTH = 64  # levels of nesting in a JSON or YAML value read back (a recipe uses 4)
+MAX_VALUES = 100_000  # values a YAML document may expand to through its aliases
+MAX_DIGITS = 40  # digits of an integer in YAML (Python refuses more than 4,300 with a traceback)
 
-def json_mapping(path: Path) -> dict | None:
-    """The JSON object in `path`, or None when it is missing or not a JSON object."""
+
+class Unreadable(ValueError):
+    """A file, or a value in it, that breaks a limit of reading: says what, e.g. 'is not a
+    regular file', 'is nested deeper than 64 levels'."""
+
+
+def open_capped(path: Path, cap: int):
+    """`path` opened to read in binary, when it is a regular file of at most `cap` bytes:
+    FileNotFoundError when absent, Unreadable when a link, not a regular file (a device such
+    as /dev/zero, a FIFO, a folder) or larger."""
     try:
-        value = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise Unreadable("is a symbolic link, which hpctrain does not follow") from None
+        raise
+    handle = os.fdopen(descriptor, "rb")
+    info = os.fstat(descriptor)
+    if not stat.S_ISREG(info.st_mode) or info.st_size > cap:
+        handle.close()
+        raise Unreadable("is not a regular file" if not stat.S_ISREG(info.st_mode) else
+                         f"holds {info.st_size:,} bytes, more than the {cap:,} it may")
+    return handle
+
+
+def read_capped(path: Path, cap: int) -> bytes:
+    """The bytes of the regular file `path`, at most `cap` (see open_capped)."""
+    with open_capped(path, cap) as handle:
+        data = handle.read(cap + 1)
+    if len(data) > cap:  # grew since it was opened
+        raise Unreadable(f"holds more than the {cap:,} bytes it may")
+    return data
+
+
+def capped_lines(path: Path, cap: int, line_cap: int) -> Iterator[bytes | None]:
+    """The lines of the regular file `path` (see open_capped), reading at most `cap` bytes in
+    all; None in place of a line longer than `line_cap`, which is skipped."""
+    with open_capped(path, cap) as handle:
+        left = cap
+        while left > 0:
+            line = handle.readline(min(line_cap + 1, left))
+            if not line:
+                return
+            left -= len(line)
+            if len(line) <= line_cap or line.endswith(b"\n"):
+                yield line
+                continue
+            while line and not line.endswith(b"\n") and left > 0:  # the rest of it
+                line = handle.readline(min(MiB, left))
+                left -= len(line)
+            yield None
+
+
+def parse_json(text: str | bytes):
+    """The JSON value of `text`; ValueError when it is not JSON or nested deeper than
+    MAX_DEPTH (where json would raise RecursionError)."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise Unreadable(f"is nested deeper than {MAX_DEPTH} levels") from None
+    if deeper_than(value, MAX_DEPTH):
+        raise Unreadable(f"is nested deeper than {MAX_DEPTH} levels")
+    return value
+
+
+def deeper_than(value, limit: int) -> bool:
+    """Whether lists and mappings nest in `value` more than `limit` levels (walked without
+    recursion; a value that holds itself counts as too deep)."""
+    stack, seen = [(value, 1)], set()
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (list, tuple, dict)):
+            if depth > limit or id(item) in seen:
+                return True
+            seen.add(id(item))
+            stack.extend((child, depth + 1) for child in
+                         (item.values() if isinstance(item, dict) else item))
+    return False
+
+
+def json_document(path: Path, cap: int) -> tuple[object, str | None]:
+    """(the JSON value in `path`, None); (None, why) when it is there but cannot be read
+    (cut short, not JSON, a limit broken: 'is not a regular file'); (None, None) when absent."""
+    try:
+        return parse_json(read_capped(path, cap)), None
+    except FileNotFoundError:
+        return None, None
+    except Unreadable as err:
+        return None, str(err)
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        return None, "is not valid JSON (cut short?)" if isinstance(err, ValueError) else \
+            f"cannot be read ({getattr(err, 'strerror', None) or err})"
+
+
+def json_mapping(path: Path, cap: int) -> dict | None:
+    """The JSON object in `path`, or None when it is missing or not a JSON object."""
+    value, _ = json_document(path, cap)
     return value if isinstance(value, dict) else None
 
 
-def yaml_mapping(path: Path) -> dict | None:
-    """The YAML mapping in `path`, or None when it is missing or not a YAML mapping."""
+class LimitBroken(yaml.MarkedYAMLError):
+    """YAML that breaks a limit of reading (below): refused, never read another way."""
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with limits: nesting, what aliases expand to, duplicate keys
+    (where YAML keeps the last silently: a second `train:` would drop the first one's keys),
+    integers of more than MAX_DIGITS digits. Each is refused as a YAMLError naming the
+    line."""
+
+    depth = 0
+
+    def compose_node(self, parent, index):
+        self.depth += 1
+        try:
+            if self.depth > MAX_DEPTH:
+                raise LimitBroken(
+                    None, None, f"nested deeper than {MAX_DEPTH} levels",
+                    self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+    def compose_document(self):
+        node = super().compose_document()
+        expanded = _expanded(node)
+        if expanded > MAX_VALUES:
+            raise LimitBroken(
+                None, None, "an alias refers to a value it is inside of" if expanded == math.inf
+                else f"it holds more than {MAX_VALUES:,} values (its aliases expanded)",
+                node.start_mark)
+        return node
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen = set()
+            for key, _ in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                    if key.value in seen:
+                        raise LimitBroken(
+                            "while reading a mapping", node.start_mark,
+                            f"found the key {key.value[:60]!r} twice (the first would be "
+                            "dropped)", key.start_mark)
+                    seen.add(key.value)
+        return super().construct_mapping(node, deep)
+
+    def construct_bounded_int(self, node):
+        digits = sum(c.isdigit() for c in str(node.value))
+        if digits > MAX_DIGITS:
+            raise LimitBroken(
+                None, None, f"an integer of {digits:,} digits (at most {MAX_DIGITS})",
+                node.start_mark)
+        return self.construct_yaml_int(node)
+
+
+_BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct_bounded_int)
+
+
+def _expanded(root) -> float:
+    """How many values the node graph `root` stands for once every alias is expanded
+    (each distinct node visited once, so in time linear in the file, where expanding a
+    bomb of nine aliases nine deep would take 9^9); infinite when a node holds itself."""
+    done: dict[int, int] = {}
+    opened: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack[-1]
+        if id(node) in done:
+            stack.pop()
+            continue
+        children = [] if isinstance(node, yaml.ScalarNode) else \
+            [part for pair in node.value for part in pair] \
+            if isinstance(node, yaml.MappingNode) else list(node.value)
+        if id(node) not in opened:
+            opened.add(id(node))
+            if any(id(child) in opened and id(child) not in done for child in children):
+                return math.inf  # an alias to a node it is inside of
+            stack.extend(child for child in children if id(child) not in done)
+            continue
+        stack.pop()
+        done[id(node)] = min(1 + sum(done[id(child)] for child in children), MAX_VALUES + 1)
+    return done[id(root)]
+
+
+def load_yaml(text: str):
+    """The YAML value of `text`, read within the limits above (a YAMLError naming the line
+    and the limit otherwise)."""
+    return yaml.load(text, Loader=_BoundedLoader)
+
+
+def yaml_problem(err: yaml.YAMLError) -> str:
+    """A YAMLError in one line: what is wrong, and where (line and column)."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    return problem + (f" (line {mark.line + 1}, column {mark.column + 1})" if mark else "")
+
+
+def yaml_mapping(path: Path, cap: int) -> dict | None:
+    """The YAML mapping in `path`, or None when it is missing, not a YAML mapping or breaks a
+    limit of reading."""
     try:
-        value = yaml.safe_load(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        value = load_yaml(read_capped(path, cap).decode())
+    except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError):
         return None
     return value if isinstance(value, dict) else None
 

@@ -1,23 +1,91 @@
-"""Writing a file that others read while it is written (a search's results, a picture, a
-node's limits): the whole new file or the old one, never half of each. Each writer writes
-through a file of its own, so two processes replacing the same file at once (a search's
-workers) do not take each other's partial file away.
+"""Writing the files hpctrain owns: whole or not at all, and never through a link.
+
+A file others read while it is written (a run's summary, a search's results, a picture) is
+replaced at once: the whole new file or the old one, never half of each. Each write goes
+through a fresh file of its own, created exclusively under a random name, so two processes
+replacing the same file (a search's workers) do not take each other's partial file away,
+and a link planted at a fixed temporary name receives nothing. The rename replaces a link at
+the final name, not the file it points to. An appended file (metrics.jsonl) is opened
+without following a link, and a folder hpctrain writes into (checkpoints/, tb/) is refused
+when it is a link: whoever can write in a run directory could otherwise make a run write its
+checkpoints, metrics or configuration into any file of the user running it.
 """
 
 from __future__ import annotations
 
+import errno
 import io
 import os
-import threading
+import secrets
 from pathlib import Path
+from typing import TextIO
+
+from hpctrain.errors import OutputError
+
+_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def write_whole(path: Path, data: str | bytes) -> None:
-    """`path` replaced at once by `data`."""
+def refuse_link(path: Path) -> OutputError:
+    """The one-line refusal of a link where hpctrain writes."""
+    try:
+        target = f" (to {os.readlink(path)})"
+    except OSError:
+        target = ""
+    return OutputError(f"{path} is a symbolic link{target}: hpctrain writes there and would "
+                       "write through it, outside its own folder. Remove the link (a run "
+                       "directory holds none: docs/reliability.md)")
+
+
+def fresh_file(path: Path, suffix: str = "") -> tuple[int, Path]:
+    """A new, empty file beside `path` under a random name (`.NAME.RANDOM.partial` +
+    `suffix`), created exclusively: its descriptor (open for writing) and its path."""
     path = Path(path)
-    partial = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.partial")
-    partial.write_bytes(data.encode() if isinstance(data, str) else data)
-    os.replace(partial, path)
+    while True:
+        partial = path.with_name(f".{path.name}.{secrets.token_hex(6)}.partial{suffix}")
+        try:
+            return os.open(partial, _NEW, 0o666), partial
+        except FileExistsError:  # a name taken by chance, or planted
+            continue
+
+
+def write_whole(path: Path, data: str | bytes, durable: bool = False) -> None:
+    """`path` replaced at once by `data` (`durable`: on disk before the rename)."""
+    path = Path(path)
+    descriptor, partial = fresh_file(path)
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(data.encode() if isinstance(data, str) else data)
+            if durable:
+                handle.flush()
+                os.fsync(handle.fileno())
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+
+
+def open_appending(path: Path) -> TextIO:
+    """`path` opened to append lines (created when missing), never through a link."""
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+                             | os.O_CLOEXEC, 0o666)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise refuse_link(path) from None
+        raise
+    return os.fdopen(descriptor, "a", buffering=1)
+
+
+def own_folder(path: Path) -> Path:
+    """`path` as a folder to write in (made, with its parents, when missing), refused when it
+    is a link."""
+    path = Path(path)
+    if path.is_symlink():
+        raise refuse_link(path)
+    path.mkdir(parents=True, exist_ok=True)
+    if path.is_symlink():  # made a link meanwhile
+        raise refuse_link(path)
+    return path
 
 
 def write_png(path: Path, image) -> None:

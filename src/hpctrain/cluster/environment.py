@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from hpctrain.cluster import scheduler
-from hpctrain.cluster.records import ProcessEnv, whole_number
+from hpctrain.cluster.records import MOST_RESTARTS, ProcessEnv, below, whole_number
+from hpctrain.errors import ConfigError
 
 
 def node_local_scratch(environ: Mapping[str, str] | None = None) -> Path | None:
@@ -34,7 +35,8 @@ def detect(environ: Mapping[str, str] | None = None) -> ProcessEnv:
     found = _layout(env, job)
     # the scheduler's own requeues, plus the continuations in new jobs that hpctrain's
     # scripts submit
-    restarts = job.restarts(env) + whole_number(env, "HPCTRAIN_RESTARTS", default=0)
+    restarts = job.restarts(env) + whole_number(env, "HPCTRAIN_RESTARTS", default=0,
+                                                high=MOST_RESTARTS)
     return dataclasses.replace(found, restart_count=restarts,
                                script_continues=env.get("HPCTRAIN_CONTINUES") == "script",
                                cluster=job.cluster_name(env),
@@ -45,16 +47,25 @@ def _layout(env: Mapping[str, str], job: scheduler.Scheduler) -> ProcessEnv:
     host = socket.gethostname()
     job_id = job.current_job(env)
     if "RANK" in env and "WORLD_SIZE" in env:
-        world = whole_number(env, "WORLD_SIZE")
-        local_world = whole_number(env, "LOCAL_WORLD_SIZE", default=world)
-        return ProcessEnv(
+        world = whole_number(env, "WORLD_SIZE", low=1)
+        local_world = whole_number(env, "LOCAL_WORLD_SIZE", default=world, low=1)
+        found = ProcessEnv(
             launcher="torchrun", rank=whole_number(env, "RANK"), world_size=world,
             local_rank=whole_number(env, "LOCAL_RANK", default=0), local_world_size=local_world,
             node_rank=whole_number(env, "GROUP_RANK", default=0),
-            num_nodes=max(1, world // max(local_world, 1)),
+            num_nodes=max(1, world // local_world),
             master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
-            master_port=whole_number(env, "MASTER_PORT", default=29500), hostname=host,
-            job_id=job_id)
+            master_port=whole_number(env, "MASTER_PORT", default=29500, low=1, high=65535),
+            hostname=host, job_id=job_id)
+        below(found.rank, "RANK", world, "WORLD_SIZE")
+        below(found.local_rank, "LOCAL_RANK", local_world, "LOCAL_WORLD_SIZE")
+        if local_world > world:
+            raise ConfigError(f"LOCAL_WORLD_SIZE={local_world} but WORLD_SIZE={world}: a node "
+                              "holds no more processes than the run; the launcher sets both, "
+                              "so unset or fix what changed them")
+        below(found.node_rank, "GROUP_RANK", found.num_nodes,
+              "WORLD_SIZE / LOCAL_WORLD_SIZE (the nodes)")
+        return found
     started = job.step(env, host)
     if started is not None:
         return started

@@ -28,6 +28,7 @@ from hpctrain.config import code_references, load_config, plain_name
 from hpctrain.errors import ConfigError
 from hpctrain.runs.directory import SUMMARY, RunDir, is_checkpoint, read_ledger, remember_job
 from hpctrain.runs.identity import read_identity
+from hpctrain.writers import write_whole
 
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
                 "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
@@ -322,10 +323,10 @@ def send(request: JobRequest, script: str, profile: Profile) -> Job:
     check_fits(request, profile)
     request.run_dir.mkdir(parents=True, exist_ok=True)
     run = RunDir(request.run_dir)
-    run.job_script.write_text(script)
+    write_whole(run.job_script, script)
     job_id = current().submit(run.job_script)
     remember_job(job_id, request.run_dir)
-    run.job_record.write_text(json.dumps({"job_id": job_id}) + "\n")
+    write_whole(run.job_record, json.dumps({"job_id": job_id}) + "\n")
     return Job(job_id, request.run_dir)
 
 

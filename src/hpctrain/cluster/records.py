@@ -38,18 +38,41 @@ class ProcessEnv:
         return self.rank == 0
 
 
-def whole_number(environ: Mapping[str, str], *names: str, default: int | None = None) -> int:
+MOST_PROCESSES = 1 << 20  # a million processes: more is no launcher's doing
+MOST_RESTARTS = 1_000_000
+
+
+def whole_number(environ: Mapping[str, str], *names: str, default: int | None = None,
+                 low: int = 0, high: int = MOST_PROCESSES) -> int:
+    """The first of the launcher's variables `names` that is set, a whole number from `low`
+    to `high`; else `default`. Checked before any process group exists: a rank of -1 or a
+    process count of 0 would fail deep in torch.distributed."""
     for name in names:
-        if environ.get(name, "").strip():
+        text = environ.get(name, "").strip()
+        if text:
             try:
-                return int(environ[name])
+                value = int(text) if len(text) <= 20 else None
             except ValueError:
-                raise ConfigError(f"the environment variable {name}={environ[name]!r} is not "
-                                  "a whole number; the launcher sets it, so unset or fix "
-                                  "what changed it") from None
+                value = None
+            if value is None or not low <= value <= high:
+                shown = text if len(text) <= 20 else text[:17] + "..."
+                kind = "not a whole number" if value is None and not text.lstrip("+-").isdigit() \
+                    else f"not a whole number from {low} to {high:,}"
+                raise ConfigError(f"the environment variable {name}={shown!r} is {kind}; the "
+                                  "launcher sets it, so unset or fix what changed it")
+            return value
     if default is None:
         raise ConfigError(f"the launcher did not set {' or '.join(names)}")
     return default
+
+
+def below(value: int, name: str, count: int, count_name: str) -> None:
+    """`value` (a rank, the variable `name`) must be below `count` (`count_name`): a rank
+    past the process count would wait in the rendezvous forever."""
+    if value >= count:
+        raise ConfigError(f"{name}={value} but {count_name}={count}: ranks count from 0 to "
+                          f"{count - 1}, so this process would wait for the others forever; "
+                          "the launcher sets both, so unset or fix what changed them")
 
 
 class ClusterError(UserError):

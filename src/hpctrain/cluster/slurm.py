@@ -19,7 +19,8 @@ from collections.abc import Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
 
-from hpctrain.cluster.records import ClusterError, JobElement, ProcessEnv, whole_number
+from hpctrain.cluster.records import (MOST_RESTARTS, ClusterError, JobElement, ProcessEnv,
+                                      below, whole_number)
 from hpctrain.cluster.sbatch import render
 from hpctrain.errors import ConfigError
 
@@ -36,7 +37,7 @@ def current_job(environ: Mapping[str, str]) -> str | None:
 
 def restarts(environ: Mapping[str, str]) -> int:
     """How often Slurm itself requeued this job."""
-    return whole_number(environ, "SLURM_RESTART_COUNT", default=0)
+    return whole_number(environ, "SLURM_RESTART_COUNT", default=0, high=MOST_RESTARTS)
 
 
 def cluster_name(environ: Mapping[str, str]) -> str | None:
@@ -51,7 +52,7 @@ def step(environ: Mapping[str, str], host: str) -> ProcessEnv | None:
 
 
 def _slurm_step(env: Mapping[str, str], host: str, job_id: str | None) -> ProcessEnv:
-    world = whole_number(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
+    world = whole_number(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", low=1)
     layout_text = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") \
         or str(world)
     layout = tasks_per_node(layout_text)
@@ -62,12 +63,23 @@ def _slurm_step(env: Mapping[str, str], host: str, job_id: str | None) -> Proces
             "each node. Ask for --ntasks-per-node=K (with --nodes=N) instead of --ntasks.")
     nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or host
     master = env.get("MASTER_ADDR") or next(hosts_of(nodelist), host)
-    port = whole_number(env, "MASTER_PORT", default=port_for_job(job_id or "0"))
-    return ProcessEnv(
+    port = whole_number(env, "MASTER_PORT", default=port_for_job(job_id or "0"), low=1,
+                        high=65535)
+    found = ProcessEnv(
         launcher="slurm", rank=whole_number(env, "SLURM_PROCID"), world_size=world,
         local_rank=whole_number(env, "SLURM_LOCALID", default=0), local_world_size=layout[0],
         node_rank=whole_number(env, "SLURM_NODEID", default=0), num_nodes=len(layout),
         master_addr=master, master_port=port, hostname=host, job_id=job_id)
+    tasks = "SLURM_STEP_NUM_TASKS" if env.get("SLURM_STEP_NUM_TASKS", "").strip() else \
+        "SLURM_NTASKS"
+    below(found.rank, "SLURM_PROCID", world, tasks)
+    below(found.local_rank, "SLURM_LOCALID", layout[0], "the tasks per node")
+    below(found.node_rank, "SLURM_NODEID", len(layout), "the nodes")
+    if sum(layout) != world:
+        raise ConfigError(f"{tasks}={world} but the tasks per node ({layout_text}) add up to "
+                          f"{sum(layout)}; the launcher sets both, so unset or fix what "
+                          "changed them")
+    return found
 
 
 def expand_hostlist(text: str) -> list[str]:

@@ -13,9 +13,14 @@ from hpctrain import user_code
 from hpctrain.config.base import Auto, Section
 
 
+# samples a built-in dataset may make (ImageNet has 1.3 M): more is refused before any work,
+# where 10^12 was a MemoryError after a temporary folder was left in the cache
+MOST_SAMPLES = 10_000_000
+
+
 class ShapesConfig(Section):
-    num_train: int = Field(10000, ge=10)
-    num_val: int = Field(2000, ge=10)
+    num_train: int = Field(10000, ge=10, le=MOST_SAMPLES)
+    num_val: int = Field(2000, ge=10, le=MOST_SAMPLES)
     image_size: int = Field(32, ge=8, le=512)
     seed: int = 0
     cache_dir: str = Field("~/.cache/hpctrain",
@@ -23,8 +28,8 @@ class ShapesConfig(Section):
 
 
 class SyntheticConfig(Section):
-    num_train: int = Field(2560, ge=1)
-    num_val: int = Field(512, ge=1)
+    num_train: int = Field(2560, ge=1, le=MOST_SAMPLES)
+    num_val: int = Field(512, ge=1, le=MOST_SAMPLES)
     num_classes: int = Field(1000, ge=2)
 
 
@@ -45,9 +50,9 @@ class TokensConfig(Section):
 class ArithmeticConfig(Section):
     """The built-in corpus of sums and differences (data.dataset=arithmetic)."""
 
-    num_train: int = Field(200_000, ge=10, description="training documents (problems, drawn "
-                           "with repeats from those not held out)")
-    num_val: int = Field(2000, ge=10, description="distinct held-out problems")
+    num_train: int = Field(200_000, ge=10, le=MOST_SAMPLES, description="training documents "
+                           "(problems, drawn with repeats from those not held out)")
+    num_val: int = Field(2000, ge=10, le=MOST_SAMPLES, description="distinct held-out problems")
     max_operand: int = Field(99, ge=2, le=999, description="every problem up to it is "
                              "written out once: 999 makes 1 M per operation")
     operations: str = Field("+-", pattern=r"^[+*-]+$")
@@ -59,8 +64,8 @@ class ArithmeticConfig(Section):
 class Shapes3dConfig(Section):
     """The built-in point clouds of 3D primitives (data.dataset=shapes3d)."""
 
-    num_train: int = Field(5000, ge=10)
-    num_val: int = Field(1000, ge=10)
+    num_train: int = Field(5000, ge=10, le=MOST_SAMPLES)
+    num_val: int = Field(1000, ge=10, le=MOST_SAMPLES)
     seed: int = 0
     cache_dir: str = Field("~/.cache/hpctrain",
                            description="where the generated dataset is kept between runs")

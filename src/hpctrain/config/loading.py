@@ -5,6 +5,7 @@ value given and what is allowed (a `ConfigError`, exit code 2), and writing it b
 from __future__ import annotations
 
 import difflib
+import reprlib
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 from hpctrain import user_code
 from hpctrain.config.recipe import Config
 from hpctrain.errors import ConfigError
+from hpctrain.readers import LimitBroken, MiB, Unreadable, load_yaml, read_capped, yaml_problem
 
 
 def shipped_recipes() -> dict[str, Path]:
@@ -39,16 +41,25 @@ def _recipe_path(recipe: str) -> Path:
         + f". Shipped recipes: {', '.join(sorted(shipped))}; or give a path to a .yaml file.")
 
 
+RECIPE_CAP = 4 * MiB  # a recipe's file (the shipped ones are 1-3 KiB)
+
+
 def read_yaml_mapping(path: Path, what: str = "a recipe") -> dict:
     """A YAML file that must hold a mapping (a recipe, cluster profiles), or a ConfigError.
-    An empty file is refused: a recipe saved before it was written would train the defaults."""
+    An empty file is refused: a recipe saved before it was written would train the defaults.
+    Read within the limits of readers.py: an alias bomb, nesting past 64 levels, a key given
+    twice or an integer of 100,000 digits is one line naming it, in bounded time."""
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml(read_capped(path, RECIPE_CAP).decode())
+    except LimitBroken as err:
+        raise ConfigError(f"{path}: refused: {yaml_problem(err)}") from None
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+        raise ConfigError(f"{path}: not valid YAML: {yaml_problem(err)}") from None
     except UnicodeDecodeError as err:
         raise ConfigError(f"{path}: not UTF-8 text (byte {err.start}: {err.reason}); "
                           f"{what} is a YAML text file") from None
+    except Unreadable as err:
+        raise ConfigError(f"{path} {err}; {what} is a YAML text file") from None
     except OSError as err:
         raise ConfigError(f"{path}: cannot be read ({err.strerror or err})") from None
     if data is None:
@@ -67,7 +78,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         raise ConfigError(f"override {text!r} is not of the form key=value "
                           "(for example train.batch_size=256)")
     try:
-        value = yaml.safe_load(raw) if raw != "" else None
+        value = load_yaml(raw) if raw != "" else None
+    except LimitBroken as err:
+        raise ConfigError(f"override {key}=...: {yaml_problem(err)}") from None
     except yaml.YAMLError:
         value = raw
     return key.split("."), value
@@ -114,10 +127,15 @@ def _explain(err: ValidationError, source: str) -> ConfigError:
         expected = problem.get("ctx", {}).get("expected")
         if expected:
             allowed = f"expected {expected}"
-        shown = "" if isinstance(value, dict) else f" = {value!r}"
-        lines.append(f"{key}{shown}: {allowed}")
+        shown = "" if isinstance(value, dict) else f" = {SHOWN.repr(value)}"
+        lines.append(f"{key}{shown}: {allowed[:300]}")
     return ConfigError(f"invalid configuration ({source}):\n  " + "\n  ".join(lines))
 
+
+# a value in an error message: a few items and characters, however large the value
+SHOWN = reprlib.Repr()
+SHOWN.maxlevel, SHOWN.maxlist, SHOWN.maxdict, SHOWN.maxstring, SHOWN.maxother = 2, 4, 4, 60, 60
+SHOWN.maxlong = 40
 
 CODE_KEYS = ("model.name", "data.dataset", "task.loss", "task.metrics.*")  # may name user
 
@@ -193,7 +211,8 @@ def _validated(tree: dict, changes: list[tuple[list[str], Any, str]], source: st
     if "train.batch_size" in changed and "train.global_batch_size" not in changed:
         tree.get("train", {}).pop("global_batch_size", None)  # the per-device batch asked for
     if changes:
-        source += " with overrides " + " ".join(text for _, _, text in changes)
+        source += " with overrides " + " ".join(
+            text if len(text) <= 80 else text[:77] + "..." for _, _, text in changes)
     try:
         return Config.model_validate(tree)
     except ValidationError as err:

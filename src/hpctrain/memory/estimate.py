@@ -33,9 +33,10 @@ from hpctrain.memory.sizes import fmt_bytes, gpu_capability, lacks_bf16, parse_m
 from hpctrain.memory.tensor_batches import batch_of, first_sample, leading_shape, task_loss
 from hpctrain.models.checkpointing import enable_activation_checkpointing, is_block
 from hpctrain.models.gpt import GPT
+from hpctrain.models.lazy import materialise
 from hpctrain.models.model_names import build_model
 from hpctrain.parallel.layout import MICROBATCHES_PER_STAGE, Layout, split_world
-from hpctrain.tasks import lightning
+from hpctrain.tasks import lightning, tensors
 from hpctrain.train import lightning_optim
 from hpctrain.train.optim import build_optimizer, freeze, scaled_lr
 from hpctrain.parallel.data import bf16_parameters
@@ -287,6 +288,8 @@ def step_spec(config: Config, target: Target, width: int) -> StepSpec:
                             vocab_size=width if tokens else None,
                             points=config.data.kind == "points",
                             image_sizes=image_sizes(config.data))
+        materialise(model, lambda made: tensors.call(made, make_batch(
+            1, torch.get_default_device())[0]), config.model.name)
         freeze(model, config.model.freeze)  # no gradients nor optimiser states for those
         if steps_model:
             model = lightning.adapt(model, torch.device("cpu"))

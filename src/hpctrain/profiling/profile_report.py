@@ -13,6 +13,7 @@ from hpctrain.profiling.picture import write_html, write_png
 from hpctrain.profiling.trace import TraceError
 from hpctrain.profiling.verdict import Settings, Verdict
 from hpctrain.runs.directory import PROFILE, PROFILE_SUMMARY, RunDir
+from hpctrain.writers import own_folder, write_whole
 
 TRACE_PATTERNS = ("*.json.gz", "*.json")
 OUTPUTS = (PROFILE_SUMMARY, "profile.html", "profile.png")
@@ -162,13 +163,11 @@ def _sync_and_shape_lines(e: Evidence) -> list[str]:
 
 def write_reports(folder: Path, ranks: list[Evidence], verdict: Verdict, title: str,
                   text: str) -> dict[str, Path]:
-    folder.mkdir(parents=True, exist_ok=True)
+    own_folder(folder)
     paths = {name: folder / name for name in OUTPUTS}
     document = {"title": title, "verdict": verdict.to_json(),
                 "ranks": [e.to_json() for e in ranks]}
-    partial = folder / f".{PROFILE_SUMMARY}.partial"
-    partial.write_text(json.dumps(document, indent=2))
-    partial.replace(paths[PROFILE_SUMMARY])
+    write_whole(paths[PROFILE_SUMMARY], json.dumps(document, indent=2))
     write_html(paths["profile.html"], ranks[0], verdict, title, text)
     write_png(paths["profile.png"], ranks[0], verdict, title)
     return paths

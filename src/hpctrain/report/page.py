@@ -17,6 +17,7 @@ from pathlib import Path
 from hpctrain.config import flatten
 from hpctrain.report import chart
 from hpctrain.report.series import PANELS, RunSeries
+from hpctrain.writers import write_whole
 
 MAIN_PANELS = ("loss", "accuracy", "perplexity", "throughput (samples/s)")
 SUMMARY_KEYS = ("status", "best_val_accuracy", "final_val_accuracy", "best_val_loss",
@@ -207,9 +208,7 @@ def write(runs: list[RunSeries], out: Path) -> list[Path]:
     all. The files written."""
     page, main = render(runs)
     out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(f".{out.name}.partial")
-    partial.write_text(page)
-    partial.replace(out)
+    write_whole(out, page)
     written = [out]
     for panel, made in main.items():
         picture = out.with_name(f"{out.stem}-{re.sub(r'[^a-z]+', '-', panel).strip('-')}.png")

@@ -14,7 +14,7 @@ from pathlib import Path
 from hpctrain.profiling.verdict import CLASSES
 from hpctrain.readers import (COUNT, FLAG, MAPPING, TEXT, Kind, field_problem, json_mapping,
                               list_of, optional)
-from hpctrain.runs.directory import PROFILE_SUMMARY, RunDir
+from hpctrain.runs.directory import CAPS, MEMORY_PREDICTION, PROFILE_SUMMARY, RunDir
 from hpctrain.runs.identity import job_chain, read_identity
 from hpctrain.tasks.registry import task_curves
 
@@ -90,25 +90,27 @@ def read_run(path: Path) -> RunSeries:
         if curve.points:
             panels.setdefault(panel, []).append(curve)
     identity, identity_damage = read_identity(path)
-    profile, profile_damage = _part(run.profile / PROFILE_SUMMARY, "verdict", VERDICT_RULES,
-                                    ("bound", "reason"))
+    profile, profile_damage = _part(run.profile / PROFILE_SUMMARY, CAPS[PROFILE_SUMMARY],
+                                    "verdict", VERDICT_RULES, ("bound", "reason"))
     predictions = run.memory_predictions()
-    memory, memory_damage = _part(predictions[0], "estimate", ESTIMATE_RULES,
+    memory, memory_damage = _part(predictions[0], CAPS[MEMORY_PREDICTION], "estimate",
+                                  ESTIMATE_RULES,
                                   tuple(k for k in ESTIMATE_RULES if k != "fits")) \
         if predictions else (None, None)
+    summary, summary_damage = run.summary_and_damage()
     return RunSeries(path=path, name=path.name, panels=panels,
                      restarts=_restarts(identity or {}, records, start),
-                     summary=run.read_summary() or {}, config=run.read_config() or {},
+                     summary=summary or {}, config=run.read_config() or {},
                      identity=identity or {}, profile=profile, memory=memory,
-                     damage=[d for d in (identity_damage, metrics_damage, profile_damage,
-                                         memory_damage) if d is not None])
+                     damage=[d for d in (summary_damage, identity_damage, metrics_damage,
+                                         profile_damage, memory_damage) if d is not None])
 
 
-def _part(path: Path, key: str, rules: dict[str, Kind], required: tuple[str, ...]) \
+def _part(path: Path, cap: int, key: str, rules: dict[str, Kind], required: tuple[str, ...]) \
         -> tuple[dict | None, str | None]:
     """The mapping under `key` in the JSON file `path`, checked by `rules`: (part, None), or
     (None, why) when the file holds one that breaks them; (None, None) when it has none."""
-    part = (json_mapping(path) or {}).get(key)
+    part = (json_mapping(path, cap) or {}).get(key)
     if not isinstance(part, dict):
         return None, None
     why = field_problem(part, rules, required)

@@ -25,6 +25,7 @@ from hpctrain.config import Config, flatten
 from hpctrain.errors import ConfigError
 from hpctrain.runs.directory import RunDir
 from hpctrain.runs.identity import remember_tracker
+from hpctrain.writers import own_folder
 
 EXTRAS = {"mlflow": ("mlflow", "mlflow"), "wandb": ("wandb", "wandb")}  # sink: module, extra
 MLFLOW_STATUS = {"completed": "FINISHED", "failed": "FAILED", "interrupted": "KILLED",
@@ -66,7 +67,7 @@ class TensorBoard:
     def __init__(self, run_dir: Path):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(str(RunDir(run_dir).tensorboard))
+        self.writer = SummaryWriter(str(own_folder(RunDir(run_dir).tensorboard)))
 
     def record(self, kind: str, step: int, when: float, values: dict) -> None:
         for key, value in _scalars(kind, values).items():

@@ -7,6 +7,7 @@
                         summary.json   the end-of-run figures
                         checkpoints/   step_NNNNNNNN/ folders, each with meta.json
                         tb/  profile/  report.html  job.sbatch  job.json  slurm-JOB.out
+                        wandb/         W&B's own folder (tracking.sinks=[wandb])
 
 Train, the cluster verbs, profiling, the runs index and the CLI name these files through this
 module only. Besides the run directories, one file per user: the job ledger
@@ -26,8 +27,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpctrain.readers import (AMOUNT, COUNT, FINITE, TEXT, TIME, field_problem, json_mapping,
-                              list_of, optional, yaml_mapping)
+from hpctrain.readers import (AMOUNT, COUNT, FINITE, GiB, KiB, MiB, TEXT, TIME, Unreadable,
+                              capped_lines, field_problem, json_document,
+                              list_of, optional, parse_json, yaml_mapping)
 
 CONFIG = "config.yaml"
 IDENTITY = "run.json"
@@ -44,9 +46,18 @@ JOB_RECORD = "job.json"
 MEMORY_PREDICTION = "{recipe}-memory.json"  # hpctrain memory --out RUN_DIR writes it there
 JOB_LOG = "slurm-{job}.{stream}"  # stream: out | err; job: the id, or Slurm's %j / %A_%a
 CHECKPOINT_META = "meta.json"  # inside each checkpoint folder, written last
+# folders another library writes in a run directory, links of its own included (W&B's
+# latest-run, and its log linked to ~/.cache/wandb): hpctrain writes nothing inside
+LIBRARY_FOLDERS = ("wandb",)
 CHECKPOINT_NAME = re.compile(r"^step_(\d{8,})$")
 SET_ASIDE = "set-aside-{time}"  # in checkpoints/: what a resume took out of the run's history
 SET_ASIDE_REASONS = "why.json"
+# the most each file read back may hold: larger is damage, never read (a link to /dev/zero,
+# a sparse file of 100 GB); metrics.jsonl at 1 GiB is some ten million intervals
+CAPS = {CONFIG: 4 * MiB, IDENTITY: 64 * MiB, LOCK: 64 * KiB, METRICS: GiB, SUMMARY: 16 * MiB,
+        CHECKPOINT_META: 64 * MiB, PROFILE_SUMMARY: 256 * MiB, MEMORY_PREDICTION: 16 * MiB,
+        JOB_RECORD: 64 * KiB}
+RECORD_CAP = MiB  # one metrics.jsonl line
 # what a metrics.jsonl record must hold to be read (train/telemetry.py writes them): a kind,
 # and where there, what places it (step, time, spent) whole and finite; a figure such as a
 # loss may be NaN
@@ -59,6 +70,7 @@ METRIC_RULES = {
 }
 # the user's state folder ($XDG_STATE_HOME/hpctrain, ~/.local/state/hpctrain by default)
 LEDGER = "jobs.jsonl"
+LEDGER_CAP = 256 * MiB  # a million jobs
 OUTPUT_DIRS = "output_dirs"  # where runs were written
 # the job ledger as a batch script's shell names it
 SHELL_LEDGER = "${XDG_STATE_HOME:-$HOME/.local/state}/hpctrain/" + LEDGER
@@ -142,39 +154,78 @@ class RunDir:
     def read_metrics(self) -> tuple[list[dict], int, str | None]:
         """metrics.jsonl's records; how many lines were not records (cut by a crash, or
         damaged); and the first damaged one named (a record breaking METRIC_RULES: a step of
-        1e23, a time of Infinity), None when the others were merely cut."""
+        1e23, a time of Infinity; a line nested 100,000 deep), None when the others were
+        merely cut. A file that cannot be read at all (a link, larger than its cap) is
+        named, with no records."""
+        records, bad, damage = [], 0, None
         try:
-            lines = self.metrics.read_text(errors="replace").splitlines()
+            for number, line in enumerate(capped_lines(self.metrics, CAPS[METRICS],
+                                                       RECORD_CAP), 1):
+                record, why = metric_record(line) if line is not None else \
+                    (None, f"longer than {RECORD_CAP:,} bytes")
+                if record is not None:
+                    records.append(record)
+                    continue
+                bad += 1
+                if why is not None and damage is None:
+                    damage = f"{METRICS} line {number}: {why}"
+        except FileNotFoundError:
+            return [], 0, None
+        except Unreadable as err:
+            return [], 1, f"{METRICS} {err}"
         except OSError:
             return [], 0, None
-        records, bad, damage = [], 0, None
-        for number, line in enumerate(lines, 1):
-            record, why = metric_record(line)
-            if record is not None:
-                records.append(record)
-                continue
-            bad += 1
-            if why is not None and damage is None:
-                damage = f"{METRICS} line {number}: {why}"
         return records, bad, damage
 
     def read_summary(self) -> dict | None:
         """summary.json, or None when missing or unreadable (a crash may have cut it)."""
-        return json_mapping(self.summary)
+        return self.summary_and_damage()[0]
+
+    def summary_and_damage(self) -> tuple[dict | None, str | None]:
+        """(summary.json, None); (None, why) when it is there but cannot be read (cut
+        short, not a JSON object, a link); (None, None) when absent."""
+        value, why = json_document(self.summary, CAPS[SUMMARY])
+        if why is None and value is not None and not isinstance(value, dict):
+            why = "is not a JSON object"
+        return (None, f"{SUMMARY} {why}") if why else (value, None)
 
     def read_config(self) -> dict | None:
-        return yaml_mapping(self.config)
+        return yaml_mapping(self.config, CAPS[CONFIG])
 
     def list_checkpoints(self) -> list[Path]:
         return list_checkpoints(self.checkpoints)
 
+    def first_link(self) -> Path | None:
+        """The first symbolic link inside the run directory, at any depth (walked without
+        following one); None when it holds none. A run writes its files and folders in
+        place, so a link among them would take what it writes elsewhere (the folder itself
+        may be a link: where the user keeps runs is theirs to choose). Inside a tracker's
+        own folder (LIBRARY_FOLDERS) the library's links are its own."""
+        folders = [self.path]
+        while folders:
+            try:
+                with os.scandir(folders.pop()) as entries:
+                    for entry in entries:
+                        if entry.is_symlink():
+                            return Path(entry.path)
+                        if entry.is_dir(follow_symlinks=False) and not (
+                                Path(entry.path).parent == self.path and
+                                entry.name in LIBRARY_FOLDERS):
+                            folders.append(Path(entry.path))
+            except (FileNotFoundError, NotADirectoryError):
+                continue  # removed meanwhile
+        return None
 
-def metric_record(line: str) -> tuple[dict | None, str | None]:
+
+def metric_record(line: str | bytes) -> tuple[dict | None, str | None]:
     """One metrics.jsonl line: (record, None); (None, why) when it is a JSON object breaking
-    METRIC_RULES; (None, None) when it is no JSON object (cut by a crash, or by a seek)."""
+    METRIC_RULES or nested too deep; (None, None) when it is no JSON object (cut by a crash,
+    or by a seek)."""
     try:
-        record = json.loads(line)
-    except json.JSONDecodeError:
+        record = parse_json(line)
+    except Unreadable as err:
+        return None, str(err)
+    except ValueError:  # not JSON; not UTF-8 (UnicodeDecodeError is a ValueError)
         return None, None
     if not isinstance(record, dict):
         return None, None
@@ -269,15 +320,17 @@ def read_ledger() -> list[dict]:
     path = ledger_path()
     rows = []
     try:
-        lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
-    except OSError as err:
-        print(f"hpctrain: warning: cannot read the job ledger {path} ({err.strerror})",
-              file=sys.stderr)
+        lines = list(capped_lines(path, LEDGER_CAP, RECORD_CAP))
+    except FileNotFoundError:
+        return []
+    except (OSError, Unreadable) as err:
+        print(f"hpctrain: warning: cannot read the job ledger {path} "
+              f"({getattr(err, 'strerror', None) or err})", file=sys.stderr)
         return []
     for number, line in enumerate(lines, 1):
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
+            row = parse_json(line) if line is not None else None
+        except ValueError:
             continue
         if _is_job_record(row):
             rows.append(row)

@@ -24,9 +24,10 @@ import time
 import uuid
 from pathlib import Path
 
-from hpctrain.readers import (AMOUNT, COUNT, MAPPING, TEXT, TIME, field_problem, json_mapping,
+from hpctrain.readers import (AMOUNT, COUNT, MAPPING, TEXT, TIME, field_problem, json_document,
                               list_of, optional)
-from hpctrain.runs.directory import IDENTITY, RunDir, mark_changed
+from hpctrain.runs.directory import CAPS, IDENTITY, RunDir, mark_changed
+from hpctrain.writers import write_whole
 
 # what says where a run lives, not what it trains: not part of the configuration's hash
 LOCATION_KEYS = ("output_dir", "run_name", "resume")
@@ -49,11 +50,11 @@ START_RULES = {
 def read_identity(run_dir: Path) -> tuple[dict | None, str | None]:
     """run.json's record, checked field by field: (record, None); (None, why) when it is there
     but damaged (cut short, or a field breaking RECORD_RULES); (None, None) when absent."""
-    path = RunDir(run_dir).identity
-    record = json_mapping(path)
+    record, unreadable = json_document(RunDir(run_dir).identity, CAPS[IDENTITY])
+    if unreadable is not None or (record is not None and not isinstance(record, dict)):
+        return None, f"{IDENTITY} {unreadable or 'is not a JSON object'}"
     if record is None:
-        return None, (f"{IDENTITY} cannot be read (cut short or not a JSON object)"
-                      if path.exists() else None)
+        return None, None
     why = field_problem(record, RECORD_RULES, ("run_id", "starts"))
     for number, start in enumerate(record.get("starts") if why is None else []):
         if (problem := field_problem(start, START_RULES)) is not None:
@@ -147,9 +148,7 @@ def remember_tracker(run_dir: Path, tracker: str, run_id: str | dict) -> None:
 def _write(run: RunDir, record: dict) -> None:
     """run.json replaced at once (the rename marks the run's folder as changed, and the folder
     holding it is touched: runs/index)."""
-    tmp = run.identity.with_name(run.identity.name + ".tmp")
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
-    os.replace(tmp, run.identity)
+    write_whole(run.identity, json.dumps(record, indent=1) + "\n")
     mark_changed(run.path)
 
 
@@ -187,7 +186,7 @@ class Heartbeat:
     def _run(self) -> None:
         while not self.stopping.wait(self.every):
             try:
-                os.utime(self.path)
+                os.utime(self.path, follow_symlinks=False)
             except OSError:  # a full or vanished file system: the run says so elsewhere
                 pass
             if self.registration is not None:

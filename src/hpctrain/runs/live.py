@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hpctrain.runs.directory import RunDir, metric_record
+from hpctrain.readers import Unreadable, open_capped
+from hpctrain.runs.directory import CAPS, METRICS, RunDir, metric_record
 
 TAIL_BYTES = 256 * 1024  # the last records of a long metrics.jsonl
 
@@ -16,11 +17,13 @@ def tail_reading(metrics: Path) -> tuple[list[dict], str | None]:
     """The records among the file's last TAIL_BYTES, oldest first, and the first damaged line
     among them named (a record breaking directory.METRIC_RULES), None when there is none."""
     try:
-        with open(metrics, "rb") as file:
+        with open_capped(metrics, CAPS[METRICS]) as file:
             file.seek(0, 2)
             size = file.tell()
             file.seek(max(0, size - TAIL_BYTES))
-            text = file.read().decode(errors="replace")
+            text = file.read(TAIL_BYTES).decode(errors="replace")
+    except Unreadable as err:
+        return [], f"{metrics.name} {err}"
     except OSError:
         return [], None
     records, damage = [], None

@@ -28,9 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpctrain.errors import ConfigError, cannot_write
-from hpctrain.readers import COUNT, TEXT, TIME, Kind, field_problem, json_mapping, optional
-from hpctrain.runs.directory import RunDir, modified
+from hpctrain.readers import (COUNT, TEXT, TIME, Kind, field_problem, json_document, json_mapping,
+                              optional)
+from hpctrain.runs.directory import CAPS, LOCK, RunDir, modified
 from hpctrain.runs.identity import HEARTBEAT_SECONDS, Heartbeat
+from hpctrain.writers import fresh_file, refuse_link
 
 STALE_SECONDS = 5 * HEARTBEAT_SECONDS  # a holder silent this long is taken for dead
 ATTEMPTS = 5  # claims tried while other runs take over the same stale lock
@@ -62,11 +64,20 @@ class Holder:
     @classmethod
     def read(cls, path: Path) -> Holder | None:
         """The holder a lock file names; None when it is unreadable or of another shape."""
-        record = json_mapping(path)
+        record = json_mapping(path, CAPS[LOCK])
         if record is None or field_problem(record, HOLDER_RULES, tuple(HOLDER_RULES)):
             return None
         return cls(record["pid"], record["host"], record["job_id"], record["restart"],
                    float(record["started"]))
+
+    @staticmethod
+    def damage(path: Path) -> str:
+        """Why the lock file `path` names no holder."""
+        record, why = json_document(path, CAPS[LOCK])
+        if why is not None:
+            return why
+        return "is not a JSON object" if not isinstance(record, dict) else \
+            field_problem(record, HOLDER_RULES, tuple(HOLDER_RULES)) or "holds a holder"
 
     def describe(self) -> str:
         job = f", Slurm job {self.job_id}" if self.job_id else ""
@@ -184,6 +195,9 @@ def claim(run: Path, job_id: str | None, restart: int, setting: str) -> RunLock:
         made = _make_folders(run, exclusive=False)
     except OSError as err:
         raise cannot_write(run, err, "Choose an output_dir where you can write") from None
+    link = RunDir(run).first_link()
+    if link is not None:
+        raise refuse_link(link)
     lock_path = RunDir(run).lock
     taken_over = None
     for _ in range(ATTEMPTS):
@@ -197,7 +211,8 @@ def claim(run: Path, job_id: str | None, restart: int, setting: str) -> RunLock:
         beat = modified(lock_path)
         why = gone_why(holder, beat, me)
         if why is None:
-            held = holder.describe() if holder is not None else "a run whose lock cannot be read"
+            held = holder.describe() if holder is not None else \
+                f"a run whose lock cannot be read (it {Holder.damage(lock_path)})"
             raise RunInUse(
                 f"{setting}: {run} is in use by {held} (its lock: {lock_path}). Wait for it "
                 "to end, or choose another run_name; if that process is gone, delete the lock "
@@ -211,14 +226,20 @@ def claim(run: Path, job_id: str | None, restart: int, setting: str) -> RunLock:
 def _hold(run: Path, made: list[Path], me: Holder) -> RunLock:
     """Create the lock whole, or FileExistsError when another has it."""
     lock_path = RunDir(run).lock
-    draft = lock_path.with_name(f".{lock_path.name}.{uuid.uuid4().hex}")
     try:
-        draft.write_text(json.dumps(dataclasses.asdict(me)) + "\n")
+        descriptor, draft = fresh_file(lock_path)
     except OSError as err:
         raise cannot_write(lock_path, err, "A run needs a run directory it can write in") \
             from None
     try:
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(json.dumps(dataclasses.asdict(me)) + "\n")
         _link_or_create(draft, lock_path)
+    except FileExistsError:
+        raise
+    except OSError as err:
+        raise cannot_write(lock_path, err, "A run needs a run directory it can write in") \
+            from None
     finally:
         draft.unlink()
     heartbeat = Heartbeat(lock_path).start()

@@ -85,10 +85,8 @@ def _legacy_id(path: Path, records: list[dict]) -> str:
 def _status(run: RunDir, summary: dict | None, heartbeat: float | None, damage: str | None,
             bad_lines: int) -> tuple[str, str | None]:
     """(status, problem): damaged where summary.json, run.json or a metrics record is
-    (`damage`: the latter two's, named); else where the run stands, with the metrics lines
+    (`damage`: the first of them, named); else where the run stands, with the metrics lines
     cut short counted."""
-    if run.summary.exists() and summary is None:
-        return "damaged", f"{SUMMARY} cannot be read (cut short or not a JSON object)"
     if damage is not None:
         return "damaged", damage
     status = _standing(run, summary, heartbeat)
@@ -115,11 +113,11 @@ def scan_run(path: Path) -> tuple[dict, list[tuple]]:
     identity, identity_damage = read_identity(path)
     identity = identity or {}
     config = run.read_config() or {}
-    summary = run.read_summary()
+    summary, summary_damage = run.summary_and_damage()
     records, bad_lines, metrics_damage = run.read_metrics()
     heartbeat = max(filter(None, (modified(run.identity), modified(run.metrics))), default=None)
-    status, problem = _status(run, summary, heartbeat, identity_damage or metrics_damage,
-                              bad_lines)
+    status, problem = _status(run, summary, heartbeat,
+                              summary_damage or identity_damage or metrics_damage, bad_lines)
     summary = summary or {}
     starts = [s for s in identity.get("starts", []) if isinstance(s, dict)]
     last_start = starts[-1] if starts else {}

@@ -69,12 +69,13 @@ def snapshot(run_dir: Path) -> Snapshot:
     records, damage = tail_reading(run.metrics)  # once: the curves and the latest of each kind
     trains = [r for r in records if r.get("kind") == "train" and "step" in r and "time" in r]
     latest = {r["kind"]: r for r in records}
-    summary = run.read_summary() or {}
+    summary, summary_damage = run.summary_and_damage()
+    summary = summary or {}
     status = summary.get("status", "running" if trains else "not started")
     if summary and trains and trains[-1].get("time", 0) > (modified(run.summary) or 0.0):
         status = "running"  # started again after its last summary (a requeue)
-    shot = Snapshot(str(run_dir), status if isinstance(status, str) else "damaged",
-                    damage=read_identity(run_dir)[1] or damage)
+    shot = Snapshot(str(run_dir), status if isinstance(status, str) and not summary_damage
+                    else "damaged", damage=summary_damage or read_identity(run_dir)[1] or damage)
     if not trains:
         return shot
     last = trains[-1]

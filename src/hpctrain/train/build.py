@@ -25,10 +25,12 @@ from hpctrain.cluster.records import ProcessEnv
 from hpctrain.cluster.scheduler import current as scheduler
 from hpctrain.config import Config, Strategy
 from hpctrain.data.loader import DataBundle, DeviceBatcher, build_data, image_sizes, up_axis
+from hpctrain.data.sampling import SampleKey
 from hpctrain.data.streams import Stream
 from hpctrain.data.user_datasets import unknown_classes
 from hpctrain.errors import ConfigError, DataError
 from hpctrain.models.checkpointing import enable_activation_checkpointing
+from hpctrain.models.lazy import materialise
 from hpctrain.models.model_names import build_model, check_model_takes
 from hpctrain.monitor.sampler import Sampler
 from hpctrain.monitor.start import make_sampler
@@ -187,6 +189,8 @@ def _model_on_device(config: Config, data: DataBundle, plan: SystemPlan, layout:
                         pretrained=config.model.pretrained)
     if config.task_spec.check_model is not None:
         config.task_spec.check_model(model, data.vocab_size, config)
+    materialise(model, lambda made: tensors.call(  # still on the CPU
+        made, _first_input(config, data, torch.device("cpu"))), config.model.name)
     freeze(model, config.model.freeze)
     flops = model_flops(model)  # of the whole model: a pipeline stage holds only its part
     if config.task_spec.steps_model:  # a LightningModule: the engine steps its own steps
@@ -221,16 +225,23 @@ def _classes_from_output(model: nn.Module, config: Config, data: DataBundle,
     sample, before any wrapper (the same on every rank, no collective)."""
     if data.num_classes is not None or not config.task_spec.classes_from_output:
         return data
-    inputs, labels = default_collate([data.val_loader.dataset[0]])
-    inputs = DeviceBatcher(device, config.data.mean, config.data.std, False)(
-        inputs, labels)[0] if config.data.kind == "images" else tensors.moved(inputs, device)
     training = model.training
     model.eval()
-    with torch.no_grad():
-        width = logits_of(tensors.call(model, inputs)).shape[1]  # (batch, classes, ...)
+    with torch.no_grad():  # (batch, classes, ...)
+        width = logits_of(tensors.call(model, _first_input(config, data, device))).shape[1]
     model.train(training)
     return dataclasses.replace(data, num_classes=int(width),
                                classes_from="the model's output width; data.num_classes unset")
+
+
+def _first_input(config: Config, data: DataBundle, device: torch.device):
+    """The model's input for the first validation sample, as a batch of one on `device`."""
+    dataset = data.val_loader.dataset
+    inputs, labels = default_collate([
+        dataset[SampleKey(0, 0, config.data.val_image_size or config.data.image_size)]
+        if config.data.kind == "images" and not config.data.from_user_code else dataset[0]])
+    return DeviceBatcher(device, config.data.mean, config.data.std, False)(
+        inputs, labels)[0] if config.data.kind == "images" else tensors.moved(inputs, device)
 
 
 def _cut_for_pipeline(model: nn.Module, config: Config, layout: Layout, rank: int,

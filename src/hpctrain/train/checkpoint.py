@@ -36,6 +36,7 @@ from hpctrain.runs.directory import CHECKPOINT_NAME as NAME
 from hpctrain.runs.directory import list_checkpoints
 from hpctrain.train.safe_checkpoint import (SafeEmptyPlanner, SafePlanner,
                                             SafeReader, read_meta)
+from hpctrain.writers import own_folder
 
 # DCP warns that it "assumes a single process" whenever no process group exists: that is
 # exactly our single-process case, not a mistake.
@@ -80,8 +81,9 @@ class Checkpointer:
                 "saved_at": time.time()}
         with self._failing_write(partial, final):
             if self.dist.is_main:
-                shutil.rmtree(partial, ignore_errors=True)
-                partial.mkdir(parents=True)
+                own_folder(self.folder)  # never a link: the checkpoints would go through it
+                _clear(partial)
+                partial.mkdir()
             self.dist.barrier()
             _write_file(partial / f"rng_rank{self.dist.rank}.pt", capture_rng())
             if self.async_save:
@@ -135,7 +137,7 @@ class Checkpointer:
         _write_file(partial / META, json.dumps(meta, indent=1).encode())
         if final.exists():  # saved again at the same step (e.g. preempted right after a save)
             stale = final.with_name(f".{final.name}.stale")
-            shutil.rmtree(stale, ignore_errors=True)
+            _clear(stale)
             os.replace(final, stale)
             shutil.rmtree(stale)
         os.replace(partial, final)
@@ -177,8 +179,17 @@ def read_checkpoint(path: Path) -> dict:
     return {**state, "meta": read_meta(path)}
 
 
+def _clear(path: Path) -> None:
+    """Whatever is at `path` removed, a link itself (not what it points to)."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)
+
+
 def _write_file(path: Path, payload) -> None:
-    with open(path, "wb") as handle:
+    """A new file in the checkpoint's fresh folder (created there, never through a link)."""
+    with open(path, "xb") as handle:
         if isinstance(payload, bytes):
             handle.write(payload)
         else:

@@ -50,6 +50,7 @@ from hpctrain.train.resume import completed_summary, is_complete, restore, save
 from hpctrain.train.run_place import set_aside
 from hpctrain.train.telemetry import KEEP_GOING, Telemetry, write_summary
 from hpctrain.train.trial import TrialPruned
+from hpctrain.writers import write_whole
 
 
 def train(config: Config, env: ProcessEnv | None = None,
@@ -202,7 +203,7 @@ def _announce(parts: Parts, progress: Progress, clock: Clock, telemetry: Telemet
     shared index when the environment names one (HPCTRAIN_DB)."""
     run = RunDir(parts.run_dir)
     identity = {}
-    for path, write in ((run.config, lambda: run.config.write_text(to_yaml(parts.config))),
+    for path, write in ((run.config, lambda: write_whole(run.config, to_yaml(parts.config))),
                         (run.identity, lambda: identity.update(record_start(
                             parts.run_dir, parts.config.model_dump(mode="json"),
                             run_summary.start_record(parts))))):

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from hpctrain.readers import json_mapping
+from hpctrain.readers import MiB, json_mapping
 from hpctrain.runs.directory import node_limits_path
 
 PEAK_TFLOPS = {  # name fragment (lower case) -> {precision: dense TFLOP/s}
@@ -38,7 +38,7 @@ PEAK_TFLOPS = {  # name fragment (lower case) -> {precision: dense TFLOP/s}
 def measured_flops(device_name: str, precision: str) -> float | None:
     """FLOP/s of `precision`'s matrix multiplies as `hpctrain bench node` measured them on
     this host's `device_name`, or None."""
-    kept = json_mapping(node_limits_path())
+    kept = json_mapping(node_limits_path(), MiB)
     if kept is None or kept.get("device") != device_name:
         return None
     for row in kept.get("rows", []):

@@ -11,6 +11,7 @@ when complete, so a killed run never leaves a half-written trace behind.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from hpctrain.errors import RunFailed
 from hpctrain.runs.directory import RunDir
 from hpctrain.train.build import Parts
 from hpctrain.train.loop import train
+from hpctrain.writers import fresh_file, own_folder
 
 @dataclass(frozen=True)
 class Schedule:
@@ -69,12 +71,15 @@ class _Recorder:
         self.profiler.step()
 
     def _export(self, profiler) -> None:
-        folder = RunDir(self.run_dir).profile
-        folder.mkdir(parents=True, exist_ok=True)
-        final = folder / trace_name(self.rank)
-        partial = folder / f".{final.name}.partial.gz"  # the .gz suffix makes torch compress
-        profiler.export_chrome_trace(str(partial))
-        partial.replace(final)
+        final = own_folder(RunDir(self.run_dir).profile) / trace_name(self.rank)
+        descriptor, partial = fresh_file(final, ".gz")  # the .gz suffix makes torch compress
+        os.close(descriptor)
+        try:
+            profiler.export_chrome_trace(str(partial))
+            partial.replace(final)
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
         self.trace = final
 
 

@@ -32,6 +32,7 @@ from hpctrain.runs.lock import RunLock, claim, claim_new
 from hpctrain.train.checkpoint import step_of
 from hpctrain.train.safe_checkpoint import DamagedCheckpoint, problem
 from hpctrain.train.telemetry import drop_records_after
+from hpctrain.writers import own_folder, write_whole
 
 STAMP = r"\d{8}-\d{6}(?:-\d+)?"  # what _new_run appends to the recipe name
 
@@ -187,15 +188,14 @@ def set_aside(place: RunPlace) -> str | None:
     if not place.set_aside:
         return None
     run = RunDir(place.run_dir)
-    folder = run.checkpoints / SET_ASIDE.format(time=time.strftime('%Y%m%d-%H%M%S'))
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = own_folder(run.checkpoints / SET_ASIDE.format(time=time.strftime('%Y%m%d-%H%M%S')))
     for checkpoint, _ in place.set_aside:
         os.replace(checkpoint, folder / checkpoint.name)
-    (folder / SET_ASIDE_REASONS).write_text(json.dumps(
+    write_whole(folder / SET_ASIDE_REASONS, json.dumps(
         {c.name: why for c, why in place.set_aside}, indent=1) + "\n")
     later = drop_records_after(run.metrics, step_of(place.resume_from))
     if later:
-        (folder / run.metrics.name).write_text("".join(later))
+        write_whole(folder / run.metrics.name, "".join(later))
     lines = [f"  {'warning: ' if why.startswith('damaged') else ''}set aside {c.name}: {why}"
              for c, why in place.set_aside]
     return "\n".join([*lines, f"  (moved to {folder}, with {SET_ASIDE_REASONS})"])

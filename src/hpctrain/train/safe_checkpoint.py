@@ -30,6 +30,8 @@ from torch.distributed.checkpoint.default_planner import (DefaultLoadPlanner,
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 
 from hpctrain.errors import DataError
+from hpctrain.readers import Unreadable, parse_json, read_capped
+from hpctrain.runs.directory import CAPS
 from hpctrain.runs.directory import CHECKPOINT_META as META
 from hpctrain.runs.directory import CHECKPOINT_NAME as NAME
 from hpctrain.train.progress_state import meta_problem
@@ -121,10 +123,12 @@ def _plain_name(name: str) -> bool:
 def read_meta(folder: Path) -> dict:
     """meta.json, checked for the step (the folder's) and the world size a load relies on."""
     try:
-        meta = json.loads((folder / META).read_text())
+        meta = parse_json(read_capped(folder / META, CAPS[META]))
     except FileNotFoundError:
         raise DamagedCheckpoint(f"checkpoint {folder}: {META} is missing") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+    except Unreadable as err:
+        raise DamagedCheckpoint(f"checkpoint {folder}: {META} {err}") from None
+    except (OSError, ValueError) as err:
         raise DamagedCheckpoint(f"checkpoint {folder}: {META} is not valid JSON "
                                 f"({err})") from None
     match = NAME.match(folder.name)

@@ -17,8 +17,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from hpctrain.errors import cannot_write
-from hpctrain.runs.directory import RunDir, mark_changed
+from hpctrain.errors import OutputError, cannot_write
+from hpctrain.readers import Unreadable, capped_lines, parse_json
+from hpctrain.runs.directory import CAPS, METRICS, RECORD_CAP, RunDir, mark_changed
+from hpctrain.writers import open_appending, write_whole
 
 KEEP_GOING = "Free space (or set output_dir elsewhere) and run again with resume=auto"
 
@@ -35,9 +37,12 @@ class Telemetry:
             run_dir.mkdir(parents=True, exist_ok=True)  # the run exists once it reports
             if start_step:
                 drop_records_after(self.metrics, start_step)
-            self.metrics_file = open(self.metrics, "a", buffering=1)
+            self.metrics_file = open_appending(self.metrics)
         except OSError as err:
             raise cannot_write(self.metrics, err, KEEP_GOING) from None
+        except Unreadable as err:
+            raise OutputError(f"{self.metrics} {err}: it is no metrics file of a run; move it "
+                              "away and run again with resume=auto") from None
         self.total_steps = total_steps
         if sys.stdout.isatty():
             from rich.progress import (
@@ -123,12 +128,12 @@ def drop_records_after(metrics: Path, step: int) -> list[str]:
     if not metrics.is_file():
         return []
     kept, dropped = [], []
-    for line in metrics.read_text(errors="replace").splitlines(keepends=True):
-        (dropped if record_step(line) > step else kept).append(line)
+    for line in capped_lines(metrics, CAPS[METRICS], RECORD_CAP):
+        if line is not None:  # a line over the cap is no record: dropped, not kept
+            line = line.decode(errors="replace")
+            (dropped if record_step(line) > step else kept).append(line)
     if dropped:
-        tmp = metrics.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(kept))
-        tmp.replace(metrics)
+        write_whole(metrics, "".join(kept))
     return dropped
 
 
@@ -136,24 +141,21 @@ def record_step(line: str) -> float:
     """A metrics record's step; a line cut short by a crash (or not a record) counts as after
     every step."""
     try:
-        step = json.loads(line).get("step", 0)
-    except (json.JSONDecodeError, AttributeError):
+        step = parse_json(line).get("step", 0)
+    except (ValueError, AttributeError):
         return math.inf
     return step if isinstance(step, (int, float)) else math.inf
 
 
 def write_summary(run_dir: Path, summary: dict) -> str | None:
-    """Replace summary.json at once (through a temporary file); on a failed write (a full
-    disk) the temporary file is removed, the old summary.json stays, and the problem is said
+    """Replace summary.json at once (through a fresh temporary file); on a failed write (a
+    full disk) the temporary file is removed, the old summary.json stays, and the problem is said
     and returned."""
     path = RunDir(run_dir).summary
-    tmp = path.with_name(path.name + ".tmp")
     try:
-        tmp.write_text(json.dumps(summary, indent=2) + "\n")
-        tmp.replace(path)
+        write_whole(path, json.dumps(summary, indent=2) + "\n")
         mark_changed(run_dir)  # for the runs index
     except OSError as err:
-        tmp.unlink(missing_ok=True)
         problem = str(cannot_write(path, err, KEEP_GOING))
         print(f"hpctrain: warning: {problem}", file=sys.stderr, flush=True)
         return problem

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import yaml
 
 from hpctrain.errors import ConfigError
+from hpctrain.readers import LimitBroken, load_yaml, yaml_problem
 
 SPEC = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*=\s*([a-z]+)\s*\((.*)\)\s*$", re.S)
 KINDS = ("loguniform", "uniform", "int", "logint", "choice")
@@ -116,7 +117,9 @@ def parse(spec: str) -> Parameter:
 
 def _scalar(key: str, text: str):
     try:
-        value = yaml.safe_load(text)
+        value = load_yaml(text)
+    except LimitBroken as err:
+        raise ConfigError(f"--space {key}: {yaml_problem(err)}") from None
     except yaml.YAMLError:
         value = text
     if not isinstance(value, (str, int, float, bool)):
