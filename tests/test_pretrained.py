@@ -350,3 +350,62 @@ def test_prefetch_of_a_recipe_that_reads_nothing_from_the_internet_says_so(run_c
     assert code == 0 and "nothing to fetch: recipe default reads nothing from the internet" in out
     code, out, _ = run_cli("prefetch", "default", "--json")
     assert code == 0 and out.strip() == "[]"
+
+
+def _limited_run(*args: str) -> subprocess.CompletedProcess:
+    """`hpctrain ARGS` in a child of 8 GiB of address space (what `memory` reserves for its
+    fake tensors): an allocation of terabytes fails there, should a defence break, not on
+    the machine."""
+    import resource
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "hpctrain", *args], capture_output=True,
+                          text=True, timeout=300, preexec_fn=lambda: resource.setrlimit(
+                              resource.RLIMIT_AS, (8 << 30, 8 << 30)))
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (["model.kwargs.vocab_size=100000000000"], "3,200,000,027,520 parameters"),
+    (["model.kwargs.n_layer=1000", "model.kwargs.n_embd=1048576", "model.kwargs.n_head=1"],
+     "13,194,153,548,578,816 parameters"),
+])
+def test_an_hf_config_too_large_to_build_does_not_fit_counted_on_the_meta_device(
+        tmp_path, kwargs, words):
+    """A config of 10^11 words or 1,000 layers of width 2^20: `run` and `memory` count it on
+    the meta device and say it does not fit (exit 3), where building it was an allocation
+    traceback (issue 51)."""
+    from transformers import GPT2Config
+
+    GPT2Config(vocab_size=300, n_positions=64, n_embd=32, n_layer=2, n_head=2) \
+        .save_pretrained(tmp_path / "gpt")
+    recipe = [f"model.name=hf:{tmp_path / 'gpt'}", *kwargs, f"output_dir={tmp_path / 'runs'}",
+              f"data.arithmetic.cache_dir={tmp_path}", "data.arithmetic.num_train=200",
+              "data.arithmetic.num_val=20", "data.tokens.seq_len=32", "train.batch_size=4",
+              "data.num_workers=0"]
+    done = _limited_run("run", "tiny-lm", *recipe)
+    assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"hpctrain: error: model.name hf:{tmp_path / 'gpt'}: {words}")
+    assert "GiB of memory available here" in last
+    done = _limited_run("memory", "tiny-lm", *recipe)  # measured on this CPU, it would be built
+    assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert "GiB available here: it does not fit" in last or words in last, last
+
+
+def test_an_hf_config_of_the_wrong_type_or_nested_deep_is_one_line(tmp_path, run_cli):
+    from transformers import GPT2Config
+
+    from hpctrain.errors import ConfigError
+
+    GPT2Config(vocab_size=300, n_positions=64, n_embd=32, n_layer=2, n_head=2) \
+        .save_pretrained(tmp_path / "gpt")
+    with pytest.raises(ConfigError, match=r"model.kwargs.n_layer = nan: the gpt2 config's "
+                                          r"n_layer is a whole number \(2\)"):
+        build_model(f"hf:{tmp_path / 'gpt'}", None, {"n_layer": float("nan")}, vocab_size=300)
+    (tmp_path / "deep").mkdir()
+    (tmp_path / "deep" / "config.json").write_text(
+        '{"model_type": "gpt2", "a": ' + "[" * 200000 + "]" * 200000 + "}")
+    with pytest.raises(ConfigError, match="its config.json is not a config transformers can "
+                                          r"read \(config.json is nested deeper than 64"):
+        build_model(f"hf:{tmp_path / 'deep'}", None, vocab_size=300)

@@ -36,7 +36,9 @@ MEANINGS = {
                         "file and how to fix it); also files that cannot be written (a full "
                         "disk, a quota): the last good checkpoint is kept",
     ExitCode.DOES_NOT_FIT: "memory: the recipe does not fit the device (the advice says "
-                           "what would)",
+                           "what would); run or memory: a model whose parameters alone "
+                           "exceed the memory it would be built in (counted on the meta "
+                           "device, nothing allocated)",
     ExitCode.INTERNAL: "internal error: an unexpected exception, with its traceback: a bug in "
                        "hpctrain (please report it), or in your own model or dataset code "
                        "where the traceback ends there",
@@ -86,6 +88,13 @@ class OutputError(UserError):
 def cannot_write(what, err: OSError, then: str) -> OutputError:
     """An OutputError for `err` (errno text, not a traceback), then what to do."""
     return OutputError(f"cannot write {what}: {err.strerror or err}. {then}")
+
+
+class DoesNotFit(UserError):
+    """A model too large for the memory it would be built in, found by counting it on the
+    meta device: exit code 3, before any allocation could take the machine down."""
+
+    exit_code = ExitCode.DOES_NOT_FIT
 
 
 class FetchFailed(UserError):

@@ -59,10 +59,16 @@ def open_capped(path: Path, cap: int):
 def read_capped(path: Path, cap: int) -> bytes:
     """The bytes of the regular file `path`, at most `cap` (see open_capped)."""
     with open_capped(path, cap) as handle:
-        data = handle.read(cap + 1)
-    if len(data) > cap:  # grew since it was opened
+        chunks, size = [], 0
+        while size <= cap:  # in pieces: read(n) would set n bytes aside first
+            chunk = handle.read(min(MiB, cap + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    if size > cap:  # grew since it was opened
         raise Unreadable(f"holds more than the {cap:,} bytes it may")
-    return data
+    return b"".join(chunks)
 
 
 def capped_lines(path: Path, cap: int, line_cap: int) -> Iterator[bytes | None]:

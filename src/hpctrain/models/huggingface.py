@@ -18,8 +18,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from hpctrain.errors import ConfigError
+from hpctrain.errors import ConfigError, DoesNotFit
 from hpctrain.models import weight_files
+from hpctrain.monitor.host_memory import available_bytes
+from hpctrain.readers import MiB, json_document
 from hpctrain.models.pretrained import PREFETCH, hub_cache
 
 CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "n_ctx", "seq_length")
@@ -57,29 +59,14 @@ def causal_lm(path: str, kwargs: dict, pretrained: bool = False) -> CausalLM:
     Hugging Face cache; random weights from its config, or with `pretrained` its weights.
     Nothing is downloaded: `hpctrain prefetch` fills the cache (models/pretrained.py)."""
     try:
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM
     except ImportError:
         raise ConfigError(f"model.name hf:{path} needs the transformers package: "
                           'pip install "hpctrain[hf]"') from None
-    where = Path(path).expanduser()
-    folder = where.parent if where.name == "config.json" else where
-    local = (folder / "config.json").is_file()
-    source = str(folder) if local else path
-    found = {"local_files_only": True, **({} if local else {"cache_dir": hub_cache()})}
-    if not local and not _cached(path):
-        raise ConfigError(f"model.name hf:{path}: no config.json there, and no model {path} "
-                          f"in the Hugging Face cache ({hub_cache()}); give a folder with a "
-                          f"model's config.json, or fetch the model with {PREFETCH}")
-    try:
-        config = AutoConfig.from_pretrained(source, **found)
-    except (OSError, ValueError, KeyError) as err:
-        raise ConfigError(f"model.name hf:{path}: its config.json is not a config "
-                          f"transformers can read ({err})") from None
-    for key, value in kwargs.items():
-        if not hasattr(config, key):
-            raise ConfigError(f"model.kwargs.{key}: the {config.model_type} config has no "
-                              f"field {key!r}")
-        setattr(config, key, value)
+    config, folder = _config(path, kwargs)
+    source = str(folder) if folder else path
+    found = {"local_files_only": True, **({} if folder else {"cache_dir": hub_cache()})}
+    _fits_here(path, config)
     if not pretrained:
         try:
             return CausalLM(AutoModelForCausalLM.from_config(config))
@@ -96,9 +83,73 @@ def causal_lm(path: str, kwargs: dict, pretrained: bool = False) -> CausalLM:
     except ValueError as err:
         if "Unrecognized configuration class" in str(err):  # BERT, ...
             raise _not_causal(path, config, err) from None
-        raise _damaged(path, folder if local else None, err) from None
+        raise _damaged(path, folder, err) from None
     except weight_files.UNREADABLE as err:  # a pickle that is not only tensors, a bad header
-        raise _damaged(path, folder if local else None, err) from None
+        raise _damaged(path, folder, err) from None
+
+
+CONFIG_CAP = 16 * MiB  # a config.json (GPT-2's: 665 bytes)
+
+
+def _config(path: str, kwargs: dict):
+    """The model's config (model.kwargs applied, each of the type of the field it changes)
+    and its local folder (None: a hub name in the cache). config.json is read within the
+    limits of readers.py first: transformers' own reading of one nested 200,000 deep is a
+    RecursionError."""
+    from transformers import AutoConfig
+
+    where = Path(path).expanduser()
+    folder = where.parent if where.name == "config.json" else where
+    local = (folder / "config.json").is_file()
+    config_file = folder / "config.json" if local else _cached_config(path)
+    if config_file is None:
+        raise ConfigError(f"model.name hf:{path}: no config.json there, and no model {path} "
+                          f"in the Hugging Face cache ({hub_cache()}); give a folder with a "
+                          f"model's config.json, or fetch the model with {PREFETCH}")
+    _, unreadable = json_document(config_file, CONFIG_CAP)
+    try:
+        if unreadable:
+            raise ValueError(f"{config_file.name} {unreadable}")
+        config = AutoConfig.from_pretrained(
+            str(folder) if local else path, local_files_only=True,
+            **({} if local else {"cache_dir": hub_cache()}))
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ConfigError(f"model.name hf:{path}: its config.json is not a config "
+                          f"transformers can read ({str(err).splitlines()[0][:300]})") from None
+    for key, value in kwargs.items():
+        if not hasattr(config, key):
+            raise ConfigError(f"model.kwargs.{key}: the {config.model_type} config has no "
+                              f"field {key!r}")
+        now = getattr(config, key)
+        if isinstance(now, int) and not isinstance(now, bool) and \
+                (not isinstance(value, int) or isinstance(value, bool)):
+            raise ConfigError(f"model.kwargs.{key} = {str(value)[:40]}: the "
+                              f"{config.model_type} config's {key} is a whole number "
+                              f"({now})")
+        setattr(config, key, value)
+    return config, folder if local else None
+
+
+def _fits_here(path: str, config) -> None:
+    """A model built in host memory (not on the meta device, as `hpctrain memory` builds)
+    is counted on the meta device first: one whose parameters alone exceed the memory
+    available here is refused, naming its size, where building it would fail an allocation
+    of terabytes (vocab_size 10^11) or wake the OOM killer."""
+    from transformers import AutoModelForCausalLM
+
+    if torch.get_default_device().type == "meta":
+        return
+    with torch.device("meta"):
+        parameters = sum(p.numel() for p in AutoModelForCausalLM.from_config(config)
+                         .parameters())
+    needed = parameters * torch.get_default_dtype().itemsize
+    available = available_bytes()
+    if available is not None and needed > available:
+        raise DoesNotFit(f"model.name hf:{path}: {parameters:,} parameters, "
+                         f"{needed / 2**30:,.1f} GiB as built ({torch.get_default_dtype()}), "
+                         f"more than the {available / 2**30:,.1f} GiB of memory available "
+                         "here; give it fewer layers, a smaller width or vocabulary "
+                         "(model.kwargs)")
 
 
 def _not_causal(path: str, config, err: Exception) -> ConfigError:
@@ -113,13 +164,14 @@ def _damaged(path: str, folder: Path | None, err: Exception) -> ConfigError:
                                 f"you trust, or fetch them again with {PREFETCH}")
 
 
-def _cached(name: str) -> bool:
-    """Whether `name` is a hub name (ORG/NAME) whose config.json is in the cache."""
+def _cached_config(name: str) -> Path | None:
+    """The cached config.json of `name`, a hub name (ORG/NAME); None when not cached."""
     from huggingface_hub import try_to_load_from_cache
 
     if not re.fullmatch(r"[\w.-]+/[\w.-]+", name):
-        return False  # a path that does not exist
-    return isinstance(try_to_load_from_cache(name, "config.json", cache_dir=hub_cache()), str)
+        return None  # a path that does not exist
+    found = try_to_load_from_cache(name, "config.json", cache_dir=hub_cache())
+    return Path(found) if isinstance(found, str) else None
 
 
 HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "tokenizer*"]  # what prefetch gets
