@@ -2,11 +2,17 @@
 local folder (ROOT/ORG/NAME/files) on a free localhost port, for the tests that must run
 without the internet (HF_ENDPOINT, or huggingface_hub.constants.ENDPOINT, pointed at it).
 
-What huggingface_hub's snapshot_download and hf_hub_download ask, and nothing more:
+What a download asks, and nothing more, answered as the hub answers it:
 - GET /api/models/ORG/NAME/revision/REV: the repository's commit and its files;
-- GET /api/models/ORG/NAME/tree/COMMIT: the files, with their sizes;
+- GET /api/models/ORG/NAME/tree/COMMIT: the files, with their sizes and git blob ids, and
+  for weight files (stored with Git LFS on the hub) their SHA-256 under "lfs";
 - HEAD and GET /ORG/NAME/resolve/COMMIT/FILE: the file, its ETag (SHA-256) and the commit
   (X-Repo-Commit); 404 with X-Error-Code: EntryNotFound for a file that is not there.
+
+`lies` makes it a hostile hub, file by file (issue 51): "more" lists the file as it is but
+sends 1.5 GB after it with no length announced; "hash" sends other bytes of the same size;
+"short" announces the file's size and closes the connection halfway; "loop" redirects the
+download to itself. `sent` counts the bytes of each body written.
 """
 
 from __future__ import annotations
@@ -18,10 +24,17 @@ import threading
 from pathlib import Path
 
 COMMIT = "2" * 40  # every repository's one commit
+LFS = (".safetensors", ".bin", ".pth")  # stored with Git LFS on the hub
+
+
+def git_blob_id(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
 class _Hub(http.server.BaseHTTPRequestHandler):
     root: Path
+    lies: dict[str, str]
+    sent: dict[str, int]
 
     def log_message(self, *args) -> None:
         pass
@@ -40,18 +53,51 @@ class _Hub(http.server.BaseHTTPRequestHandler):
                            if p.is_file()) if repo.is_dir() else None
             if files is None:
                 return self._missing("RepoNotFound")
-            body = [{"type": "file", "path": name, "size": (repo / name).stat().st_size,
-                     "oid": "0" * 40} for name in files] if parts[4] == "tree" else \
+            body = [_listed(repo, name) for name in files] if parts[4] == "tree" else \
                 {"id": f"{parts[2]}/{parts[3]}", "sha": COMMIT,
                  "siblings": [{"rfilename": name} for name in files]}
             return self._send(json.dumps(body).encode(), "application/json", with_body)
         if len(parts) >= 5 and parts[2] == "resolve":
-            path = self.root / parts[0] / parts[1] / "/".join(parts[4:])
+            name = "/".join(parts[4:])
+            path = self.root / parts[0] / parts[1] / name
             if path.is_file():
-                return self._send(path.read_bytes(), "application/octet-stream", with_body)
+                return self._file(name, path.read_bytes(), with_body)
         self._missing("EntryNotFound")
 
-    def _send(self, data: bytes, kind: str, with_body: bool) -> None:
+    def _file(self, name: str, data: bytes, with_body: bool) -> None:
+        lie = self.lies.get(name)
+        if lie == "loop":
+            self.send_response(302)
+            self.send_header("Location", self.path)
+            self.send_header("Content-Length", "0")
+            return self.end_headers()
+        if lie == "hash":
+            data = bytes(b ^ 0xFF for b in data)
+        if lie in ("more", "short"):
+            self.send_response(200)
+            if lie == "short":
+                self.send_header("Content-Length", str(len(data)))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.close_connection = True
+            if with_body:
+                self._write(name, data[:len(data) // 2] if lie == "short" else data)
+                if lie == "more":  # 1.5 GB of zeros, unannounced, unless the client stops
+                    for _ in range(1536):
+                        if not self._write(name, bytes(1 << 20)):
+                            break
+            return
+        self._send(data, "application/octet-stream", with_body, name)
+
+    def _write(self, name: str, data: bytes) -> bool:
+        try:
+            self.wfile.write(data)
+        except OSError:  # the client stopped reading
+            return False
+        self.sent[name] = self.sent.get(name, 0) + len(data)
+        return True
+
+    def _send(self, data: bytes, kind: str, with_body: bool, name: str | None = None) -> None:
         self.send_response(200)
         self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(data)))
@@ -59,7 +105,7 @@ class _Hub(http.server.BaseHTTPRequestHandler):
         self.send_header("X-Repo-Commit", COMMIT)
         self.end_headers()
         if with_body:
-            self.wfile.write(data)
+            self._write(name or self.path, data)
 
     def _missing(self, code: str) -> None:
         self.send_response(404)
@@ -68,11 +114,23 @@ class _Hub(http.server.BaseHTTPRequestHandler):
         self.end_headers()
 
 
-class StandInHub:
-    """`with StandInHub(root) as url:` serves ROOT's repositories at `url` until the end."""
+def _listed(repo: Path, name: str) -> dict:
+    data = (repo / name).read_bytes()
+    entry = {"type": "file", "path": name, "size": len(data), "oid": git_blob_id(data)}
+    if name.endswith(LFS):
+        entry["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data),
+                        "pointerSize": 134}
+    return entry
 
-    def __init__(self, root: Path):
-        handler = type("Hub", (_Hub,), {"root": Path(root)})
+
+class StandInHub:
+    """`with StandInHub(root) as url:` serves ROOT's repositories at `url` until the end;
+    `lies` (file name -> "more", "hash", "short" or "loop") makes it lie about those files."""
+
+    def __init__(self, root: Path, lies: dict[str, str] | None = None):
+        self.sent: dict[str, int] = {}
+        handler = type("Hub", (_Hub,), {"root": Path(root), "lies": dict(lies or {}),
+                                        "sent": self.sent})
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
 
     def __enter__(self) -> str:

@@ -89,7 +89,7 @@ def test_damaged_weights_and_a_refused_download_are_one_line(weights_server, run
     monkeypatch.setattr(weights.value, "url", weights.url.rsplit("/", 1)[0] + "/gone-0abc.pth")
     code, _, err = run_cli("prefetch", "default", *tiny(*model))
     assert code == 1 and "cannot fetch torchvision:shufflenet_v2_x0_5's pretrained weights" in err
-    assert "HTTPError" in err and not any(cache.parent.iterdir())
+    assert "the server answered 404" in err and not any(cache.parent.iterdir())
 
 
 @pytest.mark.parametrize("torch_save", [True, False], ids=["torch.save", "plain pickle"])
@@ -409,3 +409,35 @@ def test_an_hf_config_of_the_wrong_type_or_nested_deep_is_one_line(tmp_path, run
     with pytest.raises(ConfigError, match="its config.json is not a config transformers can "
                                           r"read \(config.json is nested deeper than 64"):
         build_model(f"hf:{tmp_path / 'deep'}", None, vocab_size=300)
+
+
+@pytest.mark.parametrize("lie, words", [
+    ("hash", "the file's sha256 hash is"),
+    ("more", "the server sent more than the"),
+    ("short", "peer closed connection without sending complete message body"),
+    ("loop", "TooManyRedirects"),
+])
+def test_prefetch_keeps_nothing_a_lying_hub_sends(tmp_path, lie, words):
+    """A hub that sends other bytes than its hash, 1.5 GB after a file it lists as small, a
+    body cut short, or a redirect loop: prefetch stops (at the first byte past the promise),
+    keeps nothing and says so in one line, exit 1 (before: kept with exit 0, the whole 1.5 GB
+    in the cache, or an httpx traceback)."""
+    from hub_server import StandInHub
+
+    _tiny_gpt2(tmp_path / "served" / "lab" / "tiny-gpt")
+    cache = tmp_path / "hub"
+    hub = StandInHub(tmp_path / "served", {"model.safetensors": lie})
+    with hub as url:
+        done = subprocess.run(["hpctrain", "prefetch", "tiny-lm", "model.name=hf:lab/tiny-gpt"],
+                              text=True, capture_output=True, timeout=300,
+                              env={**os.environ, "HF_ENDPOINT": url, "HF_HUB_CACHE": str(cache)})
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("hpctrain: error: cannot fetch hf:lab/tiny-gpt's config, weights "
+                           "and tokenizer: ") and words in last, last
+    assert "model.safetensors" in last and "nothing kept" in last, last
+    kept = [p for p in cache.rglob("*") if p.is_file() or p.is_symlink()]
+    assert not any(p.name == "model.safetensors" or ".partial" in p.name for p in kept), kept
+    assert sum(p.stat().st_size for p in kept if p.is_file()) < 1 << 20
+    if lie == "more":  # stopped early: the hub wrote little of its 1.5 GB before the close
+        assert hub.sent["model.safetensors"] < 256 << 20, hub.sent

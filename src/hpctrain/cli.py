@@ -106,7 +106,9 @@ def cmd_prefetch(args) -> int:
     if job is not None:
         try:
             fetched.append({"what": f"{config.model.name} {job[0]}", "path": str(job[1]())})
-        except (OSError, RuntimeError) as err:  # no network, a refusal, a hash mismatch
+        except FetchFailed as err:  # a refusal, a hash or size broken, a body cut short
+            raise FetchFailed(f"cannot fetch {config.model.name}'s {job[0]}: {err}") from None
+        except (OSError, RuntimeError) as err:  # no network
             raise FetchFailed(f"cannot fetch {config.model.name}'s {job[0]}: "
                               f"{type(err).__name__}: {err}; run hpctrain prefetch where "
                               "there is internet") from None

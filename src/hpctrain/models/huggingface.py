@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from hpctrain.errors import ConfigError, DoesNotFit
-from hpctrain.models import weight_files
+from hpctrain.models import download, weight_files
 from hpctrain.monitor.host_memory import available_bytes
 from hpctrain.readers import MiB, json_document
 from hpctrain.models.pretrained import PREFETCH, hub_cache
@@ -106,7 +106,8 @@ def _config(path: str, kwargs: dict):
         raise ConfigError(f"model.name hf:{path}: no config.json there, and no model {path} "
                           f"in the Hugging Face cache ({hub_cache()}); give a folder with a "
                           f"model's config.json, or fetch the model with {PREFETCH}")
-    _, unreadable = json_document(config_file, CONFIG_CAP)
+    # the hub cache's snapshot names are links to its blobs: read where they lead
+    _, unreadable = json_document(config_file.resolve(), CONFIG_CAP)
     try:
         if unreadable:
             raise ValueError(f"{config_file.name} {unreadable}")
@@ -178,9 +179,9 @@ HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "tokenizer*"]  # wha
 
 
 def prefetch(name: str) -> Path:
-    """A hub model's config, weights and tokenizer files into the Hugging Face cache."""
-    from huggingface_hub import constants, snapshot_download
+    """A hub model's config, weights and tokenizer files into the Hugging Face cache, each
+    checked as it streams (download.py); the snapshot folder."""
+    from huggingface_hub import constants
 
     # the endpoint as now set (HF_ENDPOINT: a mirror), where the library formed its URLs at import
-    return Path(snapshot_download(name, allow_patterns=HUB_FILES, cache_dir=hub_cache(),
-                                  endpoint=constants.ENDPOINT))
+    return download.hub_files(name, hub_cache(), constants.ENDPOINT, HUB_FILES)

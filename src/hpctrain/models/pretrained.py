@@ -17,7 +17,6 @@ slower than the new head.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -26,7 +25,7 @@ import torch
 from torch import nn
 
 from hpctrain.errors import ConfigError
-from hpctrain.models import weight_files
+from hpctrain.models import download, weight_files
 
 PREFETCH = "hpctrain prefetch RECIPE (on a login node, where there is internet)"
 
@@ -158,17 +157,19 @@ def replace_head(model: nn.Module, num_classes: int, trained_for: int) -> list[s
 
 def prefetch(library: str, name: str) -> Path:
     """Download the default weights of `library`'s model `name` into its cache (a login
-    node's job); the file's path. torch.hub checks the file against the hash in its name."""
+    node's job), checked as they stream (download.py); the file's path. A file of torch.hub
+    must hold the SHA-256 its name begins."""
     found = source(library, name)
     if found.hub_id:
-        from huggingface_hub import constants, hf_hub_download
+        from huggingface_hub import constants
 
-        return Path(hf_hub_download(found.hub_id, found.hub_files[0], cache_dir=hub_cache(),
-                                    endpoint=constants.ENDPOINT))
+        # the endpoint as now set (HF_ENDPOINT: a mirror), where the library formed its own at
+        # import
+        return download.hub_files(found.hub_id, hub_cache(), constants.ENDPOINT,
+                                  [found.hub_files[0]]) / found.hub_files[0]
     path = found.torch_file()
     if not path.is_file():
-        os.makedirs(path.parent, exist_ok=True)
         named = torch.hub.HASH_REGEX.search(path.name)  # NAME-<SHA-256 prefix>.EXT
-        torch.hub.download_url_to_file(found.url, str(path), progress=False,
-                                       hash_prefix=named.group(1) if named else None)
+        download.fetch(found.url, path, download.Promise(
+            algorithm="sha256", digest=named.group(1)) if named else download.Promise())
     return path
