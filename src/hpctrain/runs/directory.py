@@ -241,6 +241,14 @@ def modified(path: Path) -> float | None:
         return None
 
 
+def size_of(path: Path) -> int:
+    """The file's size in bytes, 0 when it is not there."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
 def list_checkpoints(folder: Path) -> list[Path]:
     """Complete checkpoints in `folder` (their meta.json written), oldest first."""
     if not folder.is_dir():

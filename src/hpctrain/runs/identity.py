@@ -44,6 +44,7 @@ START_RULES = {
     "world_size": COUNT, "hosts": list_of(TEXT), "gpu_model": optional(TEXT),
     "gpus": optional(COUNT), "output_dir": TEXT, "seconds": optional(AMOUNT),
     "device_hours": optional(AMOUNT), "energy_joules": optional(AMOUNT),
+    "claimed": optional(TIME), "lost": optional(TEXT),
 }
 
 
@@ -83,9 +84,11 @@ def git_commit(folder: Path) -> str | None:
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
-def record_start(run_dir: Path, config: dict, start: dict) -> dict:
-    """Create or extend run.json with this start (`start`: time, job_id, hosts, world_size,
-    gpu_model, gpus, launcher); the whole record. Written atomically."""
+def record_start(run_dir: Path, config: dict, start: dict, lost: dict | None = None) -> dict:
+    """Create or extend run.json with this start (`start`: time, claimed, job_id, hosts,
+    world_size, gpu_model, gpus, launcher); the whole record. Written atomically. `lost`: the
+    start whose lock this one took over (claimed, job_id, restart, host, last_beat), which
+    died without a word: added when it never reported, given its seconds when it had none."""
     run = RunDir(run_dir)
     record, damage = read_identity(run_dir)
     if damage is not None:  # kept, not overwritten: the new record starts afresh
@@ -97,7 +100,10 @@ def record_start(run_dir: Path, config: dict, start: dict) -> dict:
                   "git_commit": git_commit(Path.cwd()), "starts": []}
     start.pop("cluster", None)
     record["config_hash"] = config_hash(config)
-    record["starts"] = [*record.get("starts", []), start]
+    record["starts"] = [*record.get("starts", [])]
+    if lost is not None:
+        _account_for(record["starts"], lost)
+    record["starts"].append(start)
     _write(run, record)
     return record
 
@@ -115,15 +121,35 @@ def record_job(run_dir: Path, number: int, seconds: float, device_hours: float,
     _write(run, record)
 
 
-def earlier_jobs(record: dict, number: int) -> dict | None:
-    """The figures of the starts before `number`, summed (wall_seconds, device_hours,
-    energy_joules: None where none was measured, restarts); None when one of them has none
-    (run by an hpctrain before these figures), and the checkpoint's are the best known."""
+def _account_for(starts: list, lost: dict) -> None:
+    """The start that died without a word (kill -9, a lost node) and left its lock behind:
+    it lived at least until the lock's last heartbeat (touched every HEARTBEAT_SECONDS). One
+    that never reported (killed during start-up) is added; one that reported but saved no
+    figures gets those seconds."""
+    lived = max(0.0, lost["last_beat"] - lost["claimed"])
+    own = next((s for s in starts if isinstance(s, dict) and
+                s.get("claimed") == lost["claimed"]), None)
+    said = "died without a word; seconds: at least, to its lock's last heartbeat"
+    if own is None:
+        starts.append({"time": lost["claimed"], "claimed": lost["claimed"],
+                       "job_id": lost["job_id"], "restart": lost["restart"],
+                       "hosts": [lost["host"]], "seconds": lived,
+                       "lost": "during start-up, before it reported: " + said})
+    elif _number(own.get("seconds")) is None:
+        own.update(seconds=lived, lost=said, device_hours=lived * own["world_size"] / 3600
+                   if COUNT.holds(own.get("world_size")) else None)
+
+
+def earlier_jobs(record: dict, number: int) -> dict:
+    """The figures of the starts before `number`: `restarts`, every one of them; summed when
+    each has them (else the checkpoint's are the best known: starts of an hpctrain before
+    these figures), `wall_seconds`, `device_hours`, `energy_joules` (None where none was
+    measured)."""
     starts = record.get("starts", [])[:number]
     figures = [s for s in starts if isinstance(s, dict) and _number(s.get("seconds")) is not None
                and _number(s.get("device_hours")) is not None]
     if len(figures) != len(starts):
-        return None
+        return {"restarts": len(starts)}
     energies = [s["energy_joules"] for s in figures if _number(s.get("energy_joules")) is not None]
     return {"wall_seconds": sum(s["seconds"] for s in figures),
             "device_hours": sum(s["device_hours"] for s in figures),

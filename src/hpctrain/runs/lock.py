@@ -121,6 +121,10 @@ class RunLock:
     path: Path
     made: list[Path] = field(default_factory=list)  # folders the claim created, outermost first
     taken_over: str | None = None  # why the previous holder was taken for gone, when it was
+    claimed: float = 0.0  # when this run took the lock (its holder's `started`)
+    # the holder taken over and its last heartbeat: a start that may have died before it
+    # reported (runs/identity.record_start adds it to run.json)
+    gone: tuple[Holder, float] | None = None
     heartbeat: Heartbeat | None = None
     held: bool = True
 
@@ -199,11 +203,11 @@ def claim(run: Path, job_id: str | None, restart: int, setting: str) -> RunLock:
     if link is not None:
         raise refuse_link(link)
     lock_path = RunDir(run).lock
-    taken_over = None
+    taken_over, gone = None, None
     for _ in range(ATTEMPTS):
         try:
             lock = _hold(run, made, me)
-            lock.taken_over = taken_over
+            lock.taken_over, lock.gone = taken_over, gone
             return lock
         except FileExistsError:
             pass
@@ -218,7 +222,7 @@ def claim(run: Path, job_id: str | None, restart: int, setting: str) -> RunLock:
                 "to end, or choose another run_name; if that process is gone, delete the lock "
                 "file") from None
         if _set_aside(lock_path, holder, beat):
-            taken_over = why
+            taken_over, gone = why, (holder, beat) if holder is not None else None
     raise RunInUse(f"{setting}: {run}: other runs keep taking its lock ({lock_path}); "
                    "start one run at a time in a run directory")
 
@@ -243,7 +247,7 @@ def _hold(run: Path, made: list[Path], me: Holder) -> RunLock:
     finally:
         draft.unlink()
     heartbeat = Heartbeat(lock_path).start()
-    return RunLock(lock_path, made, heartbeat=heartbeat)
+    return RunLock(lock_path, made, heartbeat=heartbeat, claimed=me.started)
 
 
 def _link_or_create(draft: Path, lock_path: Path) -> None:

@@ -104,7 +104,8 @@ def _train(parts: Parts, stopper: Stopper, on_step: Callable[[Parts, int], None]
                   "was. Raise train.epochs or train.max_steps to train on.", flush=True)
         return completed_summary(parts, progress) if is_main else None
     moved = set_aside(parts.place) if is_main else None  # only once the resume succeeded
-    telemetry = Telemetry(parts.run_dir, parts.total_steps, progress.step, enabled=is_main)
+    telemetry = Telemetry(parts.run_dir, parts.total_steps, progress.step, enabled=is_main,
+                          saved_bytes=progress.metrics_bytes)
     _tell_start(parts, progress, telemetry, moved, changes)
     heartbeat = _announce(parts, progress, clock, telemetry) if is_main else None
     status, stopped, summary_problem = "failed", None, None
@@ -206,20 +207,28 @@ def _announce(parts: Parts, progress: Progress, clock: Clock, telemetry: Telemet
     for path, write in ((run.config, lambda: write_whole(run.config, to_yaml(parts.config))),
                         (run.identity, lambda: identity.update(record_start(
                             parts.run_dir, parts.config.model_dump(mode="json"),
-                            run_summary.start_record(parts))))):
+                            run_summary.start_record(parts), _lost_start(parts))))):
         try:
             write()
         except OSError as err:
             raise cannot_write(path, err, KEEP_GOING) from None
     clock.job_number = len(identity["starts"]) - 1
-    earlier = earlier_jobs(identity, clock.job_number)
-    if earlier is not None:  # else the checkpoint's: the earlier starts ran an older hpctrain
-        for figure, value in earlier.items():
-            setattr(progress, figure, value)
+    for figure, value in earlier_jobs(identity, clock.job_number).items():
+        setattr(progress, figure, value)
     telemetry.add_sinks(trackers.open_sinks(parts.config, parts.run_dir, identity))
     remember_output_dir(parts.run_dir.parent)
     return Heartbeat(run.identity, register(parts.distributed.env.runs_db,
                                             parts.run_dir)).start()
+
+
+def _lost_start(parts: Parts) -> dict | None:
+    """The start whose lock this one took over: it died without a word (run.json)."""
+    gone = parts.place.lock.gone
+    if gone is None:
+        return None
+    holder, beat = gone
+    return {"claimed": holder.started, "job_id": holder.job_id, "restart": holder.restart,
+            "host": holder.host, "last_beat": beat}
 
 
 def _artifacts(run_dir) -> list:
@@ -270,7 +279,7 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
             # (after the last step only when it cut the final evaluation short)
             stop = None if last and progress.eval_owed is None else stopper.check()
             if stop is not None:
-                if progress.step % cfg.log_every:  # the steps since the last read-back
+                if interval.samples:  # steps since the last read-back (none after the last)
                     interval.start += time.perf_counter() - paused
                     _log_interval(parts, progress, metrics, interval, clock, epoch, telemetry,
                                   watchdog)

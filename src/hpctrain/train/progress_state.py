@@ -30,6 +30,9 @@ class Progress:
     device_hours: float = 0.0  # devices x hours
     energy_joules: float | None = None  # all devices (None: never measured)
     changes: list = field(default_factory=list)  # [{"step", "settings"}] applied on resume
+    # metrics.jsonl's size when the checkpoint was saved: what came after belongs to steps
+    # and evaluations a resume from it does again (None: a checkpoint of an older hpctrain)
+    metrics_bytes: int | None = None
 
     @classmethod
     def from_record(cls, record: dict) -> Progress:
@@ -46,6 +49,7 @@ PROGRESS_RULES = {
     "last_good_checkpoint": optional(TEXT), "nan_intervals": COUNT,
     "nan_since_step": optional(COUNT), "restarts": COUNT, "wall_seconds": AMOUNT,
     "device_hours": AMOUNT, "energy_joules": optional(AMOUNT), "changes": list_of(CHANGE),
+    "metrics_bytes": optional(COUNT),
 }
 # the LR schedule's position (torch's LambdaLR.state_dict): only what hpctrain's schedule
 # holds; a LightningModule's (train/lightning_optim.py): the step and its schedulers' states

@@ -23,7 +23,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state
 from hpctrain.config import Config, flatten
 from hpctrain.errors import ConfigError
 from hpctrain.monitor.sampler import add_energy
-from hpctrain.runs.directory import RunDir, run_of_checkpoint
+from hpctrain.runs.directory import RunDir, run_of_checkpoint, size_of
 from hpctrain.train import checkpoint as ckpt
 from hpctrain.train.progress_state import Progress
 from hpctrain.train.safe_checkpoint import DamagedCheckpoint, read_meta
@@ -67,7 +67,9 @@ def save(parts, progress: Progress, elapsed: float, energy: float | None) -> boo
     totals = dataclasses.replace(
         progress, wall_seconds=progress.wall_seconds + elapsed,
         device_hours=progress.device_hours + elapsed * parts.world_size / 3600,
-        energy_joules=add_energy(progress.energy_joules, energy))
+        energy_joules=add_energy(progress.energy_joules, energy),
+        metrics_bytes=size_of(RunDir(parts.run_dir).metrics)  # rank 0's: it writes the file
+        if parts.distributed.is_main else None)
     meta = {"progress": dataclasses.asdict(totals),
             "scheduler": parts.scheduler.state_dict(), "scaler": parts.precision.state_dict(),
             "global_batch_size": parts.global_batch_size,

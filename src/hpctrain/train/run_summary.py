@@ -63,7 +63,8 @@ def banner(parts, resume_from: Path | None) -> str:
 def start_record(parts) -> dict:
     """This start of the run, as run.json keeps it (runs/identity.py)."""
     env = parts.distributed.env
-    return {"time": time.time(), "job_id": env.job_id, "restart": env.restart_count,
+    return {"time": time.time(), "claimed": parts.place.lock.claimed,
+            "job_id": env.job_id, "restart": env.restart_count,
             "launcher": env.launcher, "world_size": parts.world_size,
             "hosts": sorted(set(parts.distributed.hosts)), "cluster": env.cluster,
             "gpu_model": parts.plan.device_name if parts.device.type == "cuda" else None,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -18,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hpctrain.errors import OutputError, cannot_write
-from hpctrain.readers import Unreadable, capped_lines, parse_json
+from hpctrain.readers import Unreadable, capped_lines, open_capped, parse_json
 from hpctrain.runs.directory import CAPS, METRICS, RECORD_CAP, RunDir, mark_changed
 from hpctrain.writers import open_appending, write_whole
 
@@ -26,7 +27,10 @@ KEEP_GOING = "Free space (or set output_dir elsewhere) and run again with resume
 
 
 class Telemetry:
-    def __init__(self, run_dir: Path, total_steps: int, start_step: int, enabled: bool = True):
+    def __init__(self, run_dir: Path, total_steps: int, start_step: int, enabled: bool = True,
+                 saved_bytes: int | None = None):
+        """`start_step`, `saved_bytes`: the checkpoint this start resumes from (0: none), and
+        metrics.jsonl's size when it was saved (None: not recorded)."""
         self.enabled = enabled
         self.sinks = []
         self.progress = None
@@ -35,8 +39,7 @@ class Telemetry:
         self.metrics = RunDir(run_dir).metrics
         try:
             run_dir.mkdir(parents=True, exist_ok=True)  # the run exists once it reports
-            if start_step:
-                drop_records_after(self.metrics, start_step)
+            forget_lost_records(self.metrics, start_step, saved_bytes)
             self.metrics_file = open_appending(self.metrics)
         except OSError as err:
             raise cannot_write(self.metrics, err, KEEP_GOING) from None
@@ -120,6 +123,40 @@ class Telemetry:
             self.metrics_file.close()
         except OSError:  # the record that failed was reported when it was written
             pass
+
+
+def forget_lost_records(metrics: Path, step: int, saved_bytes: int | None) -> None:
+    """At a start, forget what was logged after the checkpoint it resumes from: those steps
+    and evaluations run again, and metrics.jsonl then tells each once. Where the checkpoint
+    recorded the file's size, the file is cut back to it, which is exact: also an evaluation
+    done after the checkpoint, which it owed, goes (a kill during the save after it would
+    otherwise leave it twice). A start without a checkpoint keeps nothing: what is there was
+    logged by a job killed before its first save. A checkpoint of an older hpctrain: every
+    record after its step is dropped."""
+    size = 0 if step == 0 else saved_bytes
+    if size is not None and _line_ends_at(metrics, size):
+        descriptor = os.open(metrics, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.ftruncate(descriptor, size)
+        finally:
+            os.close(descriptor)
+    elif step:
+        drop_records_after(metrics, step)
+
+
+def _line_ends_at(metrics: Path, size: int) -> bool:
+    """Whether the file is at least `size` bytes and a line ends there (the file the size
+    was taken of, not a replaced or shortened one)."""
+    try:
+        with open_capped(metrics, CAPS[METRICS]) as file:
+            if file.seek(0, 2) < size:
+                return False
+            if size == 0:
+                return True
+            file.seek(size - 1)
+            return file.read(1) == b"\n"
+    except (OSError, Unreadable):
+        return False
 
 
 def drop_records_after(metrics: Path, step: int) -> list[str]:
