@@ -176,3 +176,32 @@ def test_parts_built_without_a_run_keep_their_directory_but_not_the_lock(tiny_co
 
     parts = build_parts(tiny_config("run_name=driven"))
     assert parts.run_dir.is_dir() and not RunDir(parts.run_dir).lock.exists()
+
+
+def test_status_of_a_run_directory_says_where_it_stands_and_who_holds_it(tmp_path, run_cli,
+                                                                         tiny):
+    """`hpctrain status RUN_DIR` (issue 51; before: "'scontrol' is not on PATH" for any
+    local run): a finished run's state, steps and restarts; a run held by a living process
+    names it; one whose heartbeat stopped long ago is lost; anything else is one line."""
+    assert run_cli("run", "default", *tiny("run_name=seen", "train.max_steps=2"))[0] == 0
+    run = tmp_path / "runs" / "seen"
+    code, out, err = run_cli("status", str(run), "--json")
+    assert code == 0, err
+    status = json.loads(out)
+    assert status["state"] == "completed" and status["steps"] == 2
+    assert status["restarts"] == 0 and status["source"] == "run directory"
+    assert status["best_val_accuracy"] is not None and status["held_by"] is None
+
+    (run / "summary.json").unlink()  # as while it trains: no summary yet, its lock held
+    me = Holder.this_process(None, 0)
+    (run / "run.lock").write_text(json.dumps(me.__dict__))
+    code, out, _ = run_cli("status", str(run))
+    assert code == 0 and "state      running" in out
+    assert f"held_by    process {os.getpid()} on host {socket.gethostname()}" in out
+    long_ago = time.time() - 86400
+    for name in ("run.json", "metrics.jsonl"):
+        os.utime(run / name, (long_ago, long_ago))
+    code, out, _ = run_cli("status", str(run), "--json")
+    assert code == 0 and json.loads(out)["state"] == "lost"
+    code, _, err = run_cli("status", str(tmp_path / "nowhere"))
+    assert code == 2 and "neither a run directory nor a job id" in err

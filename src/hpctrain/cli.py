@@ -278,16 +278,24 @@ def cmd_cancel(args) -> int:
 
 def _add_status(verbs) -> None:
     """`hpctrain status`'s arguments."""
-    status = _verb(verbs, "status", "where a job stands",
-                   "example:\n  hpctrain status 123456 --json", cmd_status)
-    status.add_argument("job")
+    status = _verb(verbs, "status", "where a job or a run directory stands",
+                   "examples:\n  hpctrain status 123456 --json\n"
+                   "  hpctrain status runs/default-20261122-101500", cmd_status)
+    status.add_argument("job", metavar="JOB|RUN_DIR")
     status.add_argument("--json", action="store_true")
 
 
 def cmd_status(args) -> int:
-    from hpctrain.cluster.jobs import Job
+    from hpctrain.cluster.jobs import Job, run_status
 
-    status = Job(args.job).status()
+    place = Path(args.job).expanduser()
+    if place.is_dir():
+        status = run_status(place.absolute())
+    elif not args.job.isdigit() and not args.job.replace("_", "").isdigit():
+        raise ConfigError(f"hpctrain status {args.job}: neither a run directory nor a job id "
+                          "(a number, such as 123456)")
+    else:
+        status = Job(args.job).status()
     if args.json:
         print(json.dumps(status, indent=2))
     else:
