@@ -69,6 +69,15 @@ def _release_early() -> list[int]:
     return received
 
 
+def _interrupt_once(number, frame) -> None:
+    """Ctrl-C stops at once (KeyboardInterrupt: exit 130, the last checkpoint kept). A second
+    one while the run winds down (its summary written, its loader's workers joined) is
+    ignored: it would break that off with a KeyboardInterrupt traceback from wherever it
+    landed (a worker's join, a DataLoader's __del__, torch's exit hooks)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
 def deadline_at(cfg: PreemptionConfig, job_end: float | None,
                 now: float | None = None) -> float | None:
     """When to stop: the end (the job's, for 'auto') minus the margin; None for no deadline.
@@ -99,14 +108,17 @@ class Stopper:
         self.dist, self.deadline = distributed, deadline
 
     def install(self, requeue_signal: str) -> None:
-        """Catch `requeue_signal` (save, stop, requeue) and SIGTERM (save, stop)."""
+        """Catch `requeue_signal` (save, stop, requeue) and SIGTERM (save, stop); in
+        hpctrain's own process, a Ctrl-C stops at once and a second one is ignored."""
         self.requeue_signal = requeue_signal
         early = _release_early()
         for name in {requeue_signal, "SIGTERM"}:
             number = getattr(signal, name)
             self._previous[number] = signal.signal(number, self._on_signal)
+        if _until_exit:
+            self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, _interrupt_once)
         for number in early:  # what came during start-up
-            if number in self._previous:
+            if number in self._previous and number != signal.SIGINT:
                 self._on_signal(number, None)
             else:  # a signal this run does not take: what it would have done unheld
                 signal.raise_signal(number)
