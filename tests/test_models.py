@@ -170,3 +170,27 @@ def test_a_model_with_lazy_modules_trains_and_is_counted_after_a_dry_run(tmp_pat
                                                    ":unreached"))
     assert code == 2 and err.count("\n") == 1
     assert "the lazy modules spare were not called by a forward on one sample" in err
+
+
+def test_a_built_in_gpt_of_impossible_or_enormous_shape_is_one_line(tmp_path, run_cli):
+    """model.kwargs.layers NaN or heads 0 (a ZeroDivisionError) are refused naming the
+    field; 1,000 layers of width 2^20 are counted on the meta device and do not fit
+    (exit 3), where building them was an allocation traceback (issue 51)."""
+    import resource
+    import subprocess
+    import sys
+
+    recipe = [f"output_dir={tmp_path / 'runs'}", f"data.arithmetic.cache_dir={tmp_path}",
+              "data.arithmetic.num_train=200", "data.arithmetic.num_val=20",
+              "data.tokens.seq_len=32", "train.batch_size=4", "data.num_workers=0"]
+    for change, words in (("model.kwargs.layers=.nan", "layers nan is not a whole number"),
+                          ("model.kwargs.heads=0", "heads 0 is not a whole number")):
+        code, _, err = run_cli("run", "tiny-lm", *recipe, change)
+        assert code == 2 and err.count("\n") == 1 and words in err, err
+    done = subprocess.run(
+        [sys.executable, "-m", "hpctrain", "run", "tiny-lm", *recipe,
+         "model.kwargs.layers=1000", "model.kwargs.width=1048576"],
+        capture_output=True, text=True, timeout=300, preexec_fn=lambda: resource.setrlimit(
+            resource.RLIMIT_AS, (8 << 30, 8 << 30)))
+    assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "model.name hpctrain:gpt_tiny: 13,194,144,065,257,472 parameters" in done.stderr

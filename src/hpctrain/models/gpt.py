@@ -31,6 +31,12 @@ class GPTShape:
     heads: int
     context: int  # the longest sequence the model takes
 
+    def __post_init__(self):
+        for side in ("layers", "width", "heads", "context"):
+            value = getattr(self, side)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{side} {value!r} is not a whole number of at least 1")
+
     @property
     def head_dim(self) -> int:
         return self.width // self.heads

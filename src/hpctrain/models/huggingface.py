@@ -18,9 +18,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from hpctrain.errors import ConfigError, DoesNotFit
-from hpctrain.models import download, weight_files
-from hpctrain.monitor.host_memory import available_bytes
+from hpctrain.errors import ConfigError
+from hpctrain.models import download, sizing, weight_files
 from hpctrain.readers import MiB, json_document
 from hpctrain.models.pretrained import PREFETCH, hub_cache
 
@@ -132,25 +131,13 @@ def _config(path: str, kwargs: dict):
 
 
 def _fits_here(path: str, config) -> None:
-    """A model built in host memory (not on the meta device, as `hpctrain memory` builds)
-    is counted on the meta device first: one whose parameters alone exceed the memory
-    available here is refused, naming its size, where building it would fail an allocation
-    of terabytes (vocab_size 10^11) or wake the OOM killer."""
+    """Counted on the meta device before it is built in host memory (sizing.py), also with
+    its weights: its config says its size (vocab_size 10^11 was an allocation traceback)."""
     from transformers import AutoModelForCausalLM
 
-    if torch.get_default_device().type == "meta":
-        return
-    with torch.device("meta"):
-        parameters = sum(p.numel() for p in AutoModelForCausalLM.from_config(config)
-                         .parameters())
-    needed = parameters * torch.get_default_dtype().itemsize
-    available = available_bytes()
-    if available is not None and needed > available:
-        raise DoesNotFit(f"model.name hf:{path}: {parameters:,} parameters, "
-                         f"{needed / 2**30:,.1f} GiB as built ({torch.get_default_dtype()}), "
-                         f"more than the {available / 2**30:,.1f} GiB of memory available "
-                         "here; give it fewer layers, a smaller width or vocabulary "
-                         "(model.kwargs)")
+    if sizing.building_for_real():
+        with torch.device("meta"):
+            sizing.refuse_if_too_large(f"hf:{path}", AutoModelForCausalLM.from_config(config))
 
 
 def _not_causal(path: str, config, err: Exception) -> ConfigError:

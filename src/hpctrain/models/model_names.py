@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import difflib
 
+import torch
 from torch import nn
 
 from hpctrain import user_code
-from hpctrain.errors import ConfigError
-from hpctrain.models import gpt, huggingface, pointnet, small
+from hpctrain.errors import ConfigError, UserError
+from hpctrain.models import gpt, huggingface, pointnet, sizing, small
 from hpctrain.models import pretrained as weights
 from hpctrain.models.vit_attention import split_fused_attention
 
@@ -130,6 +131,27 @@ def build_model(name: str, num_classes: int | None, kwargs: dict | None = None,
     source, _, model_name = name.rpartition(":")
     if source == "" and model_name in BUILTIN:
         source = "hpctrain"
+
+    def made() -> nn.Module:
+        return _library_model(name, source, model_name, num_classes, kwargs, vocab_size,
+                              image_sizes, pretrained)
+    if not pretrained and sizing.building_for_real():  # a library's weights are its size
+        try:
+            with torch.device("meta"):
+                on_meta = made()
+        except UserError:
+            raise
+        except Exception:  # a model that cannot be built on the meta device: built as is
+            on_meta = None
+        if on_meta is not None:
+            sizing.refuse_if_too_large(name, on_meta)
+    return made()
+
+
+def _library_model(name: str, source: str, model_name: str, num_classes: int | None,
+                   kwargs: dict, vocab_size: int | None, image_sizes: tuple[int, ...],
+                   pretrained: bool) -> nn.Module:
+    """A model of hpctrain's, torchvision's or timm's (see build_model)."""
     try:
         if source == "hpctrain":
             if model_name not in BUILTIN:

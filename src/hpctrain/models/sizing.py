@@ -1,0 +1,32 @@
+"""A model about to be built in host memory is counted on the meta device first (no memory,
+milliseconds): one whose parameters alone exceed the memory available here is refused,
+naming its size (exit 3), where building it would fail an allocation of terabytes with a
+traceback, or, on a kernel that overcommits, wake the OOM killer. `hpctrain memory` builds on
+the meta device and is not asked; it says what fits a GPU."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hpctrain.errors import DoesNotFit
+from hpctrain.monitor.host_memory import available_bytes
+
+
+def building_for_real() -> bool:
+    """Whether a model built now lands in host memory (not on the meta device)."""
+    return torch.get_default_device().type == "cpu"
+
+
+def refuse_if_too_large(name: str, on_meta: nn.Module) -> None:
+    """DoesNotFit when the parameters of `on_meta` (the model built on the meta device) take
+    more than the memory available here."""
+    parameters = sum(p.numel() for p in on_meta.parameters())
+    needed = sum(p.numel() * p.element_size() for p in on_meta.parameters())
+    available = available_bytes()
+    if available is not None and needed > available:
+        raise DoesNotFit(f"model.name {name}: {parameters:,} parameters, "
+                         f"{needed / 2**30:,.1f} GiB as built ({torch.get_default_dtype()}), "
+                         f"more than the {available / 2**30:,.1f} GiB of memory available "
+                         "here; give it fewer layers, a smaller width or vocabulary "
+                         "(model.kwargs)")
