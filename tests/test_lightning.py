@@ -239,12 +239,16 @@ def test_stopped_and_resumed_it_trains_as_if_never_stopped(tmp_path, capsys, mod
 
 
 def _recipe(tmp_path: Path, *extra: str) -> Path:
+    """The recipe; a `train: {...}` line among `extra` replaces its train section (a recipe
+    gives each key once)."""
+    train = next((line for line in extra if line.startswith("train:")),
+                 "train: {epochs: 2, batch_size: 32, log_every: 4}")
     recipe = tmp_path / "lit.yaml"
     recipe.write_text("\n".join([
         "name: lit", f"model: {{name: {FIXTURE}:LitClassifier}}",
         f"data: {{dataset: {FIXTURE}:blobs, num_workers: 0}}",
-        f"output_dir: {tmp_path / 'runs'}", "train: {epochs: 2, batch_size: 32, log_every: 4}",
-        "report: false", *extra]) + "\n")
+        f"output_dir: {tmp_path / 'runs'}", train, "report: false",
+        *(line for line in extra if not line.startswith("train:"))]) + "\n")
     return recipe
 
 
