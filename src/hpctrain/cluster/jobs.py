@@ -137,30 +137,6 @@ class Job:
         return self.status()["state"]
 
 
-def run_status(run_dir: Path) -> dict:
-    """Where a run directory stands, read from its files (as `hpctrain runs` reads it: a
-    running run whose heartbeat has stopped is lost), with the living process that holds it
-    and, when it ran in scheduler jobs, where its last job stands."""
-    row, _ = scan_run(run_dir)
-    status = row["status"]
-    if status == "running" and (row["heartbeat"] or 0) < time.time() - LOST_AFTER_SECONDS:
-        status = "lost"
-    identity, _ = read_identity(run_dir)
-    starts = identity["starts"] if identity else []
-    jobs = json.loads(row["jobs"])
-    holder = Holder.read(RunDir(run_dir).lock) if status in ("running", "lost") else None
-    found = {"run_dir": str(run_dir), "state": status, "problem": row["problem"],
-             "steps": row["steps"], "restarts": max(0, len(starts) - 1),
-             row["best_metric"] or "best": row["best_value"],
-             "held_by": holder.describe() if holder else None, "jobs": jobs or None,
-             "source": "run directory"}
-    if jobs:
-        try:
-            found["job_state"] = Job(jobs[-1], run_dir).state
-        except ClusterError as err:  # no scheduler here: the run's files say the rest
-            found["job_state"] = f"unknown ({err})"
-    return found
-
     def wait(self, timeout: float | None = None, poll: float = 5.0) -> str:
         """Block until the job reaches a final state (a requeued job is not final)."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -200,6 +176,31 @@ def run_status(run_dir: Path) -> dict:
 
     def cancel(self) -> None:
         current().cancel(self.id)
+
+
+def run_status(run_dir: Path) -> dict:
+    """Where a run directory stands, read from its files (as `hpctrain runs` reads it: a
+    running run whose heartbeat has stopped is lost), with the living process that holds it
+    and, when it ran in scheduler jobs, where its last job stands."""
+    row, _ = scan_run(run_dir)
+    status = row["status"]
+    if status == "running" and (row["heartbeat"] or 0) < time.time() - LOST_AFTER_SECONDS:
+        status = "lost"
+    identity, _ = read_identity(run_dir)
+    starts = identity["starts"] if identity else []
+    jobs = json.loads(row["jobs"])
+    holder = Holder.read(RunDir(run_dir).lock) if status in ("running", "lost") else None
+    found = {"run_dir": str(run_dir), "state": status, "problem": row["problem"],
+             "steps": row["steps"], "restarts": max(0, len(starts) - 1),
+             row["best_metric"] or "best": row["best_value"],
+             "held_by": holder.describe() if holder else None, "jobs": jobs or None,
+             "source": "run directory"}
+    if jobs:
+        try:
+            found["job_state"] = Job(jobs[-1], run_dir).state
+        except ClusterError as err:  # no scheduler here: the run's files say the rest
+            found["job_state"] = f"unknown ({err})"
+    return found
 
 
 def sweep_elements(specs: list[str]) -> list[list[str]]:
