@@ -291,7 +291,7 @@ def cmd_status(args) -> int:
     place = Path(args.job).expanduser()
     if place.is_dir():
         status = run_status(place.absolute())
-    elif not args.job.isdigit() and not args.job.replace("_", "").isdigit():
+    elif not args.job.replace("_", "").isdigit():  # 123456, or an array's 123456_7
         raise ConfigError(f"hpctrain status {args.job}: neither a run directory nor a job id "
                           "(a number, such as 123456)")
     else:

@@ -126,9 +126,10 @@ def json_document(path: Path, cap: int) -> tuple[object, str | None]:
         return None, None
     except Unreadable as err:
         return None, str(err)
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        return None, "is not valid JSON (cut short?)" if isinstance(err, ValueError) else \
-            f"cannot be read ({getattr(err, 'strerror', None) or err})"
+    except ValueError:  # not JSON, not UTF-8
+        return None, "is not valid JSON (cut short?)"
+    except OSError as err:
+        return None, f"cannot be read ({err.strerror or err})"
 
 
 def json_mapping(path: Path, cap: int) -> dict | None:

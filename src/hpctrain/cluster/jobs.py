@@ -136,7 +136,6 @@ class Job:
     def state(self) -> str:
         return self.status()["state"]
 
-
     def wait(self, timeout: float | None = None, poll: float = 5.0) -> str:
         """Block until the job reaches a final state (a requeued job is not final)."""
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -5,6 +5,7 @@ and the error of a scheduler that is missing or refuses."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -50,17 +51,14 @@ def whole_number(environ: Mapping[str, str], *names: str, default: int | None = 
     for name in names:
         text = environ.get(name, "").strip()
         if text:
-            try:
-                value = int(text) if len(text) <= 20 else None
-            except ValueError:
-                value = None
-            if value is None or not low <= value <= high:
+            whole = re.fullmatch(r"[+-]?[0-9]+", text) is not None
+            if not whole or len(text) > 20 or not low <= int(text) <= high:
                 shown = text if len(text) <= 20 else text[:17] + "..."
-                kind = "not a whole number" if value is None and not text.lstrip("+-").isdigit() \
-                    else f"not a whole number from {low} to {high:,}"
+                kind = f"not a whole number from {low} to {high:,}" if whole else \
+                    "not a whole number"
                 raise ConfigError(f"the environment variable {name}={shown!r} is {kind}; the "
                                   "launcher sets it, so unset or fix what changed it")
-            return value
+            return int(text)
     if default is None:
         raise ConfigError(f"the launcher did not set {' or '.join(names)}")
     return default

@@ -29,10 +29,9 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.profiler import record_function
 
-from hpctrain.errors import DoesNotFit
 from hpctrain.memory.attention import TargetAttention
 from hpctrain.memory.tracker import CATEGORIES, LiveMemory
-from hpctrain.monitor.host_memory import available_bytes
+from hpctrain.models.sizing import refuse_if_too_large
 from hpctrain.tasks import tensors
 from hpctrain.train.precision import AUTOCAST_DTYPES  # fp8 simulated as its bf16 autocast
 CUDA_GRANULARITY = 512  # the CUDA caching allocator rounds every block up to 512 bytes
@@ -354,20 +353,6 @@ def extrapolate(small: Footprint, larger: Footprint, batch_size: int) -> Footpri
                      small.notes)
 
 
-def _measurable_here(spec: StepSpec, reason: str) -> None:
-    """A model measured on the CPU is built there: one whose parameters and gradients alone
-    exceed the host's available memory (counted on the meta device) is said not to fit,
-    where measuring it would fail an allocation of terabytes or wake the OOM killer."""
-    model = shared_build(spec)
-    needed = 2 * sum(p.numel() * p.element_size() for p in model.parameters())
-    available = available_bytes()
-    if available is not None and needed > available:
-        raise DoesNotFit(f"the model does not run on fake tensors ({reason}), and measuring "
-                         f"it on the CPU needs {needed / 2**30:,.1f} GiB for its parameters "
-                         f"and gradients alone, more than the {available / 2**30:,.1f} GiB "
-                         "available here: it does not fit; make it smaller (model.kwargs)")
-
-
 def predict(spec: StepSpec, batch_size: int) -> Footprint:
     """simulate(), or when the model does not run on fake tensors, CPU measurements at batch 1
     and 2 extrapolated (the report says which)."""
@@ -376,7 +361,10 @@ def predict(spec: StepSpec, batch_size: int) -> Footprint:
     except Exception as err:  # any operator fake tensors cannot run
         reason = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:160]}" \
             if str(err).strip() else type(err).__name__
-    _measurable_here(spec, reason)
+    # measured on the CPU, it is built there: its parameters and gradients must fit
+    refuse_if_too_large(f"the model (it does not run on fake tensors: {reason})",
+                        shared_build(spec), copies=2, held="with its gradients, to measure "
+                        "it on the CPU")
     larger = min(batch_size, SAMPLE_BATCH)
     smaller = max(1, larger // 2)
     if smaller == larger:

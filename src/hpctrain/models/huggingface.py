@@ -137,7 +137,8 @@ def _fits_here(path: str, config) -> None:
 
     if sizing.building_for_real():
         with torch.device("meta"):
-            sizing.refuse_if_too_large(f"hf:{path}", AutoModelForCausalLM.from_config(config))
+            sizing.refuse_if_too_large(f"model.name hf:{path}",
+                                       AutoModelForCausalLM.from_config(config))
 
 
 def _not_causal(path: str, config, err: Exception) -> ConfigError:

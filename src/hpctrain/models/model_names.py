@@ -144,7 +144,7 @@ def build_model(name: str, num_classes: int | None, kwargs: dict | None = None,
         except Exception:  # a model that cannot be built on the meta device: built as is
             on_meta = None
         if on_meta is not None:
-            sizing.refuse_if_too_large(name, on_meta)
+            sizing.refuse_if_too_large(f"model.name {name}", on_meta)
     return made()
 
 

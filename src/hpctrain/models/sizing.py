@@ -18,15 +18,15 @@ def building_for_real() -> bool:
     return torch.get_default_device().type == "cpu"
 
 
-def refuse_if_too_large(name: str, on_meta: nn.Module) -> None:
-    """DoesNotFit when the parameters of `on_meta` (the model built on the meta device) take
-    more than the memory available here."""
+def refuse_if_too_large(what: str, on_meta: nn.Module, copies: int = 1,
+                        held: str = "as built") -> None:
+    """DoesNotFit when `copies` of the parameters of `on_meta` (the model built on the meta
+    device: `held` says what the copies are) take more than the memory available here."""
     parameters = sum(p.numel() for p in on_meta.parameters())
-    needed = sum(p.numel() * p.element_size() for p in on_meta.parameters())
+    needed = copies * sum(p.numel() * p.element_size() for p in on_meta.parameters())
     available = available_bytes()
     if available is not None and needed > available:
-        raise DoesNotFit(f"model.name {name}: {parameters:,} parameters, "
-                         f"{needed / 2**30:,.1f} GiB as built ({torch.get_default_dtype()}), "
-                         f"more than the {available / 2**30:,.1f} GiB of memory available "
-                         "here; give it fewer layers, a smaller width or vocabulary "
-                         "(model.kwargs)")
+        raise DoesNotFit(f"{what}: {parameters:,} parameters, {needed / 2**30:,.1f} GiB {held} "
+                         f"({torch.get_default_dtype()}), more than the "
+                         f"{available / 2**30:,.1f} GiB of memory available here; give it "
+                         "fewer layers, a smaller width or vocabulary (model.kwargs)")

@@ -28,8 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpctrain.errors import ConfigError, cannot_write
-from hpctrain.readers import (COUNT, TEXT, TIME, Kind, field_problem, json_document, json_mapping,
-                              optional)
+from hpctrain.readers import COUNT, TEXT, TIME, Kind, field_problem, json_document, optional
 from hpctrain.runs.directory import CAPS, LOCK, RunDir, modified
 from hpctrain.runs.identity import HEARTBEAT_SECONDS, Heartbeat
 from hpctrain.writers import fresh_file, refuse_link
@@ -64,20 +63,19 @@ class Holder:
     @classmethod
     def read(cls, path: Path) -> Holder | None:
         """The holder a lock file names; None when it is unreadable or of another shape."""
-        record = json_mapping(path, CAPS[LOCK])
-        if record is None or field_problem(record, HOLDER_RULES, tuple(HOLDER_RULES)):
-            return None
-        return cls(record["pid"], record["host"], record["job_id"], record["restart"],
-                   float(record["started"]))
+        return cls.read_or_why(path)[0]
 
-    @staticmethod
-    def damage(path: Path) -> str:
-        """Why the lock file `path` names no holder."""
+    @classmethod
+    def read_or_why(cls, path: Path) -> tuple[Holder | None, str | None]:
+        """(the holder a lock file names, None), or (None, why it names none)."""
         record, why = json_document(path, CAPS[LOCK])
+        if why is None:
+            why = "is not a JSON object" if not isinstance(record, dict) else \
+                field_problem(record, HOLDER_RULES, tuple(HOLDER_RULES))
         if why is not None:
-            return why
-        return "is not a JSON object" if not isinstance(record, dict) else \
-            field_problem(record, HOLDER_RULES, tuple(HOLDER_RULES)) or "holds a holder"
+            return None, why
+        return cls(record["pid"], record["host"], record["job_id"], record["restart"],
+                   float(record["started"])), None
 
     def describe(self) -> str:
         job = f", Slurm job {self.job_id}" if self.job_id else ""
@@ -211,12 +209,12 @@ def claim(run: Path, job_id: str | None, restart: int, setting: str) -> RunLock:
             return lock
         except FileExistsError:
             pass
-        holder = Holder.read(lock_path)
+        holder, unread = Holder.read_or_why(lock_path)
         beat = modified(lock_path)
         why = gone_why(holder, beat, me)
         if why is None:
             held = holder.describe() if holder is not None else \
-                f"a run whose lock cannot be read (it {Holder.damage(lock_path)})"
+                f"a run whose lock cannot be read (it {unread})"
             raise RunInUse(
                 f"{setting}: {run} is in use by {held} (its lock: {lock_path}). Wait for it "
                 "to end, or choose another run_name; if that process is gone, delete the lock "

@@ -17,7 +17,6 @@ truncated or empty files and a broken meta.json without reading the tensors.
 from __future__ import annotations
 
 import io
-import json
 import os
 import pickle
 from pathlib import Path
