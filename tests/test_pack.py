@@ -5,7 +5,9 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -375,3 +377,25 @@ def test_verify_reads_no_file_that_links_out_of_the_pack(packed, tmp_path, run_c
 def test_pack_without_source_and_destination_is_exit_2(run_cli, tmp_path):
     code, _, err = run_cli("pack", str(tmp_path))
     assert code == 2 and "give the source and the pack folder" in err and "--verify" in err
+
+
+def test_packing_workers_block_no_signal_though_the_forkserver_was_started_blocking_some():
+    """A run's loader with data.worker_start=forkserver starts the forkserver with the stop
+    signals blocked, for its own workers, and the server's children inherit what it keeps
+    blocked. A pack made later in the same process (a notebook, this suite) took its workers
+    from that server: in the suite one kept SIGTERM blocked and Pool.terminate waited on it
+    for good (test_pack's fixture stuck after test_user_code). Here the server keeps SIGUSR1,
+    which the workers inherited before."""
+    code = textwrap.dedent("""
+        import functools, multiprocessing.forkserver, signal
+        from hpctrain.data.packs import run_jobs
+        from hpctrain.data.worker_signals import blocked
+        with blocked(("SIGUSR1",)):
+            multiprocessing.forkserver.ensure_running()
+        masks = run_jobs(functools.partial(signal.pthread_sigmask, signal.SIG_BLOCK), [[], []], 2)
+        print(sorted({signal.Signals(s).name for mask in masks for s in mask}))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

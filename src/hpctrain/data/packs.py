@@ -11,6 +11,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import signal
 from pathlib import Path
 from typing import Annotated
 
@@ -149,6 +150,13 @@ def prepare_destination(dst: Path, fingerprint: str, overwrite: bool) -> bool:
     return False
 
 
+def _signals_as_usual() -> None:
+    """A packing worker takes every signal: the forkserver it comes from may have been started
+    by a training run's loader with the stop signals blocked (worker_signals.py), which its
+    children inherit, and a worker that cannot take SIGTERM hangs Pool.terminate for good."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+
+
 def run_jobs(write, jobs: list, workers: int | None):
     """`write(job)` for every job, in up to `workers` processes (default: one per core) or in
     this one; the results as they finish."""
@@ -156,7 +164,7 @@ def run_jobs(write, jobs: list, workers: int | None):
     if workers == 1:
         yield from map(write, jobs)
         return
-    pool = multiprocessing.get_context("forkserver").Pool(workers)
+    pool = multiprocessing.get_context("forkserver").Pool(workers, initializer=_signals_as_usual)
     try:
         yield from pool.imap_unordered(write, jobs)
     finally:
