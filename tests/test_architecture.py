@@ -9,16 +9,18 @@ import re
 from pathlib import Path
 
 from hpctrain.cluster import scheduler
+from hpctrain.data import kinds
 from hpctrain.tasks import registry
 
 SOURCE = Path(__file__).resolve().parents[1] / "src" / "hpctrain"
 
 
-def sources(outside: str | None = None) -> dict[str, str]:
-    """Relative path -> text of every module, less those under the folder `outside`."""
+def sources(outside: str | tuple[str, ...] = ()) -> dict[str, str]:
+    """Relative path -> text of every module, less those under the folders `outside`."""
+    outside = (outside,) if isinstance(outside, str) else outside
     return {str(path.relative_to(SOURCE)): path.read_text()
             for path in sorted(SOURCE.rglob("*.py"))
-            if outside is None or path.relative_to(SOURCE).parts[0] != outside}
+            if path.relative_to(SOURCE).parts[0] not in outside}
 
 
 def test_task_names_are_spoken_only_by_the_task_registry():
@@ -27,6 +29,20 @@ def test_task_names_are_spoken_only_by_the_task_registry():
     found = [f"{path}: {name}" for path, text in sources(outside="tasks").items()
              for name in registry.NAMES if f'"{name}"' in text or f"'{name}'" in text]
     assert not found
+
+
+def test_data_kinds_are_spoken_only_by_their_specs():
+    """Before, a kind's name was compared in nine modules (an unknown dataset fell into the
+    image branch, the model factory took `points: bool`); now every room asks the kind's
+    spec (data/kinds.py), and only data/ and tasks/ (a task's `data_kind`) name one."""
+    assert set(kinds.KINDS) == {"images", "tokens", "points", "tensors"}
+    found = [f"{path}: {name}" for path, text in sources(outside=("data", "tasks")).items()
+             for name in kinds.KINDS if f'"{name}"' in text or f"'{name}'" in text]
+    assert not found
+
+
+def test_every_task_learns_from_a_registered_data_kind():
+    assert {task.data_kind for task in registry.SPECS.values()} == set(kinds.KINDS)
 
 
 def test_slurm_variables_are_read_only_under_cluster():
@@ -116,7 +132,7 @@ def test_no_room_imports_a_room_on_a_floor_above_it():
     rooms on its own floor or below (no arrow runs back up)."""
     floor, graph = floors(), room_imports()
     assert not set(graph) - set(floor), "rooms missing from docs/architecture.md's layers"
-    assert floor["__main__"] > floor["train"] > floor["data"] > floor["config"] > floor["errors"]
+    assert floor["__main__"] > floor["train"] > floor["config"] > floor["data"] > floor["errors"]
     assert not upward(graph, floor)
 
 

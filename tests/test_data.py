@@ -5,8 +5,9 @@ import torch
 
 from hpctrain.config import AugmentConfig, DataConfig
 from hpctrain.data.images.image_folders import ImageFolderDataset, scan_image_folder
-from hpctrain.data.loader import (DeviceBatcher, build_data, build_datasets,
-                                  image_size_for_epoch)
+from hpctrain.data.images.batcher import DeviceBatcher
+from hpctrain.data.images.kind import image_size_for_epoch
+from hpctrain.data.loader import build_data, build_datasets
 from hpctrain.data.sampling import EpochSampler, SampleKey
 from hpctrain.errors import DataError
 from conftest import write_image_folder

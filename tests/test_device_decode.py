@@ -7,7 +7,7 @@ from torch.utils.data import DataLoader
 
 from hpctrain.config import AugmentConfig
 from hpctrain.data.images.device_decode import EncodedBatch, collate_encoded
-from hpctrain.data.loader import DeviceBatcher
+from hpctrain.data.images.batcher import DeviceBatcher
 from hpctrain.data.images.image_packing import PackOptions, pack
 from hpctrain.data.sampling import EpochSampler
 from hpctrain.data.images.image_pack_dataset import ShardDataset

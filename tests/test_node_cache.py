@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.data import node_cache
+from hpctrain.cluster.environment import node_local_scratch
 from hpctrain.data.node_cache import CACHE_FOLDER, node_local_pack
 from hpctrain.data.images.image_packing import PackOptions, pack
 from hpctrain.data.images.image_pack import Pack
@@ -54,12 +55,13 @@ def test_auto_uses_the_job_folder_and_steps_aside_when_there_is_none(packed, tmp
                                                                      monkeypatch):
     monkeypatch.delenv("SLURM_TMPDIR", raising=False)
     monkeypatch.delenv("TMPDIR", raising=False)
-    assert node_local_pack(packed, "auto") is packed
+    assert node_local_pack(packed, "auto", node_local_scratch()) is packed
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
     monkeypatch.setenv("SLURM_TMPDIR", str(tmp_path / "job"))
-    assert node_local_pack(packed, "auto").root.parent == tmp_path / "job" / CACHE_FOLDER
+    assert node_local_pack(packed, "auto", node_local_scratch()).root.parent == \
+        tmp_path / "job" / CACHE_FOLDER
     monkeypatch.setenv("SLURM_TMPDIR", str(packed.root.parent))  # already node-local
-    assert node_local_pack(packed, "auto") is packed
+    assert node_local_pack(packed, "auto", node_local_scratch()) is packed
 
 
 def test_without_space_auto_reads_in_place_and_a_path_is_refused(packed, tmp_path,
@@ -68,7 +70,7 @@ def test_without_space_auto_reads_in_place_and_a_path_is_refused(packed, tmp_pat
     monkeypatch.setattr(node_cache.shutil, "disk_usage", lambda path: type(
         "Usage", (), {"free": 1000})())
     monkeypatch.setenv("SLURM_TMPDIR", str(tmp_path / "job"))
-    assert node_local_pack(packed, "auto") is packed
+    assert node_local_pack(packed, "auto", node_local_scratch()) is packed
     assert "has 0.0 GB free; reading" in capsys.readouterr().err
     with pytest.raises(DataError, match="Free space there, choose another data.cache path"):
         node_local_pack(packed, str(tmp_path / "job"))

@@ -24,8 +24,7 @@ def test_each_task_s_default_model_takes_its_data(name):
     tokens = spec.data_kind == "tokens"
     with torch.device("meta"):
         model = build_model(spec.default_model, None if tokens else 10, {},
-                            vocab_size=256 if tokens else None,
-                            points=spec.data_kind == "points")
+                            vocab_size=256 if tokens else None, kind=spec.data_kind)
     assert (getattr(model, "vocab_size", None) == 256) == tokens
     if tokens:  # the default model takes the default sequences (gpt_tiny's 128 did not)
         assert model.context >= DataConfig().tokens.seq_len

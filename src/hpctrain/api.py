@@ -137,7 +137,7 @@ class _Part(Dataset):
 
 
 def _held_out(train_data: Dataset, config: Config) -> tuple[Dataset, Dataset]:
-    from hpctrain.data.loader import hold_out
+    from hpctrain.data.splits import hold_out
 
     if isinstance(train_data, IterableDataset):
         raise ConfigError("fit(): train_data is a stream (an IterableDataset), which has no "

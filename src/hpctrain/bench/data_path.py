@@ -20,16 +20,15 @@ from dataclasses import asdict, dataclass, field
 
 from torch.utils.data import DataLoader, IterableDataset
 
+from hpctrain.cluster.environment import node_local_scratch
 from hpctrain.config import Config, load_config
 from hpctrain.data import python_sampling
 from hpctrain.data.batch_buffers import BufferedLoader
 from hpctrain.data.images.image_folders import ImageFolderDataset
-from hpctrain.data.loader import (build_datasets, collate_for, token_datasets, usable_cpus,
-                                 uses_buffers)
+from hpctrain.data.loader import build_datasets, usable_cpus, uses_buffers
 from hpctrain.data.sampling import EpochSampler
 from hpctrain.data.images.image_pack_dataset import ShardDataset, jpeg_decoder
 from hpctrain.data.streams import Stream
-from hpctrain.data.tokens.token_pack import pad_documents
 from hpctrain.errors import DataError
 from hpctrain.parallel.processes import per_device_batch
 
@@ -134,14 +133,10 @@ def model_rate(config: Config, num_classes: int | None, steps: int) -> float:
     them costs next to nothing)."""
     from hpctrain.train.loop import train
 
-    data = config.data
-    if data.kind == "images":
-        batch = config.train.global_batch_size or (config.train.batch_size
-                                                   * config.train.grad_accum_steps)
-        data = data.model_copy(update=dict(
-            dataset="synthetic", path=None, cache="off", num_classes=None,
-            synthetic=data.synthetic.model_copy(update=dict(
-                num_train=batch * (steps + 1), num_val=batch, num_classes=num_classes))))
+    batch = config.train.global_batch_size or (config.train.batch_size
+                                               * config.train.grad_accum_steps)
+    data = config.data.kind_spec.stand_in(config.data, batch, steps + 1, num_classes) \
+        or config.data
     with tempfile.TemporaryDirectory(prefix="hpctrain-bench-") as out:
         trial = config.model_copy(update=dict(
             data=data, output_dir=out, run_name="bench-model", resume=None,
@@ -159,13 +154,11 @@ def bench_data(recipe: str | None, overrides: list[str], workers: list[int] | No
                model_steps: int = 30, processes_per_node: int = 1,
                python: bool = False) -> DataBench:
     config = load_config(recipe, overrides)
-    tokens = config.data.kind == "tokens"
-    if tokens and not config.data.from_user_code:
-        train_set, num_classes = token_datasets(config.data)[0], None
-    else:
-        train_set, _, num_classes = build_datasets(config.data, config.seed)
-    unit = {"tokens": config.data.tokens.batching[:-1], "points": "cloud"}.get(
-        config.data.kind, "image")
+    kind = config.data.kind_spec
+    train_set, _, num_classes = build_datasets(config.data, config.seed,
+                                               scratch=node_local_scratch())
+    num_classes = None if kind.vocabulary else num_classes
+    unit = kind.unit(config.data)
     cores = max(1, usable_cpus() // processes_per_node)
     batch = per_device_batch(config, 1)[0]  # one process's micro-batch (global_batch_size)
     report = DataBench(
@@ -175,8 +168,7 @@ def bench_data(recipe: str | None, overrides: list[str], workers: list[int] | No
         decoder=(jpeg_decoder() if isinstance(train_set, ShardDataset) else
                  "pil" if isinstance(train_set, ImageFolderDataset) else None),
         decode_one_core=decode_rate(train_set, min(seconds, 3.0)))
-    collate = collate_for(config.data) if not tokens else \
-        pad_documents if config.data.tokens.batching == "documents" else None
+    collate = kind.collate(config.data)
     buffers = uses_buffers(config.data, train_set)
     for count in workers or worker_grid(cores):
         for depth in prefetch:

@@ -5,7 +5,6 @@ happens to live in.
 """
 
 from hpctrain.config.base import plain_name
-from hpctrain.config.data_settings import AugmentConfig, DataConfig, PointsConfig
 from hpctrain.config.loading import (code_references, flatten, from_defaults, load_config,
                                      parse_override, read_yaml_mapping, shipped_recipes, to_yaml,
                                      with_settings)
@@ -14,6 +13,9 @@ from hpctrain.config.parallel_settings import Strategy
 from hpctrain.config.recipe import Config
 from hpctrain.config.task_settings import TaskConfig
 from hpctrain.config.training_settings import OptimConfig, ScheduleConfig
+from hpctrain.data.images.settings import AugmentConfig
+from hpctrain.data.points.settings import PointsConfig
+from hpctrain.data.settings import DataConfig
 
 __all__ = ["AugmentConfig", "Config", "DataConfig", "OptimConfig", "PointsConfig",
            "PreemptionConfig", "ScheduleConfig", "Strategy", "TaskConfig", "code_references",

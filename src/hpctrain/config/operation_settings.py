@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from hpctrain.config.base import Section
+from hpctrain.sections import Section
 
 
 class PreemptionConfig(Section):

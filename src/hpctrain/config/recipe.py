@@ -9,13 +9,15 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from hpctrain.config.base import Auto, Section, plain_name
-from hpctrain.config.data_settings import DataConfig
+from hpctrain.config.base import plain_name
+from hpctrain.sections import Auto, Section
 from hpctrain.config.operation_settings import MonitorConfig, PreemptionConfig, TrackingConfig
 from hpctrain.config.parallel_settings import ParallelConfig
 from hpctrain.config.task_settings import ModelConfig, TaskConfig
 from hpctrain.config.training_settings import (CheckpointConfig, Fp8Config, OptimConfig,
                                                ScheduleConfig, TrainConfig, TrialConfig)
+from hpctrain.data import kinds
+from hpctrain.data.settings import DataConfig
 from hpctrain.tasks import registry as tasks
 
 
@@ -76,12 +78,10 @@ class Config(Section):
             self._model_brings_its_steps()
         task = self.task.name
         if self.data.from_user_code:
-            kind = tasks.KIND_OF_TASK.get(task, "images")
-            if kind == "tokens" and self.data.tokens.batching != "blocks":
-                raise ValueError(f"data.dataset={self.data.dataset}: your own token data comes "
-                                 "as blocks of data.tokens.seq_len + 1 ids; "
-                                 "data.tokens.batching=documents reads a token pack's "
-                                 "documents: set data.tokens.batching=blocks")
+            kind = tasks.KIND_OF_TASK.get(task, kinds.OWN_DATA)
+            problem = kinds.spec(kind).own_data_problem(self.data)
+            if problem:
+                raise ValueError(problem)
             self.data._kind_of_user_data = kind
             self.data._targets_of_user_data = tasks.TARGETS_OF_TASK.get(task, "classes")
         elif task != "auto" and tasks.KIND_OF_TASK[task] != self.data.kind:

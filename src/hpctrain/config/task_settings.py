@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from hpctrain import user_code
-from hpctrain.config.base import Section
+from hpctrain.sections import Section
 from hpctrain.tasks import registry as tasks
 
 

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from hpctrain.config.base import Auto, Section
+from hpctrain.sections import Auto, Section
 
 
 class EmaConfig(Section):

@@ -2,9 +2,9 @@
 
 Random reads of small samples are what parallel file systems (GPFS, Lustre) serve worst; the
 node's own SSD or RAM disk serves them at memory speed. The copy goes to
-`<base>/hpctrain-cache/<pack_id>/`, where base is the job's node-local scratch (`auto`:
-cluster.environment.node_local_scratch) or a given path. Every file is hashed while it is
-copied and compared with the manifest's SHA-256, so a corrupt source is named instead of
+`<base>/hpctrain-cache/<pack_id>/`, where base is the job's node-local scratch (`auto`: the
+folder the caller found, cluster.environment.node_local_scratch) or a given path. Every file
+is hashed while it is copied and compared with the manifest's SHA-256, so a corrupt source is named instead of
 cached. The copy is made under a temporary name and renamed when complete and verified, so a
 crashed copy is never mistaken for a cache, and two jobs on one node copying at once both end
 with one good cache. Reuse checks the manifest's bytes and every file's size; the per-sample
@@ -19,7 +19,6 @@ import sys
 import uuid
 from pathlib import Path
 
-from hpctrain.cluster.environment import node_local_scratch
 from hpctrain.data.packs import MANIFEST, pack_file
 from hpctrain.data.images.image_pack import Pack
 from hpctrain.errors import DataError
@@ -33,12 +32,13 @@ def _log(text: str) -> None:
     print(f"hpctrain: {text}", file=sys.stderr)
 
 
-def cache_base(setting: str) -> Path | None:
-    """The node-local folder `setting` names: None for off, or for auto without one."""
+def cache_base(setting: str, scratch: Path | None) -> Path | None:
+    """The node-local folder `setting` names: None for off, or for auto without one (auto:
+    the job's node-local `scratch`)."""
     if setting == "off":
         return None
     if setting == "auto":
-        return node_local_scratch()
+        return scratch
     return Path(setting).expanduser()
 
 
@@ -76,11 +76,11 @@ def _copy_verified(source: Path, destination: Path, sha256: str | None) -> None:
                         "or re-pack; nothing was cached")
 
 
-def node_local_pack(pack: Pack, setting: str) -> Pack:
+def node_local_pack(pack: Pack, setting: str, scratch: Path | None = None) -> Pack:
     """The pack to read: a valid node-local copy (made now if needed), or `pack` itself when
-    caching is off, when auto finds no node-local folder or space, or when the pack already
-    lives there."""
-    base = cache_base(setting)
+    caching is off, when auto finds no node-local folder (`scratch`) or space, or when the
+    pack already lives there."""
+    base = cache_base(setting, scratch)
     if base is None:
         return pack
     target = base / CACHE_FOLDER / pack.pack_id

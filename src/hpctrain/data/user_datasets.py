@@ -3,7 +3,9 @@
 The factory returns the training and validation `torch.utils.data.Dataset`s, as a pair or as
 {"train": ..., "val": ...}, or a LightningDataModule (the datasets its loaders read);
 `data.kwargs` are passed to it, and so are the facts it names as
-parameters: `path` (data.path), `image_size`, `num_points`, `seq_len`, `seed`. The training
+parameters: `path` (data.path), `image_size`, `seed` and the data kinds' own (`num_points`,
+`seq_len`). `data` is the recipe's data section (settings.DataConfig, not imported here: the
+kinds' specs that it is made of ask this module's sample checks). The training
 set may also be a stream (an IterableDataset, streams.py). Map-style datasets take
 hpctrain's sampler (an epoch-seeded order, split over ranks, resumed mid-epoch at the exact
 batch). Randomness inside your `__getitem__` (`random`, NumPy, torch) comes from `seed`: in the
@@ -39,14 +41,12 @@ from torch.utils.data import (Dataset, IterableDataset, default_collate, default
                               get_worker_info)
 
 from hpctrain import user_code
-from hpctrain.config import DataConfig
 from hpctrain.data.streams import first_items
 from hpctrain.errors import DataError, UserError
 from hpctrain.seeding import seed_worker
 from hpctrain.tasks import (classification, image_classification, multilabel, regression,
                            segmentation)
 from hpctrain.tasks.lightning import is_data_module
-from hpctrain.tasks.tensors import KIND as TENSORS
 
 
 class ByIndex(Dataset):
@@ -70,34 +70,31 @@ class ByIndex(Dataset):
         return self.dataset[int(key)]
 
 
-def user_datasets(data: DataConfig, seed: int, rank: int = 0) -> tuple[Dataset, Dataset, int]:
+def user_datasets(data, seed: int, rank: int = 0) -> tuple[Dataset, Dataset, int]:
     """(train, val, number of classes) from the factory data.dataset names, checked; `rank`:
     the data-parallel rank, which the workers' seeds derive from."""
     reference = data.dataset
     factory = user_code.load(reference, "data.dataset")
-    tokens = data.kind == "tokens"
-    facts = {"path": data.path, "image_size": data.image_size, "seed": seed,
-             "num_points": data.points.num_points if data.kind == "points" else None,
-             "seq_len": data.tokens.seq_len if tokens else None}
+    kind = data.kind_spec
+    facts = data.factory_facts(seed)
     made = user_code.call_factory(factory, "data.dataset", reference, facts, data.kwargs)
     train, val = _train_and_val(made, reference)
     # a few samples of each split, read once (a dataset may count what is drawn from it)
     read = {split: list(_some_samples(dataset, split, reference))
             for split, dataset in (("train", train), ("val", val))}
-    if tokens:
+    if kind.vocabulary:
         num_classes = _vocabulary_of(train, data, reference)
     elif data.targets == "any":  # a LightningModule's steps take the samples as they are
         num_classes = None
     else:  # the samples' kinds first: a sample of another task is named as one
         for split, samples in read.items():
-            check_samples(samples, split, reference, data.kind, None, 0, data.targets)
+            check_samples(samples, split, reference, data, None)
         num_classes = None if data.targets == "values" else data.num_classes or (
             len(read["train"][0][1][1]) if data.targets == "labels" else  # its vector's
-            _classes_of(train, reference, required=data.kind == "points"))
+            _classes_of(train, reference, required=kind.classes_needed))
     if num_classes is not None:  # then the labels against the classes (tokens: the ids)
         for split, samples in read.items():
-            check_samples(samples, split, reference, data.kind, num_classes,
-                          data.tokens.seq_len, data.targets)
+            check_samples(samples, split, reference, data, num_classes)
     # a stream is wrapped where the loader is made (streams.py): it needs the layout
     return train if isinstance(train, IterableDataset) else ByIndex(train, seed, rank), \
         ByIndex(val, seed, rank), num_classes
@@ -154,8 +151,8 @@ def _of_data_module(module, reference: str) -> tuple[Dataset, Dataset]:
 
 
 def _classes_of(dataset, reference: str, required: bool = True) -> int | None:
-    """The training dataset's classes; None where not `required` (images and your own
-    tensors: your own model's output width says it, train/build.py)."""
+    """The training dataset's classes; None where not `required` (a kind whose models can
+    be your own, whose output width says it, train/build.py)."""
     if isinstance(getattr(dataset, "classes", None), (list, tuple)):
         return len(dataset.classes)
     if isinstance(getattr(dataset, "num_classes", None), int):
@@ -170,7 +167,7 @@ def unknown_classes(reference: str, why: str = "") -> DataError:
                      f"no `classes` list or `num_classes`{why}; set data.num_classes=N")
 
 
-def _vocabulary_of(dataset, data: DataConfig, reference: str) -> int:
+def _vocabulary_of(dataset, data, reference: str) -> int:
     if data.tokens.vocab_size:
         return data.tokens.vocab_size
     if isinstance(getattr(dataset, "vocab_size", None), int):
@@ -194,25 +191,57 @@ def _torch_dtype(array) -> torch.dtype | None:
         return None
 
 
-def _problem(inputs, label, kind: str, num_classes: int | None,
-             targets: str = "classes") -> str | None:
-    """What is wrong with one (inputs, label) sample for the task, or None."""
-    if kind == TENSORS:
-        problem = _inputs_problem(inputs)
-        return problem or (_value_problem(label) if targets == "values" else
-                           _labels_problem(label, num_classes) if targets == "labels" else
-                           _mask_problem(label, num_classes) if targets == "mask" else
-                           _label_problem(label, num_classes))
+def _pair_problem(sample) -> str | None:
+    if not (isinstance(sample, (tuple, list)) and len(sample) == 2):
+        return f"it is {_what(sample)}, not a pair"
+    return None
+
+
+def tensor_sample_problem(sample, num_classes: int | None, data) -> str | None:
+    """What is wrong with one (inputs, target) sample of your own tensors for the task (its
+    targets: data.targets), or None."""
+    if problem := _pair_problem(sample):
+        return problem
+    inputs, label = sample
+    targets = data.targets
+    return _inputs_problem(inputs) or (
+        _value_problem(label) if targets == "values" else
+        _labels_problem(label, num_classes) if targets == "labels" else
+        _mask_problem(label, num_classes) if targets == "mask" else
+        _label_problem(label, num_classes))
+
+
+def _array_sample_problem(sample, num_classes: int | None, fits, what: str) -> str | None:
+    """What is wrong with one (array, label) sample whose array `fits`, or None."""
+    if problem := _pair_problem(sample):
+        return problem
+    inputs, label = sample
     if not isinstance(inputs, (torch.Tensor, np.ndarray)):
         return f"its input is {_what(inputs)}"
-    shape, dtype = tuple(inputs.shape), _torch_dtype(inputs)
-    floating = dtype is not None and dtype.is_floating_point
-    if kind == "points":
-        if len(shape) != 2 or shape[1] != 3 or not floating:
-            return f"its points are {_what(inputs)}"
-    elif not is_image(inputs):
-        return f"its image is {_what(inputs)}"
+    if not fits(inputs):
+        return f"its {what} {_what(inputs)}"
     return _label_problem(label, num_classes)
+
+
+def image_sample_problem(sample, num_classes: int | None, data) -> str | None:
+    """What is wrong with one (image, label) sample, or None."""
+    return _array_sample_problem(sample, num_classes, is_image, "image is")
+
+
+def cloud_sample_problem(sample, num_classes: int | None, data) -> str | None:
+    """What is wrong with one (points, label) sample, or None."""
+    def is_cloud(points) -> bool:
+        dtype = _torch_dtype(points)
+        return points.ndim == 2 and points.shape[1] == 3 and dtype is not None and \
+            dtype.is_floating_point
+    return _array_sample_problem(sample, num_classes, is_cloud, "points are")
+
+
+def other_task_hint(sample) -> str:
+    """Where an image sample does not fit: the task your sample looks made for, if another."""
+    fits = task_of_sample(sample)
+    return f"; or set task={fits[0]} ({fits[1]})" \
+        if fits and fits[0] != image_classification.SPEC.name else ""
 
 
 def is_image(inputs) -> bool:
@@ -318,8 +347,9 @@ def _value_problem(target) -> str | None:
     return None
 
 
-def _token_problem(ids, seq_len: int, vocab_size: int) -> str | None:
-    """What is wrong with one block of token ids, or None."""
+def token_block_problem(ids, vocab_size: int | None, data) -> str | None:
+    """What is wrong with one block of data.tokens.seq_len + 1 token ids, or None."""
+    seq_len = data.tokens.seq_len
     dtype = _torch_dtype(ids) if isinstance(ids, (torch.Tensor, np.ndarray)) else None
     if dtype is None or dtype.is_floating_point or dtype == torch.bool or \
             tuple(ids.shape) != (seq_len + 1,):
@@ -331,40 +361,17 @@ def _token_problem(ids, seq_len: int, vocab_size: int) -> str | None:
     return None
 
 
-EXPECTED = {"images": "(image, label): a uint8 (H, W, 3) image, or a float (3, H, W) one "
-                      "already normalised, and an integer label",
-            "tensors classes": "(inputs, label): a tensor or array of any shape (or a tuple "
-                               "or dict of them) and an integer label",
-            "tensors values": "(inputs, target): a tensor or array of any shape (or a tuple "
-                              "or dict of them) and a number or a float tensor",
-            "tensors labels": "(inputs, target): a tensor or array of any shape (or a tuple "
-                              "or dict of them) and a multi-hot vector (C,) of 0s and 1s",
-            "tensors mask": "(inputs, mask): a tensor or array of any shape (or a tuple or "
-                            "dict of them) and an integer tensor of a class for every element",
-            "points": "(points, label): float points of shape (N, 3) and an integer label",
-            "tokens": "a block of data.tokens.seq_len + 1 = {} integer token ids (a 1-D tensor "
-                      "or array): the model reads the first seq_len and predicts the last"}
-
-
-def check_samples(samples: list, split: str, reference: str, kind: str,
-                  num_classes: int | None, seq_len: int = 0, targets: str = "classes") -> None:
+def check_samples(samples: list, split: str, reference: str, data,
+                  num_classes: int | None) -> None:
     """The (index, sample) pairs read of a split (_some_samples: first, middle, last; a
-    stream's first three) fit the task, or a DataError naming the first bad index, what it
-    holds and what is expected. `num_classes`: the vocabulary's size for tokens."""
+    stream's first three) fit the data's kind and task (its `own_sample_problem`), or a
+    DataError naming the first bad index, what it holds and what is expected.
+    `num_classes`: the vocabulary's size for token ids."""
+    kind = data.kind_spec
     for index, sample in samples:
-        if kind == "tokens":
-            problem = _token_problem(sample, seq_len, num_classes)
-        elif not (isinstance(sample, (tuple, list)) and len(sample) == 2):
-            problem = f"it is {_what(sample)}, not a pair"
-        else:
-            problem = _problem(*sample, kind, num_classes, targets)
-        if problem:
-            expected = EXPECTED[f"{kind} {targets}" if kind == TENSORS else kind]
-            fits = task_of_sample(sample) if kind == "images" else None
-            other = f"; or set task={fits[0]} ({fits[1]})" \
-                if fits and fits[0] != image_classification.SPEC.name else ""
+        if problem := kind.own_sample_problem(sample, num_classes, data):
             raise DataError(f"data.dataset: {reference}: {split} sample {index}: {problem}; "
-                            f"expected {expected.format(seq_len + 1)}{other}")
+                            f"expected {kind.own_expected(data)}{kind.own_hint(sample)}")
 
 
 def _some_samples(dataset, split: str, reference: str):

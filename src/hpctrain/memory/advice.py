@@ -189,26 +189,11 @@ def _activation_options(base: Estimate, config: Config,
         half = estimate(_variant(config, ("precision", "bf16")),
                         replace(base.target, precision="bf16"), base.batch_size)
         options.append(_option(["precision=bf16"], half, "activations in 16 bits"))
-    size = base.input_shape[-1]
-    lower = max(32, size * 3 // 4 // 32 * 32)
-    if config.data.kind == "tokens":
-        if lower < size:
-            short = estimate(_variant(config, ("data.tokens.seq_len", lower)), base.target,
-                             base.batch_size)
-            options.append(_option([f"data.tokens.seq_len={lower}"], short,
-                                   f"{lower / size:.0%} of the tokens per sample"))
-    elif config.data.kind == "points":
-        fewer = config.data.points.num_points // 2
-        if fewer >= 16:
-            sparse = estimate(_variant(config, ("data.points.num_points", fewer)), base.target,
-                              base.batch_size)
-            options.append(_option([f"data.points.num_points={fewer}"], sparse,
-                                   "half the points per cloud"))
-    elif config.data.kind == "images" and lower < size:
-        small = estimate(_variant(config, ("data.image_size", lower)), base.target,
-                         base.batch_size)
-        options.append(_option([f"data.image_size={lower}"], small,
-                               f"{(lower / size) ** 2:.0%} of the pixels per image"))
+    smaller = config.data.kind_spec.smaller_sample(config.data, base.input_shape)
+    if smaller is not None:
+        setting, value, words = smaller
+        shrunk = estimate(_variant(config, (setting, value)), base.target, base.batch_size)
+        options.append(_option([f"{setting}={value}"], shrunk, words))
     sharded = smallest_fsdp(base, config)
     if sharded is not None:
         n = sharded.target.layout.world_size

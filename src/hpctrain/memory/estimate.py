@@ -26,7 +26,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from hpctrain.config import Config, Strategy
-from hpctrain.data.tokens.tokenizer import BYTE_EOS
 from hpctrain.errors import ConfigError, UserError
 from hpctrain.memory.simulate import Footprint, StepSpec, predict, shared_build
 from hpctrain.memory.sizes import fmt_bytes, gpu_capability, lacks_bf16, parse_memory
@@ -43,7 +42,6 @@ from hpctrain.parallel.data import bf16_parameters
 from hpctrain.parallel.processes import per_device_batch
 from hpctrain.train.system import resolve_precision
 from hpctrain.tasks.steps import with_regulariser
-from hpctrain.tasks.tensors import KIND as TENSORS
 
 CONTEXT_BYTES = 512 * 2**20  # CUDA context, cuBLAS/cuDNN handles, NCCL: outside torch's count
 ALLOCATOR_OVERHEAD = 0.10  # caching-allocator blocks reserved but not allocated, at the peak
@@ -203,64 +201,37 @@ def resolve_target(config: Config, gpu_memory: str | None, world_size: int = 1) 
 
 def output_width(config: Config) -> tuple[int, str | None]:
     """The model's output width (classes, or a language model's vocabulary), without reading
-    a large dataset when it can be avoided; and a note when it had to be assumed."""
-    data = config.data
-    if data.kind == TENSORS:  # your own tensors: the data says it, or the model's output
+    a large dataset when it can be avoided (the kind's `width`); and a note when it had to
+    be assumed."""
+    data, kind = config.data, config.data.kind_spec
+    if kind.any_shape:  # your own tensors: the data says it, or the model's output
         return (data.num_classes or first_sample(config).num_classes), None
-    if data.kind == "tokens" and data.from_user_code:  # your own: said, or read below
+    if kind.vocabulary:  # your own: said, or read below
+        if not data.from_user_code:
+            return kind.width(data)
         if data.tokens.vocab_size:
             return data.tokens.vocab_size, None
-    elif data.kind == "tokens":
-        if data.dataset == "arithmetic":
-            return BYTE_EOS + 1, None  # byte-level: no need to generate the corpus
-        from hpctrain.data.tokens.token_pack import TokenPack
-
-        try:
-            return TokenPack(data.path).vocab_size, None
-        except UserError as err:
-            return 50304, f"vocabulary assumed 50,304 ({err})"
     if data.num_classes:
         return data.num_classes, None
-    if data.kind == "points" and not data.from_user_code:
-        from hpctrain.data.loader import point_classes
+    known = None if data.from_user_code else kind.width(data)
+    if known is not None:
+        return known
+    from hpctrain.cluster.environment import node_local_scratch
+    from hpctrain.data.loader import build_datasets
 
-        try:
-            return point_classes(data), None
-        except UserError as err:
-            return 40, f"number of classes assumed 40 ({err}); set data.num_classes"
-    if data.dataset == "synthetic":
-        return data.synthetic.num_classes, None
-    from hpctrain.data.loader import SHAPE_CLASSES, build_datasets
-
-    if data.dataset == "shapes":
-        return len(SHAPE_CLASSES), None
     try:
-        found = build_datasets(data, config.seed)[2]
+        found = build_datasets(data, config.seed, scratch=node_local_scratch())[2]
         return (found, None) if found else (1000, "number of classes assumed 1000 (the data "
                                             "does not say it); set data.num_classes")
     except UserError as err:
         return 1000, f"number of classes assumed 1000 ({err}); set data.num_classes"
 
 
-def input_size(config: Config) -> int:
-    data = config.data
-    size = data.image_size
-    if data.progressive.enabled:  # the peak comes at the largest size
-        size = max(size, data.progressive.start_size, data.progressive.end_size)
-    return size
-
-
 def input_shape(config: Config) -> tuple[int, ...]:
-    """One sample's shape: (channels, height, width), (tokens,) or (points, 3); your own
-    tensors' (their first tensor's, where nested)."""
-    if config.data.kind == TENSORS:
-        return leading_shape(first_sample(config))
-    if config.data.kind == "tokens":
-        return (config.data.tokens.seq_len,)
-    if config.data.kind == "points":
-        return (config.data.points.num_points, 3)
-    size = input_size(config)
-    return (3, size, size)
+    """One sample's shape: (channels, height, width), (tokens,) or (points, 3), the kind's
+    `sample_shape`; your own tensors' (their first tensor's, where nested)."""
+    shape = config.data.kind_spec.sample_shape(config.data)
+    return leading_shape(first_sample(config)) if shape is None else shape
 
 
 def _step_loss(outputs, targets) -> torch.Tensor:
@@ -275,19 +246,17 @@ def _token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 def step_spec(config: Config, target: Target, width: int) -> StepSpec:
     """The recipe's step; `width`: its classes or its vocabulary (output_width)."""
     shape = input_shape(config)
-    tokens, own = config.data.kind == "tokens", config.data.kind == TENSORS
+    kind = config.data.kind_spec
+    tokens, own = kind.vocabulary, kind.any_shape
     optim_device = torch.device(target.device)
     lr = scaled_lr(config.optim, per_device_batch(config, target.data)[1])
-
-    from hpctrain.data.loader import image_sizes
 
     steps_model = config.task_spec.steps_model  # a LightningModule: its own step and optimiser
 
     def build() -> nn.Module:
         model = build_model(config.model.name, None if tokens else width, config.model.kwargs,
                             vocab_size=width if tokens else None,
-                            points=config.data.kind == "points",
-                            image_sizes=image_sizes(config.data))
+                            kind=kind.name, image_sizes=kind.image_sizes(config.data))
         materialise(model, lambda made: tensors.call(made, make_batch(
             1, torch.get_default_device())[0]), config.model.name)
         freeze(model, config.model.freeze)  # no gradients nor optimiser states for those
@@ -313,7 +282,7 @@ def step_spec(config: Config, target: Target, width: int) -> StepSpec:
         else _token_loss if tokens else \
         with_regulariser(nn.CrossEntropyLoss(label_smoothing=config.train.label_smoothing))
     key = json.dumps([config.model.name, config.model.kwargs, width, config.data.kind,
-                      image_sizes(config.data), config.model.activation_checkpointing,
+                      kind.image_sizes(config.data), config.model.activation_checkpointing,
                       config.model.freeze],
                      sort_keys=True, default=str)
     return StepSpec(build, make_batch,

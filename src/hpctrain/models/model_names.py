@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from hpctrain import user_code
+from hpctrain.data import kinds
 from hpctrain.errors import ConfigError, UserError
 from hpctrain.models import gpt, huggingface, pointnet, sizing, small
 from hpctrain.models import pretrained as weights
@@ -40,33 +41,31 @@ def _not_for_tokens(name: str) -> ConfigError:
                        f"hpctrain:{gpts[-1]}")
 
 
-POINT_MODELS = ("pointnet", "pointnet_small")
-
-
-def _wrong_kind(name: str, points: bool) -> ConfigError:
-    if points:
-        return ConfigError(f"model.name {name} does not take point clouds, but the data is "
-                           f"point clouds: use {' or '.join('hpctrain:' + n for n in POINT_MODELS)}")
-    return ConfigError(f"model.name {name} is a point-cloud model, but the data is images: "
-                       "use an image model (hpctrain:resnet_small, timm:NAME, torchvision:NAME)")
-
-
 def check_model_takes(name: str, kind: str) -> None:
-    """A model for the data's kind (images, points; tokens are checked against the model's
-    vocabulary when it is built), said before any data is read: the wrong one fails deep
-    inside the first forward pass. User code is imported here, so that it fails early too."""
+    """A model for the data's kind (data/kinds.py: a kind's own models only on it; tokens
+    are checked against the model's vocabulary when it is built), said before any data is
+    read: the wrong one fails deep inside the first forward pass. User code is imported
+    here, so that it fails early too."""
     if user_code.is_code_reference(name):
         user_code.load(name, "model.name")  # it imports; what it takes, its first batch tells
         return
-    if kind == "tokens":
+    data = kinds.spec(kind)
+    if data.vocabulary:
         return
     if name.startswith("hf:"):
+        token_data = [dataset for other in kinds.KINDS.values() if other.vocabulary
+                      for dataset in other.datasets]
         raise ConfigError(f"model.name {name} is a language model, but the data is "
-                          f"{'point clouds' if kind == 'points' else 'images'}: give it token "
-                          "data (data.dataset=tokens or arithmetic)")
+                          f"{data.samples_word}: give it token data (data.dataset="
+                          f"{' or '.join(token_data)})")
     source, _, model_name = name.rpartition(":")
-    if (source in ("", "hpctrain") and model_name in POINT_MODELS) != (kind == "points"):
-        raise _wrong_kind(name, kind == "points")
+    made_for = kinds.for_models().get(model_name) if source in ("", "hpctrain") else None
+    if made_for is not None and made_for is not data:
+        raise ConfigError(f"model.name {name} is {made_for.model_word}, but the data is "
+                          f"{data.samples_word}: use {data.model_hint}")
+    if made_for is None and data.only_its_models:
+        raise ConfigError(f"model.name {name} does not take {data.samples_word}, but the data "
+                          f"is {data.samples_word}: use {data.model_hint}")
 
 
 def user_model(name: str, num_classes: int | None, kwargs: dict, vocab_size: int | None,
@@ -114,16 +113,17 @@ def _sized_for(model_name: str, kwargs: dict, image_sizes: tuple[int, ...]) -> d
 
 
 def build_model(name: str, num_classes: int | None, kwargs: dict | None = None,
-                vocab_size: int | None = None, points: bool = False,
+                vocab_size: int | None = None, kind: str | None = None,
                 image_sizes: tuple[int, ...] = (), pretrained: bool = False) -> nn.Module:
     """The model `name`, sized for the data: its classes, or its vocabulary for a language
-    model (model.kwargs may set a larger vocabulary, never a smaller one). `points`: the data
-    is point clouds, which only point-cloud models take. `image_sizes`: every size the run
+    model (model.kwargs may set a larger vocabulary, never a smaller one). `kind`: the data's
+    kind, whose models only it takes (None: your own data's default, or token ids where a
+    vocabulary is given). `image_sizes`: every size the run
     feeds an image model (a model of fixed input size is built for it). `pretrained`: a
     library's default weights from its cache (pretrained.py)."""
     kwargs = dict(kwargs or {})
-    check_model_takes(name, "tokens" if vocab_size is not None else
-                      "points" if points else "images")
+    if kind is not None or vocab_size is None:
+        check_model_takes(name, kind or kinds.OWN_DATA)
     if name.startswith("hf:"):
         return huggingface.causal_lm(name[3:], kwargs, pretrained)
     if user_code.is_code_reference(name):

@@ -68,7 +68,7 @@ def checked_plan(model: nn.Module, config, tensor: int) -> dict[str, str]:
         raise ConfigError(f"parallel.loss_parallel=true splits the output layer's logits over "
                           f"the vocabulary; {config.model.name}'s plan has no such layer (the "
                           "built-in GPT's has): set it to false")
-    seq_len = config.data.tokens.seq_len if config.data.kind == "tokens" else None
+    seq_len = config.data.tokens.seq_len if config.data.kind_spec.vocabulary else None
     check(model, plan, tensor, p.sequence_parallel, seq_len)
     return plan
 

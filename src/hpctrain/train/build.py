@@ -20,12 +20,12 @@ from torch import nn
 from torch.utils.data import default_collate
 
 from hpctrain import user_code
-from hpctrain.cluster.environment import detect
+from hpctrain.cluster.environment import detect, node_local_scratch
 from hpctrain.cluster.records import ProcessEnv
 from hpctrain.cluster.scheduler import current as scheduler
 from hpctrain.config import Config, Strategy
-from hpctrain.data.loader import DataBundle, DeviceBatcher, build_data, image_sizes, up_axis
-from hpctrain.data.sampling import SampleKey
+from hpctrain.data.loader import DataBundle, build_data
+from hpctrain.data.points.datasets import up_axis
 from hpctrain.data.streams import Stream
 from hpctrain.data.user_datasets import unknown_classes
 from hpctrain.errors import ConfigError, DataError
@@ -147,7 +147,7 @@ def _start(config: Config, env: ProcessEnv, decided: _Decided, held: ExitStack) 
     with distributed.node_leader_first():
         data = build_data(config.data, decided.batch_size, config.seed, decided.device,
                           distributed.data_rank, decided.layout.data, env.local_world_size,
-                          (config.preemption.signal,))
+                          (config.preemption.signal,), node_local_scratch())
     return distributed, place, job_end, data
 
 
@@ -184,8 +184,8 @@ def _model_on_device(config: Config, data: DataBundle, plan: SystemPlan, layout:
     """The model for the data's classes or vocabulary, on its device in its memory format
     (SyncBatchNorm where asked), with its FLOPs counted whole (before a pipeline cuts it)."""
     model = build_model(config.model.name, data.num_classes, config.model.kwargs,
-                        vocab_size=data.vocab_size, points=config.data.kind == "points",
-                        image_sizes=image_sizes(config.data),
+                        vocab_size=data.vocab_size, kind=config.data.kind,
+                        image_sizes=config.data.kind_spec.image_sizes(config.data),
                         pretrained=config.model.pretrained)
     if config.task_spec.check_model is not None:
         config.task_spec.check_model(model, data.vocab_size, config)
@@ -236,12 +236,10 @@ def _classes_from_output(model: nn.Module, config: Config, data: DataBundle,
 
 def _first_input(config: Config, data: DataBundle, device: torch.device):
     """The model's input for the first validation sample, as a batch of one on `device`."""
-    dataset = data.val_loader.dataset
-    inputs, labels = default_collate([
-        dataset[SampleKey(0, 0, config.data.val_image_size or config.data.image_size)]
-        if config.data.kind == "images" and not config.data.from_user_code else dataset[0]])
-    return DeviceBatcher(device, config.data.mean, config.data.std, False)(
-        inputs, labels)[0] if config.data.kind == "images" else tensors.moved(inputs, device)
+    kind = config.data.kind_spec
+    inputs, targets = default_collate([
+        data.val_loader.dataset[kind.sample_key(config.data, 0)]])
+    return kind.batcher(device, config.data, False)(inputs, targets)[0]
 
 
 def _cut_for_pipeline(model: nn.Module, config: Config, layout: Layout, rank: int,
@@ -306,7 +304,7 @@ def _fused_evaluation(model: nn.Module, config: Config, layout, plan: SystemPlan
 
 def _task(config: Config, data: DataBundle, device: torch.device, plan: SystemPlan,
           batch_size: int, model: nn.Module | None = None) -> Task:
-    batcher = functools.partial(DeviceBatcher, device, config.data.mean, config.data.std,
+    batcher = functools.partial(config.data.kind_spec.batcher, device, config.data,
                                 plan.channels_last)
     return config.task_spec.build(TaskSetup(config, device, data.num_classes, data.answer,
                                             batch_size, batcher,
@@ -363,12 +361,11 @@ def _check_split(model: nn.Module, config: Config, layout) -> None:
 def _sketch(config: Config) -> nn.Module:
     """The model on the meta device (no memory, no data needed): its shape, to check a
     tensor-parallel split before any process group exists."""
-    tokens = config.data.kind == "tokens"
+    kind = config.data.kind_spec
     with torch.device("meta"):
-        return build_model(config.model.name, None if tokens else 10, config.model.kwargs,
-                           vocab_size=256 if tokens else None,
-                           points=config.data.kind == "points",
-                           image_sizes=image_sizes(config.data))
+        return build_model(config.model.name, None if kind.vocabulary else 10,
+                           config.model.kwargs, vocab_size=256 if kind.vocabulary else None,
+                           kind=kind.name, image_sizes=kind.image_sizes(config.data))
 
 
 def build_parts(config: Config, env: ProcessEnv | None = None,

@@ -25,7 +25,7 @@ from hpctrain.cluster.environment import detect
 from hpctrain.cluster.records import ProcessEnv
 from hpctrain.cluster.scheduler import current as scheduler
 from hpctrain.config import Config, to_yaml
-from hpctrain.data.loader import image_size_for_epoch
+from hpctrain.data.images.kind import image_size_for_epoch
 from hpctrain.data.worker_signals import start_resource_tracker
 from hpctrain.errors import (DataError, DataPipelineFailed, OutputError, Preempted, RunFailed,
                              cannot_write)

@@ -86,7 +86,7 @@ def plan_system(config: Config, device_setting: str | None = None) -> SystemPlan
     on_gpu = device.type == "cuda"
     precision = resolve_precision(config.precision, device)
     # channels_last lays out 4-D image tensors; token models have none
-    channels_last = (on_gpu and config.data.kind == "images") if config.channels_last == \
+    channels_last = (on_gpu and config.data.kind_spec.channels_first) if config.channels_last == \
         "auto" else config.channels_last
     # compile pays for itself on GPUs (fused kernels, fewer launches); on CPU the compile time
     # dominates short runs, so auto leaves it off there.

@@ -22,9 +22,9 @@ import torch.nn.functional as F
 from PIL import Image
 from torch.utils.data import Dataset
 
-from hpctrain.config import AugmentConfig
 from hpctrain.data.batch_buffers import ImageRows
 from hpctrain.data.sampling import SampleKey
+from hpctrain.data.images.settings import AugmentConfig
 from hpctrain.errors import DataError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")

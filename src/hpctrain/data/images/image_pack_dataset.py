@@ -19,11 +19,11 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from hpctrain.config import AugmentConfig
 from hpctrain.data.images.image_folders import draw_view, render_view, skip_counter
 from hpctrain.data.batch_buffers import ImageRows
 from hpctrain.data.sampling import SampleKey
 from hpctrain.data.images.image_pack import KIND_RAW, ShardReader, Split, raw_pixels
+from hpctrain.data.images.settings import AugmentConfig
 from hpctrain.errors import DataError
 
 

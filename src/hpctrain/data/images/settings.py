@@ -1,0 +1,56 @@
+"""Images' sections of the recipe's data section (`data.augment`, `data.progressive`,
+`data.shapes`, `data.synthetic`), apart from their spec (kind.py) so that the datasets can
+name them."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from hpctrain.data.kind import MOST_SAMPLES
+from hpctrain.sections import Section
+
+
+class ShapesConfig(Section):
+    num_train: int = Field(10000, ge=10, le=MOST_SAMPLES)
+    num_val: int = Field(2000, ge=10, le=MOST_SAMPLES)
+    image_size: int = Field(32, ge=8, le=512)
+    seed: int = 0
+    cache_dir: str = Field("~/.cache/hpctrain",
+                           description="where the generated dataset is kept between runs")
+
+
+class SyntheticConfig(Section):
+    num_train: int = Field(2560, ge=1, le=MOST_SAMPLES)
+    num_val: int = Field(512, ge=1, le=MOST_SAMPLES)
+    num_classes: int = Field(1000, ge=2)
+
+
+class AugmentConfig(Section):
+    random_resized_crop: bool = True
+    crop_scale: tuple[float, float] = (0.08, 1.0)
+    hflip: bool = True
+    mixup_alpha: float = Field(0.0, ge=0, description="mixup's Beta(alpha, alpha); 0: off "
+                               "(0.2 is usual)")
+    cutmix_alpha: float = Field(0.0, ge=0, description="CutMix's Beta(alpha, alpha); 0: off "
+                                "(1.0 is usual)")
+    mix_prob: float = Field(1.0, ge=0, le=1, description="share of batches mixed")
+    mix_switch_prob: float = Field(0.5, ge=0, le=1, description="with both on: share of "
+                                   "mixed batches that use CutMix")
+
+    @model_validator(mode="after")
+    def _scale_range(self):
+        lo, hi = self.crop_scale
+        if not 0 < lo <= hi <= 1:
+            raise ValueError(f"crop_scale must satisfy 0 < min <= max <= 1, got {self.crop_scale}")
+        return self
+
+
+class ProgressiveConfig(Section):
+    """FFCV-style progressive resizing: train size grows linearly from start to end size."""
+
+    enabled: bool = False
+    start_size: int = Field(160, ge=8)
+    end_size: int = Field(192, ge=8)
+    start_epoch: int = Field(0, ge=0)
+    end_epoch: int = Field(10, ge=1)
+    multiple_of: int = Field(32, ge=1)
