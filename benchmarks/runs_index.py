@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 from growth import exponent, fresh_database, in_child, throwaway_postgres
-from hpctrain.cli_runs import LISTING_LIMIT
+from hpctrain.cli.runs import LISTING_LIMIT
 from hpctrain.runs.database import open_database
 from hpctrain.runs.directory import mark_changed
 from hpctrain.runs.index import Index

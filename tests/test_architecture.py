@@ -4,12 +4,18 @@ other without a circle. Read from the source text, so nothing is run."""
 
 from __future__ import annotations
 
+import argparse
 import ast
 import re
 from pathlib import Path
 
-from hpctrain.cluster import scheduler
+import pytest
+
+from hpctrain.cluster import scheduler, slurm
+from hpctrain.cluster.profiles import load_profiles
+from hpctrain.cluster.records import STATES
 from hpctrain.data import kinds
+from hpctrain.errors import ConfigError
 from hpctrain.tasks import registry
 
 SOURCE = Path(__file__).resolve().parents[1] / "src" / "hpctrain"
@@ -50,10 +56,30 @@ def test_slurm_variables_are_read_only_under_cluster():
     assert not found
 
 
+# a scheduler's commands, as words (the run directory's `job.sbatch`, a file name, is not one)
+SCHEDULER_COMMANDS = re.compile(r"(?<![\w.])(srun|sbatch|scontrol|squeue|sacct)\b")
+
+
+def test_scheduler_commands_are_named_only_under_cluster():
+    """Before, the tune worker launched trials with a hard-coded srun and the job options
+    named --extra-sbatch; now the launcher, the batch-script option and the help's example
+    are the scheduler's answers."""
+    found = [f"{path}: {match.group(0)}" for path, text in sources(outside="cluster").items()
+             for match in SCHEDULER_COMMANDS.finditer(text)]
+    assert not found
+
+
+def test_the_commands_check_can_fail():
+    assert SCHEDULER_COMMANDS.findall("launch = Launch(['srun']); --extra-sbatch; sacct -j") \
+        == ["srun", "sbatch", "sacct"]
+    assert not SCHEDULER_COMMANDS.findall("RUN_DIR/job.sbatch, an sruns")
+
+
 def test_every_scheduler_answers_every_question_of_the_seam():
     wanted = {name for name in scheduler.Scheduler.__dict__ if not name.startswith("_")} | \
         set(scheduler.Scheduler.__annotations__)
-    assert {"current_job", "step", "requeue", "script", "submit", "elements"} <= wanted
+    assert {"current_job", "step", "requeue", "script", "submit", "elements", "LAUNCHER",
+            "SCRIPT_OPTION"} <= wanted
     for name, module in scheduler.SCHEDULERS.items():
         missing = sorted(attribute for attribute in wanted if not hasattr(module, attribute))
         assert not missing, f"{name} lacks {missing}"
@@ -63,6 +89,21 @@ def test_every_scheduler_answers_every_question_of_the_seam():
 def test_the_scheduler_is_found_from_the_job_it_runs_in():
     assert scheduler.in_job({"SLURM_JOB_ID": "7"}) and not scheduler.in_job({})
     assert scheduler.current({}).NAME == "slurm"  # the one hpctrain submits to
+
+
+def test_a_cluster_profile_names_the_scheduler_its_jobs_go_to():
+    assert all(scheduler.named(profile.scheduler) for profile in load_profiles({}).values())
+    with pytest.raises(ConfigError, match="unknown scheduler 'pbs'; hpctrain speaks to slurm"):
+        scheduler.named("pbs")
+
+
+def test_each_scheduler_speaks_of_its_jobs_in_hpctrain_s_states():
+    """A scheduler's own states are translated inside the seam; what it adds is kept."""
+    for module in scheduler.SCHEDULERS.values():
+        assert set(module.STATES.values()) <= STATES
+    assert slurm.state("CANCELLED by 1234") == "CANCELLED by 1234"
+    assert slurm.state("COMPLETING") == "RUNNING" and slurm.state("REQUEUE_HOLD") == "REQUEUED"
+    assert slurm.state("SOMETHING_NEW") == "UNKNOWN"
 
 
 def _room(module: str) -> str:
@@ -145,3 +186,21 @@ def test_an_upward_arrow_is_found():
     """The check above can fail."""
     assert upward({"data": {"train"}, "train": {"data"}}, {"train": 2, "data": 1}) == \
         ["data -> train"]
+
+
+def test_the_command_line_is_a_package_by_verb_family_with_real_sub_commands():
+    """Before, cli.py held most verbs and `tune status` was rewritten to a hidden verb
+    `tune-status` before parsing; now each family is a module of cli/, and `status` is the
+    tune and scale parsers' own sub-command."""
+    from hpctrain import cli
+
+    verbs = next(action for action in cli.build_parser()._actions
+                 if isinstance(action, argparse._SubParsersAction)).choices
+    assert not [name for name in verbs if "-" in name]
+    assert set(verbs["tune"].sub_commands) == {"status", "worker"}
+    assert set(verbs["scale"].sub_commands) == {"status"}
+    assert verbs["tune"].parse_known_args(["status", "DIR"])[0].folder == "DIR"
+    assert verbs["tune"].parse_known_args(["default", "--trials", "2"])[0].recipe == "default"
+    families = {path.stem for path in (SOURCE / "cli").glob("*.py")} - {"__init__", "arguments"}
+    assert families == {"run", "jobs", "runs", "tune", "bench", "tools"}
+    assert not [path for path in SOURCE.glob("cli*.py")]

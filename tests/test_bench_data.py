@@ -69,7 +69,7 @@ def test_worker_grid_and_bad_lists(run_cli):
 
 
 def test_python_sampling_places_each_sample_in_a_stage_by_its_innermost_frame():
-    from hpctrain.data.python_sampling import parse_py_spy, stage_of
+    from hpctrain.bench.python_profile import parse_py_spy, stage_of
 
     assert stage_of(["_work (batch_buffers.py:80)", "render_view (datasets.py:124)",
                      "interpolate (torch/nn/functional.py:5257)"]) == "augmentation"
@@ -96,7 +96,7 @@ def test_bench_data_python_samples_the_workers_or_profiles_in_process(tmp_path, 
     """py-spy follows the two workers from outside; without it, cProfile sees the same work
     done in this process and says that transport is not measured."""
     from conftest import write_image_folder
-    from hpctrain.data import python_sampling
+    from hpctrain.bench import python_profile
 
     photos = write_image_folder(tmp_path / "photos", per_class=16, size=320)  # decoding shows
     pack(photos, tmp_path / "p", PackOptions(), workers=1, log=lambda *_: None)
@@ -112,7 +112,7 @@ def test_bench_data_python_samples_the_workers_or_profiles_in_process(tmp_path, 
     assert roles[0] == "training process" and roles.count("worker") == 2
     workers = [p for p in sampled["processes"] if p["role"] == "worker"]
     assert all(p["stages"]["decoding"] > 0.2 for p in workers), workers
-    monkeypatch.setattr(python_sampling, "py_spy_available", lambda: None)
+    monkeypatch.setattr(python_profile, "py_spy_available", lambda: None)
     code, out, err = run_cli("bench", "data", *recipe)
     assert code == 0, err
     assert "inside the processes (cProfile, 1 s): py-spy is not installed" in out

@@ -122,10 +122,10 @@ def test_the_batch_search_meets_real_out_of_memory_errors_on_a_capped_gpu(run_cl
 def test_nvml_energy_over_30_seconds_matches_mean_power_times_time():
     """The board's energy counter against the power NVML reports, sampled 10 times a second
     for 30 s while the GPU multiplies matrices: within 5 %."""
-    from hpctrain.monitor.sampler import ROW
-    from hpctrain.monitor.start import make_sampler
+    from hpctrain.monitor.meter import ROW
+    from hpctrain.monitor.start import make_meter
 
-    sampler = make_sampler(torch.device("cuda", 0), "here", True, 0.1)
+    sampler = make_meter(torch.device("cuda", 0), "here", True, 0.1)
     assert sampler.energy_source == "nvml-counter", sampler.why_not
     a = torch.randn(4096, 4096, device="cuda")
     sampler.start()
@@ -144,9 +144,9 @@ def test_nvml_energy_over_30_seconds_matches_mean_power_times_time():
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16", "tf32"])
 def test_refinement_from_low_precision_factors_on_the_gpu_reaches_fp64(precision):
-    """hpctrain.linalg.solve on CUDA: the trailing updates run on the GPU (Tensor Cores for
+    """hpctrain.bench.linalg.solve on CUDA: the trailing updates run on the GPU (Tensor Cores for
     tf32), refined to fp64 backward error as on the CPU."""
-    from hpctrain.linalg import FP64_EPS, conditioned_matrix, solve
+    from hpctrain.bench.linalg import FP64_EPS, conditioned_matrix, solve
 
     A = conditioned_matrix(2048, 10.0, device="cuda")
     b = torch.randn(2048, dtype=torch.float64, device="cuda")

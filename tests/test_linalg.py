@@ -1,4 +1,4 @@
-"""hpctrain.linalg.solve: fp64 accuracy from low-precision LU factors, by plain iterative
+"""hpctrain.bench.linalg.solve: fp64 accuracy from low-precision LU factors, by plain iterative
 refinement and by GMRES-IR where plain refinement stalls; clear errors for what cannot be
 refined."""
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hpctrain.errors import UserError
-from hpctrain.linalg import (FP64_EPS, NotRefinable, _solve_factored, backward_error,
+from hpctrain.bench.linalg import (FP64_EPS, NotRefinable, _solve_factored, backward_error,
                              conditioned_matrix, lu_factor, round_to, solve)
 
 

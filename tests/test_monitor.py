@@ -12,7 +12,7 @@ from fake_nvml import fake_nvml
 from hpctrain.monitor import start as monitor_start
 from hpctrain.monitor.gpu import DeviceIdentity, open_gpu, throttle_names
 from hpctrain.monitor.rapl import open_rapl
-from hpctrain.monitor.sampler import (NOT_MEASURED, ROW, Sampler, device_key, energy_of,
+from hpctrain.monitor.meter import (NOT_MEASURED, ROW, Meter, device_key, energy_of,
                                       interval_record, job_means)
 from hpctrain.monitor.watchdog import Watchdog
 
@@ -28,8 +28,8 @@ def nvml(monkeypatch):
     return install
 
 
-def sampled(gpu, seconds=0.4, interval=0.02) -> Sampler:
-    sampler = Sampler(gpu, gpu.uuid, interval).start()
+def sampled(gpu, seconds=0.4, interval=0.02) -> Meter:
+    sampler = Meter(gpu, gpu.uuid, interval).start()
     time.sleep(seconds)
     sampler.stop()
     return sampler
@@ -66,7 +66,7 @@ def test_without_a_counter_power_is_integrated(nvml):
     nvml(watts=200.0, counter=False)
     gpu = open_gpu(DeviceIdentity(UUID, None, 0))
     assert gpu.energy_source == "nvml-power-integrated"
-    sampler = Sampler(gpu, gpu.uuid, 0.02).start()
+    sampler = Meter(gpu, gpu.uuid, 0.02).start()
     first = time.monotonic()
     time.sleep(0.3)
     sampler.stop()
@@ -88,7 +88,7 @@ def test_no_nvml_and_no_rapl_is_not_measured(monkeypatch, tmp_path):
     monkeypatch.setattr(monitor_start, "open_rapl", lambda: open_rapl(tmp_path))
     import torch
 
-    sampler = monitor_start.make_sampler(torch.device("cpu"), "node1", True, 1.0)
+    sampler = monitor_start.make_meter(torch.device("cpu"), "node1", True, 1.0)
     assert sampler.energy_source == NOT_MEASURED and "no RAPL package domains" in \
         sampler.why_not
     row = sampler.start().take()
@@ -122,7 +122,7 @@ def test_a_rank_without_a_gpu_reads_the_cpu_packages(monkeypatch, tmp_path):
     monkeypatch.setattr(monitor_start, "open_rapl", lambda: open_rapl(tmp_path))
     import torch
 
-    sampler = monitor_start.make_sampler(torch.device("cpu"), "node1", True, 0.02)
+    sampler = monitor_start.make_meter(torch.device("cpu"), "node1", True, 0.02)
     assert sampler.energy_source == "rapl" and sampler.why_not == "no GPU"
     sampler.start()
     (package / "energy_uj").write_text(f"{1000 + 7_000_000}\n")

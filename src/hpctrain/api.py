@@ -3,7 +3,7 @@
 fit trains on the same engine as `hpctrain run` and writes the same run directory; the model
 and datasets you hand it take the place of `model.name` and `data.dataset` (the run's
 config.yaml records them as `given:ClassName`). The script is the entry point under torchrun
-and srun: every process runs it, builds its own model and datasets, and fit finds its rank from
+and a scheduler's launcher: every process runs it, builds its own model and datasets, and fit finds its rank from
 the launcher (DDP/FSDP as configured). A preemption signal or the time limit saves a
 checkpoint and ends the process with exit status 75, as `hpctrain run` does; the same command
 with `resume=auto` continues the run.

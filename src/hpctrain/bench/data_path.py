@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from hpctrain.cluster.environment import node_local_scratch
 from hpctrain.config import Config, load_config
-from hpctrain.data import python_sampling
+from hpctrain.bench import python_profile
 from hpctrain.data.batch_buffers import BufferedLoader
 from hpctrain.data.images.image_folders import ImageFolderDataset
 from hpctrain.data.loader import build_datasets, usable_cpus, uses_buffers
@@ -62,7 +62,7 @@ class DataBench:
     model_samples_per_second: float | None = None  # the training step alone
     starved_fraction: float | None = None  # share of the step time the device would wait
     advice: list[str] = field(default_factory=list)
-    python: python_sampling.InputProfile | None = None  # --python, at the recommended setting
+    python: python_profile.InputProfile | None = None  # --python, at the recommended setting
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -190,7 +190,7 @@ def bench_data(recipe: str | None, overrides: list[str], workers: list[int] | No
             loader_rate(train_set, batch, config.data.image_size, workers,
                         chosen.prefetch_factor, seconds, config.seed, collate, buffers)
 
-        report.python = python_sampling.sample(run, seconds, lambda s: run(s, 0))
+        report.python = python_profile.sample(run, seconds, lambda s: run(s, 0))
     if with_model:
         report.model_samples_per_second = model_rate(config, num_classes, model_steps)
         report.starved_fraction = max(

@@ -1,4 +1,4 @@
-"""`hpctrain bench solve`: mixed-precision iterative refinement (hpctrain.linalg.solve)
+"""`hpctrain bench solve`: mixed-precision iterative refinement (hpctrain.bench.linalg.solve)
 against torch.linalg.solve in fp64, over condition numbers 1e1 to 1e12: the time of each and
 the backward error each reaches, per factor precision. The baseline is the fp64 solve.
 """
@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from hpctrain.bench.timing import best_of
-from hpctrain.linalg import NotRefinable, backward_error, conditioned_matrix, solve
+from hpctrain.bench.linalg import NotRefinable, backward_error, conditioned_matrix, solve
 
 CONDITIONS = (1e1, 1e3, 1e6, 1e9, 1e12)
 

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpctrain.cluster.profiles import Profile, get_profile
-from hpctrain.cluster.records import ClusterError
+from hpctrain.cluster.records import FINAL_STATES, UNKNOWN, ClusterError
 from hpctrain.cluster.request import JobRequest, layout
-from hpctrain.cluster.scheduler import current
+from hpctrain.cluster import scheduler
 from hpctrain.config import code_references, load_config, plain_name
 from hpctrain.errors import ConfigError
 from hpctrain.runs.directory import SUMMARY, RunDir, is_checkpoint, read_ledger, remember_job
@@ -32,8 +32,11 @@ from hpctrain.runs.lock import Holder
 from hpctrain.runs.scan import LOST_AFTER_SECONDS, scan_run
 from hpctrain.writers import write_whole
 
-FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
-                "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
+
+def scheduler_of(profile: Profile | None = None) -> scheduler.Scheduler:
+    """The scheduler jobs are submitted to and asked about from a login node: the cluster
+    profile's (`profile`, else the one in use: $HPCTRAIN_CLUSTER or generic)."""
+    return scheduler.named((profile or get_profile(None)).scheduler)
 
 
 def _recall(job_id: str) -> Path | None:
@@ -84,10 +87,11 @@ class Job:
         status = Job(ids[-1], self.run_dir)._own_status()
         if len(ids) > 1:
             status["chain"] = ids
-            if status.get("source") == "scontrol":  # the run's summary counts them itself
-                # as the run counts them: each continuation, and each requeue by Slurm
+            if status.get("source") == scheduler_of().SOURCES["elements"]:
+                # as the run counts them (its summary does it itself): each continuation, and
+                # each requeue by the scheduler
                 earlier = [e.restarts for job_id in ids[:-1]
-                           for e in current().elements(job_id)]
+                           for e in scheduler_of().elements(job_id)]
                 status["restarts"] += len(ids) - 1 + sum(earlier)
         if "elements" not in status and self.run_dir is not None:  # also earlier submissions'
             status["restarts"] = max(status.get("restarts") or 0, self._run_restarts())
@@ -106,19 +110,20 @@ class Job:
         return len(identity["starts"]) - 1 if identity and identity["starts"] else 0
 
     def _own_status(self) -> dict:
-        elements = current().elements(self.id)
+        job = scheduler_of()
+        elements = job.elements(self.id)
         if elements:
             status = {"id": self.id, "state": _overall([e.state for e in elements]),
                       "reason": elements[0].reason,
                       "restarts": max(e.restarts for e in elements),
                       "run_dir": str(self.run_dir) if self.run_dir else None,
-                      "source": "scontrol"}
+                      "source": job.SOURCES["elements"]}
             if elements[0].element is not None:
                 status["elements"] = {e.element: e.state for e in elements}
             return status
-        record = current().accounting(self.id)
+        record = job.accounting(self.id)
         if record is not None:
-            return {**record, "id": self.id, "source": "sacct",
+            return {**record, "id": self.id, "source": job.SOURCES["accounting"],
                     "run_dir": str(self.run_dir) if self.run_dir else None}
         run = RunDir(self.run_dir).read_summary() if self.run_dir else None
         if run is not None:
@@ -129,8 +134,9 @@ class Job:
                     "run_dir": str(self.run_dir), "source": SUMMARY}
         where = f"; its run directory {self.run_dir} has no summary.json" if self.run_dir \
             else "; it was not submitted by hpctrain from this account"
-        return {"id": self.id, "state": "UNKNOWN", "source": None,
-                "reason": "Slurm no longer knows the job and keeps no accounting" + where}
+        return {"id": self.id, "state": UNKNOWN, "source": None,
+                "reason": f"{job.NAME.capitalize()} no longer knows the job and keeps no "
+                          "accounting" + where}
 
     @property
     def state(self) -> str:
@@ -141,7 +147,7 @@ class Job:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             state = self.state
-            if state.split()[0] in FINAL_STATES or state == "UNKNOWN":
+            if state.split()[0] in FINAL_STATES or state == UNKNOWN:
                 return state
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"job {self.id} still {state} after {timeout} s")
@@ -156,7 +162,7 @@ class Job:
         return self._own_log_file(self.chain()[-1], err)
 
     def _own_log_file(self, job_id: str, err: bool) -> Path | None:
-        elements = current().elements(job_id)
+        elements = scheduler_of().elements(job_id)
         named = (elements[0].stderr if err else elements[0].stdout) if elements else None
         if named and "%" not in named:
             return Path(named)
@@ -174,7 +180,7 @@ class Job:
         return "".join(p.read_text(errors="replace") for p in found)
 
     def cancel(self) -> None:
-        current().cancel(self.id)
+        scheduler_of().cancel(self.id)
 
 
 def run_status(run_dir: Path) -> dict:
@@ -238,7 +244,7 @@ def plan(recipe: str | None, overrides: list[str], gpus: int, time_limit: str,
                                     if not o.startswith(("run_name=", "resume="))],
                          job_name=name, sweep=elements, resume_from=resume_from,
                          workdir=Path.cwd(), user_code=bool(references), **options)
-    return request, current().script(request, profile)
+    return request, scheduler_of(profile).script(request, profile)
 
 
 def check_model_layout(config, gpus: int, nodes: int | None, profile: Profile) -> None:
@@ -323,7 +329,7 @@ def check_fits(request: JobRequest, profile: Profile) -> None:
     CPUs per node than any node has) and they pend forever; where sinfo cannot be asked
     (not on the cluster) nothing is checked. GPUs need no check: sbatch refuses those."""
     partition = request.partition or profile.partition
-    largest = current().largest_node_cpus(partition)
+    largest = scheduler_of(profile).largest_node_cpus(partition)
     if largest is None:
         return
     _, tasks = layout(request.gpus, request.nodes, profile)
@@ -351,7 +357,7 @@ def send(request: JobRequest, script: str, profile: Profile) -> Job:
     request.run_dir.mkdir(parents=True, exist_ok=True)
     run = RunDir(request.run_dir)
     write_whole(run.job_script, script)
-    job_id = current().submit(run.job_script)
+    job_id = scheduler_of(profile).submit(run.job_script)
     remember_job(job_id, request.run_dir)
     write_whole(run.job_record, json.dumps({"job_id": job_id}) + "\n")
     return Job(job_id, request.run_dir)
@@ -359,7 +365,7 @@ def send(request: JobRequest, script: str, profile: Profile) -> Job:
 
 def queue(name: str | None = None) -> list[dict]:
     """Your jobs in the queue."""
-    return current().queue(name=name)
+    return scheduler_of().queue(name=name)
 
 
 def find_logs(job_or_text) -> list[Path]:

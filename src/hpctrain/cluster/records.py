@@ -1,6 +1,7 @@
 """What the scheduler seam (scheduler.py) speaks in: which process of which run this is
 (`ProcessEnv`, as the launcher said it: every room reads it instead of the environment, which
-cluster/environment.py reads once, at build), a job as the scheduler knows it (`JobElement`),
+cluster/environment.py reads once, at build), a job as the scheduler knows it (`JobElement`)
+and its state in hpctrain's words (`STATES`, into which each scheduler translates its own),
 and the error of a scheduler that is missing or refuses."""
 
 from __future__ import annotations
@@ -10,6 +11,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from hpctrain.errors import ConfigError, UserError
+
+# a job's state, as hpctrain speaks of it whatever the scheduler: waiting or working...
+WAITING = {"PENDING", "REQUEUED", "SUSPENDED"}
+WORKING = {"RUNNING"}
+# ... or ended, for good (a requeued job is not)
+FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
+                "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
+UNKNOWN = "UNKNOWN"  # the scheduler no longer knows the job, or says what hpctrain does not
+STATES = WAITING | WORKING | FINAL_STATES | {UNKNOWN}
 
 
 @dataclass(frozen=True)
@@ -37,6 +47,12 @@ class ProcessEnv:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def by_scheduler(self) -> bool:
+        """Started by a scheduler's own launcher (a step of its job), which may bind one GPU
+        to each task and leaves the rendezvous to the address of the node list."""
+        return self.launcher not in ("single", "torchrun")
 
 
 MOST_PROCESSES = 1 << 20  # a million processes: more is no launcher's doing

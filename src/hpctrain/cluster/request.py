@@ -34,7 +34,7 @@ class JobRequest:
     venv: str | None = None
     conda: str | None = None
     container: str | None = None
-    extra_sbatch: list[str] = field(default_factory=list)
+    script_options: list[str] = field(default_factory=list)  # more lines of the script
     max_requeues: int = 20
     sweep: list[list[str]] = field(default_factory=list)  # per array element: its overrides
     # instead of training: `hpctrain WORKER... --slot ELEMENT` in the batch shell of each of

@@ -94,7 +94,7 @@ def render(request: JobRequest, profile: Profile) -> str:
              "# Submit it again with: sbatch " + shlex.quote(str(RunDir(run_dir).job_script))]
     for option, value in directives:
         lines.append(f"#SBATCH --{option}" + ("" if value is None else f"={value}"))
-    for line in request.extra_sbatch:
+    for line in request.script_options:
         if "\n" in line or "\r" in line:
             raise ConfigError("--extra-sbatch: one directive per option, without newlines")
         lines.append("#SBATCH " + _safe("--extra-sbatch", line.removeprefix("#SBATCH").strip()))

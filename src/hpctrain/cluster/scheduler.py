@@ -1,10 +1,12 @@
 """The seam between hpctrain and a batch scheduler: what the rest of hpctrain may ask one.
 
 A scheduler is a module of cluster/ that answers the questions of `Scheduler` (slurm.py does,
-in the manner of submitit's Executor); nothing outside cluster/ names one. To add one (PBS
-Pro, Flux): a module beside slurm.py with these names, and its line in SCHEDULERS. Job states
-are spoken in Slurm's words (PENDING, RUNNING, COMPLETED, ...; jobs.FINAL_STATES): another
-scheduler translates its own into them.
+in the manner of submitit's Executor); nothing outside cluster/ names one or its commands. To
+add one (PBS Pro, Flux): a module beside slurm.py with these names, and its line in
+SCHEDULERS; a cluster profile names it (`scheduler:` in clusters.yaml), and the jobs hpctrain
+submits and follows from a login node go to the profile's. Job states are hpctrain's own
+(records.STATES): each scheduler translates its own into them in its answers (queue,
+elements, accounting).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Protocol
 
 from hpctrain.cluster import slurm
 from hpctrain.cluster.records import JobElement, ProcessEnv
+from hpctrain.errors import ConfigError
 
 
 class Scheduler(Protocol):
@@ -23,6 +26,11 @@ class Scheduler(Protocol):
 
     NAME: str
     SCRATCH_VARIABLE: str  # the job's node-local folder, where the site sets one
+    LAUNCHER: tuple[str, ...]  # inside a job: the command that starts a step's tasks
+    SCRIPT_OPTION: str  # the command-line option that adds one line to its batch script
+    SCRIPT_EXAMPLE: str  # such a line, for the option's help
+    STEP_EXAMPLE: str  # its launcher starting 8 tasks per node, for help texts
+    SOURCES: dict[str, str]  # the command that answers `elements` and `accounting` (said)
 
     # inside a job
     def current_job(self, environ: Mapping[str, str]) -> str | None: ...
@@ -46,11 +54,23 @@ class Scheduler(Protocol):
 SCHEDULERS: dict[str, Scheduler] = {slurm.NAME: slurm}
 
 
+DEFAULT = slurm.NAME  # a cluster profile's scheduler, where it names none
+
+
 def current(environ: Mapping[str, str] | None = None) -> Scheduler:
-    """The scheduler whose job this process runs in; outside a job, the one hpctrain submits
-    to (Slurm, the only one today)."""
+    """The scheduler whose job this process runs in (its in-job questions); outside a job,
+    the default one, whose in-job answers are all "none"."""
     env = os.environ if environ is None else environ
-    return next((s for s in SCHEDULERS.values() if s.current_job(env)), SCHEDULERS["slurm"])
+    return next((s for s in SCHEDULERS.values() if s.current_job(env)), SCHEDULERS[DEFAULT])
+
+
+def named(name: str) -> Scheduler:
+    """The scheduler a cluster profile names (`scheduler:`), which hpctrain submits to and
+    asks about jobs from a login node."""
+    if name not in SCHEDULERS:
+        raise ConfigError(f"cluster profile: unknown scheduler {name!r}; hpctrain speaks to "
+                          f"{', '.join(sorted(SCHEDULERS))}")
+    return SCHEDULERS[name]
 
 
 def in_job(environ: Mapping[str, str] | None = None) -> bool:

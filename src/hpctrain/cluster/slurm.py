@@ -19,13 +19,35 @@ from collections.abc import Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
 
-from hpctrain.cluster.records import (MOST_RESTARTS, ClusterError, JobElement, ProcessEnv,
-                                      below, whole_number)
+from hpctrain.cluster.records import (MOST_RESTARTS, UNKNOWN, ClusterError, JobElement,
+                                      ProcessEnv, below, whole_number)
 from hpctrain.cluster.sbatch import render
 from hpctrain.errors import ConfigError
 
 NAME = "slurm"
 SCRATCH_VARIABLE = "SLURM_TMPDIR"  # the job's node-local folder, where the site sets one
+LAUNCHER = ("srun",)
+SCRIPT_OPTION = "--extra-sbatch"
+SCRIPT_EXAMPLE = "--mail-type=END"
+STEP_EXAMPLE = "srun --ntasks-per-node 8"
+SOURCES = {"elements": "scontrol", "accounting": "sacct"}
+
+# Slurm's job states in hpctrain's words (scheduler.STATES): those it shares are its own;
+# the passing ones fold into waiting or working; any other is UNKNOWN
+_SHARED = ("PENDING", "RUNNING", "SUSPENDED", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT",
+           "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "REQUEUED")
+STATES = {**{state: state for state in _SHARED},
+          "CONFIGURING": "PENDING", "RESV_DEL_HOLD": "PENDING", "REQUEUE_FED": "REQUEUED",
+          "REQUEUE_HOLD": "REQUEUED", "SPECIAL_EXIT": "REQUEUED", "STOPPED": "SUSPENDED",
+          "COMPLETING": "RUNNING", "RESIZING": "RUNNING", "SIGNALING": "RUNNING",
+          "STAGE_OUT": "RUNNING", "REVOKED": "CANCELLED", "LAUNCH_FAILED": "FAILED"}
+
+
+def state(words: str) -> str:
+    """A state as Slurm says it ("CANCELLED by 1234", "RUNNING") in hpctrain's words, with
+    what Slurm adds after it kept ("CANCELLED by 1234")."""
+    first, _, rest = words.strip().partition(" ")
+    return " ".join(part for part in (STATES.get(first, UNKNOWN), rest) if part)
 
 
 # ---- inside a job ---------------------------------------------------------------------------
@@ -204,8 +226,9 @@ def queue(job_ids: list[str] | None = None, name: str | None = None,
         if "Invalid job id" in done.stderr:
             return []  # finished and forgotten by the controller
         raise ClusterError(f"squeue failed: {done.stderr.strip()}")
-    return [dict(zip(QUEUE_FIELDS, line.split("|", len(QUEUE_FIELDS) - 1)))
+    jobs = [dict(zip(QUEUE_FIELDS, line.split("|", len(QUEUE_FIELDS) - 1)))
             for line in done.stdout.splitlines() if line.strip()]
+    return [{**job, "state": state(job.get("state", UNKNOWN))} for job in jobs]
 
 
 def job_details(job_id: str) -> list[dict]:
@@ -230,7 +253,7 @@ def elements(job_id: str) -> list[JobElement]:
     """The job (an array job: each element) as the scheduler seam describes it."""
     found = job_details(job_id)
     array = len(found) > 1 or any("ArrayTaskId" in d for d in found)
-    return [JobElement(state=d.get("JobState", "UNKNOWN"), reason=d.get("Reason"),
+    return [JobElement(state=state(d.get("JobState", UNKNOWN)), reason=d.get("Reason"),
                        restarts=int(d.get("Restarts", 0)),
                        element=d.get("ArrayTaskId", d.get("JobId")) if array else None,
                        stdout=d.get("StdOut"), stderr=d.get("StdErr"))
@@ -261,7 +284,8 @@ def accounting(job_id: str) -> dict | None:
     if done.returncode != 0 or not done.stdout.strip():
         return None  # "Slurm accounting storage is disabled", or not recorded yet
     fields = ("id", "name", "state", "exit_code", "elapsed", "start", "end")
-    return dict(zip(fields, done.stdout.splitlines()[-1].split("|")))
+    record = dict(zip(fields, done.stdout.splitlines()[-1].split("|")))
+    return {**record, "state": state(record.get("state", UNKNOWN))}
 
 
 def cancel(job_id: str, signal: str | None = None) -> None:

@@ -16,7 +16,8 @@ class PreemptionConfig(Section):
     signal: str = Field("SIGUSR1", description="the signal that asks for a save-and-requeue; "
                                                "SIGTERM is always handled too")
     requeue: Literal["auto", "never"] = Field(
-        "auto", description="auto: under Slurm, rank 0 runs 'scontrol requeue' after saving")
+        "auto", description="auto: in a scheduler's job, rank 0 asks the scheduler to requeue "
+        "it after saving")
     deadline: Literal["auto"] | float | None = Field(
         "auto", description="save and stop this long before the end: 'auto' reads the Slurm "
         "job's end time; or a time (ISO 8601, local unless it says otherwise, or Unix "

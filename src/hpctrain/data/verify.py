@@ -24,7 +24,7 @@ from hpctrain.data.images import image_pack as images
 from hpctrain.data.tokens import token_pack as tokens
 from hpctrain.data.packs import MANIFEST, file_sha256, links_out
 from hpctrain.errors import DataError
-from hpctrain.progress import progress_bar
+from hpctrain.progress_bar import progress_bar
 
 @dataclass
 class Verified:

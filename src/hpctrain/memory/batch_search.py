@@ -32,7 +32,7 @@ from hpctrain.errors import ConfigError
 from hpctrain.memory.advice import MAX_BATCH, round_batch
 from hpctrain.memory.estimate import Target, output_width, step_spec
 from hpctrain.memory.simulate import run_steps
-from hpctrain.memory.tracker import LiveMemory
+from hpctrain.memory.live_memory import LiveMemory
 from hpctrain.parallel import data as data_parallel
 from hpctrain.parallel import processes
 from hpctrain.parallel.layout import resolve_layout

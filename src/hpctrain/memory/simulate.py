@@ -30,7 +30,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.profiler import record_function
 
 from hpctrain.memory.attention import TargetAttention
-from hpctrain.memory.tracker import CATEGORIES, LiveMemory
+from hpctrain.memory.live_memory import CATEGORIES, LiveMemory
 from hpctrain.models.sizing import refuse_if_too_large
 from hpctrain.tasks import tensors
 from hpctrain.train.precision import AUTOCAST_DTYPES  # fp8 simulated as its bf16 autocast

@@ -5,7 +5,7 @@ Each package domain counts microjoules in `energy_uj` and wraps at `max_energy_r
 reading taken at least once per wrap period (minutes at full load) sees every wrap. Since
 2020 most kernels let only root read `energy_uj`: then RAPL is "not readable" and the run's
 energy is not measured, never guessed. The figure is the node's packages, shared by every
-process on it: ranks on one node count it once (the sampler's device key is the host).
+process on it: ranks on one node count it once (the meter's device key is the host).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import torch
 
 from hpctrain.monitor.gpu import DeviceIdentity, open_gpu, torch_identity
 from hpctrain.monitor.rapl import open_rapl
-from hpctrain.monitor.sampler import Sampler
+from hpctrain.monitor.meter import Meter
 
 
 def device_identity(device: torch.device) -> DeviceIdentity | None:
@@ -15,19 +15,19 @@ def device_identity(device: torch.device) -> DeviceIdentity | None:
     return torch_identity(device.index or 0) if device.type == "cuda" else None
 
 
-def make_sampler(device: torch.device, hostname: str, enabled: bool,
-                 interval: float) -> Sampler:
+def make_meter(device: torch.device, hostname: str, enabled: bool,
+                 interval: float) -> Meter:
     """Not started yet (the loop starts it with the first step)."""
     if not enabled:
-        return Sampler(None, "", interval, "monitor.enabled=false")
+        return Meter(None, "", interval, "monitor.enabled=false")
     identity = device_identity(device)
     why_not = "no GPU"
     if identity is not None:
         gpu = open_gpu(identity)
         if not isinstance(gpu, str):
-            return Sampler(gpu, gpu.uuid, interval)
+            return Meter(gpu, gpu.uuid, interval)
         why_not = gpu
     rapl = open_rapl()  # the CPU packages, named as such by energy_source
     if isinstance(rapl, str):
-        return Sampler(None, "", interval, f"{why_not}; {rapl}")
-    return Sampler(rapl, f"rapl:{hostname}", interval, why_not)
+        return Meter(None, "", interval, f"{why_not}; {rapl}")
+    return Meter(rapl, f"rapl:{hostname}", interval, why_not)

@@ -2,7 +2,8 @@
 
 `parallel.data x parallel.tensor x parallel.pipeline` processes make one run. Ranks are laid
 out pipeline-major and tensor-innermost, as torchtitan does it: the `tensor` consecutive ranks
-of a tensor-parallel group are started on one node by torchrun and srun alike, so the
+of a tensor-parallel group are started on one node by torchrun and the scheduler's launcher
+alike, so the
 activations they exchange at every layer never leave the node. Everything here is decided
 from the configuration and the process environment alone, before any process group exists:
 a layout that cannot work is refused on every rank alike, with the sizes that would work,

@@ -165,18 +165,19 @@ class Distributed:
 
 def local_device(setting: str, env: ProcessEnv) -> str:
     """This rank's device: cuda:LOCAL_RANK when the node's GPUs are all visible, cuda:0 when
-    the launcher gave each task its own GPU (srun --gpus-per-task)."""
+    the scheduler's launcher gave each task its own GPU (one GPU per task)."""
     if setting == "cpu" or env.world_size == 1 or not torch.cuda.is_available():
         return setting
     visible = torch.cuda.device_count()
     if visible >= env.local_world_size:
         return f"cuda:{env.local_rank}"
-    if visible == 1 and env.launcher == "slurm":
+    if visible == 1 and env.by_scheduler:
         return "cuda:0"
     raise DeviceError(
         f"{env.local_world_size} processes on {env.hostname} but only {visible} GPU(s) "
         "visible: start one process per GPU (torchrun --nproc-per-node="
-        f"{visible}, or srun --ntasks-per-node={visible}), or make more GPUs visible "
+        f"{visible}, or {visible} tasks per node of the scheduler's launcher), or make more "
+        "GPUs visible "
         "(CUDA_VISIBLE_DEVICES, --gpus-per-node)")
 
 
@@ -264,7 +265,8 @@ def start(config: Config, env: ProcessEnv, layout: Layout, device: torch.device)
     if env.world_size == 1:
         return Distributed(env, layout, hosts=(env.hostname,))
     if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
-        # srun sets no thread count: without this each process would use every core
+        # a scheduler's launcher sets no thread count: without this each process would use
+        # every core
         torch.set_num_threads(max(1, usable_cpus() // env.local_world_size))
     backend = config.parallel.backend
     if backend == "auto":
@@ -272,8 +274,8 @@ def start(config: Config, env: ProcessEnv, layout: Layout, device: torch.device)
     timeout = timedelta(seconds=config.parallel.timeout_seconds)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    # torchrun's workers find its store through the environment (env://); srun tasks meet at
-    # the address derived from the node list.
+    # torchrun's workers find its store through the environment (env://); a scheduler's
+    # tasks meet at the address derived from the node list.
     init = "env://" if env.launcher == "torchrun" else \
         f"tcp://{env.master_addr}:{env.master_port}"
     dist.init_process_group(backend, init_method=init, rank=env.rank,

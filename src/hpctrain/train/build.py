@@ -32,8 +32,8 @@ from hpctrain.errors import ConfigError, DataError
 from hpctrain.models.checkpointing import enable_activation_checkpointing
 from hpctrain.models.lazy import materialise
 from hpctrain.models.model_names import build_model, check_model_takes
-from hpctrain.monitor.sampler import Sampler
-from hpctrain.monitor.start import make_sampler
+from hpctrain.monitor.meter import Meter
+from hpctrain.monitor.start import make_meter
 from hpctrain.parallel import data as data_parallel
 from hpctrain.parallel import pipeline, processes, tensor
 from hpctrain.parallel.layout import Layout, resolve_layout
@@ -82,7 +82,7 @@ class Parts:
     fused_eval: fused_eval.FusedEvaluation | None  # the model evaluated, conv+BN folded
     unfused_why: str | None  # why fuse_eval found nothing to fold where it should have
     checkpointer: Checkpointer
-    sampler: Sampler  # this rank's GPU (or CPU energy) in the background; the loop starts it
+    meter: Meter  # this rank's GPU (or CPU energy) in the background; the loop starts it
     deadline: float | None  # Unix time at which to save and stop, or None
     trial: TrialLink | None  # the search this run is a trial of (tune/), or None
     steps_per_epoch: int
@@ -110,7 +110,7 @@ class _Decided(NamedTuple):
     layout: Layout
     plan: SystemPlan
     device: torch.device
-    sampler: Sampler
+    meter: Meter
     batch_size: int  # per device and micro-step
     global_batch: int
     microbatches: int  # per pipeline step (1 without a pipeline)
@@ -123,7 +123,7 @@ def _decide(config: Config, env: ProcessEnv) -> _Decided:
     plan = plan_system(config, processes.local_device(config.device, env))
     device = torch.device(plan.device)
     # its first reading now: the run's energy counts from the moment the device is chosen
-    sampler = make_sampler(device, env.hostname, config.monitor.enabled,
+    meter = make_meter(device, env.hostname, config.monitor.enabled,
                            config.monitor.interval_seconds)
     batch_size, global_batch = processes.per_device_batch(config, layout.data)
     processes.check_layout(config, layout, device, plan.precision)
@@ -131,7 +131,7 @@ def _decide(config: Config, env: ProcessEnv) -> _Decided:
     if layout.model_parallel and not user_code.is_code_reference(config.model.name):
         _check_split(_sketch(config), config, layout)
     micro = layout_microbatches(config, layout, batch_size) if layout.pipeline > 1 else 1
-    return _Decided(layout, plan, device, sampler, batch_size, global_batch, micro)
+    return _Decided(layout, plan, device, meter, batch_size, global_batch, micro)
 
 
 def _start(config: Config, env: ProcessEnv, decided: _Decided, held: ExitStack) \
@@ -381,7 +381,7 @@ def build_parts(config: Config, env: ProcessEnv | None = None,
     env = env or detect()
     trackers.check(config)  # a tracker's missing library, said before anything is built
     decided = _decide(config, env)
-    layout, plan, device, sampler, batch_size, global_batch, micro = decided
+    layout, plan, device, meter, batch_size, global_batch, micro = decided
     distributed, place, job_end, data = _start(config, env, decided, held)
 
     # ---- the model, then its distributed wrapper ----
@@ -422,7 +422,7 @@ def build_parts(config: Config, env: ProcessEnv | None = None,
         task=task, pipeline=stages,
         checkpointer=Checkpointer(RunDir(place.run_dir).checkpoints, config.checkpoint.keep_last,
                                   distributed, config.checkpoint.async_save),
-        sampler=sampler,
+        meter=meter,
         deadline=deadline_at(config.preemption, job_end),
         trial=link(config, distributed),
         steps_per_epoch=steps_per_epoch, total_steps=total_steps, batch_size=batch_size,

@@ -29,7 +29,7 @@ from hpctrain.data.images.kind import image_size_for_epoch
 from hpctrain.data.worker_signals import start_resource_tracker
 from hpctrain.errors import (DataError, DataPipelineFailed, OutputError, Preempted, RunFailed,
                              cannot_write)
-from hpctrain.monitor.sampler import add_energy, energy_of, interval_record
+from hpctrain.monitor.meter import add_energy, energy_of, interval_record
 from hpctrain.monitor.watchdog import Watchdog
 from hpctrain.profiling.regions import region
 from hpctrain.report import trackers
@@ -109,7 +109,7 @@ def _train(parts: Parts, stopper: Stopper, on_step: Callable[[Parts, int], None]
     _tell_start(parts, progress, telemetry, moved, changes)
     heartbeat = _announce(parts, progress, clock, telemetry) if is_main else None
     status, stopped, summary_problem = "failed", None, None
-    parts.sampler.start()
+    parts.meter.start()
     try:
         _run_steps(parts, progress, clock, telemetry, stopper, on_step)
         status = "completed"
@@ -131,7 +131,7 @@ def _train(parts: Parts, stopper: Stopper, on_step: Callable[[Parts, int], None]
         _raise_readable(err, parts.distributed.env, f"at step {progress.step}", config)
     finally:
         telemetry.close()
-        parts.sampler.stop()
+        parts.meter.stop()
         if heartbeat is not None:
             heartbeat.stop()
         run = run_summary.totals(parts, progress, clock)
@@ -437,7 +437,7 @@ def _log_interval(parts: Parts, progress: Progress, metrics: RunningMetrics,
     seconds = time.perf_counter() - interval.start
     waited = clock.data_wait_seconds - interval.wait_mark
     steps = interval.samples // parts.global_batch_size  # the last interval may be shorter
-    per_rank = parts.distributed.gather([seconds, waited, *parts.sampler.take()])
+    per_rank = parts.distributed.gather([seconds, waited, *parts.meter.take()])
     clock.monitor_rows = [row[2:] for row in per_rank]
     values = metrics.read(parts.distributed)
     clock.train_seconds += seconds

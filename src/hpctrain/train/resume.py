@@ -22,7 +22,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state
 
 from hpctrain.config import Config, flatten
 from hpctrain.errors import ConfigError
-from hpctrain.monitor.sampler import add_energy
+from hpctrain.monitor.meter import add_energy
 from hpctrain.runs.directory import RunDir, run_of_checkpoint, size_of
 from hpctrain.train import checkpoint as ckpt
 from hpctrain.train.progress_state import Progress

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from hpctrain.config import Strategy
-from hpctrain.monitor.sampler import add_energy, energy_of, job_means
+from hpctrain.monitor.meter import add_energy, energy_of, job_means
 from hpctrain.parallel.processes import straggler
 from hpctrain.tasks.spec import Measured
 from hpctrain.train.mfu import model_flops_utilisation, peak_source
@@ -51,9 +51,9 @@ def banner(parts, resume_from: Path | None) -> str:
         lines.append(f"  fp8: {parts.fp8.describe()}")
         if warning := parts.fp8.warning():
             lines.append(f"hpctrain: warning: {warning}")
-    sampler = parts.sampler
-    lines.append(f"  energy: {sampler.energy_source}" + (f" ({sampler.why_not})"
-                                                         if sampler.why_not else ""))
+    meter = parts.meter
+    lines.append(f"  energy: {meter.energy_source}" + (f" ({meter.why_not})"
+                                                       if meter.why_not else ""))
     if parts.deadline is not None:
         lines.append("  will save and stop at " + time.strftime(
             "%Y-%m-%d %H:%M:%S", time.localtime(parts.deadline)) + " (before the time limit)")
@@ -109,7 +109,7 @@ def totals(parts, progress, clock) -> dict:
     last logging interval, rank 0's own up to now)."""
     job_seconds = time.perf_counter() - clock.started
     rows = list(clock.monitor_rows) or [[]]
-    rows[0] = parts.sampler.take(new_window=False)
+    rows[0] = parts.meter.take(new_window=False)
     job_energy = energy_of(rows)
     return {"elapsed_seconds": progress.wall_seconds + job_seconds,
             "device_hours": progress.device_hours + job_seconds * parts.world_size / 3600,
@@ -123,7 +123,7 @@ def _energy_figures(parts, progress, run: dict) -> dict:
     return {**job_means(run["rows"]), "energy_joules": joules,
             "energy_kwh": joules / 3.6e6 if joules is not None else None,
             "samples_per_joule": samples / joules if joules else None,
-            "energy_source": parts.sampler.energy_source}
+            "energy_source": parts.meter.energy_source}
 
 
 def summary(parts, progress, clock, status: str, run: dict | None = None) -> dict:

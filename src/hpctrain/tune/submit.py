@@ -1,6 +1,6 @@
-"""`hpctrain tune --submit`: the search as one Slurm array job. Each element runs a tune
-worker in its batch shell, which takes trials until the budget is spent and runs each with
-srun on the element's GPUs; an element stopped early (signal, time limit) continues in a new
+"""`hpctrain tune --submit`: the search as one array job of the cluster's scheduler. Each
+element runs a tune worker in its batch shell, which takes trials until the budget is spent
+and runs each with the scheduler's launcher on the element's GPUs; an element stopped early (signal, time limit) continues in a new
 job of the same index, which resumes its trial.
 """
 
@@ -19,13 +19,12 @@ def plan(folder: Path, search: Search, elements: int, gpus: int, time_limit: str
     from hpctrain.cluster import jobs
     from hpctrain.cluster.profiles import get_profile
     from hpctrain.cluster.request import JobRequest
-    from hpctrain.cluster.scheduler import current
     from hpctrain.config import code_references, load_config
 
     if options.get("container"):
-        raise ConfigError("--container with tune --submit: the worker would need Slurm's "
-                          "srun inside the image; run the search with --venv, --conda or "
-                          "--module instead")
+        raise ConfigError("--container with tune --submit: the worker would need the "
+                          "scheduler's launcher inside the image; run the search with "
+                          "--venv, --conda or --module instead")
     config = load_config(search.recipe, search.overrides)
     name = options.pop("job_name", None) or folder.name
     jobs.check_places(name, options)
@@ -38,7 +37,7 @@ def plan(folder: Path, search: Search, elements: int, gpus: int, time_limit: str
                          job_name=name, worker=["tune", "worker", str(folder)],
                          elements=elements, workdir=Path.cwd(), user_code=bool(references),
                          **options)
-    return request, current().script(request, profile), profile
+    return request, jobs.scheduler_of(profile).script(request, profile), profile
 
 
 def submit(folder: Path, search: Search, elements: int, gpus: int, time_limit: str,

@@ -1,6 +1,6 @@
 """A tune worker: takes trials from the study until the budget is spent, and runs each as a
 normal `hpctrain run` in its own run directory (SEARCH/trial-NNNN), under torchrun locally or
-srun inside a Slurm array element.
+the scheduler's launcher inside an element of its array job.
 
 Each worker has a slot (the array element, or a local thread's number) and a claim file
 (SEARCH/claims/SLOT.json) naming the trial it runs; the worker touches the file while the
@@ -45,7 +45,8 @@ FAILURES_IN_A_ROW = 3
 
 @dataclass
 class Launch:
-    """How a trial's training starts: its command's prefix (torchrun, srun, or nothing) and
+    """How a trial's training starts: its command's prefix (torchrun, the scheduler's
+    launcher, or nothing) and
     what its environment adds."""
 
     prefix: list[str] = field(default_factory=list)

@@ -34,7 +34,7 @@ from hpctrain.data.images.image_pack import (EXTENSIONS, FORMAT, INDEX_DTYPE, KI
                                              KIND_RAW, MAX_CLASSES, MAX_SIDE, VERSION,
                                              ppm_header, shard_name)
 from hpctrain.errors import DataError
-from hpctrain.progress import progress_bar
+from hpctrain.progress_bar import progress_bar
 
 SHARD_SAMPLES = 16_384  # at most, per shard: 2 kB images made one shard of 100,000 (one worker)
 

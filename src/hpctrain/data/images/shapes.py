@@ -19,7 +19,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from hpctrain.data.generated import generate_once
-from hpctrain.progress import progress_bar
+from hpctrain.progress_bar import progress_bar
 
 CLASSES = (
     "circle", "ring", "square", "frame", "triangle",

@@ -26,7 +26,7 @@ import numpy as np
 from hpctrain.data.generated import generate_once
 from hpctrain.data.points.clouds import check_clouds, fan, normalise, sample_on_faces
 from hpctrain.errors import DataError
-from hpctrain.progress import progress_bar
+from hpctrain.progress_bar import progress_bar
 
 SPLITS = {"train": "train", "val": "test"}  # our split -> ModelNet's folder and file names
 FORMAT_VERSION = 1

@@ -17,7 +17,7 @@ import numpy as np
 
 from hpctrain.data.generated import generate_once
 from hpctrain.data.points.clouds import fan, normalise, sample_on_faces
-from hpctrain.progress import progress_bar
+from hpctrain.progress_bar import progress_bar
 
 CLASSES = ("sphere", "hemisphere", "capsule", "cylinder", "cone", "torus",
            "cube", "pyramid", "octahedron", "prism")

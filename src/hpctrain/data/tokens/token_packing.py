@@ -32,7 +32,7 @@ from hpctrain.data.packs import (MANIFEST, PLAN, HashingFile, file_sha256, index
 from hpctrain.data.tokens.tokenizer import Tokenizer, byte_tokenizer, huggingface_tokenizer
 from hpctrain.data.tokens.token_pack import DOC_DTYPE, FORMAT, VERSION, shard_name, token_dtype
 from hpctrain.errors import DataError
-from hpctrain.progress import progress_bar
+from hpctrain.progress_bar import progress_bar
 
 SUFFIXES = (".txt", ".jsonl")
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from hpctrain.cli.arguments import make_verb
 from hpctrain.errors import ConfigError
 
 RUNS_EXAMPLE = """examples:
@@ -60,10 +61,10 @@ running run's metrics.jsonl (written at every logging interval), no daemon on th
 """
 
 
-def add_verbs(verbs, make_verb) -> None:
+def add_verbs(verbs) -> None:
     """The runs index's verbs, the report, watch and top, each beside its handler."""
     for add in (_add_runs, _add_report, _add_watch, _add_top):
-        add(verbs, make_verb)
+        add(verbs)
 
 
 def _common(parser) -> None:
@@ -160,7 +161,7 @@ def _num(value, fmt: str) -> str:
 LISTING_LIMIT = 50  # the runs `hpctrain runs` lists unless --limit says otherwise
 
 
-def _add_runs(verbs, make_verb) -> None:
+def _add_runs(verbs) -> None:
     """`hpctrain runs` and its actions' arguments."""
     runs = make_verb(verbs, "runs", "the runs index: list, show, compare, usage, leaderboard",
                      RUNS_EXAMPLE, cmd_runs)
@@ -374,7 +375,7 @@ def _top_table(index, everyone: bool) -> tuple[Table, list[dict]]:
     return table, rows
 
 
-def _add_top(verbs, make_verb) -> None:
+def _add_top(verbs) -> None:
     """`hpctrain top`'s arguments."""
     top = make_verb(verbs, "top", "your running runs, live: per rank GPU use, memory, power, "
                     "step time, data wait", TOP_EXAMPLE, cmd_top)
@@ -407,7 +408,7 @@ def cmd_top(args) -> int:
     return 0
 
 
-def _add_report(verbs, make_verb) -> None:
+def _add_report(verbs) -> None:
     """`hpctrain report`'s arguments."""
     report = make_verb(verbs, "report", "one offline HTML page of one or several runs: curves, "
                        "summary, configuration", REPORT_EXAMPLE, cmd_report)
@@ -485,7 +486,7 @@ def _watch_view(shot) -> str:
     return "\n".join(lines)
 
 
-def _add_watch(verbs, make_verb) -> None:
+def _add_watch(verbs) -> None:
     """`hpctrain watch`'s arguments."""
     watch = make_verb(verbs, "watch", "follow one run or job: latest figures, sparklines, ETA, "
                       "Slurm state; ends when the run does", WATCH_EXAMPLE, cmd_watch)
@@ -507,7 +508,7 @@ def cmd_watch(args) -> int:
     def look():
         shot = snapshot(run_dir)
         if job is not None:
-            from hpctrain.cluster.jobs import FINAL_STATES
+            from hpctrain.cluster.records import FINAL_STATES
 
             shot.slurm_state = job.state
             if shot.slurm_state.split()[0] in FINAL_STATES and shot.status == "running":

@@ -8,7 +8,7 @@ import shutil
 import signal
 import sys
 
-from hpctrain.arguments import add_job_options, add_recipe, count, job_options
+from hpctrain.cli.arguments import add_job_options, add_recipe, count, job_options, make_verb
 from hpctrain.errors import ConfigError, ExitCode
 
 TUNE_EXAMPLE = """examples:
@@ -34,7 +34,8 @@ into the search's folder.
 """
 
 
-def add_verbs(verbs, make_verb) -> None:
+def add_verbs(verbs) -> None:
+    """`tune` (with its sub-commands `status` and `worker`) and `scale` (with `status`)."""
     from hpctrain.tune.study import PRUNERS, SAMPLERS
 
     tune = make_verb(verbs, "tune", "search hyper-parameters with Optuna, here or as a Slurm "
@@ -68,15 +69,13 @@ def add_verbs(verbs, make_verb) -> None:
     tune.add_argument("--dry-run", action="store_true", help="--submit: print the script")
     tune.add_argument("--json", action="store_true")
 
-    status = make_verb(verbs, "tune-status", None, TUNE_STATUS_EXAMPLE, cmd_tune_status)
-    status.prog = "hpctrain tune status"  # reached as 'tune status' (cli._parse)
+    status = tune.add_sub_command("status", TUNE_STATUS_EXAMPLE, cmd_tune_status)
     status.add_argument("folder", metavar="DIR")
     status.add_argument("--json", action="store_true")
-    worker = make_verb(verbs, "tune-worker", None, "", cmd_tune_worker)
-    worker.prog = "hpctrain tune worker"
-    _add_scale(verbs, make_verb)
+    worker = tune.add_sub_command("worker", "", cmd_tune_worker)
     worker.add_argument("folder", metavar="DIR")
     worker.add_argument("--slot", required=True)
+    _add_scale(verbs)
 
 
 SCALE_EXAMPLE = """examples:
@@ -154,15 +153,17 @@ def cmd_tune_status(args) -> int:
 def cmd_tune_worker(args) -> int:
     """In an array element (or by hand): take and run trials until the budget is spent. A
     USR1 goes on to the running trial, which saves and stops; a SIGTERM reaches it from
-    Slurm itself; either way the worker ends with 75 and its trial continues in the next
+    the scheduler itself; either way the worker ends with 75 and its trial continues in the next
     job of its slot."""
     from hpctrain.tune import results
     from hpctrain.tune.search import local_launches
     from hpctrain.tune.worker import Launch, Worker
 
-    from hpctrain.cluster.scheduler import in_job
+    from hpctrain.cluster.scheduler import current, in_job
 
-    launch = Launch(["srun"]) if in_job() and shutil.which("srun") else local_launches(1, 1)[0]
+    launcher = list(current().LAUNCHER)  # the scheduler's, inside its job
+    launch = Launch(launcher) if in_job() and shutil.which(launcher[0]) else \
+        local_launches(1, 1)[0]
     worker = Worker(args.folder, str(args.slot), launch,
                     lambda text: print(f"hpctrain tune: {text}", flush=True))
     signal.signal(signal.SIGUSR1, lambda *_: worker.stop(forward=True))
@@ -173,7 +174,7 @@ def cmd_tune_worker(args) -> int:
     return code
 
 
-def _add_scale(verbs, make_verb) -> None:
+def _add_scale(verbs) -> None:
     scale = make_verb(verbs, "scale", "a scaling study: throughput and efficiency at each GPU "
                       "count, and the count to ask for ('scale status DIR')", SCALE_EXAMPLE,
                       cmd_scale)
@@ -190,14 +191,13 @@ def _add_scale(verbs, make_verb) -> None:
     scale.add_argument("--submit", action="store_true", help="one Slurm job per size")
     add_job_options(scale)
     scale.add_argument("--json", action="store_true")
-    status = make_verb(verbs, "scale-status", None, "", cmd_scale_status)
-    status.prog = "hpctrain scale status"
+    status = scale.add_sub_command("status", "", cmd_scale_status)
     status.add_argument("folder", metavar="DIR")
     status.add_argument("--json", action="store_true")
 
 
 def cmd_scale(args) -> int:
-    from hpctrain.arguments import counts
+    from hpctrain.cli.arguments import counts
     from hpctrain.tune import scale
 
     folder, study = scale.prepare(args.recipe, args.overrides, counts(args.gpus, "--gpus"),

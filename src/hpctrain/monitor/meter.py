@@ -1,11 +1,11 @@
-"""Each rank's background sampler: its GPU through NVML (or, without one, the node's CPU
+"""Each rank's background meter: its GPU through NVML (or, without one, the node's CPU
 packages through RAPL) read every `monitor.interval_seconds` on a thread of its own.
 
 The training step never waits for it: the thread makes NVML calls only (no CUDA, so no
 host-device synchronisation), and the loop picks up the figures at its logging intervals,
 where it already gathers per-rank timings: `take()` returns one row of floats per rank, and
 rank 0 turns the rows into a `gpu` record (`interval_record`) and the run's energy
-(`energy_of`). Energy: the board's total-energy counter (Volta and newer) since the sampler
+(`energy_of`). Energy: the board's total-energy counter (Volta and newer) since the meter
 started; where there is none, power integrated over the samples (trapezoids).
 """
 
@@ -53,7 +53,7 @@ class _Window:
         self.memory, self.temperature, self.throttle = 0, NAN, 0
 
 
-class Sampler:
+class Meter:
     """Samples `source` (an NvmlGpu, RaplPackages or None) until `stop()`."""
 
     def __init__(self, source: NvmlGpu | RaplPackages | None, key: str, interval: float,
@@ -75,7 +75,7 @@ class Sampler:
             self._first_sample()
 
     def _first_sample(self) -> None:
-        """The reading energy counts from (taken when the sampler is made, before the run
+        """The reading energy counts from (taken when the meter is made, before the run
         builds its data and model)."""
         try:
             self.sample()
@@ -84,7 +84,7 @@ class Sampler:
             self.key = NAN
             self.why_not = f"the first sample failed: {err}"
 
-    def start(self) -> Sampler:
+    def start(self) -> Meter:
         """Sample on a thread of its own from now until stop()."""
         if self.source is None:
             return self

@@ -1,13 +1,15 @@
-"""The command line's argument types and parsing rules, beside cli.py: numbers that must be
-whole and positive, sizes, lists of counts, option values that start with a dash, and a usage
-mistake said in one line.
+"""The command line's argument types and parsing rules, which every verb family uses: a
+verb's parser (`make_verb`), numbers that must be whole and positive, sizes, lists of counts,
+option values that start with a dash, a verb's own sub-commands beside its positionals, and a
+usage mistake said in one line.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 
-from hpctrain.errors import ConfigError, ExitCode
+from hpctrain.errors import ConfigError, ExitCode, exit_code_table
 
 
 def counts(text: str | None, option: str) -> list[int] | None:
@@ -37,11 +39,32 @@ def size_bytes(text: str, option: str) -> int:
 
 class Parser(argparse.ArgumentParser):
     """argparse, with a usage mistake said in one line (and where to look) instead of the
-    whole usage text."""
+    whole usage text, and a verb's own sub-commands beside its positionals (`tune status DIR`
+    beside `tune RECIPE`), which argparse's sub-parsers cannot share with a positional."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.sub_commands: dict[str, argparse.ArgumentParser] = {}
 
     def error(self, message: str):
         self.exit(ExitCode.BAD_INPUT,
                   f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+    def add_sub_command(self, name: str, epilog: str, func) -> argparse.ArgumentParser:
+        """`PROG NAME ...`: its own parser, chosen when NAME comes first, which runs `func`."""
+        parser = Parser(prog=f"{self.prog} {name}",
+                        epilog=f"{epilog.rstrip()}\n\n{exit_code_table()}",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+        parser.set_defaults(func=func)
+        self.sub_commands[name] = parser
+        return parser
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = list(sys.argv[1:] if args is None else args)
+        chosen = self.sub_commands.get(args[0]) if args else None
+        if chosen is not None:
+            return chosen.parse_known_args(args[1:], namespace)
+        return super().parse_known_args(args, namespace)
 
 
 def count(least: int):
@@ -69,16 +92,23 @@ def seconds(text: str) -> float:
     return value
 
 
-DASHED_VALUES = ("--extra-sbatch",)  # options whose value itself starts with '-'
+def _script_options() -> dict[str, object]:
+    """Each scheduler's option that adds a line to its batch script -> the scheduler (the
+    registry imported late: it reads the cluster profiles' schema)."""
+    from hpctrain.cluster.scheduler import SCHEDULERS
+
+    return {job.SCRIPT_OPTION: job for job in SCHEDULERS.values()}
 
 
 def join_dashed_values(argv: list[str]) -> list[str]:
-    """`--extra-sbatch --mail-type=END` as `--extra-sbatch=--mail-type=END`: argparse would
-    take the value for an option of its own."""
+    """A batch-script option's value that starts with '-' (`OPTION --mail-type=END`) joined
+    to it (`OPTION=--mail-type=END`): argparse would take the value for an option of its
+    own."""
+    dashed = _script_options()
     joined, rest = [], list(argv)
     while rest:
         item = rest.pop(0)
-        if item in DASHED_VALUES and rest:
+        if item in dashed and rest:
             item = f"{item}={rest.pop(0)}"
         joined.append(item)
     return joined
@@ -92,7 +122,7 @@ def add_recipe(parser: argparse.ArgumentParser, overrides_help: str | None = Non
 
 
 def add_job_options(parser: argparse.ArgumentParser) -> None:
-    """The Slurm job's options, shared by submit, tune --submit and scale --submit."""
+    """The batch job's options, shared by submit, tune --submit and scale --submit."""
     parser.add_argument("--time", default="1:00:00", help="time limit per job (requeued "
                         "until the work is done), Slurm format: 90, 2:00:00, 1-00:00:00")
     parser.add_argument("--cluster", help="profile name (default: $HPCTRAIN_CLUSTER or "
@@ -106,8 +136,10 @@ def add_job_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--venv", help="a virtual environment to activate")
     parser.add_argument("--conda", help="a conda environment to activate")
     parser.add_argument("--container", help="an Apptainer/Singularity image (.sif)")
-    parser.add_argument("--extra-sbatch", action="append", default=[],
-                        help="one more #SBATCH directive, e.g. '--mail-type=END'")
+    for option, job in _script_options().items():
+        parser.add_argument(option, dest="script_options", action="append", default=[],
+                            help=f"one more line of {job.NAME}'s batch script, e.g. "
+                            f"'{job.SCRIPT_EXAMPLE}'")
     parser.add_argument("--max-requeues", type=count(0), default=20)
 
 
@@ -117,4 +149,14 @@ def job_options(args) -> dict:
                 partition=args.partition, qos=args.qos, constraint=args.constraint,
                 cpus_per_gpu=args.cpus_per_gpu, mem=args.mem, modules=args.module,
                 venv=args.venv, conda=args.conda, container=args.container,
-                extra_sbatch=args.extra_sbatch, max_requeues=args.max_requeues)
+                script_options=args.script_options, max_requeues=args.max_requeues)
+
+
+def make_verb(verbs, name: str, help: str | None, epilog: str, func) -> argparse.ArgumentParser:
+    """A verb's parser: its help, its examples and the exit codes below the options, the
+    function it runs."""
+    listed = {"help": help} if help is not None else {}  # None: a verb of another's
+    parser = verbs.add_parser(name, epilog=f"{epilog.rstrip()}\n\n{exit_code_table()}",
+                              formatter_class=argparse.RawDescriptionHelpFormatter, **listed)
+    parser.set_defaults(func=func)
+    return parser

@@ -1,12 +1,13 @@
-"""The `hpctrain bench` verbs of the node's limits (issue 23): `bench node` and `bench solve`.
-Parsing and printing only; the measurements are in bench/."""
+"""The `hpctrain bench` verbs: `bench data` (how fast the input pipeline runs), and the
+node's limits, `bench node` and `bench solve`. Parsing and printing only; the measurements
+are in bench/."""
 
 from __future__ import annotations
 
 import json
 import re
 
-from hpctrain.arguments import count, seconds
+from hpctrain.cli.arguments import add_recipe, count, counts, make_verb, seconds
 from hpctrain.errors import ConfigError
 
 SOLVE_EXAMPLE = """examples:
@@ -16,7 +17,7 @@ SOLVE_EXAMPLE = """examples:
 
 Each factor precision's LU is refined to fp64 backward error (plain refinement, GMRES-IR where
 that stalls), or refused when the system is beyond that precision; the baseline is
-torch.linalg.solve in fp64. In Python: hpctrain.linalg.solve(A, b, factor_precision='bf16').
+torch.linalg.solve in fp64. In Python: hpctrain.bench.linalg.solve(A, b, factor_precision='bf16').
 """
 
 
@@ -31,7 +32,79 @@ kept in ~/.local/state/hpctrain/node/HOST.json.
 """
 
 
-def add_verbs(bench_verbs, make_verb) -> None:
+def add_verbs(verbs) -> None:
+    _add_bench(verbs)
+
+
+BENCH_DATA_EXAMPLE = """examples:
+  hpctrain bench data imagenet-resnet50 data.path=/scratch/imagenet-packed
+  hpctrain bench data imagenet-resnet50 data.path=/scratch/imagenet-packed --model \\
+      --processes-per-node 8             # per GPU of an 8-GPU node: its share of the cores
+  hpctrain bench data default --workers 1,2 --prefetch 2 --seconds 3 --json
+  hpctrain bench data imagenet-resnet50 data.path=/scratch/imagenet-packed --python
+"""
+
+
+def _add_bench(verbs) -> None:
+    """`hpctrain bench` and its parts' arguments."""
+    bench = verbs.add_parser("bench", help="measure one part of the training pipeline")
+    bench_verbs = bench.add_subparsers(dest="bench_verb", metavar="PART")
+    bench_verbs.required = True
+    bench_data = make_verb(bench_verbs, "data", "how fast the input pipeline runs, and whether "
+                           "it keeps the model fed", BENCH_DATA_EXAMPLE, cmd_bench_data)
+    add_recipe(bench_data)
+    bench_data.add_argument("--workers", help="DataLoader worker counts to try, e.g. 2,4,8 "
+                            "(default: 1, 2, 4, ... up to the cores)")
+    bench_data.add_argument("--prefetch", default="2,4", help="prefetch depths to try")
+    bench_data.add_argument("--seconds", type=seconds, default=5.0,
+                            help="timing per setting (default 5)")
+    bench_data.add_argument("--model", action="store_true",
+                            help="also time the recipe's training step on synthetic data")
+    bench_data.add_argument("--model-steps", type=count(1), default=30)
+    bench_data.add_argument("--processes-per-node", type=count(1), default=1,
+                            help="training processes (GPUs) sharing this node's cores")
+    bench_data.add_argument("--python", action="store_true",
+                            help="then sample the training process and its workers at the "
+                            "recommended setting (py-spy, else cProfile): the hottest Python "
+                            "functions and the shares of reading, decoding, augmentation, "
+                            "transport and the rest")
+    bench_data.add_argument("--json", action="store_true")
+    _add_node_and_solve(bench_verbs)
+
+
+def cmd_bench_data(args) -> int:
+    from hpctrain.bench.data_path import bench_data
+
+    report = bench_data(args.recipe, args.overrides, counts(args.workers, "--workers"),
+                        counts(args.prefetch, "--prefetch"), args.seconds, args.model,
+                        args.model_steps, args.processes_per_node, args.python)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+        return 0
+    what = f"{report.image_size} px" if report.unit == "image" else f"{report.unit}s"
+    print(f"input pipeline of {report.recipe}: {report.dataset}, batch {report.batch_size}, "
+          f"{what}, {report.cores} cores for this process")
+    if report.decode_one_core is not None:
+        print(f"decode only, one core ({report.decoder or 'PIL'}): "
+              f"{report.decode_one_core:,.0f} img/s")
+    rate = "img/s" if report.unit == "image" else f"{report.unit}s/s"
+    print(f"{'workers':>8}{'prefetch':>10}{rate:>12}")
+    for s in report.settings:
+        mark = "  <- best" if s is report.best else ""
+        print(f"{s.num_workers:>8}{s.prefetch_factor:>10}{s.samples_per_second:>12,.0f}{mark}")
+    if report.ratio is not None:
+        print(f"best: {report.ratio:.0%} of the decode limit ({report.ceiling:,.0f} img/s = "
+              f"one core x {min(report.best.num_workers, report.cores)})")
+    if report.model_samples_per_second is not None:
+        print(f"model training step alone: {report.model_samples_per_second:,.0f} {rate}")
+    if report.python is not None:
+        print("\n".join(report.python.lines()))
+    for line in report.advice:
+        print(f"- {line}")
+    return 0
+
+
+def _add_node_and_solve(bench_verbs) -> None:
     node = make_verb(bench_verbs, "node", "this node's limits: matrix multiplies per dtype, "
                      "memory and transfer bandwidth, all-reduce, JPEG decoding, reading",
                      NODE_EXAMPLE, cmd_bench_node)
@@ -60,7 +133,7 @@ def cmd_bench_solve(args) -> int:
     import torch
 
     from hpctrain.bench.solve import bench_solve, text
-    from hpctrain.linalg import FACTOR_PRECISIONS
+    from hpctrain.bench.linalg import FACTOR_PRECISIONS
 
     precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
     unknown = [p for p in precisions if p not in FACTOR_PRECISIONS]

@@ -1,0 +1,175 @@
+"""The job verbs: `submit` (a recipe as a batch job of the cluster's scheduler), `jobs`,
+`logs`, `cancel`, and `status` (of a job or a run directory).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from hpctrain.cli.arguments import add_job_options, add_recipe, count, job_options, make_verb
+from hpctrain.errors import ConfigError
+
+
+
+SUBMIT_EXAMPLE = """examples:
+  hpctrain submit imagenet-resnet50 data.path=/scratch/imagenet --gpus 16 --time 20:00:00 \\
+      --cluster jean-zay-a100 --account abc          # 2 nodes x 8 GPUs, requeued until done
+  hpctrain submit default --gpus 4 --time 30 --dry-run     # print the script, submit nothing
+  hpctrain submit default --gpus 1 --sweep optim.lr=0.05,0.1,0.2 --sweep train.epochs=4,8
+
+The script goes to RUN_DIR/job.sbatch; logs to RUN_DIR/slurm-JOBID.out/.err. Profiles: the
+shipped ones (generic, jean-zay-v100/-a100/-h100) and yours in ~/.config/hpctrain/clusters.yaml.
+"""
+
+
+def _add_submit(verbs) -> None:
+    """`hpctrain submit`'s arguments."""
+    submit = make_verb(verbs, "submit", "train a recipe as a Slurm job", SUBMIT_EXAMPLE, cmd_submit)
+    add_recipe(submit, "key=value settings for the run")
+    submit.add_argument("--gpus", type=count(1), required=True, help="GPUs in all (one task each)")
+    add_job_options(submit)
+    submit.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2",
+                        help="one array job over the values (repeat: cartesian product); "
+                        "each element gets its own run directory")
+    submit.add_argument("--dry-run", action="store_true", help="print the script only")
+    submit.add_argument("--json", action="store_true")
+
+
+def cmd_submit(args) -> int:
+    from hpctrain.cluster import jobs
+    from hpctrain.cluster.profiles import get_profile
+
+    options = {**job_options(args), "sweep": args.sweep}
+    if args.dry_run:
+        request, script = jobs.plan(args.recipe, args.overrides, args.gpus, args.time,
+                                    args.cluster, **options)
+        print(script, end="")
+        try:
+            jobs.check_fits(request, get_profile(args.cluster))
+        except jobs.ClusterError as error:  # a preview: say it, still show the script
+            print(f"hpctrain: warning: {error}", file=sys.stderr)
+        return 0
+    job = jobs.submit(args.recipe, args.overrides, args.gpus, args.time, args.cluster,
+                      **options)
+    if args.json:
+        print(json.dumps({"job_id": job.id, "run_dir": str(job.run_dir)}))
+    else:
+        print(f"submitted job {job.id}: {job.run_dir}\n  follow it: hpctrain jobs; "
+              f"hpctrain logs {job.id} --follow")
+    return 0
+
+
+def _add_jobs(verbs) -> None:
+    """`hpctrain jobs`'s arguments."""
+    queue = make_verb(verbs, "jobs", "your Slurm jobs", "example:\n  hpctrain jobs --json",
+                      cmd_jobs)
+    queue.add_argument("--name", help="only jobs of this name")
+    queue.add_argument("--json", action="store_true")
+
+
+def cmd_jobs(args) -> int:
+    from hpctrain.cluster import jobs
+
+    rows = jobs.queue(name=args.name)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    keys = ("id", "name", "state", "elapsed", "time_left", "nodes", "reason")
+    print(columns(("job", "name", "state", "elapsed", "time left", "nodes", "nodes / reason"),
+                  [[row[key] for key in keys] for row in rows]) if rows
+          else "no jobs in the queue")
+    return 0
+
+
+def columns(header: tuple[str, ...], rows: list[list[str]]) -> str:
+    """A plain table, each column as wide as its widest cell: a queue of 1,000 jobs prints in
+    milliseconds (rich's table took seconds)."""
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
+    return "\n".join("  ".join(str(cell).ljust(width) for cell, width in zip(line, widths))
+                     .rstrip() for line in (header, *rows))
+
+
+def _add_logs(verbs) -> None:
+    """`hpctrain logs`'s arguments."""
+    logs = make_verb(verbs, "logs", "a job's output",
+                     "example:\n  hpctrain logs 123456 --follow", cmd_logs)
+    logs.add_argument("job")
+    logs.add_argument("--err", action="store_true", help="the error log instead")
+    logs.add_argument("--follow", action="store_true", help="keep printing until it ends")
+
+
+def cmd_logs(args) -> int:
+    from hpctrain.cluster.jobs import Job
+
+    job = Job(args.job)
+    if not args.follow:
+        print(job.logs(err=args.err), end="")
+        return 0
+    path = job.log_file(err=args.err)
+    from hpctrain.cluster.records import FINAL_STATES
+
+    position = 0
+    while True:  # print what is new, until the job ends
+        if path is not None and path.is_file():
+            with open(path, errors="replace") as log:
+                log.seek(position)
+                sys.stdout.write(log.read())
+                sys.stdout.flush()
+                position = log.tell()
+        if job.state.split()[0] in FINAL_STATES:
+            return 0
+        time.sleep(1)
+
+
+def _add_cancel(verbs) -> None:
+    """`hpctrain cancel`'s arguments."""
+    cancel = make_verb(verbs, "cancel", "cancel jobs", "example:\n  hpctrain cancel 123456",
+                       cmd_cancel)
+    cancel.add_argument("jobs", nargs="+")
+
+
+def cmd_cancel(args) -> int:
+    from hpctrain.cluster.jobs import Job
+
+    for job_id in args.jobs:
+        Job(job_id).cancel()
+        print(f"cancelled job {job_id}")
+    return 0
+
+
+def _add_status(verbs) -> None:
+    """`hpctrain status`'s arguments."""
+    status = make_verb(verbs, "status", "where a job or a run directory stands",
+                       "examples:\n  hpctrain status 123456 --json\n"
+                       "  hpctrain status runs/default-20261122-101500", cmd_status)
+    status.add_argument("job", metavar="JOB|RUN_DIR")
+    status.add_argument("--json", action="store_true")
+
+
+def cmd_status(args) -> int:
+    from hpctrain.cluster.jobs import Job, run_status
+
+    place = Path(args.job).expanduser()
+    if place.is_dir():
+        status = run_status(place.absolute())
+    elif not args.job.replace("_", "").isdigit():  # 123456, or an array's 123456_7
+        raise ConfigError(f"hpctrain status {args.job}: neither a run directory nor a job id "
+                          "(a number, such as 123456)")
+    else:
+        status = Job(args.job).status()
+    if args.json:
+        print(json.dumps(status, indent=2))
+    else:
+        for key, value in status.items():
+            if value is not None:
+                print(f"{key:<10} {value}")
+    return 0
+
+
+def add_verbs(verbs) -> None:
+    """This family's verbs, each beside its handler."""
+    for add in (_add_submit, _add_jobs, _add_logs, _add_cancel, _add_status):
+        add(verbs)
