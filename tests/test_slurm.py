@@ -357,6 +357,19 @@ def test_a_recipe_typo_fails_at_submit_not_in_the_queue(run_cli, tiny, home):
     assert code == 2 and "did you mean 'train.batch_size'" in err
 
 
+def test_a_profile_naming_a_scheduler_hpctrain_does_not_speak_to_is_refused(run_cli, tiny,
+                                                                            home, tmp_path,
+                                                                            monkeypatch):
+    profiles = tmp_path / "clusters.yaml"
+    profiles.write_text("pbs-site:\n  scheduler: pbs\n")
+    monkeypatch.setenv("HPCTRAIN_CLUSTERS", str(profiles))
+    code, out, err = run_cli("submit", "default", *tiny(), "--gpus", "1", "--cluster",
+                             "pbs-site", "--dry-run")
+    assert code == 2 and not out
+    assert err.strip().splitlines() == ["hpctrain: error: cluster profile: unknown scheduler "
+                                        "'pbs'; hpctrain speaks to slurm"]
+
+
 def test_dry_run_prints_the_script_and_submits_nothing(run_cli, tiny, home, tmp_path):
     code, out, _ = run_cli("submit", "default", *tiny("run_name=dry"), "--gpus", "8",
                            "--time", "2:00:00", "--dry-run")

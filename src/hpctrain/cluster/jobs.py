@@ -84,14 +84,14 @@ class Job:
         in `chain`."""
         continuations = _continuations()
         ids = _follow(self.id, continuations)
-        status = Job(ids[-1], self.run_dir)._own_status()
+        job = scheduler_of()  # once: each call reads the cluster profiles
+        status = self._own_status(ids[-1], job)
         if len(ids) > 1:
             status["chain"] = ids
-            if status.get("source") == scheduler_of().SOURCES["elements"]:
+            if status.get("source") == job.SOURCES["elements"]:
                 # as the run counts them (its summary does it itself): each continuation, and
                 # each requeue by the scheduler
-                earlier = [e.restarts for job_id in ids[:-1]
-                           for e in scheduler_of().elements(job_id)]
+                earlier = [e.restarts for job_id in ids[:-1] for e in job.elements(job_id)]
                 status["restarts"] += len(ids) - 1 + sum(earlier)
         if "elements" not in status and self.run_dir is not None:  # also earlier submissions'
             status["restarts"] = max(status.get("restarts") or 0, self._run_restarts())
@@ -99,7 +99,7 @@ class Job:
             for task in status["elements"]:
                 later = _follow(ids[-1], continuations, task)
                 if len(later) > 1:
-                    status["elements"][task] = Job(later[-1], self.run_dir)._own_status()["state"]
+                    status["elements"][task] = self._own_status(later[-1], job)["state"]
             status["state"] = _overall(list(status["elements"].values()))
         return status
 
@@ -109,11 +109,13 @@ class Job:
         identity, _ = read_identity(self.run_dir)  # damaged: no restarts known
         return len(identity["starts"]) - 1 if identity and identity["starts"] else 0
 
-    def _own_status(self) -> dict:
-        job = scheduler_of()
-        elements = job.elements(self.id)
+    def _own_status(self, job_id: str, job: scheduler.Scheduler) -> dict:
+        """Where `job_id` (this job, or one it continued in; an array element's id stands for
+        its array) stands, as `job` says it."""
+        job_id = str(job_id).split("_")[0]
+        elements = job.elements(job_id)
         if elements:
-            status = {"id": self.id, "state": _overall([e.state for e in elements]),
+            status = {"id": job_id, "state": _overall([e.state for e in elements]),
                       "reason": elements[0].reason,
                       "restarts": max(e.restarts for e in elements),
                       "run_dir": str(self.run_dir) if self.run_dir else None,
@@ -121,20 +123,20 @@ class Job:
             if elements[0].element is not None:
                 status["elements"] = {e.element: e.state for e in elements}
             return status
-        record = job.accounting(self.id)
+        record = job.accounting(job_id)
         if record is not None:
-            return {**record, "id": self.id, "source": job.SOURCES["accounting"],
+            return {**record, "id": job_id, "source": job.SOURCES["accounting"],
                     "run_dir": str(self.run_dir) if self.run_dir else None}
         run = RunDir(self.run_dir).read_summary() if self.run_dir else None
         if run is not None:
             state = {"completed": "COMPLETED", "preempted": "REQUEUED-OR-STOPPED",
                      "interrupted": "CANCELLED"}.get(run.get("status"), "FAILED")
-            return {"id": self.id, "state": state, "run_status": run.get("status"),
+            return {"id": job_id, "state": state, "run_status": run.get("status"),
                     "steps": run.get("steps"), "restarts": run.get("restarts"),
                     "run_dir": str(self.run_dir), "source": SUMMARY}
         where = f"; its run directory {self.run_dir} has no summary.json" if self.run_dir \
             else "; it was not submitted by hpctrain from this account"
-        return {"id": self.id, "state": UNKNOWN, "source": None,
+        return {"id": job_id, "state": UNKNOWN, "source": None,
                 "reason": f"{job.NAME.capitalize()} no longer knows the job and keeps no "
                           "accounting" + where}
 
@@ -159,10 +161,10 @@ class Job:
 
     def log_file(self, err: bool = False) -> Path | None:
         """The log of the latest job of the chain (the one to follow)."""
-        return self._own_log_file(self.chain()[-1], err)
+        return self._own_log_file(self.chain()[-1], err, scheduler_of())
 
-    def _own_log_file(self, job_id: str, err: bool) -> Path | None:
-        elements = scheduler_of().elements(job_id)
+    def _own_log_file(self, job_id: str, err: bool, job: scheduler.Scheduler) -> Path | None:
+        elements = job.elements(job_id)
         named = (elements[0].stderr if err else elements[0].stdout) if elements else None
         if named and "%" not in named:
             return Path(named)
@@ -172,7 +174,8 @@ class Job:
 
     def logs(self, err: bool = False) -> str:
         """The whole log: of every job of the chain, in order."""
-        paths = [self._own_log_file(job_id, err) for job_id in self.chain()]
+        job = scheduler_of()
+        paths = [self._own_log_file(job_id, err, job) for job_id in self.chain()]
         found = [p for p in paths if p is not None and p.is_file()]
         if not found:
             raise ConfigError(f"no {'error' if err else 'output'} log for job {self.id} yet"

@@ -27,7 +27,7 @@ class Profile(BaseModel):
 
     name: str = "generic"
     description: str = ""
-    scheduler: str = "slurm"  # its batch scheduler (scheduler.SCHEDULERS)
+    scheduler: str | None = None  # its batch scheduler (scheduler.SCHEDULERS; None: DEFAULT)
     gpus_per_node: int = Field(4, ge=1)
     cpus_per_gpu: int = Field(8, ge=1)
     mem_per_gpu: str | None = None  # e.g. "60G"; None: the partition's default

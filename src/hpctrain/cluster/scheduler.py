@@ -64,9 +64,10 @@ def current(environ: Mapping[str, str] | None = None) -> Scheduler:
     return next((s for s in SCHEDULERS.values() if s.current_job(env)), SCHEDULERS[DEFAULT])
 
 
-def named(name: str) -> Scheduler:
-    """The scheduler a cluster profile names (`scheduler:`), which hpctrain submits to and
-    asks about jobs from a login node."""
+def named(name: str | None) -> Scheduler:
+    """The scheduler a cluster profile names (`scheduler:`; None: DEFAULT), which hpctrain
+    submits to and asks about jobs from a login node."""
+    name = name or DEFAULT
     if name not in SCHEDULERS:
         raise ConfigError(f"cluster profile: unknown scheduler {name!r}; hpctrain speaks to "
                           f"{', '.join(sorted(SCHEDULERS))}")

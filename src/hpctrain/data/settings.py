@@ -15,14 +15,12 @@ from hpctrain.data import kinds
 from hpctrain.data.kind import DataKind
 from hpctrain.sections import Auto, Section
 
-BUILTIN_DATASETS = kinds.BUILTIN_DATASETS
-
 
 class _DataSettings(Section):
     """The settings every kind shares; each kind's own sections are added below."""
 
-    dataset: str = Field("shapes", description=f"{', '.join(BUILTIN_DATASETS)}, or your own "
-                         "factory returning (train, val) Datasets: package.module:make or "
+    dataset: str = Field("shapes", description=f"{', '.join(kinds.BUILTIN_DATASETS)}, or "
+                         "your own factory returning (train, val) Datasets: package.module:make or "
                          "path/to/file.py:make (a relative path is read from the recipe's "
                          "folder)")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="your dataset factory's "
@@ -67,10 +65,10 @@ class _DataSettings(Section):
     @field_validator("dataset")
     @classmethod
     def _known_dataset(cls, value: str) -> str:
-        if value in BUILTIN_DATASETS or user_code.is_code_reference(value):
+        if value in kinds.BUILTIN_DATASETS or user_code.is_code_reference(value):
             return value
-        hint = difflib.get_close_matches(value, BUILTIN_DATASETS, n=1)
-        raise ValueError(f"expected one of {', '.join(BUILTIN_DATASETS)}"
+        hint = difflib.get_close_matches(value, kinds.BUILTIN_DATASETS, n=1)
+        raise ValueError(f"expected one of {', '.join(kinds.BUILTIN_DATASETS)}"
                          + (f" (did you mean {hint[0]!r}?)" if hint else "")
                          + ", or your own factory: package.module:make or path/to/file.py:make")
 
