@@ -48,11 +48,14 @@ def test_a_run_reading_slow_images_is_input_bound(tiny, run_cli, slow_images, tm
     assert any(s.startswith("hpctrain bench data default") for s in settings)
 
 
-def test_python_sampling_follows_the_run_and_its_loader_worker(tiny, run_cli):
+def test_python_sampling_follows_the_run_and_its_loader_worker(tiny, run_cli, slow_images):
     """profile --python: py-spy samples the training process and its loader workers for the
-    whole profiled run, each placed in the input path's stages."""
-    code, out, err = run_cli("profile", "default", *tiny("data.num_workers=1"), "--steps", "2",
-                             "--python", "--json")
+    whole profiled run, each placed in the input path's stages. The worker decodes large PNGs:
+    on tiny in-memory images it is on a CPU for a few milliseconds, too few for py-spy's
+    100 Hz to be sure of one sample."""
+    code, out, err = run_cli("profile", "default", *tiny(
+        "data.num_workers=1", "data.dataset=imagefolder", f"data.path={slow_images}"),
+        "--steps", "2", "--python", "--json")
     assert code == 0, err
     python = json.loads(out)["python"]
     assert python["tool"] == "py-spy" and python["seconds"] > 0
