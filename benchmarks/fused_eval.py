@@ -18,7 +18,7 @@ import torch
 
 from harness import hpctrain_parts, make_batches
 
-from hpctrain.train.evaluation import evaluate
+from hpctrain.train.validation.evaluation import evaluate
 
 
 def _seconds(parts, model, rounds: int) -> tuple[float, dict]:
@@ -56,12 +56,12 @@ def main() -> None:
                                    val_sampler=SimpleNamespace(real_count=rows))
         parts = dataclasses.replace(parts, data=data)
         folded = parts.fused_eval.module()
-        _seconds(parts, parts.forward, 1)  # warm-up: cudnn autotuning, compilation
+        _seconds(parts, parts.step.model, 1)  # warm-up: cudnn autotuning, compilation
         _seconds(parts, folded, 1)
-        plain, plain_values = _seconds(parts, parts.forward, args.rounds)
+        plain, plain_values = _seconds(parts, parts.step.model, args.rounds)
         fused, fused_values = _seconds(parts, folded, args.rounds)
         x = parts.task.to_device(batches[0], False).inputs
-        with torch.no_grad(), parts.precision.autocast():
+        with torch.no_grad(), parts.step.precision.autocast():
             difference = (folded.eval()(x).float() - parts.model.eval()(x).float()).abs().max()
     name = torch.cuda.get_device_name() if on_gpu else "cpu"
     print(f"fused_eval: {args.model}, {args.image_size} px, {rows} images in batches of "

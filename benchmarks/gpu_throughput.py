@@ -22,7 +22,7 @@ import torch
 from harness import hpctrain_parts, make_batches, recipe_parts, time_hpctrain, with_batches
 
 from hpctrain.errors import UserError
-from hpctrain.train.mfu import measured_flops, peak_flops
+from hpctrain.train.hardware.mfu import measured_flops, peak_flops
 
 RESNET50_TRAIN_FLOP_224 = 3 * 8.2e9  # forward 4.1 GMACs; a training step is about 3x forward
 

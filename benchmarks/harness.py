@@ -56,8 +56,8 @@ def time_hpctrain(parts: Parts, steps: int) -> float:
     """Seconds per optimiser step over `steps` steps of the real loop."""
     parts.total_steps = steps
     telemetry = Telemetry(parts.run_dir, steps, 0)
-    saved = loop._evaluate_and_record, loop._save
-    loop._evaluate_and_record = loop._save = lambda *args: None
+    saved = loop.evaluate_and_record, loop.run_record.save_checkpoint
+    loop.evaluate_and_record = loop.run_record.save_checkpoint = lambda *args: None
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             start = time.perf_counter()
@@ -67,7 +67,7 @@ def time_hpctrain(parts: Parts, steps: int) -> float:
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - start
     finally:
-        loop._evaluate_and_record, loop._save = saved
+        loop.evaluate_and_record, loop.run_record.save_checkpoint = saved
         telemetry.close()
     return seconds / steps
 

@@ -2,7 +2,7 @@
 
 glibc returns a freed block above its mmap threshold (at most 32 MiB) to the kernel, so a
 step's large activations come back as fresh pages that fault and are zeroed every step.
-hpctrain raises the threshold for CPU runs (train/system.py: keep_freed_host_memory). Each
+hpctrain raises the threshold for CPU runs (train/hardware/system.py: keep_freed_host_memory). Each
 row trains a shipped recipe twice with `hpctrain run`'s own loop, in fresh processes: once with
 the switch disabled (the baseline, 1.00) and once as shipped, and prints samples/s, minor page
 faults per step and the share of CPU time spent in the kernel.
@@ -25,7 +25,7 @@ CACHE_KEYS = ("data.shapes.cache_dir", "data.shapes3d.cache_dir", "data.arithmet
 def child(mode: str, recipe: str, steps: int, overrides: list[str]) -> None:
     """One training run in this process; prints its figures as JSON."""
     from hpctrain.config import load_config
-    from hpctrain.train import system
+    from hpctrain.train.hardware import system
     from hpctrain.train.loop import train
 
     if mode == "default":

@@ -51,6 +51,15 @@ def test_every_task_learns_from_a_registered_data_kind():
     assert {task.data_kind for task in registry.SPECS.values()} == set(kinds.KINDS)
 
 
+def test_a_run_s_name_and_its_time_stamp_are_spelled_only_by_the_run_directory_s_owner():
+    """Before, `hpctrain run` and `hpctrain submit` each spelled a new run's name and its
+    stamp, and resume=auto matched a third spelling: one changed, resume=auto would no longer
+    find the other's runs. Now runs/directory.py spells them and everyone asks it."""
+    found = [path for path, text in sources().items()
+             if "%Y%m%d" in text and path != "runs/directory.py"]
+    assert not found
+
+
 def test_slurm_variables_are_read_only_under_cluster():
     found = [path for path, text in sources(outside="cluster").items() if "SLURM_" in text]
     assert not found

@@ -61,7 +61,7 @@ def test_under_torchrun_it_measures_the_all_reduce_between_the_processes():
 
 
 def test_mfu_divides_by_the_measured_peak_where_the_node_has_one(run_cli):
-    from hpctrain.train.mfu import measured_flops, peak_flops, spec_flops
+    from hpctrain.train.hardware.mfu import measured_flops, peak_flops, spec_flops
 
     code, out, err = run_cli("bench", "node", *QUICK, "--json")
     assert code == 0, err

@@ -14,10 +14,10 @@ import torch
 
 from hpctrain.cluster.environment import detect
 from hpctrain.errors import OutputError
-from hpctrain.train import checkpoint as ckpt
-from hpctrain.runs.directory import list_checkpoints
-from hpctrain.train.checkpoint import Checkpointer, read_checkpoint
 from hpctrain.parallel.processes import Distributed
+from hpctrain.runs.directory import list_checkpoints
+from hpctrain.train.checkpoints import checkpoint as ckpt
+from hpctrain.train.checkpoints.checkpoint import Checkpointer, read_checkpoint
 
 DETERMINISTIC = ("deterministic=true", "train.epochs=10", "checkpoint.every_steps=5",
                  "checkpoint.keep_last=30", "data.num_workers=1", "optim.ema.enabled=true")

@@ -555,7 +555,7 @@ def test_kill_9_at_random_moments_then_resume_ends_like_an_undisturbed_run(world
     from test_checkpoint import assert_same_training_state, final_state
 
     from hpctrain.runs.directory import list_checkpoints
-    from hpctrain.train.safe_checkpoint import problem
+    from hpctrain.train.checkpoints.safe_checkpoint import problem
 
     reference = world.tiny(*SOAK, "run_name=undisturbed")
     assert cli.main(["run", "default", *reference]) == 0

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from hpctrain.errors import ConfigError, DeviceError
-from hpctrain.train import fp8
+from hpctrain.train.hardware import fp8
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TINY_LM = ["model.kwargs.width=64", "train.max_steps=24", "train.log_every=8",
@@ -87,8 +87,8 @@ def fp8_without_the_hardware_check(monkeypatch):
 
 
 def _train(config):
-    from hpctrain.train.build import build_parts
     from hpctrain.train.bookkeeping import Clock
+    from hpctrain.train.build import build_parts
     from hpctrain.train.loop import Progress, _run_steps
     from hpctrain.train.preemption import Stopper
     from hpctrain.train.run_summary import banner

@@ -8,7 +8,7 @@ import torch
 import torchvision
 from torch import nn
 
-from hpctrain.train.fused_eval import fold
+from hpctrain.train.validation.fused_eval import fold
 
 
 def _resnet() -> nn.Module:
@@ -54,8 +54,8 @@ def test_what_cannot_be_folded_says_why():
 
 
 def _evaluations(tiny_config, *overrides):
-    from hpctrain.train.build import build_parts
     from hpctrain.train.bookkeeping import Clock
+    from hpctrain.train.build import build_parts
     from hpctrain.train.loop import Progress, _run_steps
     from hpctrain.train.preemption import Stopper
     from hpctrain.train.telemetry import Telemetry

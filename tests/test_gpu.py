@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from hpctrain.train import loop
-from hpctrain.train.build import build_parts
 from hpctrain.train.bookkeeping import Clock, RunningMetrics
+from hpctrain.train.build import build_parts
 from hpctrain.train.loop import Progress, _run_steps
 from hpctrain.train.preemption import Stopper
 from hpctrain.train.telemetry import Telemetry
@@ -38,8 +38,8 @@ def test_no_host_device_synchronisation_inside_the_step(tiny_config, monkeypatch
     parts = build_parts(tiny_config(f"precision={precision}", "compile=false",
                                     "optim.ema.enabled=true", "train.max_steps=6",
                                     "train.log_every=3", "optim.grad_clip_norm=1.0"))
-    monkeypatch.setattr(loop, "_evaluate_and_record", lambda *a: None)
-    monkeypatch.setattr(loop, "_save", lambda *a: None)
+    monkeypatch.setattr(loop, "evaluate_and_record", lambda *a: None)
+    monkeypatch.setattr(loop.run_record, "save_checkpoint", lambda *a: None)
     read = RunningMetrics.read
 
     def read_allowing_sync(self, *args):
@@ -189,10 +189,10 @@ def test_batch_buffers_are_page_locked_and_copied_asynchronously_intact(image_fo
 
     from hpctrain.config import AugmentConfig
     from hpctrain.data.batch_buffers import BufferedLoader
+    from hpctrain.data.images.image_pack import Pack
+    from hpctrain.data.images.image_pack_dataset import ShardDataset
     from hpctrain.data.images.image_packing import PackOptions, pack
     from hpctrain.data.sampling import EpochSampler
-    from hpctrain.data.images.image_pack_dataset import ShardDataset
-    from hpctrain.data.images.image_pack import Pack
 
     pack(image_folder, tmp_path / "p", PackOptions(), workers=1, log=lambda *_: None)
     dataset = ShardDataset(Pack(tmp_path / "p").split("train"), None, True, AugmentConfig(), 0)

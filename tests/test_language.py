@@ -22,9 +22,9 @@ from hpctrain.data.batch_buffers import BufferedLoader
 from hpctrain.data.sampling import EpochSampler
 from hpctrain.data.tokens import token_packing
 from hpctrain.data.tokens.arithmetic import problems
+from hpctrain.data.tokens.token_pack import TokenBlocks, TokenDocuments, TokenPack, pad_documents
 from hpctrain.data.tokens.token_packing import TokenPackOptions, pack_tokens
 from hpctrain.data.tokens.tokenizer import BYTE_EOS, byte_tokenizer, huggingface_tokenizer
-from hpctrain.data.tokens.token_pack import TokenBlocks, TokenDocuments, TokenPack, pad_documents
 from hpctrain.errors import DataError
 from hpctrain.models.gpt import gpt
 from hpctrain.tasks.language_modeling import IGNORE, answer_sums, language_modeling
@@ -596,7 +596,7 @@ def test_model_flops_are_palms_for_the_whole_model(hf_config):
     left out), L·H·Q from the model; a model of unknown shape counts 6N and says so."""
     from hpctrain.models.gpt import gpt
     from hpctrain.models.huggingface import causal_lm
-    from hpctrain.train.mfu import model_flops
+    from hpctrain.train.hardware.mfu import model_flops
 
     model = gpt("124m", vocab_size=50304)
     flops = model_flops(model)

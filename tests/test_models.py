@@ -157,7 +157,7 @@ def test_a_model_with_lazy_modules_trains_and_is_counted_after_a_dry_run(tmp_pat
     model = f"model.name={tmp_path / 'lazy.py'}:build"
     code, out, err = run_cli("run", "default", *tiny(model, "train.max_steps=2"))
     assert code == 0, err
-    from hpctrain.train.checkpoint import read_checkpoint
+    from hpctrain.train.checkpoints.checkpoint import read_checkpoint
 
     run, = (tmp_path / "runs").iterdir()
     assert json.loads((run / "summary.json").read_text())["status"] == "completed"

@@ -8,7 +8,7 @@ from timm.optim import Lamb, Lars
 
 from hpctrain.config import OptimConfig, ScheduleConfig
 from hpctrain.models.model_names import build_model
-from hpctrain.train.optim import build_optimizer, lr_multiplier, param_groups, scaled_lr
+from hpctrain.train.optimizers.optim import build_optimizer, lr_multiplier, param_groups, scaled_lr
 
 
 @pytest.mark.parametrize("rule, expected", [("none", 0.1), ("linear", 0.4), ("sqrt", 0.2)])
@@ -67,7 +67,7 @@ def test_a_step_the_fp16_loss_scaler_skips_leaves_the_gpu_optimiser_untouched(na
     """The optimiser built for a GPU (fused kernels run on the CPU too) meets an overflowed
     first step: the scaler skips it, and the next good step moves the weights as it would have
     without the overflow (torch's fused SGD filled its momentum from uninitialised memory)."""
-    from hpctrain.train.precision import Precision
+    from hpctrain.train.hardware.precision import Precision
 
     def two_steps(overflow: bool) -> torch.Tensor:
         weight = torch.nn.Parameter(torch.ones(4))
@@ -85,7 +85,7 @@ def test_a_step_the_fp16_loss_scaler_skips_leaves_the_gpu_optimiser_untouched(na
 
 
 def test_weight_ema_follows_the_weights_at_its_decay():
-    from hpctrain.train.optim import WeightEma
+    from hpctrain.train.optimizers.optim import WeightEma
 
     model = build_model("hpctrain:tiny_cnn", 3)
     ema = WeightEma(model, decay=0.75)

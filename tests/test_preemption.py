@@ -14,8 +14,8 @@ import pytest
 from hpctrain.cluster.environment import detect
 from hpctrain.config import load_config
 from hpctrain.errors import ConfigError
-from hpctrain.runs.directory import list_checkpoints
 from hpctrain.parallel.processes import Distributed
+from hpctrain.runs.directory import list_checkpoints
 from hpctrain.train.preemption import Stopper, deadline_at
 
 
@@ -191,13 +191,13 @@ def test_ctrl_c_at_any_moment_of_start_up_is_interrupted_and_130(tmp_path, tiny,
 
 def test_an_evaluation_is_cut_short_by_a_stop(tiny_config):
     from hpctrain.train.build import build_parts
-    from hpctrain.train.evaluation import evaluate
+    from hpctrain.train.validation.evaluation import evaluate
 
     parts = build_parts(tiny_config("data.shapes.num_val=200"))
     stopper = Stopper(parts.distributed)
-    assert 0 <= evaluate(parts, parts.forward, stopper)["val_accuracy"] <= 1
+    assert 0 <= evaluate(parts, parts.step.model, stopper)["val_accuracy"] <= 1
     stopper._on_signal(signal.SIGTERM, None)  # what the handler does
-    assert evaluate(parts, parts.forward, stopper) is None
+    assert evaluate(parts, parts.step.model, stopper) is None
     assert parts.model.training  # left as training found it
 
 

@@ -204,7 +204,7 @@ def test_a_frozen_backbone_stays_and_the_pretrained_part_trains_slower(weights_s
     gradients for the frozen ones."""
     from hpctrain.config import load_config
     from hpctrain.memory.estimate import estimate, resolve_target
-    from hpctrain.train.optim import build_optimizer, freeze
+    from hpctrain.train.optimizers.optim import build_optimizer, freeze
 
     model = ["model.name=torchvision:" + TV, "model.pretrained=true", "data.image_size=32",
              "model.freeze=[conv1.*,stage2.*]", "optim.pretrained_lr_scale=0.1"]

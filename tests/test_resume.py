@@ -11,9 +11,9 @@ from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlan
 
 from hostile import DAMAGE, META_DAMAGE, edit_meta, plant_hostile_index, plant_hostile_value
 from hpctrain.runs.directory import list_checkpoints
-from hpctrain.train.checkpoint import read_checkpoint
-from hpctrain.train.progress_state import PROGRESS_RULES, Progress
-from hpctrain.train.safe_checkpoint import DamagedCheckpoint, problem
+from hpctrain.train.checkpoints.checkpoint import read_checkpoint
+from hpctrain.train.checkpoints.progress_state import PROGRESS_RULES, Progress
+from hpctrain.train.checkpoints.safe_checkpoint import DamagedCheckpoint, problem
 
 
 def steps(run_dir) -> list[int]:

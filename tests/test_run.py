@@ -7,9 +7,9 @@ import pytest
 import torch
 from conftest import write_image_folder
 
-from hpctrain.train import build
 from hpctrain.runs.directory import list_checkpoints
-from hpctrain.train.checkpoint import read_checkpoint
+from hpctrain.train import build
+from hpctrain.train.checkpoints.checkpoint import read_checkpoint
 
 SUMMARY_KEYS = {"status", "best_val_accuracy", "final_val_accuracy", "images_per_second",
                 "data_wait_fraction", "peak_memory_bytes", "wall_seconds", "steps", "epochs",
@@ -76,6 +76,7 @@ def test_ema_is_evaluated(tmp_path, run_cli, tiny):
     code, _, _ = run_cli("run", "default", *tiny("optim.ema.enabled=true"))
     evals = [r for r in read_metrics(only_run(tmp_path)) if r["kind"] == "eval"]
     assert code == 0 and evals and all(0 <= r["val_accuracy_ema"] <= 1 for r in evals)
+
 
 
 def test_a_loss_that_stays_nan_stops_and_keeps_the_last_good_checkpoint(tmp_path, run_cli,

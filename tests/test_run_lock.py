@@ -1,4 +1,5 @@
-"""One run directory, one run: runs/lock.py and the run directory's claim (train/run_place.py)."""
+"""One run directory, one run: runs/lock.py and the run directory's claim
+(train/checkpoints/run_place.py)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from hpctrain.config import load_config
+from hpctrain.runs import directory
 from hpctrain.runs.directory import RunDir
-from hpctrain.runs.lock import (STALE_SECONDS, Holder, RunInUse, _set_aside, claim,
-                                claim_new)
-from hpctrain.train import run_place
+from hpctrain.runs.lock import STALE_SECONDS, Holder, RunInUse, _set_aside, claim, claim_new
+from hpctrain.train.checkpoints import run_place
 
 HOLD = """
 import sys, time
@@ -50,7 +51,7 @@ def _write_lock(run: Path, beat_age: float = 0.0, damaged: bool = False, **holde
 
 
 def test_two_runs_started_in_the_same_second_get_two_directories(tmp_path, monkeypatch):
-    monkeypatch.setattr(run_place.time, "strftime", lambda *_: "20261125-120000")
+    monkeypatch.setattr(directory, "stamp", lambda: "20261125-120000")  # the same second
     config = load_config("default", [f"output_dir={tmp_path / 'runs'}"])
     first, second = run_place.resolve_run(config), run_place.resolve_run(config)
     try:

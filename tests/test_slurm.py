@@ -20,7 +20,7 @@ from hpctrain.cluster.request import JobRequest
 from hpctrain.cluster.sbatch import render
 from hpctrain.errors import ConfigError
 from hpctrain.runs.directory import list_checkpoints
-from hpctrain.train.safe_checkpoint import read_meta
+from hpctrain.train.checkpoints.safe_checkpoint import read_meta
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -416,7 +416,7 @@ def test_submit_with_resume_continues_that_run_from_that_checkpoint(run_cli, tin
 
 
 def final_weights(run_dir: Path) -> dict:
-    from hpctrain.train.checkpoint import read_checkpoint
+    from hpctrain.train.checkpoints.checkpoint import read_checkpoint
 
     return read_checkpoint(list_checkpoints(run_dir / "checkpoints")[-1])["model"]
 

@@ -19,7 +19,7 @@ import torch
 
 from hpctrain.errors import ExitCode
 from hpctrain.runs.directory import list_checkpoints
-from hpctrain.train.checkpoint import read_checkpoint
+from hpctrain.train.checkpoints.checkpoint import read_checkpoint
 
 SIGNALLING = f"{Path(__file__).parent / 'fixtures' / 'signalling.py'}:stripes_signalling"
 STEPS_PER_EPOCH = 320 // 16

@@ -6,12 +6,12 @@ import torch
 from hpctrain.config import load_config
 from hpctrain.data.batch_buffers import BufferedLoader
 from hpctrain.data.worker_signals import SignalSafeLoader
-from hpctrain.train.build import build_parts
+from hpctrain.tasks.steps import Batch
 from hpctrain.train.bookkeeping import Clock
+from hpctrain.train.build import build_parts
+from hpctrain.train.hardware.system import plan_system
 from hpctrain.train.loop import Progress, _run_steps
 from hpctrain.train.preemption import Stopper
-from hpctrain.train.system import plan_system
-from hpctrain.tasks.steps import Batch
 from hpctrain.train.telemetry import Telemetry
 
 needs_no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only answers")
@@ -76,17 +76,17 @@ def test_channels_last_changes_weights_and_inputs(tiny_config):
 
 def test_compile_wraps_the_forward_and_cudnn_flags_apply(tiny_config):
     parts = build_parts(tiny_config("compile=true", "cudnn_benchmark=true"))
-    assert isinstance(parts.forward, torch._dynamo.eval_frame.OptimizedModule)
-    assert parts.forward._orig_mod is parts.model
+    assert isinstance(parts.step.model, torch._dynamo.eval_frame.OptimizedModule)
+    assert parts.step.model._orig_mod is parts.model
     assert torch.backends.cudnn.benchmark is True
     parts = build_parts(tiny_config("compile=false", "deterministic=true"))
-    assert parts.forward is parts.model
+    assert parts.step.model is parts.model
     assert torch.are_deterministic_algorithms_enabled()
 
 
 @pytest.mark.parametrize("precision, tf32", [("fp32", False), ("tf32", True), ("bf16", True)])
 def test_tf32_matmuls_follow_the_precision(precision, tf32):
-    from hpctrain.train.system import SystemPlan, apply_global_switches
+    from hpctrain.train.hardware.system import SystemPlan, apply_global_switches
 
     plan = SystemPlan("cuda", "H100", precision, True, False, True, False)
     apply_global_switches(plan, seed=0)
@@ -102,7 +102,7 @@ def test_training_switches_reach_their_one_place(tiny_config):
     smoothed = -(0.2 / 3 * torch.log_softmax(logits, 1)).sum() - 0.8 * torch.log_softmax(
         logits, 1)[0, 0]
     assert torch.allclose(parts.task.loss(logits, batch), smoothed)
-    assert parts.optimizer.param_groups[0]["nesterov"] is True
+    assert parts.step.optimizer.param_groups[0]["nesterov"] is True
     loader = parts.data.train_loader
     assert isinstance(loader, BufferedLoader)  # an image folder decoded on the CPU
     assert loader.num_workers == 1 and loader.persistent_workers and loader.prefetch_factor == 3
@@ -116,7 +116,7 @@ def test_training_switches_reach_their_one_place(tiny_config):
 FAULTS_PER_STEP = """
 import resource, sys, torch
 if sys.argv[1] == "keep":
-    from hpctrain.train.system import keep_freed_host_memory
+    from hpctrain.train.hardware.system import keep_freed_host_memory
     assert keep_freed_host_memory()
 def step():  # a 64 MiB activation made and freed, as every training step does
     torch.ones(16 * 1024 * 1024).sum()

@@ -10,8 +10,8 @@ import torch.profiler as profiler
 from hpctrain.profiling.names import PREFIX, REGIONS
 from hpctrain.profiling.trace import TraceError, iter_events
 from hpctrain.train import loop
-from hpctrain.train.build import build_parts
 from hpctrain.train.bookkeeping import Clock
+from hpctrain.train.build import build_parts
 from hpctrain.train.loop import Progress, _run_steps
 from hpctrain.train.preemption import Stopper
 from hpctrain.train.telemetry import Telemetry
@@ -30,13 +30,13 @@ def trace_file(tmp_path_factory, shapes_cache):
         "train.batch_size=16", "train.max_steps=4", "tensorboard=false"])
     parts = build_parts(config)
     telemetry = Telemetry(parts.run_dir, parts.total_steps, 0)
-    saved = loop._save
-    loop._save = lambda *a: None  # checkpoints are not what is looked at here
+    saved = loop.run_record.save_checkpoint
+    loop.run_record.save_checkpoint = lambda *a: None  # checkpoints are not what is looked at here
     try:
         with profiler.profile(activities=[profiler.ProfilerActivity.CPU]) as prof:
             _run_steps(parts, Progress(), Clock(), telemetry, Stopper(parts.distributed))
     finally:
-        loop._save = saved
+        loop.run_record.save_checkpoint = saved
         telemetry.close()
     plain = out / "trace.json"
     prof.export_chrome_trace(str(plain))

@@ -69,7 +69,7 @@ def test_a_checkpoint_folder_made_a_link_mid_run_receives_nothing(tmp_path, vict
 
     from hpctrain.cluster.environment import detect
     from hpctrain.parallel.processes import Distributed
-    from hpctrain.train.checkpoint import Checkpointer
+    from hpctrain.train.checkpoints.checkpoint import Checkpointer
 
     folder = tmp_path / "run" / "checkpoints"
     saver = Checkpointer(folder, 2, Distributed(detect({}), "none", hosts=("here",)), False)

@@ -54,7 +54,7 @@ def bus_bandwidth(nbytes: int, seconds: float, ranks: int) -> float:
 
 
 def matmul_rows(device: torch.device, size: int, seconds: float) -> list[Row]:
-    from hpctrain.train.mfu import spec_flops
+    from hpctrain.train.hardware.mfu import spec_flops
 
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     dtypes = [("fp64", torch.float64), ("fp32", torch.float32), ("bf16", torch.bfloat16)]
@@ -107,7 +107,7 @@ def _fp8_row(device: torch.device, size: int, seconds: float, name: str) -> Row 
     """e4m3 x e4m3 with tensorwise scales through torch._scaled_mm: Hopper and Ada (8.9+)."""
     if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
         return None
-    from hpctrain.train.mfu import spec_flops
+    from hpctrain.train.hardware.mfu import spec_flops
 
     one = torch.tensor(1.0, device=device)
 

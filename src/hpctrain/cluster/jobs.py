@@ -20,13 +20,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpctrain.cluster import scheduler
 from hpctrain.cluster.profiles import Profile, get_profile
 from hpctrain.cluster.records import FINAL_STATES, UNKNOWN, ClusterError
 from hpctrain.cluster.request import JobRequest, layout
-from hpctrain.cluster import scheduler
 from hpctrain.config import code_references, load_config, plain_name
 from hpctrain.errors import ConfigError
-from hpctrain.runs.directory import SUMMARY, RunDir, is_checkpoint, read_ledger, remember_job
+from hpctrain.runs.directory import (SUMMARY, RunDir, is_checkpoint, new_run_name, read_ledger,
+                                     remember_job)
 from hpctrain.runs.identity import read_identity
 from hpctrain.runs.lock import Holder
 from hpctrain.runs.scan import LOST_AFTER_SECONDS, scan_run
@@ -232,7 +233,7 @@ def plan(recipe: str | None, overrides: list[str], gpus: int, time_limit: str,
         load_config(recipe, [*overrides, *element])
     name = options.pop("job_name", None)
     check_places(name, options)
-    run_name = config.run_name or name or f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_name = config.run_name or name or new_run_name(config.name)
     run_dir = (Path(config.output_dir).expanduser() / run_name).absolute()
     resume_from = None
     if config.resume not in (None, "auto"):

@@ -59,8 +59,8 @@ class TrainConfig(Section):
     eval_every_epochs: float = Field(1, gt=0)
     fuse_eval: bool | Auto = Field(
         "auto", description="evaluate with each batch-norm folded into the convolution before "
-        "it (train/fused_eval.py); auto: where the model has such pairs, traces with torch.fx "
-        "and is whole on each process (not FSDP, tensor or pipeline parallel)")
+        "it (train/validation/fused_eval.py); auto: where the model has such pairs, traces "
+        "with torch.fx and is whole on each process (not FSDP, tensor or pipeline parallel)")
     nan_patience: int = Field(2, ge=1, description="stop after this many logging intervals "
                                                    "in a row with only non-finite losses")
 
@@ -74,7 +74,7 @@ class CheckpointConfig(Section):
 
 
 class Fp8Config(Section):
-    """precision=fp8 (train/fp8.py): which Linear layers compute in float8, and how their
+    """precision=fp8 (train/hardware/fp8.py): which Linear layers compute in float8, and how their
     tensors are scaled. The rest of the model runs under bf16 autocast."""
 
     scaling: Literal["tensorwise", "rowwise"] = Field(

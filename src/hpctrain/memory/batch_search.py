@@ -31,12 +31,12 @@ from hpctrain.config import Config
 from hpctrain.errors import ConfigError
 from hpctrain.memory.advice import MAX_BATCH, round_batch
 from hpctrain.memory.estimate import Target, output_width, step_spec
-from hpctrain.memory.simulate import run_steps
 from hpctrain.memory.live_memory import LiveMemory
+from hpctrain.memory.simulate import run_steps
 from hpctrain.parallel import data as data_parallel
 from hpctrain.parallel import processes
 from hpctrain.parallel.layout import resolve_layout
-from hpctrain.train.system import resolve_device
+from hpctrain.train.hardware.system import resolve_device
 
 
 

@@ -34,14 +34,15 @@ from hpctrain.models.checkpointing import enable_activation_checkpointing, is_bl
 from hpctrain.models.gpt import GPT
 from hpctrain.models.lazy import materialise
 from hpctrain.models.model_names import build_model
-from hpctrain.parallel.layout import MICROBATCHES_PER_STAGE, Layout, split_world
-from hpctrain.tasks import lightning, tensors
-from hpctrain.train import lightning_optim
-from hpctrain.train.optim import build_optimizer, freeze, scaled_lr
 from hpctrain.parallel.data import bf16_parameters
+from hpctrain.parallel.layout import (MICROBATCHES_PER_STAGE, Layout, layout_of, model_copy,
+                                      split_world)
 from hpctrain.parallel.processes import per_device_batch
-from hpctrain.train.system import resolve_precision
+from hpctrain.tasks import lightning, tensors
 from hpctrain.tasks.steps import with_regulariser
+from hpctrain.train.hardware.system import resolve_precision
+from hpctrain.train.optimizers import lightning_optim
+from hpctrain.train.optimizers.optim import build_optimizer, freeze, scaled_lr
 
 CONTEXT_BYTES = 512 * 2**20  # CUDA context, cuBLAS/cuDNN handles, NCCL: outside torch's count
 ALLOCATOR_OVERHEAD = 0.10  # caching-allocator blocks reserved but not allocated, at the peak
@@ -186,11 +187,10 @@ def resolve_target(config: Config, gpu_memory: str | None, world_size: int = 1) 
         raise ConfigError("device=cpu: give the memory a process may use with --gpu-memory "
                           "(for example --gpu-memory 8GiB)")
     p = config.parallel
-    layout = split_world(world_size, p.tensor, p.pipeline, p.strategy,
-                         f"--world-size {world_size}")
+    layout = layout_of(config, world_size, f"--world-size {world_size}")
     if layout is None:
-        raise ConfigError(f"--world-size {world_size} is not a multiple of parallel.tensor="
-                          f"{p.tensor} x parallel.pipeline={p.pipeline}")
+        raise ConfigError(f"--world-size {world_size} is not a multiple of "
+                          f"{model_copy(config)[1]}")
     micro = 1
     if p.pipeline > 1:
         micro = p.microbatches if p.microbatches != "auto" else \

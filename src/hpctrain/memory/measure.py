@@ -24,8 +24,10 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from hpctrain.memory.estimate import Estimate, output_width, step_spec
-from hpctrain.memory.simulate import FORWARD, StepSpec, run_steps, simulate
+from hpctrain.memory.simulate import StepSpec, run_steps, simulate
+from hpctrain.profiling.names import PREFIX
 
+FORWARD = PREFIX + "forward"  # the step's forward region in the profiler's trace (step.py)
 HELD = ("parameters", "gradients", "optimizer states", "weight copies", "activations",
         "inputs")
 

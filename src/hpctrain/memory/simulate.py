@@ -1,8 +1,9 @@
 """One training step's memory, predicted without memory (FakeTensorMode) or measured on CPU.
 
-The same step function runs in both cases: forward under autocast, loss, backward, optimiser
-step, gradients set to None, twice, and the second step is the one reported (the optimiser's
-states exist from then on, as in every later step).
+Both drive the engine's own step (train/step.py: forward under autocast, loss, backward,
+optimiser step, gradients set to None), its regions telling the storage counter which phase
+allocates; a measurement runs it twice and reports the second step (the optimiser's states
+exist from then on, as in every later step).
 
 FakeTensorMode executes every operator's shape and dtype logic but allocates nothing, so a
 step at batch 1024 costs what batch 1 costs. Autograd's engine refuses fake CUDA tensors on a
@@ -27,17 +28,20 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.profiler import record_function
 
 from hpctrain.memory.attention import TargetAttention
 from hpctrain.memory.live_memory import CATEGORIES, LiveMemory
 from hpctrain.models.sizing import refuse_if_too_large
-from hpctrain.tasks import tensors
-from hpctrain.train.precision import AUTOCAST_DTYPES  # fp8 simulated as its bf16 autocast
+from hpctrain.profiling.regions import region
+from hpctrain.tasks.steps import Batch
+from hpctrain.train.hardware.precision import AUTOCAST_DTYPES  # fp8 simulated as its bf16 autocast
+from hpctrain.train.hardware.precision import Precision
+from hpctrain.train.step import Step, forward, take_step
+
 CUDA_GRANULARITY = 512  # the CUDA caching allocator rounds every block up to 512 bytes
 FIXED = ("parameters", "optimizer states")  # what does not grow with the batch
 SAMPLE_BATCH = 8  # the larger of the two real batches a fallback measures
-FORWARD = "hpctrain.forward"  # the profiler's name for a step's forward pass (measure.py)
+INPUT_REGIONS = ("data_wait", "h2d_copy")  # the step's regions that make the batch: "inputs"
 MIN_REPEATS = 6  # alike blocks from which a simulation extends two and three to all
 BUILDS_KEPT = 4
 _BUILT: dict[str, nn.Module] = {}  # model_key -> the model built on the meta device
@@ -111,39 +115,74 @@ class _NoTracker:
         pass
 
 
-def run_steps(spec: StepSpec, model: nn.Module, optimizer: torch.optim.Optimizer | None,
+class _SimulatedPrecision(Precision):
+    """The engine's precision as memory runs it: autocast's rules switched on directly, so
+    that they apply to fake CUDA tensors on a machine without a GPU, and no loss scaling (its
+    scale is one number, which moves no memory)."""
+
+    def __init__(self, name: str, device_type: str):
+        super().__init__("fp32", torch.device(device_type))
+        self.rules = device_type, name
+
+    def autocast(self):
+        return autocast_rules(*self.rules)
+
+
+class _Phases:
+    """`phase(name)` for the step: the engine's region, and the storage counter told which
+    phase allocates (the batch's regions are its "inputs"); remembers what the forward pass
+    left alive, and labels the optimiser's states once its update has made them."""
+
+    def __init__(self, tracker: LiveMemory | _NoTracker, optimizer):
+        self.tracker, self.optimizer = tracker, optimizer
+        self.end_of_forward: dict[str, int] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        self.tracker.phase = "inputs" if name in INPUT_REGIONS else name
+        with region(name):
+            yield
+        if name == "forward":
+            self.end_of_forward = dict(self.tracker.totals)
+        elif name == "optimizer":
+            self.tracker.track_optimizer(self.optimizer)
+
+
+def _step(spec: StepSpec, model: nn.Module, optimizer: torch.optim.Optimizer | None,
+          device: torch.device) -> Step:
+    """The spec's step as the engine's Step: its batches are (inputs, targets) pairs."""
+    return Step(model=model, params=[p for p in model.parameters() if p.requires_grad],
+                to_device=lambda pair: Batch(pair[0], pair[1], pair[1]),
+                loss=lambda outputs, batch: spec.criterion(outputs, batch.targets),
+                precision=_SimulatedPrecision(spec.precision, device.type),
+                optimizer=optimizer, clip_norm=spec.clip_norm)
+
+
+def run_steps(spec: StepSpec, model: nn.Module, optimizer: torch.optim.Optimizer,
               batch_size: int, device: torch.device, tracker: LiveMemory | None = None,
-              steps: int = 2, forward_only: bool = False,
-              on_step: Callable[[int], None] | None = None) -> dict[str, int]:
+              steps: int = 2, on_step: Callable[[int], None] | None = None) -> dict[str, int]:
     """`steps` training steps under `tracker`; the peak is reset before the last.
     Returns the split at the end of the last forward pass."""
     tracker = tracker or _NoTracker()
-    params = [p for p in model.parameters() if p.requires_grad]
-    end_of_forward = {}
-    for step in range(steps):
-        if step == steps - 1:
+    step, phases = _step(spec, model, optimizer, device), _Phases(tracker, optimizer)
+    for number in range(steps):
+        if number == steps - 1:
             tracker.reset_peak()
-        tracker.phase = "inputs"
-        images, labels = spec.make_batch(batch_size, device)
-        tracker.phase = "forward"
-        with autocast_rules(device.type, spec.precision), record_function(FORWARD):
-            logits = tensors.call(model, images)
-            loss = spec.criterion(logits, labels)
-        end_of_forward = dict(tracker.totals)
-        if forward_only:
-            return end_of_forward
-        tracker.phase = "backward"
-        loss.backward()
-        del images, labels, logits, loss
-        tracker.phase = "optimizer"
-        if spec.clip_norm:
-            torch.nn.utils.clip_grad_norm_(params, spec.clip_norm)
-        optimizer.step()
-        tracker.track_optimizer(optimizer)
-        optimizer.zero_grad(set_to_none=True)
+        take_step(step, lambda: spec.make_batch(batch_size, device), phases)
         if on_step is not None:
-            on_step(step)
-    return end_of_forward
+            on_step(number)
+    return phases.end_of_forward
+
+
+def run_forward(spec: StepSpec, model: nn.Module, batch_size: int, device: torch.device,
+                tracker: LiveMemory) -> dict[str, int]:
+    """The step's batch and forward pass alone: the split it leaves for backward."""
+    step, phases = _step(spec, model, None, device), _Phases(tracker, None)
+    tracker.reset_peak()
+    with phases("h2d_copy"):
+        batch = step.to_device(spec.make_batch(batch_size, device))
+    forward(step, batch, phases)
+    return phases.end_of_forward
 
 
 def meta_model(spec: StepSpec, keep: int | None = None) -> nn.Module:
@@ -236,8 +275,8 @@ def _forward_split(spec: StepSpec, batch_size: int, device: str,
     attention = TargetAttention(spec.capability)
     with mode, tracker, attention:
         tracker.track_model(model)
-        return run_steps(spec, model, None, batch_size, torch.device(device), tracker,
-                         steps=1, forward_only=True), attention.chosen
+        return run_forward(spec, model, batch_size, torch.device(device), tracker), \
+            attention.chosen
 
 
 @dataclass

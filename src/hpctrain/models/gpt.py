@@ -154,7 +154,7 @@ class GPT(nn.Module):
         return self.shape.context
 
     def attention_shape(self) -> tuple[int, int, int]:
-        """(layers, heads, head dimension), for the model FLOPs (train/mfu.py)."""
+        """(layers, heads, head dimension), for the model FLOPs (train/hardware/mfu.py)."""
         return self.shape.layers, self.shape.heads, self.shape.head_dim
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -20,8 +20,8 @@ from torch import nn
 
 from hpctrain.errors import ConfigError
 from hpctrain.models import download, sizing, weight_files
-from hpctrain.readers import MiB, json_document
 from hpctrain.models.pretrained import PREFETCH, hub_cache
+from hpctrain.readers import MiB, json_document
 
 CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "n_ctx", "seq_length")
 
@@ -42,7 +42,7 @@ class CausalLM(nn.Module):
 
     def attention_shape(self) -> tuple[int, int, int] | None:
         """(layers, heads, head dimension) from the config, for the model FLOPs
-        (train/mfu.py); None where the config names them otherwise."""
+        (train/hardware/mfu.py); None where the config names them otherwise."""
         config = self.model.config
         found = [next((getattr(config, f) for f in fields if getattr(config, f, None)), None)
                  for fields in (("num_hidden_layers", "n_layer"),

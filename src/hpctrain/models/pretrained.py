@@ -11,7 +11,7 @@ once and every node finds them.
 The model is built as its library builds it with those weights, then its classifier is
 replaced by a new one for the data's classes (unless the classes are the weights' own), and
 the run says which layers were replaced: they start from random values. model.freeze and
-optim.pretrained_lr_scale (train/optim.py) keep the pretrained part as it is, or train it
+optim.pretrained_lr_scale (train/optimizers/optim.py) keep the pretrained part as it is, or train it
 slower than the new head.
 """
 

@@ -11,6 +11,7 @@ from torch import nn
 
 from hpctrain.config import Config, Strategy
 from hpctrain.models.checkpointing import is_block
+from hpctrain.parallel.layout import FSDP_DIMENSIONS
 from hpctrain.parallel.processes import Distributed
 
 
@@ -36,7 +37,7 @@ def wrap_model(model: nn.Module, distributed: Distributed, config: Config,
         options = dict(mp_policy=mixed, reshard_after_forward=p.reshard_after_forward,
                        offload_policy=CPUOffloadPolicy() if p.cpu_offload else OffloadPolicy())
         if distributed.mesh is not None:
-            options["mesh"] = distributed.mesh["replicate", "shard"]
+            options["mesh"] = distributed.mesh[FSDP_DIMENSIONS]
         for block in [m for m in model.modules() if is_block(m)]:
             fully_shard(block, **options)
         fully_shard(model, **options)

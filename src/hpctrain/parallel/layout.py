@@ -22,6 +22,7 @@ from hpctrain.errors import ConfigError
 # the run's DeviceMesh, outermost first: data-parallel copies are replicated (DDP) or sharded
 # (FSDP), so one of those two has the data size and the other 1
 MESH_DIMENSIONS = ("pipeline", "replicate", "shard", "tensor")
+FSDP_DIMENSIONS = ("replicate", "shard")  # the mesh's dimensions FSDP replicates and shards
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,18 @@ class Layout:
         rest, tensor = divmod(rank, self.tensor)
         stage, data = divmod(rest, self.data)
         return stage, data, tensor
+
+    def data_index(self, rank: int) -> int:
+        """Which share of each batch `rank` trains on (the ranks of one model copy share
+        theirs)."""
+        return self.coordinates(rank)[1]
+
+    def reports(self, rank: int) -> bool:
+        """Whether `rank`'s figures count: one rank per data share (the first of its
+        tensor-parallel group, which all compute the same loss, on the last pipeline stage,
+        the only one that has a loss)."""
+        stage, _, tensor = self.coordinates(rank)
+        return tensor == 0 and stage == self.pipeline - 1
 
     def model_share(self, parameters: int, block_parameters: int, split_parameters: int) -> float:
         """The fraction of a model's parameters one device holds under tensor and pipeline
@@ -102,11 +115,24 @@ def _splits(world: int) -> str:
     return ", ".join(f"tensor={t} pipeline={p}" for t, p in pairs[:8])
 
 
+def model_copy(config: Config) -> tuple[int, str]:
+    """(the processes one model copy spans, the settings that say so)."""
+    p = config.parallel
+    return p.tensor * p.pipeline, f"parallel.tensor={p.tensor} x parallel.pipeline={p.pipeline}"
+
+
+def layout_of(config: Config, world: int, started: str) -> Layout | None:
+    """The recipe's layout on `world` processes (`split_world`): training's, once its
+    processes are checked (`resolve_layout`), and `hpctrain memory`'s for --world-size."""
+    p = config.parallel
+    return split_world(world, p.tensor, p.pipeline, p.strategy, started)
+
+
 def resolve_layout(config: Config, env: ProcessEnv) -> Layout:
     """The run's layout for the processes `env` says were started, or a ConfigError."""
     p = config.parallel
-    world, per_copy = env.world_size, p.tensor * p.pipeline
-    named = f"parallel.tensor={p.tensor} x parallel.pipeline={p.pipeline}"
+    world = env.world_size
+    per_copy, named = model_copy(config)
     if p.data == "auto":
         if world % per_copy:
             raise ConfigError(
@@ -130,8 +156,7 @@ def resolve_layout(config: Config, env: ProcessEnv) -> Layout:
             f"{env.local_world_size} process(es); use parallel.tensor="
             f"{' or '.join(map(str, divisors))}, or start a multiple of {p.tensor} processes "
             "per node")
-    return split_world(world, p.tensor, p.pipeline, p.strategy,
-                       f"{env.world_size} processes, {env.launcher}")
+    return layout_of(config, world, f"{env.world_size} processes, {env.launcher}")
 
 
 def split_world(world: int, tensor: int, pipeline: int, wanted: str,

@@ -65,17 +65,13 @@ class Distributed:
 
     @property
     def data_rank(self) -> int:
-        """Which share of each batch this rank trains on (ranks of one tensor-parallel group
-        share theirs)."""
-        return self.layout.coordinates(self.rank)[1]
+        """Which share of each batch this rank trains on (the layout's answer)."""
+        return self.layout.data_index(self.rank)
 
     @property
     def reports(self) -> bool:
-        """Whether this rank's figures count: one rank per data share (the first of its
-        tensor-parallel group, which all compute the same loss, on the last pipeline stage,
-        the only one that has a loss)."""
-        stage, _, tensor = self.layout.coordinates(self.rank)
-        return tensor == 0 and stage == self.layout.pipeline - 1
+        """Whether this rank's figures count, one rank per data share (the layout's answer)."""
+        return self.layout.reports(self.rank)
 
     def sum_(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum `tensor` (figures of this rank's data) over ranks in place, each data share

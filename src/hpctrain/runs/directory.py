@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpctrain.readers import (AMOUNT, COUNT, FINITE, GiB, KiB, MiB, TEXT, TIME, Unreadable,
-                              capped_lines, field_problem, json_document,
-                              list_of, optional, parse_json, yaml_mapping)
+                              capped_lines, field_problem, json_document, list_of, optional,
+                              parse_json, yaml_mapping)
 
 CONFIG = "config.yaml"
 IDENTITY = "run.json"
@@ -51,6 +51,12 @@ CHECKPOINT_META = "meta.json"  # inside each checkpoint folder, written last
 LIBRARY_FOLDERS = ("wandb",)
 CHECKPOINT_NAME = re.compile(r"^step_(\d{8,})$")
 SET_ASIDE = "set-aside-{time}"  # in checkpoints/: what a resume took out of the run's history
+# a new run's folder: its recipe's name and when it was made (runs/lock.claim_new adds -2, -3
+# where two start in the same second); resume=auto finds a recipe's runs by it, so hpctrain
+# run and hpctrain submit name them alike
+RUN_NAME = "{recipe}-{stamp}"
+STAMP_FORMAT = "%Y%m%d-%H%M%S"
+STAMP = r"\d{8}-\d{6}(?:-\d+)?"  # a stamp as a run's name ends with it
 SET_ASIDE_REASONS = "why.json"
 # the most each file read back may hold: larger is damage, never read (a link to /dev/zero,
 # a sparse file of 100 GB); metrics.jsonl at 1 GiB is some ten million intervals
@@ -74,6 +80,22 @@ LEDGER_CAP = 256 * MiB  # a million jobs
 OUTPUT_DIRS = "output_dirs"  # where runs were written
 # the job ledger as a batch script's shell names it
 SHELL_LEDGER = "${XDG_STATE_HOME:-$HOME/.local/state}/hpctrain/" + LEDGER
+
+
+def stamp() -> str:
+    """Now, as run names, set-aside folders and kept-aside files say it."""
+    return time.strftime(STAMP_FORMAT)
+
+
+def new_run_name(recipe: str) -> str:
+    """The name of a new run of `recipe` started now."""
+    return RUN_NAME.format(recipe=recipe, stamp=stamp())
+
+
+def is_run_of(folder: str, recipe: str) -> bool:
+    """Whether `folder` is named as a run of `recipe` (exactly: not of `recipe-v2`)."""
+    return re.fullmatch(re.escape(RUN_NAME.format(recipe=recipe, stamp="@")).replace(
+        "@", STAMP), folder) is not None
 
 
 def mark_changed(run_dir: Path) -> None:
@@ -277,7 +299,7 @@ def state_dir() -> Path:
 
 def node_limits_path() -> Path:
     """This host's limits as `hpctrain bench node` measured them (bench/node.py); the MFU
-    divides by them (train/mfu.py)."""
+    divides by them (train/hardware/mfu.py)."""
     return state_dir() / "node" / f"{socket.gethostname().split('.')[0]}.json"
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from hpctrain.readers import (AMOUNT, COUNT, MAPPING, TEXT, TIME, field_problem, json_document,
                               list_of, optional)
-from hpctrain.runs.directory import CAPS, IDENTITY, RunDir, mark_changed
+from hpctrain.runs.directory import CAPS, IDENTITY, RunDir, mark_changed, stamp
 from hpctrain.writers import write_whole
 
 # what says where a run lives, not what it trains: not part of the configuration's hash
@@ -92,7 +92,7 @@ def record_start(run_dir: Path, config: dict, start: dict, lost: dict | None = N
     run = RunDir(run_dir)
     record, damage = read_identity(run_dir)
     if damage is not None:  # kept, not overwritten: the new record starts afresh
-        os.replace(run.identity, run_dir / DAMAGED.format(time=time.strftime("%Y%m%d-%H%M%S")))
+        os.replace(run.identity, run_dir / DAMAGED.format(time=stamp()))
     if record is None:
         record = {"run_id": uuid.uuid4().hex, "name": run_dir.name,
                   "recipe": config.get("name"), "created": time.time(),

@@ -156,7 +156,7 @@ def tokens_per_sample(config) -> int:
 
 
 def flops_per_token(model_flops, config) -> float:
-    """PaLM's 6N + 12LHQT at the recipe's sequence length (train/mfu.py)."""
+    """PaLM's 6N + 12LHQT at the recipe's sequence length (train/hardware/mfu.py)."""
     return model_flops.per_token(config.data.tokens.seq_len)
 
 

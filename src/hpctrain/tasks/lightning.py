@@ -2,7 +2,7 @@
 
 The module is the task: `training_step` gives the loss, `self.log`/`self.log_dict` in
 `training_step` and `validation_step` give the figures, `configure_optimizers` the optimiser
-and LR schedule (train/lightning_optim.py). The engine's loop, DDP/FSDP, precision,
+and LR schedule (train/optimizers/lightning_optim.py). The engine's loop, DDP/FSDP, precision,
 checkpoints, preemption and telemetry stay hpctrain's: the module runs behind an adapter
 (`lightning_step.py`) whose forward calls the step, so the data-parallel wrappers see the
 module's parameters used as in any forward. Batches reach the module as the dataset and the

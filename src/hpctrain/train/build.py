@@ -9,7 +9,6 @@ import dataclasses
 import functools
 import math
 import os
-from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,24 +37,26 @@ from hpctrain.parallel import data as data_parallel
 from hpctrain.parallel import pipeline, processes, tensor
 from hpctrain.parallel.layout import Layout, resolve_layout
 from hpctrain.parallel.layout import microbatches as layout_microbatches
-from hpctrain.parallel.pipeline import Pipeline
 from hpctrain.parallel.processes import Distributed
 from hpctrain.report import trackers
 from hpctrain.runs.directory import RunDir
 from hpctrain.tasks import lightning, lightning_step, tensors
 from hpctrain.tasks.spec import TaskSetup
 from hpctrain.tasks.steps import Batch, Task, logits_of
-from hpctrain.train import fp8, fused_eval, lightning_optim
-from hpctrain.train.checkpoint import Checkpointer
-from hpctrain.train.mfu import ModelFlops, model_flops
-from hpctrain.train.optim import (WeightEma, build_optimizer, build_scheduler, freeze,
-                                  scaled_lr)
-from hpctrain.train.precision import Precision
+from hpctrain.train.checkpoints.checkpoint import Checkpointer
+from hpctrain.train.checkpoints.run_place import RunPlace, resolve_run
+from hpctrain.train.hardware import fp8
+from hpctrain.train.hardware.mfu import ModelFlops, model_flops
+from hpctrain.train.hardware.precision import Precision
+from hpctrain.train.hardware.system import SystemPlan, apply_global_switches, plan_system
+from hpctrain.train.optimizers import lightning_optim
+from hpctrain.train.optimizers.optim import (WeightEma, build_optimizer, build_scheduler, freeze,
+                                             scaled_lr)
 from hpctrain.train.preemption import deadline_at
-from hpctrain.train.run_place import RunPlace, resolve_run
-from hpctrain.train.system import SystemPlan, apply_global_switches, plan_system
+from hpctrain.train.step import Step
 from hpctrain.train.trial import TrialLink, link
 from hpctrain.train.user_functions import with_user_functions
+from hpctrain.train.validation import fused_eval
 
 
 @dataclass
@@ -69,15 +70,9 @@ class Parts:
     place: RunPlace  # the run directory, the checkpoint resumed from, what leaves its history
     data: DataBundle
     model: nn.Module  # the module whose state checkpoints hold (sharded in place under FSDP)
-    forward: nn.Module  # the module the step calls (DDP wrapper, compiled when compile is on)
-    gradient_sync: Callable  # gradient_sync(enabled) -> context for one micro-step
-    loss_context: Callable  # loss_context() -> context for the loss and its backward
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LambdaLR
-    precision: Precision
-    ema: WeightEma | None
+    step: Step  # what one training step is made of (train/step.py): the module it calls,
+    # the optimiser, schedule, precision, EMA, this rank's pipeline stage and schedule
     task: Task  # the batch on the device, the loss, the metrics
-    pipeline: Pipeline | None  # this rank's pipeline stage and schedule, under parallel.pipeline
     fp8: fp8.Fp8Plan | None  # which Linear layers compute in float8, under precision=fp8
     fused_eval: fused_eval.FusedEvaluation | None  # the model evaluated, conv+BN folded
     unfused_why: str | None  # why fuse_eval found nothing to fold where it should have
@@ -407,19 +402,22 @@ def build_parts(config: Config, env: ProcessEnv | None = None,
             distributed.mesh["pipeline"].get_group(), stream)
     optimizer, scheduler, lr, note = _optimizer(model, config, distributed, place, device,
                                                 global_batch, steps_per_epoch, total_steps)
-    return Parts(
-        config=config, plan=plan, device=device, distributed=distributed, place=place,
-        data=data, model=model, forward=forward,
-        gradient_sync=data_parallel.gradient_sync(forward),
-        loss_context=tensor.loss_context(config, layout), optimizer=optimizer,
-        scheduler=scheduler,
+    step = Step(
+        model=forward, params=[p for p in model.parameters() if p.requires_grad],
+        to_device=functools.partial(task.to_device, training=True), loss=task.loss,
         precision=Precision(plan.precision, device,
                             distributed.clip_function(stages.copies if stages else ()),
                             fp8.after_step(model, fp8_plan)),
+        optimizer=optimizer, clip_norm=config.optim.grad_clip_norm,
+        accumulate=config.train.grad_accum_steps, scheduler=scheduler,
+        ema=WeightEma(model, config.optim.ema.decay) if config.optim.ema.enabled else None,
+        pipeline=stages, gradient_sync=data_parallel.gradient_sync(forward),
+        loss_context=tensor.loss_context(config, layout))
+    return Parts(
+        config=config, plan=plan, device=device, distributed=distributed, place=place,
+        data=data, model=model, step=step, task=task,
         fp8=fp8_plan, fused_eval=None if isinstance(folded, str) else folded,
         unfused_why=folded if isinstance(folded, str) else None,
-        ema=WeightEma(model, config.optim.ema.decay) if config.optim.ema.enabled else None,
-        task=task, pipeline=stages,
         checkpointer=Checkpointer(RunDir(place.run_dir).checkpoints, config.checkpoint.keep_last,
                                   distributed, config.checkpoint.async_save),
         meter=meter,

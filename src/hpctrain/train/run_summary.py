@@ -15,7 +15,7 @@ from hpctrain.config import Strategy
 from hpctrain.monitor.meter import add_energy, energy_of, job_means
 from hpctrain.parallel.processes import straggler
 from hpctrain.tasks.spec import Measured
-from hpctrain.train.mfu import model_flops_utilisation, peak_source
+from hpctrain.train.hardware.mfu import model_flops_utilisation, peak_source
 from hpctrain.version import __version__
 
 
@@ -41,8 +41,8 @@ def banner(parts, resume_from: Path | None) -> str:
     if env.world_size > 1:
         lines.append(f"  {env.world_size} processes ({env.launcher}, {env.num_nodes} node(s) x "
                      f"{env.local_world_size}), {parts.distributed.layout.describe()}")
-    if parts.pipeline is not None:
-        lines.append(f"  pipeline: {parts.pipeline.describe()}")
+    if parts.step.pipeline is not None:
+        lines.append(f"  pipeline: {parts.step.pipeline.describe()}")
     if parts.fused_eval is not None:
         lines.append(f"  evaluation: {parts.fused_eval.describe()}")
     elif parts.unfused_why:

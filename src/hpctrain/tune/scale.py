@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from hpctrain.errors import ConfigError
-from hpctrain.runs.directory import RunDir
+from hpctrain.runs.directory import RunDir, stamp
 from hpctrain.tune.study import read_settings
 from hpctrain.tune.worker import hpctrain_run, torchrun
 from hpctrain.writers import write_png, write_whole
@@ -82,7 +81,7 @@ def prepare(recipe: str | None, overrides: list[str], sizes: list[int], steps: i
     for size in sizes:  # each size's configuration is valid before anything runs
         load_config(recipe, [*overrides, *study.size_overrides(config, size)])
     place = Path(folder) if folder else \
-        Path(config.output_dir) / f"{config.name}-scale-{time.strftime('%Y%m%d-%H%M%S')}"
+        Path(config.output_dir) / f"{config.name}-scale-{stamp()}"
     place = place.expanduser().absolute()
     place.mkdir(parents=True, exist_ok=True)
     write_whole(place / SETTINGS, json.dumps(study.__dict__, indent=1) + "\n")

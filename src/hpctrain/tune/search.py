@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpctrain.errors import ConfigError, ExitCode
+from hpctrain.runs.directory import stamp
 from hpctrain.tune.space import check_against, parse_all
-from hpctrain.tune.study import (SETTINGS, Search, check_storage, grid_size, objective,
-                                 open_study, read_search)
+from hpctrain.tune.study import (SETTINGS, Search, check_storage, grid_size, objective, open_study,
+                                 read_search)
 from hpctrain.tune.worker import Launch, Worker, torchrun
 
 RESERVED = ("run_name=", "resume=", "trial.")  # the worker sets these per trial
@@ -68,7 +69,7 @@ def prepare(recipe: str | None, overrides: list[str], options: Options,
                     sampler=options.sampler, pruner=options.pruner, seed=options.seed,
                     storage=storage, processes_per_trial=options.processes_per_trial)
     folder = Path(options.folder) if options.folder else \
-        Path(config.output_dir) / f"{config.name}-tune-{time.strftime('%Y%m%d-%H%M%S')}"
+        Path(config.output_dir) / f"{config.name}-tune-{stamp()}"
     folder = folder.expanduser().absolute()
     if (folder / SETTINGS).is_file():
         search = _continued(folder, search)

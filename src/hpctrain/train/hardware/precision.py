@@ -3,7 +3,7 @@
 bf16 has fp32's exponent range and needs no scaling; fp16 does, so its gradients go through a
 GradScaler that skips steps with inf/NaN gradients and adapts the scale. tf32 is plain fp32
 code with Tensor Core matmuls, switched on globally in system.py. fp8 is bf16 autocast around
-the float8 Linear layers of train/fp8.py, whose casts and scales are their own.
+the float8 Linear layers of train/hardware/fp8.py, whose casts and scales are their own.
 """
 
 from __future__ import annotations

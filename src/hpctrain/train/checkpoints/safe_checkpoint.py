@@ -33,7 +33,7 @@ from hpctrain.readers import Unreadable, parse_json, read_capped
 from hpctrain.runs.directory import CAPS
 from hpctrain.runs.directory import CHECKPOINT_META as META
 from hpctrain.runs.directory import CHECKPOINT_NAME as NAME
-from hpctrain.train.progress_state import meta_problem
+from hpctrain.train.checkpoints.progress_state import meta_problem
 
 INDEX = ".metadata"
 

@@ -23,7 +23,7 @@ class Progress:
     last_good_checkpoint: str | None = None
     nan_intervals: int = 0
     nan_since_step: int | None = None
-    # the jobs before this one: as run.json's starts record them (loop._announce), or as the
+    # the jobs before this one: as run.json's starts record them (run_record.announce), or as the
     # checkpoint does (up to its save) where they ran an hpctrain that kept no job figures
     restarts: int = 0
     wall_seconds: float = 0.0
@@ -52,7 +52,8 @@ PROGRESS_RULES = {
     "metrics_bytes": optional(COUNT),
 }
 # the LR schedule's position (torch's LambdaLR.state_dict): only what hpctrain's schedule
-# holds; a LightningModule's (train/lightning_optim.py): the step and its schedulers' states
+# holds; a LightningModule's (train/optimizers/lightning_optim.py): the step and its
+# schedulers' states
 SCHEDULER_RULES = {
     "last_epoch": Kind("a whole number from -1", lambda v: isinstance(v, int) and
                        not isinstance(v, bool) and v >= -1),

@@ -17,25 +17,20 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpctrain.config import Config
 from hpctrain.errors import ConfigError, DataError
-from hpctrain.runs.directory import (SET_ASIDE, SET_ASIDE_REASONS, RunDir, is_checkpoint,
-                                     run_of_checkpoint)
+from hpctrain.runs.directory import (SET_ASIDE, SET_ASIDE_REASONS, RunDir, is_checkpoint, is_run_of,
+                                     new_run_name, run_of_checkpoint, stamp)
 from hpctrain.runs.lock import RunLock, claim, claim_new
-from hpctrain.train.checkpoint import step_of
-from hpctrain.train.safe_checkpoint import DamagedCheckpoint, problem
+from hpctrain.train.checkpoints.checkpoint import step_of
+from hpctrain.train.checkpoints.safe_checkpoint import DamagedCheckpoint, problem
 from hpctrain.train.telemetry import drop_records_after
 from hpctrain.writers import own_folder, write_whole
-
-STAMP = r"\d{8}-\d{6}(?:-\d+)?"  # what _new_run appends to the recipe name
-
 
 @dataclass
 class RunPlace:
@@ -55,10 +50,9 @@ class RunPlace:
 def _latest_run(output_dir: Path, name: str) -> Path | None:
     """The run of recipe `name` (exactly: not `name-v2`) whose newest checkpoint is the most
     recent."""
-    own = re.compile(rf"^{re.escape(name)}-{STAMP}$")
     candidates = []
     for run in output_dir.glob(f"{name}-*"):
-        if not own.match(run.name) or _recipe_of(run) not in (None, name):
+        if not is_run_of(run.name, name) or _recipe_of(run) not in (None, name):
             continue
         checkpoints = RunDir(run).list_checkpoints()
         if checkpoints:
@@ -102,8 +96,8 @@ def _newest_whole(lock: RunLock) -> RunPlace:
         damaged.append((checkpoint, reason))
     raise DamagedCheckpoint(
         f"every checkpoint of {run} is damaged:\n  " + "\n  ".join(why for _, why in damaged)
-        + f"\nMove {RunDir(run).checkpoints} away to start afresh, or resume from a copy of the run "
-        "that is whole")
+        + f"\nMove {RunDir(run).checkpoints} away to start afresh, or resume from a copy of "
+        "the run that is whole")
 
 
 def _branch_from(checkpoint: Path, lock: RunLock) -> RunPlace:
@@ -153,8 +147,7 @@ def _setting(config: Config) -> str:
 
 
 def _new_run(output_dir: Path, name: str, job_id: str | None, restart: int):
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    return claim_new(output_dir, f"{name}-{stamp}", job_id, restart)
+    return claim_new(output_dir, new_run_name(name), job_id, restart)
 
 
 def _locked(lock: RunLock, place: Callable[[RunLock], RunPlace]) -> RunPlace:
@@ -188,7 +181,7 @@ def set_aside(place: RunPlace) -> str | None:
     if not place.set_aside:
         return None
     run = RunDir(place.run_dir)
-    folder = own_folder(run.checkpoints / SET_ASIDE.format(time=time.strftime('%Y%m%d-%H%M%S')))
+    folder = own_folder(run.checkpoints / SET_ASIDE.format(time=stamp()))
     for checkpoint, _ in place.set_aside:
         os.replace(checkpoint, folder / checkpoint.name)
     write_whole(folder / SET_ASIDE_REASONS, json.dumps(

@@ -24,9 +24,9 @@ from hpctrain.config import Config, flatten
 from hpctrain.errors import ConfigError
 from hpctrain.monitor.meter import add_energy
 from hpctrain.runs.directory import RunDir, run_of_checkpoint, size_of
-from hpctrain.train import checkpoint as ckpt
-from hpctrain.train.progress_state import Progress
-from hpctrain.train.safe_checkpoint import DamagedCheckpoint, read_meta
+from hpctrain.train.checkpoints import checkpoint as ckpt
+from hpctrain.train.checkpoints.progress_state import Progress
+from hpctrain.train.checkpoints.safe_checkpoint import DamagedCheckpoint, read_meta
 
 # settings whose change makes a checkpoint's state unusable, and why
 STATE_SETTINGS = {
@@ -49,10 +49,10 @@ FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
 def tensor_state(parts) -> dict:
     """Model, optimiser (and EMA) state as DCP saves and loads it: keyed by parameter name,
     sharded under FSDP, so that any world size can read it back."""
-    model_state, optim_state = get_state_dict(parts.model, parts.optimizer, options=FLAT)
+    model_state, optim_state = get_state_dict(parts.model, parts.step.optimizer, options=FLAT)
     state = {"model": model_state, "optim": optim_state}
-    if parts.ema is not None:
-        state["ema"] = parts.ema.state_dict()
+    if parts.step.ema is not None:
+        state["ema"] = parts.step.ema.state_dict()
     return state
 
 
@@ -71,7 +71,8 @@ def save(parts, progress: Progress, elapsed: float, energy: float | None) -> boo
         metrics_bytes=size_of(RunDir(parts.run_dir).metrics)  # rank 0's: it writes the file
         if parts.distributed.is_main else None)
     meta = {"progress": dataclasses.asdict(totals),
-            "scheduler": parts.scheduler.state_dict(), "scaler": parts.precision.state_dict(),
+            "scheduler": parts.step.scheduler.state_dict(),
+            "scaler": parts.step.precision.state_dict(),
             "global_batch_size": parts.global_batch_size,
             "strategy": parts.distributed.strategy,
             "config": parts.config.model_dump(mode="json")}
@@ -134,7 +135,7 @@ def restore(parts, path: Path) -> tuple[Progress, list[str]]:
     if saved is not None:
         refuse_state_changes(saved, parts.config, path)
     settings = [{k: v for k, v in group.items() if k != "params"}
-                for group in parts.optimizer.param_groups]  # this run's, before loading
+                for group in parts.step.optimizer.param_groups]  # this run's, before loading
     state = tensor_state(parts)
     try:
         held = ckpt.saved_keys(path)
@@ -147,14 +148,14 @@ def restore(parts, path: Path) -> tuple[Progress, list[str]]:
         meta, rng = parts.checkpointer.load(path, read)
         for section, keys in names.items():  # DCP fills tensors in place, replaces the rest
             state[section].update({key: read[section][saved] for key, saved in keys.items()})
-        set_state_dict(parts.model, parts.optimizer, model_state_dict=state["model"],
+        set_state_dict(parts.model, parts.step.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optim"], options=FLAT)
     except (RuntimeError, AssertionError, KeyError, ValueError) as err:
         raise _not_loadable(path, err, changes) from None
-    if parts.ema is not None:
-        parts.ema.load_state_dict(state["ema"])
+    if parts.step.ema is not None:
+        parts.step.ema.load_state_dict(state["ema"])
     _apply_settings(parts, settings, meta["scheduler"])
-    parts.precision.load_state_dict(meta["scaler"])
+    parts.step.precision.load_state_dict(meta["scaler"])
     if rng is not None:
         ckpt.restore_rng(rng)
     progress = Progress.from_record(meta["progress"])
@@ -170,7 +171,7 @@ def _aliases(parts, saved: set[str]) -> dict[str, str]:
     """Parameters to read under another name: the last pipeline stage's copy of the GPT's
     tied output weight, from a checkpoint (`saved`: its keys) saved without a pipeline, which
     holds the one tied weight's optimiser state under the embedding's name only."""
-    if parts.pipeline is None or not parts.pipeline.copies:
+    if parts.step.pipeline is None or not parts.step.pipeline.copies:
         return {}
     return {} if any(k.startswith("optim.state.head.weight.") for k in saved) else {
         "head.weight": "embed.weight"}
@@ -192,9 +193,9 @@ def _saved_names(state: dict, aliases: dict[str, str]) -> dict[str, dict[str, st
 def _apply_settings(parts, settings: list[dict], scheduler_state: dict) -> None:
     """The checkpoint's schedule position with this run's hyper-parameters: its param groups
     brought back the saved LR, momentum, weight decay, and its scheduler the saved base LR."""
-    for group, values in zip(parts.optimizer.param_groups, settings):
+    for group, values in zip(parts.step.optimizer.param_groups, settings):
         group.update(values)
-    parts.scheduler.restore(scheduler_state, settings)
+    parts.step.scheduler.restore(scheduler_state, settings)
 
 
 def _not_loadable(path: Path, err: Exception, changes: dict) -> Exception:

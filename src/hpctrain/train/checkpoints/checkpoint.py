@@ -34,8 +34,8 @@ from hpctrain.errors import cannot_write
 from hpctrain.runs.directory import CHECKPOINT_META as META
 from hpctrain.runs.directory import CHECKPOINT_NAME as NAME
 from hpctrain.runs.directory import list_checkpoints
-from hpctrain.train.safe_checkpoint import (SafeEmptyPlanner, SafePlanner,
-                                            SafeReader, read_meta)
+from hpctrain.train.checkpoints.safe_checkpoint import (SafeEmptyPlanner, SafePlanner, SafeReader,
+                                                        read_meta)
 from hpctrain.writers import own_folder
 
 # DCP warns that it "assumes a single process" whenever no process group exists: that is

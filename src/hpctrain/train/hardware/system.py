@@ -15,7 +15,7 @@ import torch
 from hpctrain.config import Config
 from hpctrain.errors import DeviceError
 from hpctrain.seeding import seed_process
-from hpctrain.train import fp8
+from hpctrain.train.hardware import fp8
 
 
 @dataclass(frozen=True)
