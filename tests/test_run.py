@@ -1,5 +1,6 @@
 """Whole runs through the CLI: the run-directory contract, telemetry and the failure paths."""
 
+import copy
 import json
 from pathlib import Path
 
@@ -77,6 +78,39 @@ def test_ema_is_evaluated(tmp_path, run_cli, tiny):
     evals = [r for r in read_metrics(only_run(tmp_path)) if r["kind"] == "eval"]
     assert code == 0 and evals and all(0 <= r["val_accuracy_ema"] <= 1 for r in evals)
 
+
+def test_the_ema_evaluated_is_the_average_of_the_weights_by_hand(tiny_config):
+    """Oracle: after every step, ema <- decay * ema + (1 - decay) * weights, from the weights
+    as built, kept here by hand; the run's EMA weights are those, and its val_accuracy_ema is
+    the hand-made average's own accuracy."""
+    from hpctrain.train.bookkeeping import Clock
+    from hpctrain.train.loop import Progress, _run_steps
+    from hpctrain.train.preemption import Stopper
+    from hpctrain.train.telemetry import Telemetry
+    from hpctrain.train.validation.evaluation import evaluate
+
+    decay = 0.8
+    parts = build.build_parts(tiny_config("optim.ema.enabled=true", f"optim.ema.decay={decay}",
+                                          "train.max_steps=6"))
+    floats = {k for k, v in parts.model.state_dict().items() if v.is_floating_point()}
+    by_hand = {k: v.detach().clone() for k, v in parts.model.state_dict().items()}
+
+    def average(parts, step):
+        for key, value in parts.model.state_dict().items():
+            by_hand[key] = decay * by_hand[key] + (1 - decay) * value if key in floats \
+                else value.clone()
+
+    telemetry = Telemetry(parts.run_dir, parts.total_steps, 0)
+    _run_steps(parts, Progress(), Clock(), telemetry, Stopper(parts.distributed), average)
+    telemetry.close()
+    kept = parts.step.ema.module.state_dict()
+    for key in floats:
+        torch.testing.assert_close(kept[key], by_hand[key])
+    hand_made = copy.deepcopy(parts.model)
+    hand_made.load_state_dict(by_hand)
+    last = [r for r in read_metrics(parts.run_dir) if r["kind"] == "eval"][-1]
+    assert last["step"] == 6
+    assert last["val_accuracy_ema"] == pytest.approx(evaluate(parts, hand_made)["val_accuracy"])
 
 
 def test_a_loss_that_stays_nan_stops_and_keeps_the_last_good_checkpoint(tmp_path, run_cli,
