@@ -302,7 +302,8 @@ def test_on_slurm_a_preempted_job_requeues_and_ends_as_an_uninterrupted_one(
     from hpctrain.cluster import slurm
     from hpctrain.cluster.jobs import submit
 
-    recipe = str(_recipe(tmp_path, "train: {epochs: 60, batch_size: 16, log_every: 8}"))
+    epochs = 20  # 320 steps: the stop comes after 16 (two records), with 300 steps to spare
+    recipe = str(_recipe(tmp_path, f"train: {{epochs: {epochs}, batch_size: 16, log_every: 8}}"))
     reference, preempted = (submit(recipe, [f"run_name={name}"], gpus=2, nodes=2,
                                    time_limit="10") for name in ("straight", "preempted"))
     metrics = preempted.run_dir / "metrics.jsonl"
@@ -316,7 +317,7 @@ def test_on_slurm_a_preempted_job_requeues_and_ends_as_an_uninterrupted_one(
     assert "SIGUSR1 received" in preempted.logs(err=True)
     ours, theirs = (json.loads((job.run_dir / "summary.json").read_text())
                     for job in (preempted, reference))
-    assert ours["restarts"] == 1 and ours["steps"] == theirs["steps"] == 60 * 16
+    assert ours["restarts"] == 1 and ours["steps"] == theirs["steps"] == epochs * 16
     assert ours["final_val_loss"] == pytest.approx(theirs["final_val_loss"], rel=1e-5)
 
 
