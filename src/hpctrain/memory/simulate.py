@@ -34,8 +34,8 @@ from hpctrain.memory.live_memory import CATEGORIES, LiveMemory
 from hpctrain.models.sizing import refuse_if_too_large
 from hpctrain.profiling.regions import region
 from hpctrain.tasks.steps import Batch
-from hpctrain.train.hardware.precision import AUTOCAST_DTYPES  # fp8 simulated as its bf16 autocast
-from hpctrain.train.hardware.precision import Precision
+# fp8 is simulated as its bf16 autocast (AUTOCAST_DTYPES)
+from hpctrain.train.hardware.precision import AUTOCAST_DTYPES, Precision
 from hpctrain.train.step import Step, forward, take_step
 
 CUDA_GRANULARITY = 512  # the CUDA caching allocator rounds every block up to 512 bytes

@@ -94,8 +94,8 @@ def new_run_name(recipe: str) -> str:
 
 def is_run_of(folder: str, recipe: str) -> bool:
     """Whether `folder` is named as a run of `recipe` (exactly: not of `recipe-v2`)."""
-    return re.fullmatch(re.escape(RUN_NAME.format(recipe=recipe, stamp="@")).replace(
-        "@", STAMP), folder) is not None
+    before, after = RUN_NAME.format(recipe=recipe, stamp="{stamp}").split("{stamp}")
+    return re.fullmatch(re.escape(before) + STAMP + re.escape(after), folder) is not None
 
 
 def mark_changed(run_dir: Path) -> None:

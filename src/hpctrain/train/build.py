@@ -363,6 +363,27 @@ def _sketch(config: Config) -> nn.Module:
                            kind=kind.name, image_sizes=kind.image_sizes(config.data))
 
 
+def _training_step(config: Config, layout: Layout, distributed: Distributed, plan: SystemPlan,
+                   device: torch.device, model: nn.Module, forward: nn.Module, task: Task,
+                   optimizer, scheduler, stages: pipeline.Pipeline | None,
+                   fp8_plan: fp8.Fp8Plan | None) -> Step:
+    """The engine's Step (train/step.py): the module the step calls (`forward`: wrapped,
+    compiled), the task's move and loss, precision with the clipping that spans this run's
+    model copy, the optimiser and schedule, EMA of `model`, the pipeline's schedule, and the
+    wrapper's and the tensor plan's contexts."""
+    return Step(
+        model=forward, params=[p for p in model.parameters() if p.requires_grad],
+        to_device=functools.partial(task.to_device, training=True), loss=task.loss,
+        precision=Precision(plan.precision, device,
+                            distributed.clip_function(stages.copies if stages else ()),
+                            fp8.after_step(model, fp8_plan)),
+        optimizer=optimizer, clip_norm=config.optim.grad_clip_norm,
+        accumulate=config.train.grad_accum_steps, scheduler=scheduler,
+        ema=WeightEma(model, config.optim.ema.decay) if config.optim.ema.enabled else None,
+        pipeline=stages, gradient_sync=data_parallel.gradient_sync(forward),
+        loss_context=tensor.loss_context(config, layout))
+
+
 def build_parts(config: Config, env: ProcessEnv | None = None,
                 held: ExitStack | None = None) -> Parts:
     """All parts of a run; `env` defaults to the environment this process was started in.
@@ -402,17 +423,8 @@ def build_parts(config: Config, env: ProcessEnv | None = None,
             distributed.mesh["pipeline"].get_group(), stream)
     optimizer, scheduler, lr, note = _optimizer(model, config, distributed, place, device,
                                                 global_batch, steps_per_epoch, total_steps)
-    step = Step(
-        model=forward, params=[p for p in model.parameters() if p.requires_grad],
-        to_device=functools.partial(task.to_device, training=True), loss=task.loss,
-        precision=Precision(plan.precision, device,
-                            distributed.clip_function(stages.copies if stages else ()),
-                            fp8.after_step(model, fp8_plan)),
-        optimizer=optimizer, clip_norm=config.optim.grad_clip_norm,
-        accumulate=config.train.grad_accum_steps, scheduler=scheduler,
-        ema=WeightEma(model, config.optim.ema.decay) if config.optim.ema.enabled else None,
-        pipeline=stages, gradient_sync=data_parallel.gradient_sync(forward),
-        loss_context=tensor.loss_context(config, layout))
+    step = _training_step(config, layout, distributed, plan, device, model, forward, task,
+                          optimizer, scheduler, stages, fp8_plan)
     return Parts(
         config=config, plan=plan, device=device, distributed=distributed, place=place,
         data=data, model=model, step=step, task=task,

@@ -13,6 +13,7 @@ gradient reduction (DDP/FSDP) and one tiny CPU-side stop flag (preemption.py).
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -144,9 +145,9 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
         if progress.step % parts.steps_per_epoch == 0:
             _moment(parts, metrics, "train_epoch_start")
         epoch, batches = _start_epoch(parts, progress.step)
+        next_batch = functools.partial(_next_batch, batches)
         for _ in range(progress.step % parts.steps_per_epoch, parts.steps_per_epoch):
-            clock.data_wait_seconds += take_step(parts.step, lambda: _next_batch(batches),
-                                                 record=figures)
+            clock.data_wait_seconds += take_step(parts.step, next_batch, record=figures)
             progress.step += 1
             interval.samples += parts.global_batch_size
             # ---- read back, evaluate, checkpoint: only at intervals ----
