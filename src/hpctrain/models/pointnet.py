@@ -38,6 +38,17 @@ class PointMLP(nn.Module):
         return torch.relu(self.norm(y.flatten(0, -2)).view_as(y))
 
 
+def max_pool(x: torch.Tensor) -> torch.Tensor:
+    """The cloud's feature: each channel's maximum over the points, (batch, points, c) ->
+    (batch, c). max, not amax: amax's backward finds every point equal to the maximum and
+    shares the gradient among them (a comparison, a conversion, a sum and a product over the
+    whole (batch, points, c) tensor), where max's puts it at the one index it kept. Either way
+    a ReLU feature of 0 passes no gradient back, and points that tie above 0 are copies of one
+    point (point dropout's): the weights' gradients are the same, to rounding. The pointnet
+    recipe's steps are 1.2x faster on the CPU (docs/benchmarks.md)."""
+    return x.max(dim=1).values
+
+
 def shared_mlp(widths: list[int]) -> nn.Sequential:
     return nn.Sequential(*(PointMLP(a, b) for a, b in zip(widths, widths[1:])))
 
@@ -66,7 +77,7 @@ class TNet(nn.Module):
         self.register_buffer("identity", torch.eye(k).flatten(), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        pooled = self.points(x).amax(dim=1)
+        pooled = max_pool(self.points(x))
         return (self.transform(pooled) + self.identity).view(-1, self.k, self.k)
 
 
@@ -92,7 +103,7 @@ class PointNet(nn.Module):
             x = torch.bmm(x, transform)
             if self.training:
                 regulariser = orthogonality(transform)
-        logits = self.classifier(self.features(x).amax(dim=1))
+        logits = self.classifier(max_pool(self.features(x)))
         if not self.training:
             return logits
         return logits, REGULARISER_WEIGHT * regulariser if regulariser is not None \
