@@ -366,12 +366,12 @@ def _limited_run(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("kwargs, words", [
     (["model.kwargs.vocab_size=100000000000"], "3,200,000,027,520 parameters"),
-    (["model.kwargs.n_layer=1000", "model.kwargs.n_embd=1048576", "model.kwargs.n_head=1"],
-     "13,194,153,548,578,816 parameters"),
+    (["model.kwargs.n_layer=16", "model.kwargs.n_embd=268435456", "model.kwargs.n_head=1"],
+     "13,835,058,209,364,115,456 parameters"),  # past int64, as are its bytes
 ])
 def test_an_hf_config_too_large_to_build_does_not_fit_counted_on_the_meta_device(
         tmp_path, kwargs, words):
-    """A config of 10^11 words or 1,000 layers of width 2^20: `run` and `memory` count it on
+    """A config of 10^11 words or 16 layers of width 2^28: `run` and `memory` count it on
     the meta device and say it does not fit (exit 3), where building it was an allocation
     traceback (issue 51)."""
     from transformers import GPT2Config
