@@ -303,7 +303,7 @@ def test_memory_predicts_the_pointnet_step_the_cpu_measures(run_cli, points_cach
                              "8GiB", "train.batch_size=16", "--measure", "--json")
     assert code == 0, err
     report = json.loads(out)
-    assert report["estimate"]["input_shape"] == [512, 3]
+    assert report["estimate"]["input_shape"] == [256, 3]
     measured = report["measured"]
     assert abs(measured["relative_error"]) <= 0.1 and abs(measured["peak_relative_error"]) <= 0.1
 
@@ -325,7 +325,7 @@ def test_profile_and_bench_data_take_a_point_cloud_recipe(tmp_path, run_cli, poi
 @pytest.mark.slow
 def test_the_pointnet_recipe_tells_the_shapes_apart(tmp_path_factory):
     """The README's promise: `hpctrain run pointnet` classifies at least 90 % of held-out
-    clouds right, with nothing downloaded (about a minute on two CPU cores)."""
+    clouds right, with nothing downloaded (under a minute on two CPU cores)."""
     from conftest import run_installed
 
     out = tmp_path_factory.mktemp("pointnet")
