@@ -302,7 +302,7 @@ def test_on_slurm_a_preempted_job_requeues_and_ends_as_an_uninterrupted_one(
     from hpctrain.cluster import slurm
     from hpctrain.cluster.jobs import submit
 
-    epochs = 20  # 320 steps: the stop comes after 16 (two records), with 300 steps to spare
+    epochs = 10  # 160 steps: the stop comes after 16 (two records), with 144 steps to spare
     recipe = str(_recipe(tmp_path, f"train: {{epochs: {epochs}, batch_size: 16, log_every: 8}}"))
     reference, preempted = (submit(recipe, [f"run_name={name}"], gpus=2, nodes=2,
                                    time_limit="10") for name in ("straight", "preempted"))
