@@ -35,10 +35,12 @@ def _add_run(verbs) -> None:
 
 def cmd_run(args) -> int:
     from hpctrain.config import load_config
+
+    config = load_config(args.recipe, args.overrides)
+    # imported once the recipe holds: a bad one is told in 0.3 s, not after torch's 3
     from hpctrain.train.loop import train
     from hpctrain.train.telemetry import print_summary
 
-    config = load_config(args.recipe, args.overrides)
     summary = train(config, started=args.started)
     if summary is None:  # not rank 0: rank 0 reports for the run
         return 0

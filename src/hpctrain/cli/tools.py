@@ -178,8 +178,10 @@ def _add_memory(verbs) -> None:
 
 
 def cmd_memory(args) -> int:
-    from hpctrain.cluster.environment import detect
     from hpctrain.config import load_config
+
+    config = load_config(args.recipe, args.overrides)  # told before torch loads, as by `run`
+    from hpctrain.cluster.environment import detect
     from hpctrain.memory.advice import (advise, checkpointing_counterpart, largest_batch,
                                         round_batch)
     from hpctrain.memory.estimate import estimate, resolve_target
@@ -187,7 +189,6 @@ def cmd_memory(args) -> int:
     from hpctrain.runs.directory import MEMORY_PREDICTION
     from hpctrain.writers import write_whole
 
-    config = load_config(args.recipe, args.overrides)
     env = detect()
     per_copy = config.parallel.tensor * config.parallel.pipeline  # one model copy at least
     world = max(env.world_size, per_copy) if args.world_size is None else args.world_size
