@@ -312,8 +312,8 @@ def test_on_slurm_a_preempted_job_requeues_and_ends_as_an_uninterrupted_one(
         assert time.monotonic() < deadline and preempted.state in ("PENDING", "RUNNING")
         time.sleep(0.2)
     slurm.cancel(preempted.id, signal="USR1")
-    assert reference.wait(timeout=300, poll=1) == "COMPLETED"
-    assert preempted.wait(timeout=300, poll=1) == "COMPLETED", preempted.logs(err=True)[-3000:]
+    assert reference.wait(timeout=300, poll=0.2) == "COMPLETED"
+    assert preempted.wait(timeout=300, poll=0.2) == "COMPLETED", preempted.logs(err=True)[-3000:]
     assert "SIGUSR1 received" in preempted.logs(err=True)
     ours, theirs = (json.loads((job.run_dir / "summary.json").read_text())
                     for job in (preempted, reference))

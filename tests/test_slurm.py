@@ -76,7 +76,7 @@ def test_a_two_node_job_runs_to_completion_and_can_be_followed(slurm_cluster, ho
     submitted = json.loads(out)
     job = Job(submitted["job_id"])
     assert job.run_dir == tmp_path / "runs" / "twonode"
-    assert job.wait(timeout=240, poll=1) == "COMPLETED", job.logs(err=True)[-3000:]
+    assert job.wait(timeout=240, poll=0.2) == "COMPLETED", job.logs(err=True)[-3000:]
     summary = json.loads((job.run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["world_size"] == 2
     assert summary["launcher"] == "slurm" and summary["steps"] == 5
@@ -104,8 +104,8 @@ def test_status_of_a_forgotten_job_comes_from_accounting(slurm_accounting_cluste
     done = submit("default", tiny("run_name=accounted"), gpus=1, time_limit="10")
     failed = submit("default", tiny("run_name=broken", "data.dataset=imagefolder",
                                     "data.path=/nonexistent"), gpus=1, time_limit="10")
-    assert done.wait(timeout=240, poll=1) == "COMPLETED"
-    assert failed.wait(timeout=240, poll=1) == "FAILED"
+    assert done.wait(timeout=240, poll=0.2) == "COMPLETED"
+    assert failed.wait(timeout=240, poll=0.2) == "FAILED"
     slurm_accounting_cluster.forget_jobs()
     code, out, _ = run_cli("status", done.id, "--json")
     status = json.loads(out)
@@ -136,7 +136,7 @@ def test_a_job_runs_in_the_virtual_environment_it_was_given(slurm_cluster, home,
     _see_this_interpreters_packages(venv)
     job = submit("default", tiny("run_name=in-venv", "train.max_steps=2"), gpus=1,
                  time_limit="10", venv=str(venv))
-    assert job.wait(timeout=240, poll=1) == "COMPLETED", job.logs(err=True)[-3000:]
+    assert job.wait(timeout=240, poll=0.2) == "COMPLETED", job.logs(err=True)[-3000:]
     summary = json.loads((job.run_dir / "summary.json").read_text())
     assert summary["software"]["python"] == str(venv / "bin" / "python3")
     assert summary["slurm_job_id"] == job.id
@@ -207,7 +207,7 @@ def test_usr1_to_the_batch_shell_or_the_steps_continues_the_run_whose_figures_ad
         time.sleep(0.2)
     running(job, records=3)
     slurm.cancel(job.chain()[1], signal="USR1")
-    assert job.wait(timeout=400, poll=1) == "COMPLETED", job.logs(err=True)[-3000:]
+    assert job.wait(timeout=400, poll=0.2) == "COMPLETED", job.logs(err=True)[-3000:]
     chain = job.chain()
     summary = json.loads((job.run_dir / "summary.json").read_text())
     assert len(chain) == 3 and summary["steps"] == 800
@@ -296,7 +296,7 @@ def test_a_job_stopped_during_start_up_counts_in_every_figure_after_submit_resum
     graces.append(cancelled_until_exit(second, marker))
     assert "stopped during start-up" in second.logs(err=True)
     third = submit("default", tiny(f"resume={first.run_dir}", *base), gpus=1, time_limit="10")
-    assert third.wait(timeout=300, poll=1) == "COMPLETED", third.logs(err=True)[-3000:]
+    assert third.wait(timeout=300, poll=0.2) == "COMPLETED", third.logs(err=True)[-3000:]
     summary = json.loads((first.run_dir / "summary.json").read_text())
     starts = json.loads((first.run_dir / "run.json").read_text())["starts"]
     assert summary["steps"] == 400 and summary["restarts"] == 2
@@ -326,7 +326,7 @@ def test_a_job_slurm_preempts_and_requeues_saves_in_its_grace_time_and_finishes(
     running(job)
     subprocess.run(["sbatch", "--parsable", "-p", "urgent", "--nodes=2", "--exclusive",
                     "-o", "/dev/null", "--wrap", "sleep 1"], check=True, capture_output=True)
-    assert job.wait(timeout=400, poll=1) == "COMPLETED", job.logs(err=True)[-3000:]
+    assert job.wait(timeout=400, poll=0.2) == "COMPLETED", job.logs(err=True)[-3000:]
     summary = json.loads((job.run_dir / "summary.json").read_text())
     status = job.status()
     assert summary["steps"] == 800 and summary["restarts"] == status["restarts"] == 1
@@ -436,8 +436,8 @@ def test_a_preempted_job_requeues_itself_and_finishes_like_an_uninterrupted_one(
         assert time.monotonic() < deadline and preempted.state in ("PENDING", "RUNNING")
         time.sleep(0.2)
     slurm.cancel(preempted.id, signal="USR1")  # what --signal=USR1@lead sends before the end
-    assert reference.wait(timeout=300, poll=1) == "COMPLETED"
-    assert preempted.wait(timeout=300, poll=1) == "COMPLETED", preempted.logs(err=True)[-3000:]
+    assert reference.wait(timeout=300, poll=0.2) == "COMPLETED"
+    assert preempted.wait(timeout=300, poll=0.2) == "COMPLETED", preempted.logs(err=True)[-3000:]
     summary = json.loads((preempted.run_dir / "summary.json").read_text())
     assert summary["steps"] == 60 and summary["restarts"] == 1
     first, second = preempted.chain()
@@ -462,7 +462,7 @@ def test_a_sweep_is_one_array_job_with_a_run_directory_per_element(slurm_cluster
                              "--sweep", "train.label_smoothing=0.0,0.1", "--json")
     assert code == 0, err
     job = Job(json.loads(out)["job_id"])
-    assert job.wait(timeout=300, poll=1) == "COMPLETED", job.status()
+    assert job.wait(timeout=300, poll=0.2) == "COMPLETED", job.status()
     assert sorted(job.status()["elements"]) == ["0", "1", "2", "3"]
     sweep = tmp_path / "runs" / "lrs"
     seen = set()
@@ -523,7 +523,7 @@ def test_a_single_process_default_run_resumed_on_two_nodes_finishes_at_its_accur
                              f"data.shapes.cache_dir={default_shapes_cache}",
                              "tensorboard=false"], gpus=4, nodes=2, time_limit="30",
                  cpus_per_gpu=2)  # the emulated nodes have 8 CPUs, not the profile's 2 x 8
-    assert job.wait(timeout=900, poll=2) == "COMPLETED", job.logs(err=True)[-3000:]
+    assert job.wait(timeout=900, poll=0.2) == "COMPLETED", job.logs(err=True)[-3000:]
     summary = json.loads((copy / "summary.json").read_text())
     assert (summary["world_size"], summary["global_batch_size"]) == (4, 128)
     assert summary["steps"] == single["steps"]
@@ -551,7 +551,7 @@ def test_language_model_and_point_cloud_recipes_run_as_jobs(slurm_cluster, home,
                                  "data.points.num_points=64", "train.batch_size=4"],
                     gpus=1, time_limit="10")
     for job, task in ((lm, "language_modeling"), (points, "point_cloud_classification")):
-        assert job.wait(timeout=240, poll=1) == "COMPLETED", job.logs(err=True)[-3000:]
+        assert job.wait(timeout=240, poll=0.2) == "COMPLETED", job.logs(err=True)[-3000:]
         summary = json.loads((job.run_dir / "summary.json").read_text())
         assert (summary["task"], summary["steps"], summary["launcher"]) == (task, 4, "slurm")
 
@@ -615,6 +615,6 @@ def test_a_job_trains_a_model_named_by_module_from_the_submit_directory(
     monkeypatch.chdir(tmp_path)
     job = submit("default", tiny("run_name=usercode", "model.name=userpkg.nets:build",
                                  "train.max_steps=4"), gpus=1, time_limit="10")
-    assert job.wait(timeout=240, poll=1) == "COMPLETED", job.logs(err=True)[-3000:]
+    assert job.wait(timeout=240, poll=0.2) == "COMPLETED", job.logs(err=True)[-3000:]
     summary = json.loads((job.run_dir / "summary.json").read_text())
     assert summary["steps"] == 4 and "userpkg.nets:build" in job.logs()

@@ -291,7 +291,7 @@ def test_a_two_element_array_runs_four_trials_each_exactly_once(slurm_cluster, h
                              "--time", "10", "--dir", str(folder), "--json")
     assert code == 0, err
     job = Job(json.loads(out)["job_id"])
-    assert job.wait(timeout=400, poll=1) == "COMPLETED", job.status()
+    assert job.wait(timeout=400, poll=0.2) == "COMPLETED", job.status()
     assert sorted(job.status()["elements"]) == ["0", "1"]
     study = open_study(folder, read_search(folder))
     trials = study.get_trials()
@@ -325,7 +325,7 @@ def test_a_trial_preempted_by_sigusr1_resumes_as_the_same_trial(slurm_cluster, h
         assert time.monotonic() < deadline, job.status()
         time.sleep(0.2)
     subprocess.run(["scancel", "--batch", "--signal=USR1", job.id], check=True)
-    state = job.wait(timeout=400, poll=1)  # an element follows its continuation
+    state = job.wait(timeout=400, poll=0.2)  # an element follows its continuation
     logs = "".join(p.read_text() for p in sorted(folder.glob("slurm-*")))
     assert state == "COMPLETED", logs[-3000:]
     trials = open_study(folder, read_search(folder)).get_trials()
@@ -461,7 +461,7 @@ def test_a_scaling_study_runs_one_job_per_size_on_the_cluster(slurm_cluster, hom
     assert code == 0, err
     jobs = json.loads(out)["jobs"]
     for job_id in jobs.values():
-        assert Job(job_id).wait(timeout=300, poll=1) == "COMPLETED"
+        assert Job(job_id).wait(timeout=300, poll=0.2) == "COMPLETED"
     code, out, err = run_cli("scale", "status", str(folder), "--json")
     assert code == 0, err
     result = json.loads(out)
