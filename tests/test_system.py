@@ -19,7 +19,7 @@ needs_no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the 
 
 @needs_no_gpu
 def test_auto_switches_on_a_cpu_machine():
-    plan = plan_system(load_config("default"))
+    plan = plan_system(load_config("default", ["channels_last=auto"]))  # the recipe's is on
     assert (plan.device, plan.precision, plan.channels_last, plan.compile,
             plan.cudnn_benchmark) == ("cpu", "fp32", False, False, False)
 
