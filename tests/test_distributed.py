@@ -108,6 +108,10 @@ def test_two_processes_follow_one_process_step_by_step(one_process, two_processe
     # 41 validation samples over 2 ranks: each counted once, so the accuracies are equal
     assert [r["val_accuracy"] for r in records(one_process, "eval")] == \
         [r["val_accuracy"] for r in records(two, "eval")]
+    # the recipe's channels_last: kept by DDP; FSDP shards it off and the run records why
+    system = json.loads((two / "summary.json").read_text())["system"]
+    assert (system["channels_last"], bool(system["note"])) == (strategy == "ddp",
+                                                               strategy == "fsdp")
     summary = json.loads((two / "summary.json").read_text())
     assert (summary["world_size"], summary["strategy"]) == (2, strategy)
     assert (summary["global_batch_size"], summary["batch_size_per_device"]) == (32, 16)

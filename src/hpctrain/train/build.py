@@ -115,7 +115,8 @@ def _decide(config: Config, env: ProcessEnv) -> _Decided:
     """The layout, device, precision and batch, checked before any process group exists (a
     layout that cannot work is refused on every rank alike, instead of hanging)."""
     layout = resolve_layout(config, env)
-    plan = plan_system(config, processes.local_device(config.device, env))
+    plan = plan_system(config, processes.local_device(config.device, env),
+                       sharded=layout.strategy == Strategy.FSDP)
     device = torch.device(plan.device)
     # its first reading now: the run's energy counts from the moment the device is chosen
     meter = make_meter(device, env.hostname, config.monitor.enabled,

@@ -27,6 +27,7 @@ class SystemPlan:
     compile: bool
     cudnn_benchmark: bool
     deterministic: bool
+    note: str = ""  # why a switch asked for is off, printed with the switches
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -79,15 +80,22 @@ def _has_triton() -> bool:
     return True
 
 
-def plan_system(config: Config, device_setting: str | None = None) -> SystemPlan:
+FSDP_KEEPS_LAYOUT = "channels_last off: FSDP shards only contiguous parameters"
+
+
+def plan_system(config: Config, device_setting: str | None = None,
+                sharded: bool = False) -> SystemPlan:
     """Decide every `auto` switch for this machine (`device_setting`: this rank's device when
-    the launcher decides it, else config.device)."""
+    the launcher decides it, else config.device; `sharded`: FSDP holds the parameters)."""
     device = resolve_device(device_setting or config.device)
     on_gpu = device.type == "cuda"
     precision = resolve_precision(config.precision, device)
     # channels_last lays out 4-D image tensors; token models have none
     channels_last = (on_gpu and config.data.kind_spec.channels_first) if config.channels_last == \
         "auto" else config.channels_last
+    note = ""
+    if channels_last and sharded:  # fully_shard refuses a conv weight laid out NHWC
+        channels_last, note = False, FSDP_KEEPS_LAYOUT
     # compile pays for itself on GPUs (fused kernels, fewer launches); on CPU the compile time
     # dominates short runs, so auto leaves it off there.
     compile_ = (on_gpu and _has_triton()) if config.compile == "auto" else config.compile
@@ -95,7 +103,7 @@ def plan_system(config: Config, device_setting: str | None = None) -> SystemPlan
         else config.cudnn_benchmark
     name = torch.cuda.get_device_name(device) if on_gpu else "cpu"
     return SystemPlan(str(device), name, precision, channels_last, compile_, benchmark,
-                      config.deterministic)
+                      config.deterministic, note)
 
 
 def apply_global_switches(plan: SystemPlan, seed: int) -> None:
