@@ -332,3 +332,16 @@ def test_a_span_narrower_than_a_pixel_draws_where_floats_round_down():
     box = pixel_box(Shape(x, 10, 0.5, 16))
     assert box[2] >= box[0] and box[3] >= box[1]
     ImageDraw.Draw(Image.new("RGB", (400, 40))).rectangle(box, fill="#000000")
+
+
+@pytest.mark.parametrize("note, advised", [("", False), ("channels_last off: FSDP shards only "
+                                                         "contiguous parameters", None)])
+def test_a_switch_the_plan_turned_off_for_a_reason_is_not_advice(tmp_path, note, advised):
+    """The profile advises channels_last=true where the run could have had it, not where
+    the plan turned it off because FSDP cannot take it."""
+    from hpctrain.profiling.profile_report import settings_from_run
+
+    (tmp_path / "config.yaml").write_text("name: default\n")
+    (tmp_path / "summary.json").write_text(json.dumps(
+        {"system": {"channels_last": False, "note": note}, "strategy": "fsdp"}))
+    assert settings_from_run(tmp_path).channels_last is advised

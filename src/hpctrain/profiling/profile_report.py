@@ -66,7 +66,8 @@ def settings_from_run(run_dir: Path | None, recipe: str | None = None) -> Settin
     settings.precision = system.get("precision") or config.get("precision")
     settings.device_name = system.get("device_name")
     settings.mfu, settings.mfu_peak = summary.get("mfu"), summary.get("mfu_peak")
-    settings.channels_last = system.get("channels_last")
+    # a switch the plan turned off for a reason (its note: FSDP) is no advice to give
+    settings.channels_last = None if system.get("note") else system.get("channels_last")
     settings.compile = system.get("compile")
     settings.batch_size = summary.get("batch_size_per_device")
     settings.strategy = summary.get("strategy")
