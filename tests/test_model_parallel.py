@@ -232,7 +232,8 @@ def test_a_resnet_cut_at_its_stages_trains_as_one_process_accumulating_micro_bat
            "model.name=hpctrain:resnet_small", "model.kwargs.widths=[8,16,32]",
            "precision=fp32", "tensorboard=false", "train.max_steps=10", "train.log_every=1",
            "train.global_batch_size=32", "optim.lr=0.02", "optim.grad_clip_norm=0.5",
-           "train.eval_every_epochs=100", "checkpoint.every_steps=5"]
+           "train.eval_every_epochs=100", "checkpoint.every_steps=5",
+           "channels_last=false"]  # the stages' layout (system.py), for the one process too
     steps = range(1, 11)
     one = run_ok_default(1, [*net, "run_name=one", "train.batch_size=8",
                              "train.grad_accum_steps=4"])

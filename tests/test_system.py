@@ -24,14 +24,18 @@ def test_auto_switches_on_a_cpu_machine():
             plan.cudnn_benchmark) == ("cpu", "fp32", False, False, False)
 
 
-def test_fsdp_keeps_the_parameters_contiguous_and_says_why_channels_last_is_off():
-    """fully_shard refuses a parameter laid out NHWC (a NotImplementedError on every rank):
-    under FSDP channels_last is off, asked for or auto on a GPU, and the run's header says
+def test_fsdp_and_pipelines_keep_tensors_contiguous_and_say_why_channels_last_is_off():
+    """fully_shard refuses a parameter laid out NHWC (a NotImplementedError on every rank),
+    a pipeline stage's isend a feature map laid out so ("input tensor has to be contiguous"):
+    under either channels_last is off, asked for or auto on a GPU, and the run's header says
     why; DDP keeps it."""
     config = load_config("default", ["channels_last=true"])
-    sharded, whole = plan_system(config, sharded=True), plan_system(config)
-    assert (sharded.channels_last, whole.channels_last) == (False, True)
+    sharded, staged = plan_system(config, sharded=True), plan_system(config, staged=True)
+    whole = plan_system(config)
+    assert (sharded.channels_last, staged.channels_last, whole.channels_last) == \
+        (False, False, True)
     assert sharded.note == "channels_last off: FSDP shards only contiguous parameters"
+    assert staged.note == "channels_last off: pipeline stages send only contiguous activations"
     assert whole.note == ""
 
 

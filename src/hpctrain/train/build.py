@@ -116,7 +116,7 @@ def _decide(config: Config, env: ProcessEnv) -> _Decided:
     layout that cannot work is refused on every rank alike, instead of hanging)."""
     layout = resolve_layout(config, env)
     plan = plan_system(config, processes.local_device(config.device, env),
-                       sharded=layout.strategy == Strategy.FSDP)
+                       sharded=layout.strategy == Strategy.FSDP, staged=layout.pipeline > 1)
     device = torch.device(plan.device)
     # its first reading now: the run's energy counts from the moment the device is chosen
     meter = make_meter(device, env.hostname, config.monitor.enabled,

@@ -81,12 +81,14 @@ def _has_triton() -> bool:
 
 
 FSDP_KEEPS_LAYOUT = "channels_last off: FSDP shards only contiguous parameters"
+PIPELINE_KEEPS_LAYOUT = "channels_last off: pipeline stages send only contiguous activations"
 
 
-def plan_system(config: Config, device_setting: str | None = None,
-                sharded: bool = False) -> SystemPlan:
+def plan_system(config: Config, device_setting: str | None = None, sharded: bool = False,
+                staged: bool = False) -> SystemPlan:
     """Decide every `auto` switch for this machine (`device_setting`: this rank's device when
-    the launcher decides it, else config.device; `sharded`: FSDP holds the parameters)."""
+    the launcher decides it, else config.device; `sharded`: FSDP holds the parameters;
+    `staged`: the model is cut into pipeline stages)."""
     device = resolve_device(device_setting or config.device)
     on_gpu = device.type == "cuda"
     precision = resolve_precision(config.precision, device)
@@ -96,6 +98,8 @@ def plan_system(config: Config, device_setting: str | None = None,
     note = ""
     if channels_last and sharded:  # fully_shard refuses a conv weight laid out NHWC
         channels_last, note = False, FSDP_KEEPS_LAYOUT
+    elif channels_last and staged:  # isend refuses an NHWC feature map between stages
+        channels_last, note = False, PIPELINE_KEEPS_LAYOUT
     # compile pays for itself on GPUs (fused kernels, fewer launches); on CPU the compile time
     # dominates short runs, so auto leaves it off there.
     compile_ = (on_gpu and _has_triton()) if config.compile == "auto" else config.compile
