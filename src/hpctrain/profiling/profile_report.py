@@ -66,7 +66,7 @@ def settings_from_run(run_dir: Path | None, recipe: str | None = None) -> Settin
     settings.precision = system.get("precision") or config.get("precision")
     settings.device_name = system.get("device_name")
     settings.mfu, settings.mfu_peak = summary.get("mfu"), summary.get("mfu_peak")
-    # a switch the plan turned off for a reason (its note: FSDP) is no advice to give
+    # a switch the plan turned off for a reason (its note: FSDP, pipeline stages) is no advice
     settings.channels_last = None if system.get("note") else system.get("channels_last")
     settings.compile = system.get("compile")
     settings.batch_size = summary.get("batch_size_per_device")
