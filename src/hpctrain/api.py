@@ -15,6 +15,7 @@ import re
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from torch import nn
@@ -51,7 +52,8 @@ def _script_name() -> str:
 
 
 def fit(model: nn.Module, train_data: Dataset, val_data: Dataset | None = None,
-        config: Config | str | Path | None = None, **overrides) -> dict | None:
+        config: Config | str | Path | None = None, collate_fn: Callable | None = None,
+        **overrides) -> dict | None:
     """Train `model` on `train_data`, evaluating on `val_data`; the run's summary (as in
     summary.json) on rank 0, None on the other ranks.
 
@@ -66,6 +68,8 @@ def fit(model: nn.Module, train_data: Dataset, val_data: Dataset | None = None,
     picks (an image or other inputs with an integer label, or a float target: regression),
     and the run says which. Without `val_data`, data.val_fraction (0.1 when unset) of `train_data`
     is held out for validation, the same samples on every rank and every restart.
+    `collate_fn`: your function making a batch of a list of samples (padding them, with
+    lengths or masks), as a recipe's data.collate (data/batching.py).
 
     Raises a UserError (ConfigError, DataError, ...; `.exit_code` as the command line's) for
     bad input, and SystemExit(75) when a stop signal or the time limit saved the run early.
@@ -82,13 +86,19 @@ def fit(model: nn.Module, train_data: Dataset, val_data: Dataset | None = None,
         if data is not None and not hasattr(data, "__getitem__"):
             raise ConfigError(f"fit({what}=...): a torch.utils.data.Dataset, not a "
                               f"{type(data).__name__}")
+    if collate_fn is not None and not callable(collate_fn):
+        raise ConfigError(f"fit(collate_fn=...): a function of a list of samples, not a "
+                          f"{type(collate_fn).__name__}")
     references = {"model.name": user_code.given(type(model).__name__),
                   "data.dataset": user_code.given(type(train_data).__name__),
                   "model.kwargs": {}, "data.kwargs": {}}  # nothing to pass them to
+    if collate_fn is not None:
+        references["data.collate"] = user_code.given(_name_of(collate_fn))
+        user_code.give(references["data.collate"], collate_fn)
     settings = {**overrides, **references}
     config = configuration.with_settings(config, settings) if isinstance(config, Config) \
         else load_config(config, **settings)
-    config = _task_from_samples(config, train_data, model)
+    config = _task_from_samples(config, train_data, model, collate_fn)
     if val_data is None and not data_module:
         train_data, val_data = _held_out(train_data, config)
     user_code.give(references["model.name"], lambda: model)
@@ -97,11 +107,18 @@ def fit(model: nn.Module, train_data: Dataset, val_data: Dataset | None = None,
     return _train(config, started)
 
 
-def _task_from_samples(config: Config, train_data: Dataset, model: nn.Module) -> Config:
+def _name_of(function) -> str:
+    return getattr(function, "__name__", type(function).__name__)
+
+
+def _task_from_samples(config: Config, train_data: Dataset, model: nn.Module,
+                       collate_fn: Callable | None) -> Config:
     """With `task: auto`, the task a LightningModule is, else the task the first training
-    sample calls for (a stream's samples are not read ahead), said once."""
+    sample calls for (as your collate_fn batches it; a stream's samples are not read
+    ahead), said once."""
     from hpctrain.cluster.environment import detect
     from hpctrain.data.user_datasets import task_of_sample
+    from hpctrain.tasks.tensors import row, split
 
     if config.task.name == "auto" and lightning.is_lightning_module(model):
         return configuration.with_settings(config, {"task.name": lightning.SPEC.name})
@@ -109,7 +126,10 @@ def _task_from_samples(config: Config, train_data: Dataset, model: nn.Module) ->
             isinstance(train_data, IterableDataset):  # a stream, a LightningDataModule
         return config
     try:
-        picked = task_of_sample(train_data[0])
+        sample = train_data[0]
+        if collate_fn is not None:  # the first row of its batch of one
+            sample = row(*split(collate_fn([sample])), 0)
+        picked = task_of_sample(sample)
     except Exception:  # the user's __getitem__: the sample checks name what is wrong
         return config
     if picked is None or picked[0] == config.task_spec.name:

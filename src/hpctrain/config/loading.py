@@ -137,7 +137,8 @@ SHOWN = reprlib.Repr()
 SHOWN.maxlevel, SHOWN.maxlist, SHOWN.maxdict, SHOWN.maxstring, SHOWN.maxother = 2, 4, 4, 60, 60
 SHOWN.maxlong = 40
 
-CODE_KEYS = ("model.name", "data.dataset", "task.loss", "task.metrics.*")  # may name user
+CODE_KEYS = ("model.name", "data.dataset", "data.collate", "task.loss",  # may name user code
+             "task.metrics.*")
 
 
 def _code_slots(tree: dict):

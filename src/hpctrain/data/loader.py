@@ -10,13 +10,16 @@ device and normalises them there in one batched operation.
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
 
+from hpctrain.data import batching
 from hpctrain.data.batch_buffers import BufferedLoader
 from hpctrain.data.sampling import EpochSampler
 from hpctrain.data.streams import Stream
@@ -37,6 +40,8 @@ class DataBundle:
     vocab_size: int | None = None  # tokens
     answer: tuple[int, int] | None = None  # tokens: the ids around graded answers
     classes_from: str | None = None  # where num_classes came from, if not the recipe or data
+    collate: Callable = default_collate  # what the loaders batch samples with
+    notes: tuple[str, ...] = ()  # what the banner says of the batches (bucketing's padding)
 
     @property
     def skipped_images(self) -> int:
@@ -58,6 +63,12 @@ def resolve_num_workers(setting: int | str, processes_per_node: int = 1) -> int:
     if setting != "auto":
         return int(setting)
     return max(1, min(16, usable_cpus() // processes_per_node - 1))
+
+
+def val_batch_size(data, batch_size: int) -> int:
+    """Samples per device in an evaluation batch: data.val_batch_size, else twice the training
+    batch (evaluation holds no gradients)."""
+    return data.val_batch_size or batch_size * 2
 
 
 def build_datasets(data, seed: int, rank: int = 0, scratch: Path | None = None) \
@@ -99,30 +110,46 @@ def build_data(data, batch_size: int, seed: int, device: torch.device,
     train_set, val_set, num_classes = build_datasets(data, seed, rank, scratch)
     # your own token data: blocks of ids, stacked; the third figure is the vocabulary
     num_classes, vocab_size = (None, num_classes) if kind.vocabulary else (num_classes, None)
-    common["collate_fn"] = kind.collate(data)
+    common["collate_fn"] = batching.collate_for(data)
     shard = dict(rank=rank, world_size=world_size)
     val_size = data.val_image_size or data.image_size
     val_sampler = EpochSampler(len(val_set), val_size, shuffle=False, pad=True, **shard)
-    val_loader = sample_loader(data, val_set, val_sampler, batch_size * 2, False, val_size,
-                               common, between_passes=False)
+    val_loader = sample_loader(data, val_set, val_sampler, val_batch_size(data, batch_size),
+                               False, val_size, common, between_passes=False)
+    bundle = functools.partial(DataBundle, val_loader=val_loader, val_sampler=val_sampler,
+                               num_classes=num_classes, num_workers=workers,
+                               vocab_size=vocab_size,
+                               collate=common["collate_fn"] or default_collate)
     if isinstance(train_set, IterableDataset):  # your own stream (streams.py)
         stream = Stream(train_set, data.dataset, rank, world_size, batch_size, seed)
         # fresh workers each epoch: they take the stream's epoch and skip with them
         train_loader = SignalSafeLoader(stream, batch_size=batch_size, drop_last=True,
                                         **{**common, "persistent_workers": False})
-        return DataBundle(train_loader, stream, val_loader, val_sampler, num_classes, workers,
-                          vocab_size)
+        return bundle(train_loader, stream)
     if len(train_set) < batch_size * world_size:
         raise DataError(f"the training set has {len(train_set)} samples, fewer than one batch "
                         f"(train.batch_size={batch_size} x {world_size} processes); lower the "
                         "batch size")
+    if data.bucketing:  # your own samples of different lengths, batched by length
+        train_sampler = LengthBucketSampler(
+            batching.lengths_of(train_set.dataset, data.dataset, rank), batch_size, seed=seed,
+            keyed=True, **shard)
+        train_loader = SignalSafeLoader(train_set, batch_sampler=train_sampler, **common)
+        return bundle(train_loader, train_sampler, notes=(bucketing_note(train_sampler),))
     train_sampler = EpochSampler(len(train_set), data.image_size, shuffle=True, seed=seed,
                                  **shard)
     largest = max(kind.image_sizes(data), default=data.image_size)  # images' only
     train_loader = sample_loader(data, train_set, train_sampler, batch_size, True, largest,
                                  common, between_passes=True)
-    return DataBundle(train_loader, train_sampler, val_loader, val_sampler, num_classes, workers,
-                      vocab_size)
+    return bundle(train_loader, train_sampler)
+
+
+def bucketing_note(sampler: LengthBucketSampler) -> str:
+    """The padding an epoch's batches by length carry, and what random batches would."""
+    random = LengthBucketSampler(sampler.lengths, sampler.batch_size, pool_batches=1,
+                                 seed=sampler.seed)
+    return (f"data.bucketing: batches of similar lengths, {sampler.padding_fraction():.1%} of "
+            f"the positions padding (random batches: {random.padding_fraction():.1%})")
 
 
 def uses_buffers(data, dataset: Dataset) -> bool:

@@ -38,6 +38,15 @@ class _DataSettings(Section):
     num_classes: int | None = Field(None, ge=1, description="expected number of classes, "
                                     "checked against the data (None: take the data's)")
     val_fraction: float | None = Field(None, gt=0, lt=1)
+    collate: str | None = Field(None, description="your own collate function, making a batch "
+                                "of a list of samples (padding, masks): package.module:fn or "
+                                "path/to/file.py:fn; its batch reaches the task and the model "
+                                "as it made it (data/batching.py)")
+    val_batch_size: int | None = Field(None, ge=1, description="samples per device in an "
+                                       "evaluation batch (None: twice train.batch_size)")
+    bucketing: bool = Field(False, description="your own samples batched by length (their "
+                            "inputs' first dimension), padded by data.collate: less padding, "
+                            "the order still shuffled each epoch (data/tokens/sequences.py)")
     image_size: int = Field(32, ge=8, le=1024)
     val_image_size: int | None = Field(None, ge=8, le=1024)
     val_resize_ratio: float = Field(1.0, gt=0, le=1,
@@ -71,6 +80,13 @@ class _DataSettings(Section):
         raise ValueError(f"expected one of {', '.join(kinds.BUILTIN_DATASETS)}"
                          + (f" (did you mean {hint[0]!r}?)" if hint else "")
                          + ", or your own factory: package.module:make or path/to/file.py:make")
+
+    @field_validator("collate")
+    @classmethod
+    def _collate_is_code(cls, value: str | None) -> str | None:
+        if value is None or user_code.is_code_reference(value):
+            return value
+        raise ValueError("your collate function: package.module:fn or path/to/file.py:fn")
 
     @property
     def from_user_code(self) -> bool:
@@ -114,6 +130,13 @@ class _DataSettings(Section):
                 raise ValueError(f"data.{name}={value} applies to dataset 'shards' only (this "
                                  f"recipe reads '{self.dataset}'); pack it with hpctrain pack, "
                                  f"or set data.{name}={off}")
+        for name, value in (("collate", self.collate), ("bucketing", self.bucketing)):
+            if value and not self.from_user_code:
+                raise ValueError(f"data.{name} applies to your own dataset (data.dataset: "
+                                 f"file.py:make); '{self.dataset}' is batched by hpctrain")
+        if self.bucketing and not self.collate:
+            raise ValueError("data.bucketing batches samples of different lengths, which need "
+                             "a collate function that pads them: set data.collate")
         if isinstance(self.num_workers, int) and self.num_workers < 0:
             raise ValueError(f"num_workers must be >= 0 or 'auto', got {self.num_workers}")
         return self

@@ -41,6 +41,7 @@ from torch.utils.data import (Dataset, IterableDataset, default_collate, default
                               get_worker_info)
 
 from hpctrain import user_code
+from hpctrain.data.batching import batched_rows
 from hpctrain.data.streams import first_items
 from hpctrain.errors import DataError, UserError
 from hpctrain.seeding import seed_worker
@@ -82,6 +83,8 @@ def user_datasets(data, seed: int, rank: int = 0) -> tuple[Dataset, Dataset, int
     # a few samples of each split, read once (a dataset may count what is drawn from it)
     read = {split: list(_some_samples(dataset, split, reference))
             for split, dataset in (("train", train), ("val", val))}
+    if data.collate:  # the samples are your collate's: the rows of its batch are checked
+        read = {split: batched_rows(samples, split, data) for split, samples in read.items()}
     if kind.vocabulary:
         num_classes = _vocabulary_of(train, data, reference)
     elif data.targets == "any":  # a LightningModule's steps take the samples as they are
@@ -95,6 +98,9 @@ def user_datasets(data, seed: int, rank: int = 0) -> tuple[Dataset, Dataset, int
     if num_classes is not None:  # then the labels against the classes (tokens: the ids)
         for split, samples in read.items():
             check_samples(samples, split, reference, data, num_classes)
+    if not data.collate:  # samples of one shape, which torch's collation can stack
+        for split, samples in read.items():
+            batched_rows(samples, split, data)
     # a stream is wrapped where the loader is made (streams.py): it needs the layout
     return train if isinstance(train, IterableDataset) else ByIndex(train, seed, rank), \
         ByIndex(val, seed, rank), num_classes

@@ -34,6 +34,7 @@ from multiprocessing import resource_tracker
 from torch.utils.data import DataLoader
 
 from hpctrain.data.worker_death import from_torch
+from hpctrain.errors import UserError
 
 
 def quiet_handle_sharing() -> None:
@@ -118,13 +119,16 @@ class SignalSafeLoader(DataLoader):
 
 
 def _deaths_named(batches):
-    """The batches; a worker's death as DataPipelineFailed (worker_death.py), found where a
+    """The batches; a UserError a worker raised (batching.CheckedCollate's) as its own one line;
+    a worker's death as DataPipelineFailed (worker_death.py), found where a
     batch is fetched (torch checks its workers while it waits, every 5 s), so between two
     steps. torch's own SIGCHLD handler, installed at its first iterator and put back above,
     raised the death wherever the training process was: inside an optimiser step, or in the
     clean-up after it."""
     try:
         yield from batches
+    except UserError as err:  # raised in a worker: torch re-raised it with its traceback
+        raise type(err)(str(err).rsplit(f"{type(err).__name__}: ", 1)[-1].strip()) from None
     except (RuntimeError, ConnectionError, EOFError) as err:
         failure = from_torch(err, "the next batch")
         if failure is None:

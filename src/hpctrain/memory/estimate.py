@@ -379,6 +379,8 @@ def estimate(config: Config, target: Target, batch_size: int | None = None,
     footprint = footprint or predict(spec, batch)
     info = model_info(spec, target.precision, config)
     notes = [note] if note else []
+    if config.data.kind_spec.any_shape and config.data.collate:
+        notes.append(first_sample(config).note)  # which sample a batch is made of
     if target.device == "cuda" and config.compile is not False:
         notes.append("predicted for eager mode; torch.compile (on for GPU runs) usually "
                      "holds less, as Inductor recomputes cheap elementwise results")

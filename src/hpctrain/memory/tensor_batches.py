@@ -10,14 +10,16 @@ zeros are a valid class and a valid mask, and what a step holds does not depend 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from hpctrain.config import Config
 from hpctrain.tasks.spec import TaskSetup
 from hpctrain.tasks.steps import Batch, logits_of
-from hpctrain.tasks.tensors import each
+from hpctrain.tasks.tensors import each, row, split
 
 _READ: dict[str, TensorSample] = {}  # data settings -> the sample read for them
 
@@ -27,25 +29,57 @@ class TensorSample:
     inputs: object  # the first training sample's inputs: a tensor, tuple, list or dict
     target: torch.Tensor | None  # None: a LightningModule's sample, all of it in `inputs`
     num_classes: int | None  # as the data says it (None: the model's output says it)
+    collate: Callable | None = None  # your data.collate: a batch is its batch of `raw`s
+    raw: object = None  # the sample a batch repeats, as your dataset made it
+    note: str | None = None  # which sample that is, for the estimate's notes
 
 
 def first_sample(config: Config) -> TensorSample:
     """The training set's first sample, as tensors; read once per data settings (an estimate
-    and its advice ask a dozen times)."""
+    and its advice ask a dozen times). With your collate, the longest sample read instead,
+    as the first row of the batch your collate makes of it."""
     from hpctrain.data.loader import build_datasets
 
     key = json.dumps([config.data.model_dump(mode="json"), config.task.name, config.seed],
                      sort_keys=True)
     if key not in _READ:
         train, _, num_classes = build_datasets(config.data, config.seed)
-        if config.data.targets == "any":  # a LightningModule's step takes the whole sample
+        if config.data.collate:
+            _READ[key] = _collated(config, train, num_classes)
+        elif config.data.targets == "any":  # a LightningModule's step takes the whole sample
             _READ[key] = TensorSample(each(train[0], torch.as_tensor), None, num_classes)
-            return _READ[key]
-        inputs, target = train[0]
-        target = torch.as_tensor(target)  # a multi-hot vector of bools trains as floats
-        _READ[key] = TensorSample(each(inputs, torch.as_tensor), target.float() if
-                                  target.dtype == torch.bool else target, num_classes)
+        else:
+            _READ[key] = _sample(*train[0], num_classes)
     return _READ[key]
+
+
+def _sample(inputs, target, num_classes: int | None, **collated) -> TensorSample:
+    target = torch.as_tensor(target)  # a multi-hot vector of bools trains as floats
+    return TensorSample(each(inputs, torch.as_tensor), target.float() if
+                        target.dtype == torch.bool else target, num_classes, **collated)
+
+
+def _collated(config: Config, train, num_classes: int | None) -> TensorSample:
+    """The longest sample (by the dataset's `lengths`, else of the first, middle and last),
+    which your collate pads least: a step's peak at the longest batch."""
+    from hpctrain.data.batching import sample_length, user_collate
+
+    collate, dataset = user_collate(config.data), getattr(train, "dataset", train)
+    lengths = getattr(dataset, "lengths", None)
+    candidates = range(len(train)) if lengths is not None else \
+        sorted({0, len(train) // 2, len(train) - 1})
+    length = (lambda i: int(lengths[i])) if lengths is not None else \
+        (lambda i: sample_length(train[i]))
+    index = max(candidates, key=length)
+    raw = train[index]
+    note = (f"batches of training sample {index} (length {length(index)}, the longest "
+            + ("in the dataset's lengths" if lengths is not None else "of samples "
+               + ", ".join(map(str, candidates))) + f") made by data.collate {config.data.collate}")
+    batch = collate([raw])
+    if config.data.targets == "any":
+        return TensorSample(each(batch, torch.as_tensor), None, num_classes, collate, raw, note)
+    inputs, target = row(*split(batch), 0)
+    return _sample(inputs, target, num_classes, collate=collate, raw=raw, note=note)
 
 
 def leading_shape(sample: TensorSample) -> tuple[int, ...]:
@@ -57,11 +91,20 @@ def leading_shape(sample: TensorSample) -> tuple[int, ...]:
 
 
 def batch_of(sample: TensorSample, batch: int, device: torch.device) -> tuple[object, object]:
-    """(inputs, target) of `batch` zero samples shaped as `sample`'s, on `device`."""
-    def zeros(value):
+    """(inputs, target) of `batch` zero samples shaped as `sample`'s, on `device`; with your
+    collate, zeros shaped as its batch of `batch` copies of the sample."""
+    def zeros(value, rows: tuple[int, ...] = (batch,)):
         dtype = torch.get_default_dtype() if value.is_floating_point() else value.dtype
-        return torch.zeros((batch, *value.shape), dtype=dtype, device=device)
+        return torch.zeros((*rows, *value.shape), dtype=dtype, device=device)
 
+    if sample.collate is not None:  # made on the CPU (outside a fake mode), then its shapes
+        with torch.device("cpu"), unset_fake_temporarily():
+            made = sample.collate([sample.raw] * batch)
+        if sample.target is None:
+            return each(made, lambda value: zeros(torch.as_tensor(value), ())), None
+        inputs, target = split(made)
+        return each(inputs, lambda value: zeros(torch.as_tensor(value), ())), \
+            zeros(torch.as_tensor(target), ())
     return each(sample.inputs, zeros), None if sample.target is None else zeros(sample.target)
 
 

@@ -25,7 +25,7 @@ def classification(device, num_classes: int, label_smoothing: float, model_name:
     top1 = top1_sums(num_classes, model_name)
 
     def to_device(batch, training: bool) -> Batch:
-        inputs, labels = batch
+        inputs, labels = tensors.split(batch)
         labels = torch.as_tensor(labels).to(device, torch.long, non_blocking=True)
         return Batch(tensors.moved(inputs, device), labels, labels)
 

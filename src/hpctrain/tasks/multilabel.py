@@ -26,7 +26,7 @@ def multilabel(device, model_name: str):
     from hpctrain.tasks.steps import Batch, Task, logits_of
 
     def to_device(batch, training: bool) -> Batch:
-        inputs, targets = batch
+        inputs, targets = tensors.split(batch)
         targets = torch.as_tensor(targets).to(device, torch.get_default_dtype(),
                                               non_blocking=True)
         return Batch(tensors.moved(inputs, device), targets, targets)

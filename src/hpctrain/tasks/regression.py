@@ -41,7 +41,7 @@ def regression(device, model_name: str):
     from hpctrain.tasks.steps import Batch, Task, logits_of
 
     def to_device(batch, training: bool) -> Batch:
-        inputs, targets = batch
+        inputs, targets = tensors.split(batch)
         targets = tensors.moved(torch.as_tensor(targets).to(torch.get_default_dtype()), device)
         return Batch(tensors.moved(inputs, device), targets, targets)
 

@@ -27,7 +27,7 @@ def segmentation(device, num_classes: int, model_name: str):
     from hpctrain.tasks.steps import Batch, Task, logits_of
 
     def to_device(batch, training: bool) -> Batch:
-        inputs, masks = batch
+        inputs, masks = tensors.split(batch)
         masks = torch.as_tensor(masks).to(device, torch.long, non_blocking=True)
         return Batch(tensors.moved(inputs, device), masks, masks)
 

@@ -13,6 +13,8 @@ torch is imported when a batch is moved, never when a recipe is read (`spec.py`)
 from __future__ import annotations
 
 KIND = "tensors"  # the data kind of these tasks (TaskSpec.data_kind)
+# the keys of a dict batch that hold its target (Hugging Face's collators say "labels")
+TARGET_KEYS = ("labels", "label", "targets", "target")
 
 
 def each(value, fn):
@@ -54,3 +56,25 @@ def call(model, inputs):
     if isinstance(inputs, (tuple, list)):
         return model(*inputs)
     return model(inputs)
+
+
+def split(batch) -> tuple[object, object]:
+    """(inputs, target) of a batch as your collate function made it: a pair; a tuple or list
+    of more, whose last is the target and the others the inputs (model(*inputs)); a dict
+    holding one of TARGET_KEYS, the rest its inputs (model(**rest)). A ValueError names
+    what else it is."""
+    if isinstance(batch, dict):
+        keys = [key for key in TARGET_KEYS if key in batch]
+        if len(keys) == 1 and len(batch) > 1:
+            return {k: v for k, v in batch.items() if k != keys[0]}, batch[keys[0]]
+        raise ValueError(f"a dict with the keys {', '.join(map(repr, batch))}: its target "
+                         f"needs one of the keys {', '.join(TARGET_KEYS)}")
+    if isinstance(batch, (tuple, list)) and len(batch) >= 2:
+        return (batch[0] if len(batch) == 2 else tuple(batch[:-1])), batch[-1]
+    raise ValueError(f"a {type(batch).__name__}, not (inputs, target) nor a dict with one of "
+                     f"the keys {', '.join(TARGET_KEYS)}")
+
+
+def row(inputs, target, index: int) -> tuple[object, object]:
+    """Sample `index` of a batch's (inputs, target), as a sample of (inputs, target)."""
+    return each(inputs, lambda tensor: tensor[index]), target[index]

@@ -16,7 +16,6 @@ from typing import NamedTuple
 
 import torch
 from torch import nn
-from torch.utils.data import default_collate
 
 from hpctrain import user_code
 from hpctrain.cluster.environment import detect, node_local_scratch
@@ -231,10 +230,11 @@ def _classes_from_output(model: nn.Module, config: Config, data: DataBundle,
 
 
 def _first_input(config: Config, data: DataBundle, device: torch.device):
-    """The model's input for the first validation sample, as a batch of one on `device`."""
+    """The model's input for the first validation sample, as a batch of one (made as the
+    loaders make batches) on `device`."""
     kind = config.data.kind_spec
-    inputs, targets = default_collate([
-        data.val_loader.dataset[kind.sample_key(config.data, 0)]])
+    inputs, targets = tensors.split(data.collate([
+        data.val_loader.dataset[kind.sample_key(config.data, 0)]]))
     return kind.batcher(device, config.data, False)(inputs, targets)[0]
 
 

@@ -37,6 +37,7 @@ def banner(parts, resume_from: Path | None) -> str:
         f"{c.train.grad_accum_steps}), "
         f"{parts.total_steps} steps, {parts.optimizer_note}",
     ]
+    lines += [f"  {note}" for note in parts.data.notes]
     if getattr(parts.model, "pretrained_note", None):
         lines.append(f"  weights: {parts.model.pretrained_note}")
     if env.world_size > 1:

@@ -38,7 +38,7 @@ def token_datasets(data) -> tuple[Dataset, Dataset, TokenPack]:
 def token_loaders(data, batch_size: int, seed: int, rank: int, world_size: int,
                   common: dict):
     """Blocks of a token stream (sampled like images), or documents batched by length."""
-    from hpctrain.data.loader import DataBundle, sample_loader
+    from hpctrain.data.loader import DataBundle, sample_loader, val_batch_size
 
     train_set, val_set, pack = token_datasets(data)
     shard = dict(rank=rank, world_size=world_size)
@@ -59,10 +59,11 @@ def token_loaders(data, batch_size: int, seed: int, rank: int, world_size: int,
                         f"(train.batch_size={batch_size} x {world_size} processes); lower the "
                         "batch size or the sequence length")
     val_sampler = EpochSampler(len(val_set), 0, shuffle=False, pad=True, **shard)
-    val_loader = sample_loader(data, val_set, val_sampler, batch_size * 2, False, 0,
-                               {**common, "collate_fn": collate}, between_passes=False)
+    val_loader = sample_loader(data, val_set, val_sampler, val_batch_size(data, batch_size),
+                               False, 0, {**common, "collate_fn": collate}, between_passes=False)
     answer = None
     if data.dataset == "arithmetic":
         answer = (ord(ANSWER_START), pack.eos_id)
     return DataBundle(train_loader, train_sampler, val_loader, val_sampler, None,
-                      common["num_workers"], pack.vocab_size, answer)
+                      common["num_workers"], pack.vocab_size, answer,
+                      **({"collate": collate} if collate else {}))

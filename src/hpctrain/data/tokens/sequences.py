@@ -16,13 +16,16 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
+from hpctrain.data.sampling import SampleKey
+
 
 class LengthBucketSampler(Sampler[list[int]]):
     """Batches of indices of similar length (see the module docstring); a batch sampler."""
 
     def __init__(self, lengths, batch_size: int, pool_batches: int = 50, shuffle: bool = True,
-                 seed: int = 0, rank: int = 0, world_size: int = 1):
+                 seed: int = 0, rank: int = 0, world_size: int = 1, keyed: bool = False):
         self.lengths = np.asarray(lengths)
+        self.keyed = keyed  # batches of SampleKeys, for a dataset that reseeds its workers
         self.batch_size, self.pool_batches = batch_size, pool_batches
         self.shuffle, self.seed = shuffle, seed
         self.rank, self.world_size = rank, world_size
@@ -52,7 +55,8 @@ class LengthBucketSampler(Sampler[list[int]]):
         return batches[:len(batches) - len(batches) % self.world_size]
 
     def __iter__(self):
-        yield from self.batches()[self.start + self.rank::self.world_size]
+        for batch in self.batches()[self.start + self.rank::self.world_size]:
+            yield [SampleKey(index, self.epoch, 0) for index in batch] if self.keyed else batch
 
     def __len__(self) -> int:
         return (len(self.batches()) - self.start) // self.world_size

@@ -1,0 +1,164 @@
+"""Your batches as you make them (issue 53): a variable-length text classifier with its own
+pad collate trains through hpctrain.fit and through a recipe, on one process and two, and
+`memory` and `profile` take it; samples of different shapes without a collate are one line
+(exit 2), before training or from a loader worker; bucketing by length on a classification
+task says the padding it saves; the evaluation batch is data.val_batch_size."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import hpctrain
+from hpctrain.errors import ConfigError, DataError
+
+FIXTURE = Path(__file__).parent / "fixtures" / "text_data.py"
+sys.path.insert(0, str(FIXTURE.parent))
+from text_data import (Sentences, TextClassifier, Uneven, hf_collate,  # noqa: E402
+                       pad_collate)
+
+QUICK = dict(train={"epochs": 2, "batch_size": 32}, optim={"name": "adamw", "lr": 0.003},
+             data={"num_workers": 0}, tensorboard=False, report=False)
+
+
+def _records(run_dir: str | Path, kind: str) -> list[dict]:
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    return [record for record in map(json.loads, lines) if record["kind"] == kind]
+
+
+@pytest.mark.parametrize("collate", [pad_collate, hf_collate])
+def test_your_collate_batches_variable_lengths_through_fit(tmp_path, collate):
+    """(inputs dict, labels) and Hugging Face's one dict with "labels": the model is called
+    with the padded ids and their attention mask, as the collate made them."""
+    torch.manual_seed(0)
+    summary = hpctrain.fit(TextClassifier(), Sentences(1024, 0), Sentences(256, 1),
+                           collate_fn=collate, output_dir=str(tmp_path), **QUICK)
+    assert summary["status"] == "completed" and summary["task"] == "classification"
+    assert summary["final_val_accuracy"] > 0.85
+    config = (Path(summary["run_dir"]) / "config.yaml").read_text()
+    assert f"collate: given:{collate.__name__}" in config
+
+
+def test_samples_of_different_lengths_without_a_collate_are_named(tmp_path, run_cli):
+    with pytest.raises(DataError) as caught:
+        hpctrain.fit(TextClassifier(), Sentences(512, 0), Sentences(256, 1),
+                     output_dir=str(tmp_path), **QUICK)
+    message = str(caught.value)
+    assert message.startswith("data.dataset: given:Sentences: train samples 0 and 256 differ "
+                              "in shape (inputs (24,) and (38,)), which torch's default "
+                              "collation cannot stack: give a collate function that pads")
+    assert "data.collate: file.py:pad" in message and "one shape in your dataset" in message
+    code, out, err = run_cli("run", str(_recipe(tmp_path)), "data.collate=null")
+    assert code == 2 and err.count("\n") == 1 and "differ in shape (inputs (" in err
+
+
+def test_a_batch_a_worker_cannot_stack_is_the_same_one_line(tmp_path):
+    """The samples checked before training (first, middle, last) are of one length, the
+    others not: the loader worker's failure reaches the run as that line, not torch's
+    traceback from the worker ("Trying to resize storage that is not resizable")."""
+    with pytest.raises(DataError) as caught:
+        hpctrain.fit(TextClassifier(), Uneven(512, 0), Uneven(256, 1), output_dir=str(tmp_path),
+                     **{**QUICK, "data": {"num_workers": 1}})
+    message = str(caught.value)
+    assert message.startswith("data.dataset: given:Uneven: two samples of a batch differ in "
+                              "shape (inputs (") and "\n" not in message
+    assert "Traceback" not in message and "worker" not in message
+
+
+def test_a_collate_whose_batch_has_no_target_is_named(tmp_path):
+    with pytest.raises(DataError, match=r"data.collate: given:ids_only made a batch that is a "
+                                        r"Tensor, not \(inputs, target\)"):
+        hpctrain.fit(TextClassifier(), Sentences(256, 0), Sentences(64, 1),
+                     collate_fn=ids_only, output_dir=str(tmp_path), task="classification",
+                     **QUICK)
+
+
+def ids_only(samples):
+    return pad_collate(samples)[0]["input_ids"]
+
+
+def test_bucketing_batches_a_classifier_by_length_and_says_the_padding_saved(tmp_path, capsys):
+    """data.bucketing on a classification task: batches of similar lengths, the padding of
+    an epoch's batches against random batches' in the banner; the dataset's `lengths`
+    spares reading every sample. The evaluation batch is data.val_batch_size."""
+    sizes = []
+
+    def counting(samples):
+        sizes.append(len(samples))
+        return pad_collate(samples)
+    torch.manual_seed(0)
+    summary = hpctrain.fit(TextClassifier(), Sentences(1024, 0, with_lengths=True),
+                           Sentences(256, 1), collate_fn=counting, output_dir=str(tmp_path),
+                           **{**QUICK, "data": {"num_workers": 0, "bucketing": True,
+                                                "val_batch_size": 50}})
+    out = capsys.readouterr().out
+    said = next(line for line in out.splitlines() if "data.bucketing:" in line)
+    bucketed, random = (float(part.split("%")[0].split()[-1]) for part in said.split("padding"))
+    assert bucketed < 10 < 30 < random
+    assert "lengths in" not in out  # the dataset said them
+    assert summary["status"] == "completed" and summary["final_val_accuracy"] > 0.85
+    assert sizes.count(50) == 2 * 5 and sizes.count(6) == 2  # 256 = 5 x 50 + 6, per evaluation
+    with pytest.raises(ConfigError, match="data.bucketing batches samples of different "
+                                          "lengths, which need a collate function"):
+        hpctrain.fit(TextClassifier(), Sentences(64, 0), Sentences(64, 1),
+                     output_dir=str(tmp_path), data={"bucketing": True})
+
+
+def _recipe(tmp_path: Path, *extra: str) -> Path:
+    recipe = tmp_path / "text.yaml"
+    recipe.write_text(textwrap.dedent(f"""\
+        name: text
+        task: classification
+        model: {{name: "{FIXTURE}:classifier"}}
+        data: {{dataset: "{FIXTURE}:sentences", collate: "{FIXTURE}:pad_collate",
+                num_workers: 0}}
+        optim: {{name: adamw, lr: 0.003}}
+        schedule: {{name: constant}}
+        train: {{epochs: 2, global_batch_size: 64}}
+        output_dir: {tmp_path / "runs"}
+        tensorboard: false
+        report: false
+        """) + "".join(f"{line}\n" for line in extra))
+    return recipe
+
+
+@pytest.mark.distributed
+def test_a_recipe_with_data_collate_trains_on_one_process_and_two(tmp_path):
+    """The same global batch on one process and split over two torchrun processes on gloo
+    (each rank pads its own share): the same validation figures."""
+    recipe = _recipe(tmp_path)
+    figures = {}
+    for processes in (1, 2):
+        command = [sys.executable, "-m", "hpctrain", "run", str(recipe), f"run_name=p{processes}"]
+        if processes > 1:
+            command[1:3] = ["-m", "torch.distributed.run", "--standalone",
+                            f"--nproc-per-node={processes}", "-m", "hpctrain"]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=240)
+        assert done.returncode == 0, done.stderr[-2000:]
+        figures[processes] = _records(tmp_path / "runs" / f"p{processes}", "eval")[-1]
+    assert figures[1]["val_accuracy"] > 0.85
+    assert figures[2]["val_accuracy"] == pytest.approx(figures[1]["val_accuracy"], abs=1 / 256)
+
+
+def test_memory_and_profile_take_a_recipe_with_your_collate(tmp_path, run_cli):
+    """memory's batch is your collate's batch of the longest sample read, said in its notes;
+    measured on the CPU, it is what was predicted."""
+    recipe = str(_recipe(tmp_path))
+    code, out, err = run_cli("memory", recipe, "device=cpu", "--gpu-memory", "1GiB",
+                             "--measure", "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    longest = max(len(Sentences(1024, 0)[i][0]) for i in (0, 512, 1023))
+    assert report["estimate"]["input_shape"] == [longest]
+    assert any(f"(length {longest}, the longest of samples 0, 512, 1023) made by data.collate"
+               in note for note in report["estimate"]["notes"])
+    assert abs(report["measured"]["relative_error"]) < 0.05
+    code, out, err = run_cli("profile", recipe, "--steps", "2", "--json")
+    assert code == 0, err
+    assert json.loads(out)["verdict"]["bound"]
