@@ -146,7 +146,7 @@ def test_a_recipe_with_data_collate_trains_on_one_process_and_two(tmp_path):
     assert figures[2]["val_accuracy"] == pytest.approx(figures[1]["val_accuracy"], abs=1 / 256)
 
 
-def test_memory_and_profile_take_a_recipe_with_your_collate(tmp_path, run_cli):
+def test_memory_profile_and_bench_data_take_a_recipe_with_your_collate(tmp_path, run_cli):
     """memory's batch is your collate's batch of the longest sample read, said in its notes;
     measured on the CPU, it is what was predicted."""
     recipe = str(_recipe(tmp_path))
@@ -162,3 +162,7 @@ def test_memory_and_profile_take_a_recipe_with_your_collate(tmp_path, run_cli):
     code, out, err = run_cli("profile", recipe, "--steps", "2", "--json")
     assert code == 0, err
     assert json.loads(out)["verdict"]["bound"]
+    code, out, err = run_cli("bench", "data", recipe, "--seconds", "0.3", "--workers", "1",
+                             "--prefetch", "2", "--json")
+    assert code == 0, err
+    assert json.loads(out)["best"]["samples_per_second"] > 0

@@ -25,6 +25,7 @@ from hpctrain.config import Config, load_config
 from hpctrain.bench import python_profile
 from hpctrain.data.batch_buffers import BufferedLoader
 from hpctrain.data.images.image_folders import ImageFolderDataset
+from hpctrain.data import batching
 from hpctrain.data.loader import build_datasets, usable_cpus, uses_buffers
 from hpctrain.data.sampling import EpochSampler
 from hpctrain.data.images.image_pack_dataset import ShardDataset, jpeg_decoder
@@ -168,7 +169,7 @@ def bench_data(recipe: str | None, overrides: list[str], workers: list[int] | No
         decoder=(jpeg_decoder() if isinstance(train_set, ShardDataset) else
                  "pil" if isinstance(train_set, ImageFolderDataset) else None),
         decode_one_core=decode_rate(train_set, min(seconds, 3.0)))
-    collate = kind.collate(config.data)
+    collate = batching.collate_for(config.data)
     buffers = uses_buffers(config.data, train_set)
     for count in workers or worker_grid(cores):
         for depth in prefetch:
