@@ -26,7 +26,7 @@ import torch
 
 from hpctrain.config import load_config
 from hpctrain.memory.estimate import estimate, output_width, resolve_target, step_spec
-from hpctrain.memory.sizes import fmt_bytes
+from hpctrain.units import fmt_bytes
 
 CASES = {  # name: (recipe, overrides)
     "gpt_124m": ("tiny-lm", ["model.name=hpctrain:gpt_124m", "data.tokens.seq_len=1024",

@@ -32,7 +32,7 @@ from torch.utils.checkpoint import checkpoint  # noqa: E402
 
 from hpctrain.memory.measure import allocator_step  # noqa: E402
 from hpctrain.memory.simulate import StepSpec, run_steps, simulate  # noqa: E402
-from hpctrain.memory.sizes import fmt_bytes  # noqa: E402
+from hpctrain.units import fmt_bytes  # noqa: E402
 from hpctrain.models.checkpointing import enable_activation_checkpointing  # noqa: E402
 
 

@@ -131,7 +131,7 @@ def test_a_run_is_named_after_the_running_script(monkeypatch):
     (lambda: hpctrain.fit(lambda x: x, Levels(10, 0)), ConfigError,
      "fit(model=...): a torch.nn.Module, not a function"),
     (lambda: hpctrain.fit(tiny_net(), 5), ConfigError,
-     "fit(train_data=...): a torch.utils.data.Dataset, not a int"),
+     "fit(train_data=...): a torch.utils.data.Dataset or DataLoader, not a int"),
     (lambda: hpctrain.fit(tiny_net(), Levels(10, 0), train={"epoch": 3}), ConfigError,
      "train.epoch"),
     (lambda: hpctrain.load_config(overrides="train.epochs=3"), ConfigError,

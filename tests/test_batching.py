@@ -33,9 +33,10 @@ def _records(run_dir: str | Path, kind: str) -> list[dict]:
 
 
 @pytest.mark.parametrize("collate", [pad_collate, hf_collate])
-def test_your_collate_batches_variable_lengths_through_fit(tmp_path, collate):
+def test_your_collate_batches_variable_lengths_through_fit(tmp_path, capsys, collate):
     """(inputs dict, labels) and Hugging Face's one dict with "labels": the model is called
-    with the padded ids and their attention mask, as the collate made them."""
+    with the padded ids and their attention mask, as the collate made them. A classifier's
+    evaluations record its validation loss; a text task's summary prints no image rows."""
     torch.manual_seed(0)
     summary = hpctrain.fit(TextClassifier(), Sentences(1024, 0), Sentences(256, 1),
                            collate_fn=collate, output_dir=str(tmp_path), **QUICK)
@@ -43,6 +44,11 @@ def test_your_collate_batches_variable_lengths_through_fit(tmp_path, collate):
     assert summary["final_val_accuracy"] > 0.85
     config = (Path(summary["run_dir"]) / "config.yaml").read_text()
     assert f"collate: given:{collate.__name__}" in config
+    losses = [record["val_loss"] for record in _records(summary["run_dir"], "eval")]
+    assert len(losses) == 2 and 0 < losses[1] < losses[0] < 0.7
+    printed = capsys.readouterr().out
+    assert "val_loss" in printed and "samples_per_second" in printed
+    assert "images_per_second" not in printed and "skipped_images" not in printed
 
 
 def test_samples_of_different_lengths_without_a_collate_are_named(tmp_path, run_cli):
@@ -72,7 +78,7 @@ def test_a_batch_a_worker_cannot_stack_is_the_same_one_line(tmp_path):
 
 
 def test_a_collate_whose_batch_has_no_target_is_named(tmp_path):
-    with pytest.raises(DataError, match=r"data.collate: given:ids_only made a batch that is a "
+    with pytest.raises(DataError, match=r"data.collate given:ids_only made a batch that is a "
                                         r"Tensor, not \(inputs, target\)"):
         hpctrain.fit(TextClassifier(), Sentences(256, 0), Sentences(64, 1),
                      collate_fn=ids_only, output_dir=str(tmp_path), task="classification",

@@ -22,7 +22,7 @@ from torch.utils.data import Dataset, Sampler
 
 import hpctrain
 from hpctrain.data.sampling import EpochSampler
-from hpctrain.errors import ConfigError, DataError
+from hpctrain.errors import ConfigError
 
 FIXTURE = Path(__file__).parent / "fixtures" / "lit_classifier.py"
 sys.path.insert(0, str(FIXTURE.parent))
@@ -172,16 +172,11 @@ def test_the_same_module_gives_lightning_s_loss_curve(tmp_path, module_class, ac
     assert summary["best_val_loss"] == min(r["val_loss"] for r in evals)
 
 
-class PaddingData(BlobData):
-    def train_dataloader(self):
-        return torch.utils.data.DataLoader(self.train, batch_size=8, collate_fn=list)
-
-
 def test_a_data_module_brings_the_datasets_through_fit_and_a_recipe(tmp_path, run_cli):
     """A LightningDataModule in fit's train_data, or as a recipe's data.dataset: its
-    prepare_data and setup run, hpctrain's loader batches the datasets its loaders read, and
-    the run is the one of those datasets given directly. A loader's own collate_fn, which
-    hpctrain's loader would not call, is refused."""
+    prepare_data and setup run, hpctrain's loader batches the datasets its loaders read as
+    they set it (tests/test_given_loaders.py), and the run is the one of those datasets
+    given directly with the same batch."""
     torch.manual_seed(0)
     module = LitClassifier()
     settings = dict(output_dir=str(tmp_path), **QUICK)
@@ -189,10 +184,6 @@ def test_a_data_module_brings_the_datasets_through_fit_and_a_recipe(tmp_path, ru
     through = hpctrain.fit(copy.deepcopy(module), BlobData(), run_name="dm", **settings)
     assert [r["loss"] for r in _records(through["run_dir"], "train")] == \
         [r["loss"] for r in _records(direct["run_dir"], "train")]
-    with pytest.raises(DataError) as refused:
-        hpctrain.fit(LitClassifier(), PaddingData(), **settings)
-    assert "PaddingData.train_dataloader() collates with its own list, which hpctrain's " \
-        "loader would not call" in str(refused.value)
     code, _, err = run_cli("run", str(_recipe(tmp_path)), f"data.dataset={FIXTURE}:BlobData")
     assert code == 0, err
 
@@ -366,9 +357,9 @@ class LogsItsLr(LitClassifier):
         return super().training_step(batch, batch_idx)
 
 
-class BringsLoaders(LitClassifier):
-    def train_dataloader(self):
-        return None
+class MovesItsBatches(LitClassifier):
+    def on_before_batch_transfer(self, batch, dataloader_idx):
+        return batch
 
 
 class LogsWhileConfiguring(LitClassifier):
@@ -422,9 +413,9 @@ class AsksTheTrainer(LitClassifier):
     (LogsAVector, "self.log('scores', ...) was given a tensor of shape (3,): hpctrain's "
                   "engine logs one number per name (or a torchmetrics Metric giving one)"),
     (LogsItsLr, "self.log('lr', ...): hpctrain records 'lr' itself in metrics.jsonl"),
-    (BringsLoaders, "overrides train_dataloader, which hpctrain's engine does not call "
-                    "(docs/lightning.md lists what it calls): move that work into the steps "
-                    "or the epoch hooks, and give the datasets to hpctrain.fit"),
+    (MovesItsBatches, "overrides on_before_batch_transfer, which hpctrain's engine does not "
+                      "call (docs/lightning.md lists what it calls): move that work into the "
+                      "steps or the epoch hooks, or train it with Lightning's Trainer"),
     (LogsWhileConfiguring, "self.log('configured', ...) outside the steps and the epoch "
                            "hooks"),
     (LogsTheMaximum, "self.log('peak', ..., reduce_fx='max'): hpctrain's engine reduces by "

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.report.series import read_run
+from hpctrain.units import fmt_bytes
 
 
 @pytest.fixture(scope="session")
@@ -90,7 +91,14 @@ def test_a_report_of_three_runs_one_of_them_resumed(tmp_path, run_cli, tiny, chr
     text = out.read_text()
     assert "Settings that differ" in text and "optim.lr" in text and "restarted at step 8" in text
     assert all(f"lr{lr}: train loss" in text for lr in ("0.05", "0.1", "0.2"))
-    assert seen["loss"] == 6 // 2 * 2 + 10 // 2  # points: 3 + 3 + 5 train losses
+    points = {"train loss": 0, "validation loss": 0}
+    for run in runs:
+        for curve in read_run(run).panels["loss"]:
+            if curve.label in points:
+                points[curve.label] += len(curve.points)
+    assert points["train loss"] == 6 // 2 * 2 + 10 // 2  # 3 + 3 + 5 train losses
+    assert points["validation loss"] > 0  # a classifier's evaluations record their loss
+    assert seen["loss"] == points["train loss"] + points["validation loss"]
 
 
 def test_report_refuses_what_is_not_a_run(tmp_path, run_cli):
@@ -108,8 +116,11 @@ def test_a_report_shows_the_memory_prediction_written_into_the_run(tmp_path, run
     assert code in (0, 3) and (run / "default-memory.json").is_file()
     assert run_cli("report", str(run))[0] == 0
     text = (run / "report.html").read_text()
-    assert f"peak allocated {predicted['peak_allocated_bytes'] / 2**20:,.0f} MiB" in text
+    assert f"peak allocated {fmt_bytes(predicted['peak_allocated_bytes'])}" in text
     assert "measured peak" in text and "host_rss" in text
+    measured = json.loads((run / "summary.json").read_text())["peak_memory_bytes"]
+    assert f"<td>{fmt_bytes(measured)}</td>" in text  # as the terminal's summary prints it
+    assert str(measured) not in text
 
 
 @pytest.mark.parametrize("points", [[(7, 2.3)], [(1, 2.3), (2, 2.1)], [(0, 1.0)]])
@@ -126,3 +137,12 @@ def test_a_run_that_logged_once_or_twice_shows_its_points_to_its_last_step(point
     assert labels and all(label.isdigit() for label in labels)
     if len(points) == 1:
         assert placed.points[0][1] == pytest.approx(TOP + (HEIGHT - TOP - BOTTOM) / 2)
+
+
+def test_each_figure_is_one_curve_of_the_report():
+    """A task's own curve for a figure every run draws (val_loss: a LightningModule's and,
+    since issue 53, a classifier's) drew its points twice, one line over the other."""
+    from hpctrain.report.series import CURVES
+
+    keys = [(kind, key) for _, _, kind, key in CURVES]
+    assert len(keys) == len(set(keys)), sorted(k for k in keys if keys.count(k) > 1)

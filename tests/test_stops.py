@@ -111,7 +111,9 @@ def test_ctrl_c_during_the_final_evaluation_is_interrupted_not_completed(tmp_pat
     run = tmp_path / "runs" / "ctrl-c"
     args = stripes(tiny, "ctrl-c", "data.kwargs.signal=SIGINT")
     code, _, err = run_cli("run", "default", *args, f"data.kwargs.at={CHECKED + 2 * VAL + 3}")
-    assert code == 130 and "interrupted" in err
+    assert code == 130 and "hpctrain: interrupted at step 60 of 60 (Ctrl-C stops at once; " \
+        f"checkpoint {run / 'checkpoints' / 'step_00000040'} is kept: the same command " \
+        "with resume=auto continues from it)" in err
     assert json.loads((run / "summary.json").read_text())["status"] == "interrupted"
     assert list_checkpoints(run / "checkpoints")[-1].name == "step_00000040"
     code, _, err = run_cli("run", "default", *args, "resume=auto")

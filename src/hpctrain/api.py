@@ -1,12 +1,13 @@
 """hpctrain from Python: `hpctrain.fit(model, train_data, val_data)` in a script or a notebook.
 
 fit trains on the same engine as `hpctrain run` and writes the same run directory; the model
-and datasets you hand it take the place of `model.name` and `data.dataset` (the run's
-config.yaml records them as `given:ClassName`). The script is the entry point under torchrun
-and a scheduler's launcher: every process runs it, builds its own model and datasets, and fit finds its rank from
-the launcher (DDP/FSDP as configured). A preemption signal or the time limit saves a
-checkpoint and ends the process with exit status 75, as `hpctrain run` does; the same command
-with `resume=auto` continues the run.
+and the datasets (or DataLoaders, or a LightningDataModule) you hand it take the place of
+`model.name` and `data.dataset` (the run's config.yaml records them as `given:ClassName`).
+The script is the entry point under torchrun and a scheduler's launcher: every process runs
+it, builds its own model and data, and fit finds its rank from the launcher (DDP/FSDP as
+configured). A preemption signal or the time limit saves a checkpoint and ends the process
+with exit status 75, as `hpctrain run` does; the same command with `resume=auto` continues
+the run.
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from torch import nn
-from torch.utils.data import Dataset, IterableDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from hpctrain import config as configuration
 from hpctrain import user_code
 from hpctrain.config import Config
+from hpctrain.data.given_loaders import is_loader, is_plain, like, own_collate
 from hpctrain.tasks import lightning
 from hpctrain.errors import ConfigError, Preempted
 
@@ -51,7 +53,8 @@ def _script_name() -> str:
     return stem or "fit"
 
 
-def fit(model: nn.Module, train_data: Dataset, val_data: Dataset | None = None,
+def fit(model: nn.Module, train_data: Dataset | DataLoader | None = None,
+        val_data: Dataset | DataLoader | None = None,
         config: Config | str | Path | None = None, collate_fn: Callable | None = None,
         **overrides) -> dict | None:
     """Train `model` on `train_data`, evaluating on `val_data`; the run's summary (as in
@@ -60,16 +63,18 @@ def fit(model: nn.Module, train_data: Dataset, val_data: Dataset | None = None,
     `config`: a Config (`hpctrain.load_config`), a recipe name or path, or None for
     hpctrain's defaults (not the shapes recipe `hpctrain run` trains); `overrides` as keyword
     arguments, as for load_config (`fit(model, data, precision="bf16", train={"epochs": 3})`).
-    The datasets are those a recipe's `data.dataset` factory returns (data/user_datasets.py),
-    or a LightningDataModule in `train_data` (the datasets its loaders read):
-    samples of images, point clouds, token blocks or tensors of any shape, and the training
+    The data are Datasets as a recipe's `data.dataset` factory returns them
+    (data/user_datasets.py), DataLoaders (their batch size, collate, order, drop_last and
+    workers kept: data/given_loaders.py), or a LightningDataModule in `train_data`; with none,
+    a LightningModule's own train_dataloader and val_dataloader, as Lightning's Trainer.fit.
+    Samples of images, point clouds, token blocks or tensors of any shape, and the training
     set may be a stream (data/streams.py). With `task: auto`, a LightningModule trains on its
     own steps (tasks/lightning.py), any other model on the task the first training sample
     picks (an image or other inputs with an integer label, or a float target: regression),
-    and the run says which. Without `val_data`, data.val_fraction (0.1 when unset) of `train_data`
-    is held out for validation, the same samples on every rank and every restart.
-    `collate_fn`: your function making a batch of a list of samples (padding them, with
-    lengths or masks), as a recipe's data.collate (data/batching.py).
+    and the run says which. Without `val_data`, data.val_fraction (0.1 when unset) of
+    `train_data` is held out for validation, the same samples on every rank and every
+    restart. `collate_fn`: your function making a batch of a list of samples (padding them,
+    with lengths or masks), as a recipe's data.collate (data/batching.py).
 
     Raises a UserError (ConfigError, DataError, ...; `.exit_code` as the command line's) for
     bad input, and SystemExit(75) when a stop signal or the time limit saved the run early.
@@ -77,20 +82,12 @@ def fit(model: nn.Module, train_data: Dataset, val_data: Dataset | None = None,
     started = time.perf_counter()
     if not isinstance(model, nn.Module):
         raise ConfigError(f"fit(model=...): a torch.nn.Module, not a {type(model).__name__}")
-    data_module = lightning.is_data_module(train_data)  # it brings its validation set
-    if data_module and val_data is not None:
-        raise ConfigError("fit(): a LightningDataModule brings its own validation set: give "
-                          "no val_data beside it")
-    for what, data in (("train_data", None if data_module else train_data),
-                       ("val_data", val_data)):
-        if data is not None and not hasattr(data, "__getitem__"):
-            raise ConfigError(f"fit({what}=...): a torch.utils.data.Dataset, not a "
-                              f"{type(data).__name__}")
     if collate_fn is not None and not callable(collate_fn):
         raise ConfigError(f"fit(collate_fn=...): a function of a list of samples, not a "
                           f"{type(collate_fn).__name__}")
+    brings_val = _check_data(model, train_data, val_data)
     references = {"model.name": user_code.given(type(model).__name__),
-                  "data.dataset": user_code.given(type(train_data).__name__),
+                  "data.dataset": user_code.given(_data_name(model, train_data)),
                   "model.kwargs": {}, "data.kwargs": {}}  # nothing to pass them to
     if collate_fn is not None:
         references["data.collate"] = user_code.given(_name_of(collate_fn))
@@ -99,12 +96,42 @@ def fit(model: nn.Module, train_data: Dataset, val_data: Dataset | None = None,
     config = configuration.with_settings(config, settings) if isinstance(config, Config) \
         else load_config(config, **settings)
     config = _task_from_samples(config, train_data, model, collate_fn)
-    if val_data is None and not data_module:
+    if val_data is None and not brings_val:
         train_data, val_data = _held_out(train_data, config)
     user_code.give(references["model.name"], lambda: model)
-    user_code.give(references["data.dataset"], lambda: train_data if data_module else
+    user_code.give(references["data.dataset"], lambda: lightning.own_loaders(model)
+                   if train_data is None else train_data if val_data is None else
                    (train_data, val_data))
     return _train(config, started)
+
+
+def _check_data(model: nn.Module, train_data, val_data) -> bool:
+    """Whether the data given bring their own validation set (a LightningDataModule, or no
+    data: a LightningModule's own loaders); a ConfigError for what fit does not take."""
+    if train_data is None:
+        if not lightning.is_lightning_module(model) or val_data is not None:
+            raise ConfigError("fit(): give train_data: a Dataset, a DataLoader or a "
+                              "LightningDataModule (a LightningModule may bring its own "
+                              "train_dataloader and val_dataloader instead)")
+        return True
+    if lightning.is_data_module(train_data):
+        if val_data is not None:
+            raise ConfigError("fit(): a LightningDataModule brings its own validation set: "
+                              "give no val_data beside it")
+        return True
+    for what, data in (("train_data", train_data), ("val_data", val_data)):
+        if data is not None and not (hasattr(data, "__getitem__") or is_loader(data)):
+            raise ConfigError(f"fit({what}=...): a torch.utils.data.Dataset or DataLoader, "
+                              f"not a {type(data).__name__}")
+    return False
+
+
+def _data_name(model: nn.Module, train_data) -> str:
+    """What config.yaml records as data.dataset: the dataset's class (a DataLoader's), the
+    DataModule's, or the LightningModule's own loaders."""
+    if train_data is None:
+        return f"{type(model).__name__}.train_dataloader"
+    return type(train_data.dataset if is_loader(train_data) else train_data).__name__
 
 
 def _name_of(function) -> str:
@@ -122,6 +149,9 @@ def _task_from_samples(config: Config, train_data: Dataset, model: nn.Module,
 
     if config.task.name == "auto" and lightning.is_lightning_module(model):
         return configuration.with_settings(config, {"task.name": lightning.SPEC.name})
+    if is_loader(train_data):  # its dataset, batched by its collate
+        collate_fn = collate_fn or own_collate(train_data)
+        train_data = train_data.dataset
     if config.task.name != "auto" or not hasattr(train_data, "__getitem__") or \
             isinstance(train_data, IterableDataset):  # a stream, a LightningDataModule
         return config
@@ -156,9 +186,19 @@ class _Part(Dataset):
         return self.dataset[self.indices[index]]
 
 
-def _held_out(train_data: Dataset, config: Config) -> tuple[Dataset, Dataset]:
+def _held_out(train_data: Dataset | DataLoader, config: Config) -> tuple:
+    """(train, val): data.val_fraction of the training set held out; of a DataLoader's
+    dataset, the training part in a DataLoader set as it was."""
     from hpctrain.data.splits import hold_out
 
+    if is_loader(train_data):
+        if not is_plain(train_data):
+            raise ConfigError(f"fit(): train_data is a DataLoader with its own "
+                              f"{type(train_data.sampler).__name__}, which draws from the "
+                              "whole dataset: give val_data, as hpctrain would hold some of "
+                              "it out")
+        train, val = _held_out(train_data.dataset, config)
+        return like(train_data, train), val
     if isinstance(train_data, IterableDataset):
         raise ConfigError("fit(): train_data is a stream (an IterableDataset), which has no "
                           "samples to hold out: give val_data, a map-style Dataset")

@@ -30,8 +30,10 @@ from hpctrain.data.loader import build_datasets, usable_cpus, uses_buffers
 from hpctrain.data.sampling import EpochSampler
 from hpctrain.data.images.image_pack_dataset import ShardDataset, jpeg_decoder
 from hpctrain.data.streams import Stream
+from hpctrain.data.user_datasets import loader_settings
 from hpctrain.errors import DataError
 from hpctrain.parallel.processes import per_device_batch
+from hpctrain.train.your_loaders import with_your_loaders
 
 GOOD_ENOUGH = 0.95  # the smallest setting within 5 % of the best is the one to use
 HEADROOM = 1.2  # a loader less than 20 % faster than the model stalls it on a slow batch
@@ -154,7 +156,7 @@ def bench_data(recipe: str | None, overrides: list[str], workers: list[int] | No
                prefetch: list[int] = (2, 4), seconds: float = 5.0, with_model: bool = False,
                model_steps: int = 30, processes_per_node: int = 1,
                python: bool = False) -> DataBench:
-    config = load_config(recipe, overrides)
+    config = with_your_loaders(load_config(recipe, overrides))  # your DataLoader's batch
     kind = config.data.kind_spec
     train_set, _, num_classes = build_datasets(config.data, config.seed,
                                                scratch=node_local_scratch())
@@ -169,7 +171,9 @@ def bench_data(recipe: str | None, overrides: list[str], workers: list[int] | No
         decoder=(jpeg_decoder() if isinstance(train_set, ShardDataset) else
                  "pil" if isinstance(train_set, ImageFolderDataset) else None),
         decode_one_core=decode_rate(train_set, min(seconds, 3.0)))
-    collate = batching.collate_for(config.data)
+    given = loader_settings(config.data, config.seed)[0] if config.data.from_user_code \
+        else None  # your DataLoader's collate
+    collate = batching.collate_for(config.data, given)
     buffers = uses_buffers(config.data, train_set)
     for count in workers or worker_grid(cores):
         for depth in prefetch:

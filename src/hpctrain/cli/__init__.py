@@ -94,6 +94,9 @@ def main(argv: list[str] | None = None, own_process: bool = False) -> int:
     finally:
         if trains:
             release_early()
+        made = sys.modules.get("hpctrain.data.user_datasets")  # a verb that read your data
+        if made is not None:  # (only those import it: the others stay without torch)
+            made.forget_made()  # the next verb in this process makes it again
 
 
 def _dispatch(args, release_held: Callable[[], None] | None = None) -> int:
@@ -109,8 +112,9 @@ def _dispatch(args, release_held: Callable[[], None] | None = None) -> int:
     except Preempted as stop:
         stop.tell()
         return stop.exit_code
-    except KeyboardInterrupt:
-        print("hpctrain: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as interrupt:  # a run's says its step and what it keeps
+        print("hpctrain: interrupted" + (f" {interrupt}" if str(interrupt) else ""),
+              file=sys.stderr)
         return ExitCode.INTERRUPTED
     except Exception:  # a bug: its traceback, and the code that says so
         traceback.print_exc()

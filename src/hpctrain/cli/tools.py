@@ -187,8 +187,10 @@ def cmd_memory(args) -> int:
     from hpctrain.memory.estimate import estimate, resolve_target
     from hpctrain.memory.estimate_report import document, text_report, write_picture
     from hpctrain.runs.directory import MEMORY_PREDICTION
+    from hpctrain.train.your_loaders import with_your_loaders
     from hpctrain.writers import write_whole
 
+    config = with_your_loaders(config)  # the batch your DataLoader makes
     env = detect()
     per_copy = config.parallel.tensor * config.parallel.pipeline  # one model copy at least
     world = max(env.world_size, per_copy) if args.world_size is None else args.world_size
@@ -236,7 +238,7 @@ def cmd_memory(args) -> int:
 
 def _print_batch_search(search, capacity: int) -> None:
     """`memory --find-batch-size`'s trials, the largest batch and the settings for it."""
-    from hpctrain.memory.sizes import fmt_bytes
+    from hpctrain.units import fmt_bytes
 
     limit = f", {fmt_bytes(capacity)} emulated by counting storages" \
         if search.device == "cpu" else ""

@@ -187,8 +187,10 @@ def from_defaults(overrides: list[str] = (), settings: dict | None = None) -> Co
 
 
 def with_settings(config: Config, settings: dict) -> Config:
-    """`config` with `settings` (as for load_config) applied and validated again."""
-    return _validated(config.model_dump(mode="json"), _changes(settings), "the configuration")
+    """`config` with `settings` (as for load_config) applied and validated again; what the
+    user set stays told (`Config.told`), the settings' keys are told too."""
+    return _validated(config.model_dump(mode="json"), _changes(settings), "the configuration",
+                      config.told_keys)
 
 
 def _changes(settings: dict | None, overrides: list[str] = ()) -> list[tuple[list[str], Any,
@@ -199,10 +201,12 @@ def _changes(settings: dict | None, overrides: list[str] = ()) -> list[tuple[lis
             *((*parse_override(text), text) for text in overrides)]
 
 
-def _validated(tree: dict, changes: list[tuple[list[str], Any, str]], source: str) -> Config:
+def _validated(tree: dict, changes: list[tuple[list[str], Any, str]], source: str,
+               told: frozenset[str] | None = None) -> Config:
     """`tree` with the changes (keys, value, as told) applied, as a Config. A file path that
     names user code is read from the current directory; a per-device train.batch_size
-    replaces the recipe's global one."""
+    replaces the recipe's global one. `told`: the keys the user set (None: the tree's)."""
+    told = set(flatten(tree) if told is None else told)
     for keys, value, text in changes:
         if isinstance(value, str) and (".".join(keys) in CODE_KEYS or
                                        ".".join(keys[:-1]) + ".*" in CODE_KEYS):
@@ -215,9 +219,11 @@ def _validated(tree: dict, changes: list[tuple[list[str], Any, str]], source: st
         source += " with overrides " + " ".join(
             text if len(text) <= 80 else text[:77] + "..." for _, _, text in changes)
     try:
-        return Config.model_validate(tree)
+        config = Config.model_validate(tree)
     except ValidationError as err:
         raise _explain(err, source) from None
+    config._told = frozenset(told | changed)
+    return config
 
 
 def flatten(tree: dict, prefix: str = "") -> dict:

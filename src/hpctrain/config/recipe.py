@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from hpctrain.config.base import plain_name
 from hpctrain.sections import Auto, Section
@@ -113,6 +113,19 @@ class Config(Section):
             raise ValueError(f"{what}: optim.ema would evaluate a copy beside the module "
                              "whose hooks run; keep an EMA in the module (Lightning's "
                              "WeightAveraging callback's work) or train without it")
+
+    _told: frozenset[str] = PrivateAttr(frozenset())  # set by config/loading.py
+
+    @property
+    def told_keys(self) -> frozenset[str]:
+        """The dotted keys the recipe, the settings and the overrides set."""
+        return self._told
+
+    def told(self, key: str) -> bool:
+        """Whether the recipe, the settings or the overrides set `key` ("train.batch_size"),
+        rather than hpctrain's default: where your DataLoader sets the same, the one you
+        told hpctrain wins."""
+        return key in self.told_keys
 
     @property
     def task_spec(self) -> tasks.TaskSpec:

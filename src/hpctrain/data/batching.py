@@ -37,13 +37,25 @@ def user_collate(data) -> Callable | None:
     return user_code.load(data.collate, "data.collate") if data.collate else None
 
 
-def collate_for(data) -> Callable | None:
-    """The collate function the run's loaders batch with: yours, or torch's default for your
-    own samples, each checked (CheckedCollate); hpctrain's datasets' own kind's (None:
-    torch's default)."""
+def yours(data, given=None) -> tuple[Callable, str] | None:
+    """(your collate function, its name in messages): data.collate, else the one your
+    DataLoader sets (`given`: given_loaders.LoaderSettings); None: torch's default."""
+    if data.collate:
+        return user_collate(data), f"data.collate {data.collate}"
+    collate = getattr(given, "collate", None)
+    if collate is not None:
+        return collate, f"your DataLoader's collate_fn {getattr(collate, '__name__', '')}"
+    return None
+
+
+def collate_for(data, given=None) -> Callable | None:
+    """The collate function the run's loaders batch with: yours (`yours`), or torch's
+    default for your own samples, each checked (CheckedCollate); hpctrain's datasets' own
+    kind's (None: torch's default)."""
     if not data.from_user_code:
         return data.kind_spec.collate(data)
-    return CheckedCollate(user_collate(data) or default_collate, data.dataset, data.collate)
+    collate, name = yours(data, given) or (default_collate, None)
+    return CheckedCollate(collate, data.dataset, name)
 
 
 def shape_of(value):
@@ -86,7 +98,7 @@ def uneven(what: str, samples: tuple, reference: str, collate: str | None,
         said = f"{_said(shapes[0])} and {_said(shapes[1])}"
     if collate:
         return DataError(f"data.dataset: {reference}: {what} differ in shape ({said}), and "
-                         f"your data.collate {collate} raised {user_code.why(err)}")
+                         f"{collate} raised {user_code.why(err)}")
     return DataError(f"data.dataset: {reference}: {what} differ in shape ({said}), which "
                      f"torch's default collation cannot stack: {HOW_TO_PAD}")
 
@@ -111,15 +123,17 @@ class CheckedCollate:
                          self.reference, self.collate_reference, err) from None
 
 
-def batched_rows(read: list[tuple[int, object]], split: str, data) -> list[tuple[int, object]]:
+def batched_rows(read: list[tuple[int, object]], split: str, data,
+                 collate: tuple[Callable, str] | None) -> list[tuple[int, object]]:
     """The samples read of a split ((index, sample) pairs) batched once as training will;
-    with your collate, its batch's rows as (inputs, target) samples, for the sample checks
-    (the samples themselves are your collate's business). A DataError for samples that
-    cannot be batched (shapes that differ, named) or a batch without a target."""
-    reference, mine = data.dataset, data.collate
+    with your `collate` (`yours`), its batch's rows as (inputs, target) samples, for the
+    sample checks (the samples themselves are your collate's business). A DataError for
+    samples that cannot be batched (shapes that differ, named) or a batch without a
+    target."""
+    reference, mine = data.dataset, collate[1] if collate else None
     indices, samples = [index for index, _ in read], [sample for _, sample in read]
     try:
-        batch = (user_collate(data) or default_collate)(samples)
+        batch = (collate[0] if collate else default_collate)(samples)
     except Exception as err:  # your collate, or torch's stacking
         pair = differing(samples)
         if pair is not None:
@@ -127,7 +141,7 @@ def batched_rows(read: list[tuple[int, object]], split: str, data) -> list[tuple
                          tuple(samples[p] for p in pair), reference, mine, err) from None
         if not mine:
             raise
-        raise DataError(f"data.collate: {mine} cannot batch {split} samples "
+        raise DataError(f"{mine} cannot batch {split} samples "
                         f"{', '.join(map(str, indices))} of {reference}: "
                         f"{user_code.why(err)}") from None
     if not mine or data.targets == "any":  # a LightningModule's step takes the batch whole
@@ -135,11 +149,11 @@ def batched_rows(read: list[tuple[int, object]], split: str, data) -> list[tuple
     try:
         inputs, target = tensors.split(batch)
     except ValueError as err:
-        raise DataError(f"data.collate: {mine} made a batch that is {err}; make it (inputs, "
+        raise DataError(f"{mine} made a batch that is {err}; make it (inputs, "
                         "target), or a dict with a 'labels' key") from None
     rows = len(target) if hasattr(target, "__len__") else 0
     if rows != len(samples):
-        raise DataError(f"data.collate: {mine} made a batch of {len(samples)} {split} samples "
+        raise DataError(f"{mine} made a batch of {len(samples)} {split} samples "
                         f"whose target is {_said(shape_of(target))}: one target per sample")
     return [(index, tensors.row(inputs, target, position))
             for position, index in enumerate(indices)]

@@ -10,6 +10,7 @@ device and normalises them there in one batched operation.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from collections.abc import Callable
@@ -21,10 +22,11 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, default_colla
 
 from hpctrain.data import batching
 from hpctrain.data.batch_buffers import BufferedLoader
+from hpctrain.data.given_loaders import LoaderSettings, SharedSampler, kept_notes
 from hpctrain.data.sampling import EpochSampler
 from hpctrain.data.streams import Stream
 from hpctrain.data.tokens.sequences import LengthBucketSampler
-from hpctrain.data.user_datasets import user_datasets
+from hpctrain.data.user_datasets import loader_settings, user_datasets
 from hpctrain.data.worker_signals import SignalSafeLoader
 from hpctrain.errors import ConfigError, DataError, DeviceError
 
@@ -86,12 +88,56 @@ def build_data(data, batch_size: int, seed: int, device: torch.device,
                stop_signals: tuple[str, ...] = ("SIGUSR1",),
                scratch: Path | None = None) -> DataBundle:
     """Loaders for this rank's share of the data (see `EpochSampler`), the kind's own where
-    it has them; their workers leave SIGTERM and `stop_signals` to the training process
-    (worker_signals.py). `scratch`: the job's node-local folder (data.cache=auto)."""
+    it has them, keeping what your DataLoaders set (given_loaders.py); their workers leave
+    SIGTERM and `stop_signals` to the training process (worker_signals.py). `scratch`: the
+    job's node-local folder (data.cache=auto)."""
     if data.decode == "gpu" and device.type != "cuda":
         raise DeviceError(f"data.decode=gpu decodes with nvJPEG on a CUDA device, but this "
                           f"run is on {device}: set data.decode=cpu")
     workers = resolve_num_workers(data.num_workers, processes_per_node)
+    common = _loader_options(data, device, workers, seed, stop_signals)
+    kind = data.kind_spec
+    own = kind.loaders(data, batch_size, seed, rank, world_size, common)
+    if own is not None:
+        return own
+    train_set, val_set, num_classes = build_datasets(data, seed, rank, scratch)
+    # your own token data: blocks of ids, stacked; the third figure is the vocabulary
+    num_classes, vocab_size = (None, num_classes) if kind.vocabulary else (num_classes, None)
+    given, given_val = loader_settings(data, seed) if data.from_user_code else (None, None)
+    if given is not None and workers > 0:  # your workers' own start
+        common["worker_init_fn"] = given.worker_init_fn
+        if given.start_method and data.worker_start == "auto":
+            common["multiprocessing_context"] = given.start_method
+    shard = dict(rank=rank, world_size=world_size)
+    val_size = data.val_image_size or data.image_size
+    val_sampler = EpochSampler(len(val_set), val_size, shuffle=False, pad=True, **shard)
+    val_batch = val_batch_size(data, batch_size)
+    val_loader = sample_loader(
+        data, val_set, val_sampler, val_batch, given_val is not None and given_val.drop_last,
+        val_size, {**common, "collate_fn": batching.collate_for(data, given_val or given)},
+        between_passes=False)
+    common["collate_fn"] = batching.collate_for(data, given)
+    bundle = functools.partial(
+        DataBundle, val_loader=val_loader, val_sampler=val_sampler, num_classes=num_classes,
+        num_workers=workers, vocab_size=vocab_size,
+        collate=common["collate_fn"] or default_collate,
+        notes=kept_notes(given, given_val, batch_size, val_batch, world_size))
+    if isinstance(train_set, IterableDataset):  # your own stream (streams.py)
+        stream = Stream(train_set, data.dataset, rank, world_size, batch_size, seed)
+        # fresh workers each epoch: they take the stream's epoch and skip with them
+        train_loader = SignalSafeLoader(stream, batch_size=batch_size, drop_last=True,
+                                        **{**common, "persistent_workers": False})
+        return bundle(train_loader, stream)
+    train_loader, train_sampler, notes = _train_loader(data, train_set, batch_size, seed,
+                                                       shard, common, given)
+    made = bundle(train_loader, train_sampler)
+    return dataclasses.replace(made, notes=made.notes + notes)
+
+
+def _loader_options(data, device: torch.device, workers: int, seed: int,
+                    stop_signals: tuple[str, ...]) -> dict:
+    """What every loader of the run is made with: workers, pinned memory, their stop
+    signals and their generator."""
     pin = device.type == "cuda" if data.pin_memory == "auto" else data.pin_memory
     # the loaders' own generator: making an iterator draws a seed for its workers, which from
     # torch's global generator would shift the draws of dropout and device augmentation when a
@@ -103,45 +149,34 @@ def build_data(data, batch_size: int, seed: int, device: torch.device,
                       prefetch_factor=data.prefetch_factor)
         if data.worker_start != "auto":
             common["multiprocessing_context"] = data.worker_start
-    kind = data.kind_spec
-    own = kind.loaders(data, batch_size, seed, rank, world_size, common)
-    if own is not None:
-        return own
-    train_set, val_set, num_classes = build_datasets(data, seed, rank, scratch)
-    # your own token data: blocks of ids, stacked; the third figure is the vocabulary
-    num_classes, vocab_size = (None, num_classes) if kind.vocabulary else (num_classes, None)
-    common["collate_fn"] = batching.collate_for(data)
-    shard = dict(rank=rank, world_size=world_size)
-    val_size = data.val_image_size or data.image_size
-    val_sampler = EpochSampler(len(val_set), val_size, shuffle=False, pad=True, **shard)
-    val_loader = sample_loader(data, val_set, val_sampler, val_batch_size(data, batch_size),
-                               False, val_size, common, between_passes=False)
-    bundle = functools.partial(DataBundle, val_loader=val_loader, val_sampler=val_sampler,
-                               num_classes=num_classes, num_workers=workers,
-                               vocab_size=vocab_size,
-                               collate=common["collate_fn"] or default_collate)
-    if isinstance(train_set, IterableDataset):  # your own stream (streams.py)
-        stream = Stream(train_set, data.dataset, rank, world_size, batch_size, seed)
-        # fresh workers each epoch: they take the stream's epoch and skip with them
-        train_loader = SignalSafeLoader(stream, batch_size=batch_size, drop_last=True,
-                                        **{**common, "persistent_workers": False})
-        return bundle(train_loader, stream)
-    if len(train_set) < batch_size * world_size:
+    return common
+
+
+def _train_loader(data, train_set: Dataset, batch_size: int, seed: int, shard: dict,
+                  common: dict, given: LoaderSettings | None) -> tuple:
+    """(loader, sampler, what the banner says of it) of a map-style training set: batched by
+    length (data.bucketing), in your DataLoader's order (its own sampler, shuffled or in
+    order), else shuffled by hpctrain's sampler."""
+    drop_last = given.drop_last if given is not None else True
+    if drop_last and len(train_set) < batch_size * shard["world_size"]:
         raise DataError(f"the training set has {len(train_set)} samples, fewer than one batch "
-                        f"(train.batch_size={batch_size} x {world_size} processes); lower the "
-                        "batch size")
+                        f"(train.batch_size={batch_size} x {shard['world_size']} processes); "
+                        "lower the batch size")
     if data.bucketing:  # your own samples of different lengths, batched by length
-        train_sampler = LengthBucketSampler(
-            batching.lengths_of(train_set.dataset, data.dataset, rank), batch_size, seed=seed,
-            keyed=True, **shard)
-        train_loader = SignalSafeLoader(train_set, batch_sampler=train_sampler, **common)
-        return bundle(train_loader, train_sampler, notes=(bucketing_note(train_sampler),))
-    train_sampler = EpochSampler(len(train_set), data.image_size, shuffle=True, seed=seed,
-                                 **shard)
-    largest = max(kind.image_sizes(data), default=data.image_size)  # images' only
-    train_loader = sample_loader(data, train_set, train_sampler, batch_size, True, largest,
-                                 common, between_passes=True)
-    return bundle(train_loader, train_sampler)
+        sampler = LengthBucketSampler(
+            batching.lengths_of(train_set.dataset, data.dataset, shard["rank"]), batch_size,
+            seed=seed, keyed=True, **shard)
+        return SignalSafeLoader(train_set, batch_sampler=sampler, **common), sampler, \
+            (bucketing_note(sampler),)
+    if given is not None and given.sampler is not None:  # drawn alike on every rank
+        sampler = SharedSampler(given.sampler, seed, **shard)
+        return SignalSafeLoader(train_set, batch_size=batch_size, sampler=sampler,
+                                drop_last=drop_last, **common), sampler, ()
+    sampler = EpochSampler(len(train_set), data.image_size, seed=seed,
+                           shuffle=given.shuffle if given is not None else True, **shard)
+    largest = max(data.kind_spec.image_sizes(data), default=data.image_size)  # images' only
+    return sample_loader(data, train_set, sampler, batch_size, drop_last, largest, common,
+                         between_passes=True), sampler, ()
 
 
 def bucketing_note(sampler: LengthBucketSampler) -> str:

@@ -1,7 +1,8 @@
 """Your own datasets: `data.dataset: package.module:make` or `path/to/file.py:make`.
 
 The factory returns the training and validation `torch.utils.data.Dataset`s, as a pair or as
-{"train": ..., "val": ...}, or a LightningDataModule (the datasets its loaders read);
+{"train": ..., "val": ...}, or their DataLoaders, or a LightningDataModule (whose loaders'
+batch size, collate, order, drop_last and workers are kept: given_loaders.py);
 `data.kwargs` are passed to it, and so are the facts it names as
 parameters: `path` (data.path), `image_size`, `seed` and the data kinds' own (`num_points`,
 `seq_len`). `data` is the recipe's data section (settings.DataConfig, not imported here: the
@@ -37,11 +38,11 @@ from collections.abc import Sized
 
 import numpy as np
 import torch
-from torch.utils.data import (Dataset, IterableDataset, default_collate, default_convert,
-                              get_worker_info)
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from hpctrain import user_code
-from hpctrain.data.batching import batched_rows
+from hpctrain.data.batching import batched_rows, yours
+from hpctrain.data.given_loaders import LoaderSettings, is_loader, settings_of
 from hpctrain.data.streams import first_items
 from hpctrain.errors import DataError, UserError
 from hpctrain.seeding import seed_worker
@@ -71,20 +72,51 @@ class ByIndex(Dataset):
         return self.dataset[int(key)]
 
 
+_MADE: dict[str, tuple] = {}  # "made": (factory, its arguments, what was made of it)
+
+
+def made_data(data, seed: int) -> tuple[Dataset, Dataset, LoaderSettings | None,
+                                         LoaderSettings | None]:
+    """(train, val, and where they came in DataLoaders, what those set) of the factory
+    data.dataset names. Made once for the same factory and arguments until `forget_made`
+    (a run's end, a verb's end): hpctrain asks for the loaders' settings before it builds
+    the data, and a LightningDataModule's prepare_data and setup run once, as under
+    Lightning."""
+    reference = data.dataset
+    factory = user_code.load(reference, "data.dataset")
+    arguments = (reference, seed, repr(sorted(data.kwargs.items())),
+                 repr(sorted(data.factory_facts(seed).items())))
+    kept = _MADE.get("made")
+    if kept is None or kept[0] is not factory or kept[1] != arguments:
+        made = user_code.call_factory(factory, "data.dataset", reference,
+                                      data.factory_facts(seed), data.kwargs)
+        _MADE["made"] = kept = (factory, arguments, _train_and_val(made, reference))
+    return kept[2]
+
+
+def forget_made() -> None:
+    """The next made_data calls the factory again (its files may have changed since)."""
+    _MADE.clear()
+
+
+def loader_settings(data, seed: int) -> tuple[LoaderSettings | None, LoaderSettings | None]:
+    """What your training and validation DataLoaders set (None: you gave a Dataset)."""
+    return made_data(data, seed)[2:]
+
+
 def user_datasets(data, seed: int, rank: int = 0) -> tuple[Dataset, Dataset, int]:
     """(train, val, number of classes) from the factory data.dataset names, checked; `rank`:
     the data-parallel rank, which the workers' seeds derive from."""
     reference = data.dataset
-    factory = user_code.load(reference, "data.dataset")
     kind = data.kind_spec
-    facts = data.factory_facts(seed)
-    made = user_code.call_factory(factory, "data.dataset", reference, facts, data.kwargs)
-    train, val = _train_and_val(made, reference)
+    train, val, *settings = made_data(data, seed)
+    collates = [yours(data, given) for given in settings]  # yours, or None
     # a few samples of each split, read once (a dataset may count what is drawn from it)
     read = {split: list(_some_samples(dataset, split, reference))
             for split, dataset in (("train", train), ("val", val))}
-    if data.collate:  # the samples are your collate's: the rows of its batch are checked
-        read = {split: batched_rows(samples, split, data) for split, samples in read.items()}
+    if collates[0]:  # the samples are your collate's: the rows of its batch are checked
+        read = {split: batched_rows(samples, split, data, collate)
+                for (split, samples), collate in zip(read.items(), collates)}
     if kind.vocabulary:
         num_classes = _vocabulary_of(train, data, reference)
     elif data.targets == "any":  # a LightningModule's steps take the samples as they are
@@ -98,23 +130,30 @@ def user_datasets(data, seed: int, rank: int = 0) -> tuple[Dataset, Dataset, int
     if num_classes is not None:  # then the labels against the classes (tokens: the ids)
         for split, samples in read.items():
             check_samples(samples, split, reference, data, num_classes)
-    if not data.collate:  # samples of one shape, which torch's collation can stack
+    if not collates[0]:  # samples of one shape, which torch's collation can stack
         for split, samples in read.items():
-            batched_rows(samples, split, data)
+            batched_rows(samples, split, data, None)
     # a stream is wrapped where the loader is made (streams.py): it needs the layout
     return train if isinstance(train, IterableDataset) else ByIndex(train, seed, rank), \
         ByIndex(val, seed, rank), num_classes
 
 
-def _train_and_val(made, reference: str) -> tuple[Dataset, Dataset]:
+def _train_and_val(made, reference: str) -> tuple[Dataset, Dataset, LoaderSettings | None,
+                                                 LoaderSettings | None]:
+    """(train, val, their loaders' settings) of what the factory made: two datasets, two
+    DataLoaders (what they set kept, given_loaders.py), or a LightningDataModule."""
     if is_data_module(made):
         made = _of_data_module(made, reference)
     if isinstance(made, dict) and set(made) == {"train", "val"}:
         made = (made["train"], made["val"])
     if not (isinstance(made, (tuple, list)) and len(made) == 2):
         raise DataError(f"data.dataset: {reference} returned {_what(made)}; return the "
-                        "training and validation datasets: (train, val) or "
-                        "{'train': ..., 'val': ...}")
+                        "training and validation datasets (or DataLoaders): (train, val) or "
+                        "{'train': ..., 'val': ...}, or a LightningDataModule")
+    settings = [settings_of(part, f"data.dataset: {reference}: the {split} DataLoader",
+                            validation=split == "val") if is_loader(part) else None
+                for split, part in zip(("train", "val"), made)]
+    made = [part.dataset if is_loader(part) else part for part in made]
     for split, dataset in zip(("train", "val"), made):
         if isinstance(dataset, IterableDataset):
             if split == "val":
@@ -129,31 +168,22 @@ def _train_and_val(made, reference: str) -> tuple[Dataset, Dataset]:
                             "__len__)")
         if len(dataset) == 0:
             raise DataError(f"data.dataset: the {split} dataset of {reference} is empty")
-    return made[0], made[1]
+    return made[0], made[1], settings[0], settings[1]
 
 
-def _of_data_module(module, reference: str) -> tuple[Dataset, Dataset]:
-    """The training and validation datasets of a LightningDataModule, after its
-    prepare_data() and setup("fit"): those its DataLoaders read. hpctrain's own loader batches
-    them (train.batch_size, its sampler, data.num_workers), so a DataLoader's own collate_fn,
-    which that loader would not call, is refused."""
+def _of_data_module(module, reference: str) -> tuple:
+    """The training and validation DataLoaders of a LightningDataModule, after its
+    prepare_data() and setup("fit"), as Lightning's Trainer.fit calls them."""
     module.prepare_data()
     module.setup("fit")
-    datasets = []
+    loaders = []
     for hook in ("train_dataloader", "val_dataloader"):
         loader = getattr(module, hook)()
-        dataset = getattr(loader, "dataset", None)
-        if not isinstance(dataset, Dataset):
+        if not is_loader(loader):
             raise DataError(f"data.dataset: {reference}.{hook}() returned {_what(loader)}, "
-                            "not a torch DataLoader: hpctrain reads the dataset it loads from")
-        collate = getattr(loader, "collate_fn", default_collate)
-        if collate not in (default_collate, default_convert):
-            raise DataError(f"data.dataset: {reference}.{hook}() collates with its own "
-                            f"{getattr(collate, '__name__', type(collate).__name__)}, which "
-                            "hpctrain's loader would not call: its batches are "
-                            "default_collate's")
-        datasets.append(dataset)
-    return datasets[0], datasets[1]
+                            "not a torch DataLoader (one loader per split)")
+        loaders.append(loader)
+    return tuple(loaders)
 
 
 def _classes_of(dataset, reference: str, required: bool = True) -> int | None:

@@ -87,10 +87,11 @@ def _take_sigterm_from_parent_only() -> None:
             os._exit(0)
 
 
-def spare_worker(names: tuple[str, ...], worker_id: int) -> None:
+def spare_worker(names: tuple[str, ...], worker_id: int, then=None) -> None:
     """A worker_init_fn: ignore the preemption signal(s) and SIGINT, SIGTERM only from the
-    parent; a parent gone mid-fetch is not reported (quiet_handle_sharing). Runs with all
-    still blocked from the fork; SIGTERM stays blocked, for the waiting thread."""
+    parent; a parent gone mid-fetch is not reported (quiet_handle_sharing); then your
+    DataLoader's own worker_init_fn (`then`), if it had one. Runs with all still blocked
+    from the fork; SIGTERM stays blocked, for the waiting thread."""
     quiet_handle_sharing()
     for number in _numbers(names) - {signal.SIGTERM}:
         signal.signal(number, signal.SIG_IGN)  # also drops one that came since the fork
@@ -98,14 +99,18 @@ def spare_worker(names: tuple[str, ...], worker_id: int) -> None:
     threading.Thread(target=_take_sigterm_from_parent_only, daemon=True,
                      name="sigterm-from-parent").start()
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _numbers(names) - {signal.SIGTERM})
+    if then is not None:
+        then(worker_id)
 
 
 class SignalSafeLoader(DataLoader):
-    """A DataLoader whose workers leave `stop_signals` (and SIGTERM) to this process."""
+    """A DataLoader whose workers leave `stop_signals` (and SIGTERM) to this process (then run
+    the worker_init_fn given, your DataLoader's)."""
 
     def __init__(self, *args, stop_signals: tuple[str, ...] = ("SIGUSR1",), **kwargs):
         if kwargs.get("num_workers", 0) > 0:
-            kwargs["worker_init_fn"] = functools.partial(spare_worker, tuple(stop_signals))
+            kwargs["worker_init_fn"] = functools.partial(spare_worker, tuple(stop_signals),
+                                                         then=kwargs.get("worker_init_fn"))
         super().__init__(*args, **kwargs)
         self.stop_signals = tuple(stop_signals)
 

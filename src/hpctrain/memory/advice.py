@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from hpctrain.config import Config, Strategy
 from hpctrain.errors import ConfigError
 from hpctrain.memory.estimate import Estimate, Target, estimate, with_layout
-from hpctrain.memory.sizes import fmt_bytes
+from hpctrain.units import fmt_bytes
 
 DEGREES = [2**k for k in range(1, 11)]  # FSDP over 2 .. 1024 devices
 MAX_BATCH = 65536  # the largest per-device batch worth naming

@@ -28,7 +28,8 @@ from torch import nn
 from hpctrain.config import Config, Strategy
 from hpctrain.errors import ConfigError, UserError
 from hpctrain.memory.simulate import Footprint, StepSpec, predict, shared_build
-from hpctrain.memory.sizes import fmt_bytes, gpu_capability, lacks_bf16, parse_memory
+from hpctrain.memory.sizes import gpu_capability, lacks_bf16, parse_memory
+from hpctrain.units import fmt_bytes
 from hpctrain.memory.tensor_batches import batch_of, first_sample, leading_shape, task_loss
 from hpctrain.models.checkpointing import enable_activation_checkpointing, is_block
 from hpctrain.models.gpt import GPT
@@ -379,8 +380,8 @@ def estimate(config: Config, target: Target, batch_size: int | None = None,
     footprint = footprint or predict(spec, batch)
     info = model_info(spec, target.precision, config)
     notes = [note] if note else []
-    if config.data.kind_spec.any_shape and config.data.collate:
-        notes.append(first_sample(config).note)  # which sample a batch is made of
+    if config.data.kind_spec.any_shape and first_sample(config).note:
+        notes.append(first_sample(config).note)  # your collate's: the sample it batches
     if target.device == "cuda" and config.compile is not False:
         notes.append("predicted for eager mode; torch.compile (on for GPU runs) usually "
                      "holds less, as Inductor recomputes cheap elementwise results")

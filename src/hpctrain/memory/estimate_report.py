@@ -10,7 +10,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from hpctrain.memory.advice import Advice
 from hpctrain.memory.estimate import Estimate
-from hpctrain.memory.sizes import fmt_bytes
+from hpctrain.units import fmt_bytes
 from hpctrain.writers import write_png
 
 COLOURS = {"parameters": "#29335c", "gradients": "#4f6d7a", "optimizer states": "#a8c686",

@@ -1,4 +1,5 @@
-"""Device memory sizes: parsing what users type (`80GB`, `40GiB`, `h100`) and printing bytes.
+"""Device memory sizes: parsing what users type (`80GB`, `40GiB`, `h100`); printing them is
+units.py's.
 
 Units are taken literally: GB = 10^9 bytes, GiB = 2^30. A GPU's name gives the memory its
 driver reports (nvidia-smi's total), which is what a run can address.
@@ -38,14 +39,6 @@ def parse_memory(text: str, what: str = "--gpu-memory") -> int:
             f"{what} {text!r} is not a memory size: give a number with a unit (80GB, 40GiB, "
             f"81559MiB) or a GPU name ({', '.join(sorted(GPUS))})")
     return int(float(match.group(1)) * UNITS[unit])
-
-
-def fmt_bytes(n: float) -> str:
-    """1.5 GiB, 320 MiB, 12 KiB: binary units, as the CUDA allocator and nvidia-smi count."""
-    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.{1 if abs(n) / size < 100 else 0}f} {unit}"
-    return f"{n:.0f} B"
 
 
 def lacks_bf16(gpu_memory: str | None) -> bool:

@@ -38,14 +38,18 @@ def first_sample(config: Config) -> TensorSample:
     """The training set's first sample, as tensors; read once per data settings (an estimate
     and its advice ask a dozen times). With your collate, the longest sample read instead,
     as the first row of the batch your collate makes of it."""
+    from hpctrain.data.batching import yours
     from hpctrain.data.loader import build_datasets
+    from hpctrain.data.user_datasets import loader_settings
 
     key = json.dumps([config.data.model_dump(mode="json"), config.task.name, config.seed],
                      sort_keys=True)
     if key not in _READ:
         train, _, num_classes = build_datasets(config.data, config.seed)
-        if config.data.collate:
-            _READ[key] = _collated(config, train, num_classes)
+        given = loader_settings(config.data, config.seed)[0] if \
+            config.data.from_user_code else None
+        if collate := yours(config.data, given):  # data.collate, or your DataLoader's
+            _READ[key] = _collated(config, train, num_classes, *collate)
         elif config.data.targets == "any":  # a LightningModule's step takes the whole sample
             _READ[key] = TensorSample(each(train[0], torch.as_tensor), None, num_classes)
         else:
@@ -59,12 +63,13 @@ def _sample(inputs, target, num_classes: int | None, **collated) -> TensorSample
                         target.dtype == torch.bool else target, num_classes, **collated)
 
 
-def _collated(config: Config, train, num_classes: int | None) -> TensorSample:
+def _collated(config: Config, train, num_classes: int | None, collate: Callable,
+              named: str) -> TensorSample:
     """The longest sample (by the dataset's `lengths`, else of the first, middle and last),
     which your collate pads least: a step's peak at the longest batch."""
-    from hpctrain.data.batching import sample_length, user_collate
+    from hpctrain.data.batching import sample_length
 
-    collate, dataset = user_collate(config.data), getattr(train, "dataset", train)
+    dataset = getattr(train, "dataset", train)
     lengths = getattr(dataset, "lengths", None)
     candidates = range(len(train)) if lengths is not None else \
         sorted({0, len(train) // 2, len(train) - 1})
@@ -74,7 +79,7 @@ def _collated(config: Config, train, num_classes: int | None) -> TensorSample:
     raw = train[index]
     note = (f"batches of training sample {index} (length {length(index)}, the longest "
             + ("in the dataset's lengths" if lengths is not None else "of samples "
-               + ", ".join(map(str, candidates))) + f") made by data.collate {config.data.collate}")
+               + ", ".join(map(str, candidates))) + f") made by {named}")
     batch = collate([raw])
     if config.data.targets == "any":
         return TensorSample(each(batch, torch.as_tensor), None, num_classes, collate, raw, note)

@@ -17,6 +17,7 @@ from pathlib import Path
 from hpctrain.config import flatten
 from hpctrain.report import chart
 from hpctrain.report.series import PANELS, RunSeries
+from hpctrain.units import fmt_bytes
 from hpctrain.writers import write_whole
 
 MAIN_PANELS = ("loss", "accuracy", "perplexity", "throughput (samples/s)")
@@ -106,9 +107,12 @@ def _table(rows: list[list[str]], header: list[str] | None = None) -> str:
     return f"<table>{head}{body}</table>"
 
 
-def _cell(value) -> str:
+def _cell(value, size: bool = False) -> str:
+    """A figure as the report prints it; `size`: bytes, in the units the terminal uses."""
     if value is None:
         return "-"
+    if size and isinstance(value, (int, float)):
+        return fmt_bytes(value)
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value) if not isinstance(value, (dict, list)) else json.dumps(value)
@@ -116,7 +120,8 @@ def _cell(value) -> str:
 
 def _summary(runs: list[RunSeries]) -> str:
     keys = [k for k in SUMMARY_KEYS if any(k in run.summary for run in runs)]
-    rows = [[key, *[_cell(run.summary.get(key)) for run in runs]] for key in keys]
+    rows = [[key, *[_cell(run.summary.get(key), key.endswith("_bytes")) for run in runs]]
+            for key in keys]
     rows.append(["Slurm jobs", *[" -> ".join(run.jobs) or "-" for run in runs]])
     return _table(rows, ["", *[run.name for run in runs]])
 
@@ -162,14 +167,13 @@ def _software_and_verdicts(runs: list[RunSeries]) -> str:
 
 def _memory_line(memory: dict, summary: dict) -> str:
     """The prediction (hpctrain memory) beside what the run measured."""
-    mib = 2**20
     line = (f"memory predicted (hpctrain memory, {memory['device']}, batch "
             f"{memory['batch_size']}, {memory['precision']}): peak allocated "
-            f"{memory['peak_allocated_bytes'] / mib:,.0f} MiB, in use "
-            f"{memory['in_use_bytes'] / mib:,.0f} MiB")
+            f"{fmt_bytes(memory['peak_allocated_bytes'])}, in use "
+            f"{fmt_bytes(memory['in_use_bytes'])}")
     measured = summary.get("peak_memory_bytes")
     if isinstance(measured, (int, float)):
-        line += f"; measured peak {measured / mib:,.0f} MiB ({summary.get('peak_memory_kind')})"
+        line += f"; measured peak {fmt_bytes(measured)} ({summary.get('peak_memory_kind')})"
     return line
 
 

@@ -19,7 +19,8 @@ def classification(device, num_classes: int, label_smoothing: float, model_name:
     import torch
     from torch import nn
 
-    from hpctrain.tasks.steps import Batch, Task, logits_of, top1_accuracy, top1_sums
+    from hpctrain.tasks.steps import (TOP1_SUMS, Batch, Task, logits_of, top1_accuracy,
+                                      top1_sums)
 
     criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
     top1 = top1_sums(num_classes, model_name)
@@ -35,7 +36,7 @@ def classification(device, num_classes: int, label_smoothing: float, model_name:
     def sums(outputs, batch: Batch, loss, training: bool):
         return top1(logits_of(outputs), batch, loss, training)
 
-    return Task(SPEC.name, SPEC.unit, ("correct", "samples"), None, to_device, loss, sums,
+    return Task(SPEC.name, SPEC.unit, TOP1_SUMS, None, to_device, loss, sums,
                 top1_accuracy)
 
 

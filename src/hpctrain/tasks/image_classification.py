@@ -22,7 +22,7 @@ def image_classification(batcher, augment, num_classes: int, label_smoothing: fl
     from torch import nn
 
     from hpctrain.tasks.mixing import build_mixing
-    from hpctrain.tasks.steps import Batch, Task, top1_accuracy, top1_sums
+    from hpctrain.tasks.steps import TOP1_SUMS, Batch, Task, top1_accuracy, top1_sums
 
     mixing = build_mixing(augment, num_classes, label_smoothing, batch_size)
     hard = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
@@ -41,7 +41,7 @@ def image_classification(batcher, augment, num_classes: int, label_smoothing: fl
             return Batch(mixed, targets, labels)
         return Batch(images, labels, labels)
 
-    return Task(SPEC.name, SPEC.unit, ("correct", "samples"), None, to_device, loss,
+    return Task(SPEC.name, SPEC.unit, TOP1_SUMS, None, to_device, loss,
                 top1_sums(num_classes, model_name), top1_accuracy)
 
 

@@ -18,10 +18,12 @@ is read without it (`spec.py`), from `lightning.pytorch` or `pytorch_lightning` 
 
 from __future__ import annotations
 
+import weakref
+
 from hpctrain import user_code
 from hpctrain.errors import ConfigError
 from hpctrain.tasks import tensors
-from hpctrain.tasks.spec import Curve, Measured, TaskSetup, TaskSpec
+from hpctrain.tasks.spec import Measured, TaskSetup, TaskSpec
 
 LIGHTNING_PACKAGES = ("lightning.pytorch.", "pytorch_lightning.")
 # the module's hooks at each of the loop's moments (Task.moment), in Lightning's order:
@@ -32,14 +34,17 @@ HOOKS = {"train_start": ("on_fit_start", "on_train_start"),
          "validation_end": ("on_validation_epoch_end", "on_validation_end"),
          "train_epoch_end": ("on_train_epoch_end",),
          "train_end": ("on_train_end", "on_fit_end")}
-# what the engine calls, besides forward (which the steps call themselves)
+# what the engine calls, besides forward (which the steps call themselves); a module's own
+# loaders when hpctrain.fit is given no data (as Lightning's Trainer.fit)
+LOADER_HOOKS = ("prepare_data", "train_dataloader", "val_dataloader")
 CALLED = ("training_step", "validation_step", "configure_optimizers", "setup",
-          "configure_model", *(hook for hooks in HOOKS.values() for hook in hooks))
+          "configure_model", *LOADER_HOOKS,
+          *(hook for hooks in HOOKS.values() for hook in hooks))
+_SET_UP: weakref.WeakSet = weakref.WeakSet()  # modules whose setup("fit") has run
 # the LightningModule's own methods that are hooks (besides those of its hook classes)
 MODULE_HOOKS = ("optimizer_step", "optimizer_zero_grad", "lr_scheduler_step", "backward",
                 "configure_gradient_clipping", "configure_callbacks")
 HOOK_CLASSES = ("ModelHooks", "DataHooks", "CheckpointHooks")
-CURVES = (Curve("loss", "validation loss (val_loss, as logged)", "eval", "val_loss"),)
 
 
 def _lightning_classes(cls: type) -> list[type]:
@@ -74,6 +79,33 @@ def names_lightning_class(reference: str) -> bool:
         return False
 
 
+def overrides(cls: type, name: str) -> bool:
+    """Whether `cls` (a LightningModule or LightningDataModule class) defines `name` itself,
+    rather than inheriting Lightning's."""
+    owner = next((base for base in cls.__mro__ if name in vars(base)), None)
+    return owner is not None and owner not in _lightning_classes(cls)
+
+
+def own_loaders(module) -> tuple:
+    """A LightningModule's own (train_dataloader(), val_dataloader()), after its
+    prepare_data() and setup("fit") as Lightning's Trainer.fit calls them (setup once: the
+    engine does not call it again)."""
+    missing = [hook for hook in LOADER_HOOKS[1:] if not overrides(type(module), hook)]
+    if missing:
+        raise ConfigError(f"fit({type(module).__name__}) with no data: the module has no "
+                          f"{' nor '.join(missing)} of its own; give train_data and val_data "
+                          "(Datasets, DataLoaders or a LightningDataModule)")
+    module.prepare_data()
+    _set_up(module)
+    return module.train_dataloader(), module.val_dataloader()
+
+
+def _set_up(module) -> None:
+    if module not in _SET_UP:
+        module.setup("fit")
+        _SET_UP.add(module)
+
+
 def refused_hooks(cls: type) -> list[str]:
     """The hooks `cls` overrides that hpctrain's engine does not call (test and predict
     hooks aside: fitting does not call them)."""
@@ -95,21 +127,17 @@ def adapt(module, device):
                           "LightningModule; use task=auto for your own torch.nn.Module")
     refused = refused_hooks(type(module))
     if refused:
-        data = any("dataloader" in name for name in refused)
         raise ConfigError(f"{type(module).__name__} overrides {', '.join(refused)}, which "
                           "hpctrain's engine does not call (docs/lightning.md lists what it "
-                          "calls): move that work into the steps or the epoch hooks"
-                          + (", and give the datasets to hpctrain.fit or name their factory "
-                             "in data.dataset (a LightningDataModule is taken there)"
-                             if data else "")
-                          + ", or train it with Lightning's Trainer")
+                          "calls): move that work into the steps or the epoch hooks, or train "
+                          "it with Lightning's Trainer")
     if not module.automatic_optimization:
         raise ConfigError(f"{type(module).__name__} sets automatic_optimization = False: "
                           "manual optimisation is not supported by hpctrain's engine, which "
                           "steps the optimiser configure_optimizers returns")
     from hpctrain.tasks.lightning_step import LightningStep
 
-    module.setup("fit")
+    _set_up(module)
     module.configure_model()
     return LightningStep(module, device, HOOKS)
 
@@ -132,7 +160,7 @@ def figures(measured: Measured) -> dict:
 
 
 SPEC = TaskSpec(name="lightning", data_kind=tensors.KIND, unit="samples",
-                objective="best_val_loss:min", default_model="", curves=CURVES,
+                objective="best_val_loss:min", default_model="", curves=(),
                 figures=figures, rate_label="samples", sample_size=None, build=build,
                 describe=describe, targets="any", names_figures=True,
                 steps_model=True)

@@ -18,8 +18,8 @@ def point_cloud_classification(device, augment, up_axis: int, label_smoothing: f
                                num_classes: int, model_name: str):
     from torch import nn
 
-    from hpctrain.tasks.steps import Batch, Task, logits_of, top1_accuracy, top1_sums, \
-        with_regulariser
+    from hpctrain.tasks.steps import (TOP1_SUMS, Batch, Task, logits_of, top1_accuracy,
+                                      top1_sums, with_regulariser)
 
     criterion = with_regulariser(nn.CrossEntropyLoss(label_smoothing=label_smoothing))
     top1 = top1_sums(num_classes, model_name)
@@ -36,7 +36,7 @@ def point_cloud_classification(device, augment, up_axis: int, label_smoothing: f
     def sums(outputs, batch: Batch, loss, training: bool):
         return top1(logits_of(outputs), batch, loss, training)
 
-    return Task(SPEC.name, SPEC.unit, ("correct", "samples"), None, to_device, loss, sums,
+    return Task(SPEC.name, SPEC.unit, TOP1_SUMS, None, to_device, loss, sums,
                 top1_accuracy)
 
 

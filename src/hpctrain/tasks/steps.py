@@ -64,12 +64,19 @@ def top1_sums(num_classes: int, model_name: str) -> Callable:
                 f"the data has {num_classes} classes: build it for the data's classes (a "
                 f"factory's num_classes parameter, or model.kwargs.num_classes={num_classes})")
         correct = (logits.argmax(dim=1) == batch.labels).sum()
-        return torch.stack([correct, correct.new_full((), len(batch.labels))])
+        rows = len(batch.labels)
+        return torch.stack([correct.float(), correct.new_full((), rows, dtype=torch.float32),
+                            loss.detach().float() * rows])
     return sums
 
 
+TOP1_SUMS = ("correct", "samples", "loss_sum")  # the loss weighted by the rows
+
+
 def top1_accuracy(sums: dict) -> dict:
-    return {"accuracy": sums["correct"] / max(sums["samples"], 1)}
+    """Top-1 accuracy and the mean loss per sample (val_loss in evaluation)."""
+    samples = max(sums["samples"], 1)
+    return {"accuracy": sums["correct"] / samples, "loss": sums["loss_sum"] / samples}
 
 
 def logits_of(outputs) -> torch.Tensor:

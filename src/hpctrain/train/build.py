@@ -55,6 +55,7 @@ from hpctrain.train.preemption import deadline_at
 from hpctrain.train.step import Step
 from hpctrain.train.trial import TrialLink, link
 from hpctrain.train.user_functions import with_user_functions
+from hpctrain.train.your_loaders import with_your_loaders
 from hpctrain.train.validation import fused_eval
 
 
@@ -130,9 +131,11 @@ def _decide(config: Config, env: ProcessEnv) -> _Decided:
 
 
 def _start(config: Config, env: ProcessEnv, decided: _Decided, held: ExitStack) \
-        -> tuple[Distributed, RunPlace, float | None, DataBundle]:
+        -> tuple[Config, _Decided, Distributed, RunPlace, float | None, DataBundle]:
     """The process group, the run directory (locked until `held` closes), the job's end, and
-    the data (one rank per node fills the dataset cache)."""
+    the data (one rank per node fills the dataset cache, or makes your data first: a
+    DataModule's prepare_data), with what your DataLoaders set (the configuration and the
+    batch as they say, where you did not say otherwise)."""
     distributed = processes.start(config, env, decided.layout, decided.device)
     apply_global_switches(decided.plan, config.seed)
     place = _on_rank0(distributed, lambda: resolve_run(config, env.job_id, env.restart_count))
@@ -140,10 +143,24 @@ def _start(config: Config, env: ProcessEnv, decided: _Decided, held: ExitStack) 
     job_end = _on_rank0(distributed, lambda: scheduler().job_end_time(env.job_id, os.environ)
                         if env.job_id and config.preemption.deadline == "auto" else None)
     with distributed.node_leader_first():
+        config, decided = _with_your_loaders(config, decided)
         data = build_data(config.data, decided.batch_size, config.seed, decided.device,
                           distributed.data_rank, decided.layout.data, env.local_world_size,
                           (config.preemption.signal,), node_local_scratch())
-    return distributed, place, job_end, data
+    return config, decided, distributed, place, job_end, data
+
+
+def _with_your_loaders(config: Config, decided: _Decided) -> tuple[Config, _Decided]:
+    """The configuration with your DataLoaders' batch sizes and workers (your_loaders.py),
+    and the batch decided again from it."""
+    adopted = with_your_loaders(config)
+    if adopted is config:
+        return config, decided
+    layout = decided.layout
+    batch_size, global_batch = processes.per_device_batch(adopted, layout.data)
+    micro = layout_microbatches(adopted, layout, batch_size) if layout.pipeline > 1 else 1
+    return adopted, decided._replace(batch_size=batch_size, global_batch=global_batch,
+                                     microbatches=micro)
 
 
 def _wrap(model: nn.Module, config: Config, layout: Layout, distributed: Distributed,
@@ -397,9 +414,9 @@ def build_parts(config: Config, env: ProcessEnv | None = None,
             return parts
     env = env or detect()
     trackers.check(config)  # a tracker's missing library, said before anything is built
-    decided = _decide(config, env)
+    config, decided, distributed, place, job_end, data = _start(config, env,
+                                                                _decide(config, env), held)
     layout, plan, device, meter, batch_size, global_batch, micro = decided
-    distributed, place, job_end, data = _start(config, env, decided, held)
 
     # ---- the model, then its distributed wrapper ----
     _ask_for_classes(config, data)

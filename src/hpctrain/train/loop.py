@@ -24,6 +24,7 @@ from hpctrain.cluster.environment import detect
 from hpctrain.cluster.records import ProcessEnv
 from hpctrain.config import Config
 from hpctrain.data.images.kind import image_size_for_epoch
+from hpctrain.data.user_datasets import forget_made
 from hpctrain.data.worker_signals import start_resource_tracker
 from hpctrain.errors import DataError, DataPipelineFailed, OutputError, Preempted, RunFailed
 from hpctrain.monitor.watchdog import Watchdog
@@ -68,6 +69,7 @@ def train(config: Config, env: ProcessEnv | None = None,
     finally:
         held.close()
         stopper.close()
+        forget_made()  # a next run in this process makes your data again
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
 
@@ -105,8 +107,9 @@ def _train(parts: Parts, stopper: Stopper, on_step: Callable[[Parts, int], None]
         kept = stops.after_a_dead_worker(parts, progress, clock, telemetry)
         failure.args = (f"{failure}. {kept}",)
         raise
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:  # stops at once: said with what is kept
         status = "interrupted"
+        interrupt.args = (stops.interrupted_at(progress, parts.total_steps),) if is_main else ()
         raise
     except RuntimeError as err:
         stops.raise_readable(err, parts.distributed.env, f"at step {progress.step}", config)

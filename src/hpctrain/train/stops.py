@@ -43,6 +43,15 @@ def stop_if_asked_during_start_up(stopper: Stopper, progress: Progress) -> None:
                     f"{where}.", requeue=stop[1])
 
 
+def interrupted_at(progress: Progress, total_steps: int) -> str:
+    """Where a Ctrl-C stopped the run, and what it keeps: a Ctrl-C stops at once (a second
+    would break off a save), so nothing new is saved."""
+    kept = (f"checkpoint {progress.last_good_checkpoint} is kept: the same command with "
+            "resume=auto continues from it" if progress.last_good_checkpoint else
+            "no checkpoint had been saved yet: the same command starts it over")
+    return f"at step {progress.step} of {total_steps} (Ctrl-C stops at once; {kept})"
+
+
 def stop_saved(parts: Parts, progress: Progress, clock: Clock, telemetry: Telemetry,
                stopper: Stopper, stop: tuple[str, bool], saved: bool) -> NoReturn:
     """Every rank agreed to stop: save (unless this step just did), wait for the write, and

@@ -21,6 +21,7 @@ from rich.table import Table
 from hpctrain.errors import OutputError, cannot_write
 from hpctrain.readers import Unreadable, capped_lines, open_capped, parse_json
 from hpctrain.runs.directory import CAPS, METRICS, RECORD_CAP, RunDir, mark_changed
+from hpctrain.units import fmt_bytes
 from hpctrain.writers import open_appending, write_whole
 
 KEEP_GOING = "Free space (or set output_dir elsewhere) and run again with resume=auto"
@@ -217,16 +218,20 @@ SUMMARY_ROWS = [
 ]
 
 
+IMAGE_ROWS = ("images_per_second", "skipped_images")  # shown for a task on images
+
+
 def print_summary(summary: dict, run_dir: Path) -> None:
     table = Table(title=f"hpctrain run: {run_dir}", show_header=False)
+    images = summary.get("images_per_second") is not None  # else not a task on images
     for key, fmt in SUMMARY_ROWS:
-        if key not in summary:  # another task's figure
+        if key not in summary or (key in IMAGE_ROWS and not images):  # another task's figure
             continue
         value = summary.get(key)
         if value is None:
             text = "-"
         elif fmt == "bytes":
-            text = f"{value / 2**20:,.0f} MiB"
+            text = fmt_bytes(value)
         else:
             text = fmt.format(value)
         table.add_row(key, text)
