@@ -113,8 +113,8 @@ def test_every_objective_is_a_number_of_a_runs_summary(tiny_config, tmp_path):
 @pytest.fixture(scope="session")
 def local_search(tmp_path_factory):
     """One local search for the session: 6 trials, 2 at a time, median pruning, on data a
-    tiny CNN learns in 30 steps at a good learning rate and not at all at 1e-5, so that the
-    pruner has trials to stop."""
+    tiny CNN learns in 30 steps (3 epochs: the trials' reduction, --reduce) at a good
+    learning rate and not at all at 1e-5, so that the pruner has trials to stop."""
     from conftest import run_installed
 
     out = tmp_path_factory.mktemp("tune")
@@ -122,8 +122,8 @@ def local_search(tmp_path_factory):
     result = run_installed(
         "tune", "default", f"output_dir={out}", f"data.dataset={STRIPES}",
         "data.image_size=8", "data.num_workers=0", "model.name=hpctrain:tiny_cnn",
-        "train.batch_size=32", "train.epochs=3", "train.eval_every_epochs=0.5",
-        "train.log_every=5", "tensorboard=false", "report=false", "--space", LR,
+        "train.batch_size=32", "train.eval_every_epochs=0.5", "train.log_every=5",
+        "tensorboard=false", "report=false", "--reduce", "train.epochs=3", "--space", LR,
         "--trials", "6", "--parallel", "2", "--seed", "1", "--dir", str(folder), "--json")
     assert result.returncode == 0, result.stderr[-3000:]
     return folder, json.loads(result.stdout), result.stderr
@@ -171,7 +171,11 @@ def test_the_best_configuration_is_written_as_a_recipe_with_pictures(local_searc
     assert best.optim.lr == result["best"]["params"]["optim.lr"]
     assert best.trial.study_dir is None and best.run_name is None
     assert best.name == "default-tuned" and best.model.name == "hpctrain:tiny_cnn"
-    assert "trial" in (folder / "best.yaml").read_text().splitlines()[0]
+    header = (folder / "best.yaml").read_text().splitlines()[:4]
+    assert "trial" in header[0]
+    assert header[2] == "# its trials also ran with train.epochs=3 (--reduce, to make each " \
+                        "cheaper): left out here"
+    assert best.train.epochs == load_config("default").train.epochs != 3  # the recipe's
     assert result["importances"] == {"optim.lr": pytest.approx(1.0)}
     for picture in ("history.png", "parallel.png"):
         assert (folder / picture).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -183,13 +187,17 @@ def test_the_best_configuration_is_written_as_a_recipe_with_pictures(local_searc
 def test_a_finished_search_continued_with_the_same_budget_runs_nothing(local_search, run_cli):
     folder, result, _ = local_search
     search = read_search(folder)
-    code, out, err = run_cli("tune", search.recipe, *search.overrides, "--space", LR,
+    reduce = [f"--reduce={text}" for text in search.reductions]
+    code, out, err = run_cli("tune", search.recipe, *search.overrides, *reduce, "--space", LR,
                              "--trials", "6", "--seed", "1", "--dir", str(folder), "--json")
     assert code == 0, err
     assert json.loads(out)["states"] == result["states"]
-    code, _, err = run_cli("tune", search.recipe, *search.overrides, "--space", LR,
+    code, _, err = run_cli("tune", search.recipe, *search.overrides, *reduce, "--space", LR,
                            "--trials", "6", "--seed", "2", "--dir", str(folder))
     assert code == 2 and "another seed" in err
+    code, _, err = run_cli("tune", search.recipe, *search.overrides, "--space", LR,
+                           "--trials", "6", "--seed", "1", "--dir", str(folder))
+    assert code == 2 and "another reductions" in err
 
 
 def _prepared(tiny, tmp_path, *extra, space_specs=(LR,), trials=2, **options):

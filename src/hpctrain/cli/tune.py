@@ -46,6 +46,10 @@ def add_verbs(verbs) -> None:
                       help="a parameter to search (repeatable): loguniform(LOW,HIGH), "
                       "uniform(LOW,HIGH[,STEP]), int(LOW,HIGH[,STEP]), logint(LOW,HIGH), "
                       "choice(A,B,...)")
+    tune.add_argument("--reduce", action="append", default=[], metavar="KEY=VALUE",
+                      help="a setting that makes each trial cheaper (repeatable: "
+                      "train.epochs=2, data.kwargs.n_train=320): the trials run with it, "
+                      "best.yaml leaves it out and names it")
     tune.add_argument("--trials", type=count(1), help="the budget: trials in all (a grid: "
                       "its size)")
     tune.add_argument("--objective", metavar="KEY:max|min", help="a summary.json figure "
@@ -98,7 +102,7 @@ def cmd_tune(args) -> int:
     options = Options(space=args.space, trials=args.trials, objective=args.objective,
                       sampler=args.sampler, pruner=args.pruner, seed=args.seed,
                       storage=args.storage, folder=args.dir,
-                      processes_per_trial=args.processes_per_trial)
+                      processes_per_trial=args.processes_per_trial, reductions=args.reduce)
     if args.submit:
         return _submit(args, options)
     if args.dry_run:

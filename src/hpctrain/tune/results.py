@@ -74,7 +74,8 @@ def importances(study) -> dict[str, float] | None:
 
 
 def write_best_recipe(search: Search, trial, folder: Path) -> Path:
-    """The best trial's whole configuration as a recipe, its search settings dropped."""
+    """The best trial's whole configuration as a recipe to train: its search settings and
+    the reductions that made each trial cheaper (--reduce) left out, those named."""
     from hpctrain.config import load_config, to_yaml
 
     chosen = [override(key, value) for key, value in trial.params.items()]
@@ -82,9 +83,11 @@ def write_best_recipe(search: Search, trial, folder: Path) -> Path:
     tree = config.model_dump(mode="json")
     tree.update(name=f"{config.name}-tuned", run_name=None, resume=None)
     tree.pop("trial", None)
+    reduced = (f"# its trials also ran with {' '.join(search.reductions)} (--reduce, to "
+               "make each cheaper): left out here\n" if search.reductions else "")
     header = (f"# The best of the search in {folder}: trial {trial.number}, "
               f"{search.objective} = {trial.value:.6g}\n# with {' '.join(chosen)}\n"
-              f"# train it: hpctrain run {folder / BEST_RECIPE}\n")
+              f"{reduced}# train it: hpctrain run {folder / BEST_RECIPE}\n")
     path = folder / BEST_RECIPE
     write_whole(path, header + to_yaml(type(config).model_validate(tree)))
     return path

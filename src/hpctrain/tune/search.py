@@ -9,7 +9,7 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpctrain.errors import ConfigError, ExitCode
@@ -33,6 +33,7 @@ class Options:
     storage: str | None = None
     folder: str | None = None
     processes_per_trial: int = 1
+    reductions: list[str] = field(default_factory=list)  # --reduce: the trials' only
 
 
 def prepare(recipe: str | None, overrides: list[str], options: Options,
@@ -42,20 +43,22 @@ def prepare(recipe: str | None, overrides: list[str], options: Options,
     may grow). Returns the folder and its settings."""
     from hpctrain.config import load_config
 
-    if options.folder and not (recipe or overrides or options.space) and \
+    if options.folder and not (recipe or overrides or options.space or options.reductions) \
+            and \
             (Path(options.folder) / SETTINGS).is_file():  # `tune --dir DIR`: continue it
         folder = Path(options.folder).expanduser().absolute()
         search = read_search(folder)
         search.trials = max(search.trials, options.trials or 0)
         search.save(folder)
         return folder, search
-    config = load_config(recipe, overrides)
-    for text in overrides:
+    trial_overrides = [*overrides, *options.reductions]
+    config = load_config(recipe, trial_overrides)
+    for text in trial_overrides:
         if text.startswith(RESERVED):
             raise ConfigError(f"{text}: hpctrain tune sets {text.split('=')[0]} for each trial; "
                               "choose the search's folder with --dir")
     parameters = parse_all(options.space)
-    check_against(parameters, lambda extra: load_config(recipe, [*overrides, *extra]))
+    check_against(parameters, lambda extra: load_config(recipe, [*trial_overrides, *extra]))
     key, direction = objective(options.objective or config.task_spec.objective)
     storage = check_storage(options.storage, array)
     trials = options.trials
@@ -67,7 +70,8 @@ def prepare(recipe: str | None, overrides: list[str], options: Options,
     search = Search(recipe=recipe, overrides=list(overrides), space=list(options.space),
                     objective=key, direction=direction, trials=trials,
                     sampler=options.sampler, pruner=options.pruner, seed=options.seed,
-                    storage=storage, processes_per_trial=options.processes_per_trial)
+                    storage=storage, processes_per_trial=options.processes_per_trial,
+                    reductions=list(options.reductions))
     folder = Path(options.folder) if options.folder else \
         Path(config.output_dir) / f"{config.name}-tune-{stamp()}"
     folder = folder.expanduser().absolute()
@@ -84,8 +88,8 @@ def _continued(folder: Path, wanted: Search) -> Search:
     """The search already in `folder`, with the new budget; refused when it searched
     something else."""
     kept = read_search(folder)
-    for name in ("recipe", "overrides", "space", "objective", "direction", "sampler",
-                 "pruner", "seed", "storage"):
+    for name in ("recipe", "overrides", "reductions", "space", "objective", "direction",
+                 "sampler", "pruner", "seed", "storage"):
         if getattr(kept, name) != getattr(wanted, name):
             raise ConfigError(f"--dir {folder} holds a search with another {name} "
                               f"({getattr(kept, name)!r}, not {getattr(wanted, name)!r}); "
@@ -132,7 +136,7 @@ def run_locally(folder: Path, parallel: int, say=print) -> int:
     from hpctrain.config import load_config
 
     search = read_search(folder)
-    stop_signal = load_config(search.recipe, search.overrides).preemption.signal
+    stop_signal = load_config(search.recipe, search.for_trials).preemption.signal
     lock = threading.Lock()
 
     def said(text: str) -> None:

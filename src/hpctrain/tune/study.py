@@ -57,6 +57,14 @@ class Search:
     study_name: str = "hpctrain"
     processes_per_trial: int = 1  # local: torchrun processes; Slurm: the element's tasks
     created: float = field(default_factory=time.time)
+    # --reduce: what makes each trial cheaper (fewer epochs, a subset): the trials' only,
+    # left out of best.yaml and named there
+    reductions: list[str] = field(default_factory=list)
+
+    @property
+    def for_trials(self) -> list[str]:
+        """The overrides every trial runs with: the search's settings, then its reductions."""
+        return [*self.overrides, *self.reductions]
 
     @property
     def metric(self) -> str | None:

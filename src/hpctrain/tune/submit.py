@@ -25,7 +25,7 @@ def plan(folder: Path, search: Search, elements: int, gpus: int, time_limit: str
         raise ConfigError("--container with tune --submit: the worker would need the "
                           "scheduler's launcher inside the image; run the search with "
                           "--venv, --conda or --module instead")
-    config = load_config(search.recipe, search.overrides)
+    config = load_config(search.recipe, search.for_trials)
     name = options.pop("job_name", None) or folder.name
     jobs.check_places(name, options)
     references = code_references(config)

@@ -236,7 +236,7 @@ class Worker:
         where = [f"output_dir={self.folder}", f"run_name={claim.run_name}", "resume=auto",
                  f"trial.study_dir={self.folder}", f"trial.number={claim.trial}"]
         chosen = [override(key, value) for key, value in claim.params.items()]
-        return [*self.launch.prefix, *hpctrain_run(s.recipe, [*s.overrides, *chosen, *where])]
+        return [*self.launch.prefix, *hpctrain_run(s.recipe, [*s.for_trials, *chosen, *where])]
 
     def _run_trial(self, claim: Claim) -> str | tuple:
         """'stopped', 'failed', or ('completed'|'pruned', summary)."""
