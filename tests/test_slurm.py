@@ -25,7 +25,11 @@ from hpctrain.train.checkpoints.safe_checkpoint import read_meta
 GOLDEN = Path(__file__).parent / "golden"
 
 
-def test_the_jean_zay_a100_script_matches_the_reviewed_golden_file():
+def test_the_jean_zay_a100_script_matches_the_reviewed_golden_file(monkeypatch):
+    """Submitted from a virtualenv: the job runs its python after the profile's modules (the
+    module's own python3 has no hpctrain, and an older torch: issue 53), and says so."""
+    monkeypatch.setattr(sys, "executable", "/lustre/fswork/abc/venv/bin/python")
+    monkeypatch.setattr(sys, "prefix", "/lustre/fswork/abc/venv")
     request = JobRequest(gpus=16, time="20:00:00", run_dir=Path("/lustre/fswork/abc/runs/rn50"),
                          recipe="imagenet-resnet50", account="abc",
                          overrides=["data.path=/lustre/fsn1/datasets/imagenet"])

@@ -52,13 +52,15 @@ def cmd_submit(args) -> int:
         except jobs.ClusterError as error:  # a preview: say it, still show the script
             print(f"hpctrain: warning: {error}", file=sys.stderr)
         return 0
-    job = jobs.submit(args.recipe, args.overrides, args.gpus, args.time, args.cluster,
-                      **options)
+    request, script = jobs.plan(args.recipe, args.overrides, args.gpus, args.time,
+                                args.cluster, **options)
+    job = jobs.send(request, script, get_profile(args.cluster))
     if args.json:
-        print(json.dumps({"job_id": job.id, "run_dir": str(job.run_dir)}))
+        print(json.dumps({"job_id": job.id, "run_dir": str(job.run_dir),
+                          "python": request.python()[1]}))
     else:
-        print(f"submitted job {job.id}: {job.run_dir}\n  follow it: hpctrain jobs; "
-              f"hpctrain logs {job.id} --follow")
+        print(f"submitted job {job.id}: {job.run_dir}\n  python: {request.python()[1]}\n"
+              f"  follow it: hpctrain jobs; hpctrain logs {job.id} --follow")
     return 0
 
 

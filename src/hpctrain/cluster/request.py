@@ -6,6 +6,7 @@ into its own batch script (sbatch.py for Slurm)."""
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,6 +50,21 @@ class JobRequest:
     def array(self) -> int:
         """Array elements: one per sweep element, or per worker; 0 for a plain job."""
         return len(self.sweep) or self.elements
+
+    def python(self) -> tuple[list[str], str]:
+        """(the command the job runs python as, which python that is, in words): the
+        container's, the environment's you named (--venv, --conda: its python3), else the
+        interpreter you submit from, which runs hpctrain now (a profile's modules still load
+        first: a module's own python3 may lack hpctrain or carry an older torch)."""
+        if self.container:
+            return ["apptainer", "exec", "--nv", "--bind", str(self.run_dir.parent),
+                    str(Path(self.container).expanduser()), "python3"], \
+                f"python3 of the container {self.container}"
+        if self.venv or self.conda:
+            named = f"--venv {self.venv}" if self.venv else f"--conda {self.conda}"
+            return ["python3"], f"python3 of {named}"
+        virtual = " (a virtualenv)" if sys.prefix != sys.base_prefix else ""
+        return [sys.executable], f"{sys.executable}, the interpreter you submit from{virtual}"
 
 
 def time_seconds(text: str) -> int:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import sys
 import time
 from pathlib import Path
 
@@ -101,7 +100,7 @@ def render(request: JobRequest, profile: Profile) -> str:
     environment = _environment(request, profile)
     if environment:
         lines += ["", *environment]
-    lines += ["", *_command(request, run_dir, bool(environment))]
+    lines += ["", *_command(request, run_dir)]
     return "\n".join(lines) + "\n"
 
 
@@ -135,22 +134,13 @@ def _or_stop(command: str, problem: str) -> str:
     return f"{command} || {{ echo {shlex.quote(f'hpctrain: {problem}')} >&2; exit 2; }}"
 
 
-def _command(request: JobRequest, run_dir: Path, own_environment: bool) -> list[str]:
-    """The script's body: what a sweep or a resume sets, the launch, and the continuation in
-    a new job when the run stopped early."""
-    python = _python(request, run_dir, own_environment)
+def _command(request: JobRequest, run_dir: Path) -> list[str]:
+    """The script's body: which python, what a sweep or a resume sets, the launch, and the
+    continuation in a new job when the run stopped early."""
+    python, which = request.python()
     lines, command = _run_command(request, run_dir, python)
     about, launch = _launch(request, python, command)
-    return lines + [*about, *_continuation(request, run_dir, launch)]
-
-
-def _python(request: JobRequest, run_dir: Path, own_environment: bool) -> list[str]:
-    if request.container:
-        return ["apptainer", "exec", "--nv", "--bind", str(run_dir.parent),
-                str(Path(request.container).expanduser()), "python3"]
-    if own_environment:  # modules, a venv or a conda environment bring their python3
-        return ["python3"]
-    return [sys.executable]  # the interpreter that submitted: hpctrain is installed there
+    return [f"# python: {which}", *lines, *about, *_continuation(request, run_dir, launch)]
 
 
 def _run_command(request: JobRequest, run_dir: Path, python: list[str]) \
