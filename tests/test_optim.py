@@ -26,6 +26,21 @@ def test_warmup_then_cosine_reaches_the_floor():
     assert lr[99] == pytest.approx(0.1, abs=0.01)
 
 
+def test_warmup_in_steps_is_the_same_rise_counted_in_steps():
+    """schedule.warmup_steps (issue 53): the user of Accelerate counts warmup in steps; the
+    rise is the same whatever the epoch's length, and one warmup is given, not two."""
+    schedule = ScheduleConfig(name="cosine", warmup_steps=20, min_lr_ratio=0.1)
+    by_epochs = ScheduleConfig(name="cosine", warmup_epochs=2, min_lr_ratio=0.1)
+    for steps_per_epoch in (10, 7):
+        lr = [lr_multiplier(schedule, s, 100, steps_per_epoch) for s in range(100)]
+        assert lr[0] == pytest.approx(0.05) and lr[19] == pytest.approx(1.0)
+    assert [lr_multiplier(schedule, s, 100, 10) for s in range(100)] == \
+        [lr_multiplier(by_epochs, s, 100, 10) for s in range(100)]
+    with pytest.raises(ValueError, match="give the warmup once: schedule.warmup_steps=20 or "
+                                         "schedule.warmup_epochs=1.0, not both"):
+        ScheduleConfig(warmup_steps=20, warmup_epochs=1)
+
+
 def test_step_and_onecycle_shapes():
     step = ScheduleConfig(name="step", milestones=[2, 4], gamma=0.1)
     assert [lr_multiplier(step, s, 60, 10) for s in (0, 19, 20, 40)] == \

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from hpctrain.sections import Auto, Section
 
@@ -36,12 +36,29 @@ class OptimConfig(Section):
 
 class ScheduleConfig(Section):
     name: Literal["cosine", "step", "onecycle", "constant"] = "cosine"
-    warmup_epochs: float = Field(0.0, ge=0)
+    warmup_epochs: float = Field(0.0, ge=0, description="epochs the LR rises linearly to "
+                                 "its peak over")
+    warmup_steps: int | None = Field(None, ge=0, description="the same in optimiser steps "
+                                     "(instead of warmup_epochs)")
     min_lr_ratio: float = Field(0.0, ge=0, le=1)
     milestones: list[float] = Field(default_factory=lambda: [30, 60, 80],
                                     description="epochs at which 'step' multiplies by gamma")
     gamma: float = Field(0.1, gt=0, le=1)
     pct_start: float = Field(0.25, gt=0, lt=1, description="'onecycle' rising fraction")
+
+    @model_validator(mode="after")
+    def _one_warmup(self):
+        if self.warmup_steps is not None and self.warmup_epochs:
+            raise ValueError(f"give the warmup once: schedule.warmup_steps="
+                             f"{self.warmup_steps} or schedule.warmup_epochs="
+                             f"{self.warmup_epochs}, not both")
+        return self
+
+    def warmup(self, steps_per_epoch: int) -> int:
+        """The optimiser steps of the warmup: warmup_steps, else warmup_epochs' steps."""
+        if self.warmup_steps is not None:
+            return self.warmup_steps
+        return round(self.warmup_epochs * steps_per_epoch)
 
 
 class TrainConfig(Section):

@@ -101,7 +101,7 @@ def lr_multiplier(schedule: ScheduleConfig, step: int, total_steps: int,
             return 0.04 + 0.96 * step / rise  # from peak/25, as torch's OneCycleLR
         t = (step - rise) / max(1, total_steps - rise)
         return _cosine(t, schedule.min_lr_ratio)
-    warmup = round(schedule.warmup_epochs * steps_per_epoch)
+    warmup = schedule.warmup(steps_per_epoch)
     if step < warmup:
         return (step + 1) / warmup
     if schedule.name == "cosine":
