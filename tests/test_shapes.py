@@ -42,3 +42,20 @@ def test_an_interrupted_generation_is_redone(tmp_path):
     (folder / "train" / CLASSES[0] / "000000.jpg").unlink()
     ensure_shapes(tmp_path, seed=0, num_train=10, num_val=10, size=16)
     assert (folder / "train" / CLASSES[0] / "000000.jpg").exists()
+
+
+def test_generation_in_a_log_prints_its_progress(tmp_path, capsys, monkeypatch):
+    """Where stdout is no terminal (a job's log), the two minutes of the default recipe's
+    generation were silent (issue 53): a line every LOG_EVERY seconds says how far it is."""
+    from hpctrain import progress_bar
+
+    monkeypatch.setattr(progress_bar, "LOG_EVERY", 0.0)
+    ensure_shapes(tmp_path, seed=0, num_train=1000, num_val=100, size=16)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines and all(line.startswith("hpctrain: generating the shapes dataset: ")
+                         for line in lines)
+    assert lines[-1].startswith("hpctrain: generating the shapes dataset: 1,100 of 1,100 "
+                                "(100%), about 0 s left")
+    monkeypatch.setattr(progress_bar, "LOG_EVERY", 60.0)  # done within the first interval
+    ensure_shapes(tmp_path, seed=1, num_train=30, num_val=20, size=16)
+    assert capsys.readouterr().out == ""
