@@ -345,3 +345,21 @@ def test_a_switch_the_plan_turned_off_for_a_reason_is_not_advice(tmp_path, note,
     (tmp_path / "summary.json").write_text(json.dumps(
         {"system": {"channels_last": False, "note": note}, "strategy": "fsdp"}))
     assert settings_from_run(tmp_path).channels_last is advised
+
+
+def test_a_host_read_in_hpctrains_own_code_is_no_advice_to_the_user():
+    """Advice points at your code, or at hpctrain's setting for its own metric read-back;
+    another read in hpctrain's own code (its tasks, its data) is listed as evidence but is
+    not told to you as a line to remove (issue 53)."""
+    from types import SimpleNamespace
+
+    from hpctrain.profiling.verdict import Settings, _sync_advice
+
+    sites = [{"call_site": call_site, "op": "aten::_local_scalar_dense", "calls": 4,
+              "ms": 2.0, "call": "cudaStreamSynchronize"}
+             for call_site in ("hpctrain/tasks/lightning_step.py(140): values",
+                               "model.py(12): forward",
+                               "hpctrain/train/interval_figures.py(50): report_interval")]
+    advice = _sync_advice(SimpleNamespace(sync={"sites": sites}), 0.3, Settings(log_every=20))
+    assert [a.setting for a in advice] == ["remove the host read at model.py(12): forward",
+                                           "train.log_every=50"]

@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass, field
 from hpctrain.config import Strategy
 from hpctrain.profiling.analysis import Evidence
 
+HPCTRAIN_FRAMES = "hpctrain/"  # how the profiler names a frame of hpctrain's own code
+
 PRIMARY = 0.15  # a cause costing this share of the step is the verdict
 MINOR = 0.05  # below this a cause gets no recommendation
 MEMORY_BOUND = 0.5  # share of compute kernel time outside matrix kernels
@@ -205,10 +207,14 @@ def _launch_advice(e: Evidence, gain: float, s: Settings) -> list[Recommendation
 
 
 def _sync_advice(e: Evidence, gain: float, s: Settings) -> list[Recommendation]:
+    """A host read in your code: remove it; hpctrain's metric read-back: read less often;
+    another of hpctrain's own reads (its tasks, its data) is no advice for you to act on."""
     out = []
     for site in e.sync["sites"][:3]:
         where = site["call_site"] or f"the caller of {site['op']}"
         share = gain * site["ms"] / max(sum(x["ms"] for x in e.sync["sites"]), 1e-9)
+        if where.startswith(HPCTRAIN_FRAMES) and not where.startswith("hpctrain/train/"):
+            continue  # listed among the evidence, not yours to change
         if where.startswith("hpctrain/train/"):
             out.append(Recommendation(
                 f"train.log_every={max(2 * (s.log_every or 20), 50)}",
