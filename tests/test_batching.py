@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils.data import DataLoader
 
 import hpctrain
 from hpctrain.errors import ConfigError, DataError
@@ -112,8 +113,16 @@ def test_bucketing_batches_a_classifier_by_length_and_says_the_padding_saved(tmp
     assert sizes.count(50) == 2 * 5 and sizes.count(6) == 2  # 256 = 5 x 50 + 6, per evaluation
     with pytest.raises(ConfigError, match="data.bucketing batches samples of different "
                                           "lengths, which need a collate function"):
-        hpctrain.fit(TextClassifier(), Sentences(64, 0), Sentences(64, 1),
-                     output_dir=str(tmp_path), data={"bucketing": True})
+        hpctrain.fit(TextClassifier(), Sentences(64, 0, fixed=16), Sentences(64, 1, fixed=16),
+                     output_dir=str(tmp_path), data={"bucketing": True},
+                     train={"batch_size": 8})
+    summary = hpctrain.fit(  # your DataLoader's collate pads as well
+        TextClassifier(), DataLoader(Sentences(256, 0), batch_size=32, collate_fn=pad_collate),
+        DataLoader(Sentences(64, 1), batch_size=32, collate_fn=pad_collate),
+        output_dir=str(tmp_path), **{**QUICK, "train": {"epochs": 1},
+                                     "data": {"num_workers": 0, "bucketing": True}})
+    assert summary["steps"] == 8 and "data.bucketing: batches of similar lengths" in \
+        capsys.readouterr().out
 
 
 def _recipe(tmp_path: Path, *extra: str) -> Path:

@@ -163,6 +163,10 @@ def _train_loader(data, train_set: Dataset, batch_size: int, seed: int, shard: d
                         f"(train.batch_size={batch_size} x {shard['world_size']} processes); "
                         "lower the batch size")
     if data.bucketing:  # your own samples of different lengths, batched by length
+        if batching.yours(data, given) is None:
+            raise ConfigError("data.bucketing batches samples of different lengths, which "
+                              "need a collate function that pads them: set data.collate (or "
+                              "your DataLoader's collate_fn)")
         sampler = LengthBucketSampler(
             batching.lengths_of(train_set.dataset, data.dataset, shard["rank"]), batch_size,
             seed=seed, keyed=True, **shard)

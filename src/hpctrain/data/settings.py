@@ -45,7 +45,7 @@ class _DataSettings(Section):
     val_batch_size: int | None = Field(None, ge=1, description="samples per device in an "
                                        "evaluation batch (None: twice train.batch_size)")
     bucketing: bool = Field(False, description="your own samples batched by length (their "
-                            "inputs' first dimension), padded by data.collate: less padding, "
+                            "inputs' first dimension), padded by your collate: less padding, "
                             "the order still shuffled each epoch (data/tokens/sequences.py)")
     image_size: int = Field(32, ge=8, le=1024)
     val_image_size: int | None = Field(None, ge=8, le=1024)
@@ -134,9 +134,6 @@ class _DataSettings(Section):
             if value and not self.from_user_code:
                 raise ValueError(f"data.{name} applies to your own dataset (data.dataset: "
                                  f"file.py:make); '{self.dataset}' is batched by hpctrain")
-        if self.bucketing and not self.collate:
-            raise ValueError("data.bucketing batches samples of different lengths, which need "
-                             "a collate function that pads them: set data.collate")
         if isinstance(self.num_workers, int) and self.num_workers < 0:
             raise ValueError(f"num_workers must be >= 0 or 'auto', got {self.num_workers}")
         return self
