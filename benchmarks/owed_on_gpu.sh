@@ -63,4 +63,6 @@ step tensors-seg 60 hpctrain run default task=segmentation model.name=$TENSORS:p
 step tensors-regression 60 hpctrain run default task=regression model.name=$TENSORS:mlp \
   data.dataset=$TENSORS:linear16 precision=bf16 optim.name=adamw optim.lr=0.01 \
   output_dir=/tmp/runs
+# issue 53: variable-length batches, bucketed against random, compiled by default there
+step bucketing 90 "$PY" benchmarks/bucketing.py --device cuda --median 200 --longest 1024
 echo "=== done at $(( $(date +%s) - T0 ))s" >>"$LOG"
