@@ -87,6 +87,8 @@ META_DAMAGE = {
     "wall seconds of text": (lambda m: m["progress"].update(wall_seconds="soon"),
                              'progress.wall_seconds is "soon"'),
     "scheduler a number": (lambda m: m.update(scheduler=7), "scheduler is 7"),
+    "a group's setting of text": (lambda m: m["scheduler"].update(groups=[{"lr": "high"}]),
+                                  'scheduler.groups is [{"lr": "high"}]'),
 }
 DAMAGE["meta.json with a step of text"] = (
     lambda c: edit_meta(c, META_DAMAGE["step of text"][0]), META_DAMAGE["step of text"][1])

@@ -51,15 +51,19 @@ PROGRESS_RULES = {
     "device_hours": AMOUNT, "energy_joules": optional(AMOUNT), "changes": list_of(CHANGE),
     "metrics_bytes": optional(COUNT),
 }
+# a param group's settings as a LightningModule's schedules left them: numbers, or lists of
+# numbers (Adam's betas)
+GROUP_SETTINGS = Kind("a mapping of finite numbers or lists of them", lambda v: isinstance(
+    v, dict) and all(FINITE.holds(x) or list_of(FINITE).holds(x) for x in v.values()))
 # the LR schedule's position (torch's LambdaLR.state_dict): only what hpctrain's schedule
-# holds; a LightningModule's (train/optimizers/lightning_optim.py): the step and its
-# schedulers' states
+# holds; a LightningModule's (train/optimizers/lightning_optim.py): the step, its
+# schedulers' states and its optimiser's groups' settings
 SCHEDULER_RULES = {
     "last_epoch": Kind("a whole number from -1", lambda v: isinstance(v, int) and
                        not isinstance(v, bool) and v >= -1),
     "_step_count": COUNT, "base_lrs": list_of(FINITE), "_last_lr": list_of(FINITE),
     "lr_lambdas": list_of(NONE),  # hpctrain's rules are functions, saved as null
-    "schedulers": list_of(MAPPING),
+    "schedulers": list_of(MAPPING), "groups": list_of(GROUP_SETTINGS),
 }
 # fp16's loss scaler (torch's GradScaler.state_dict); empty for the other precisions
 SCALER_RULES = {"scale": AMOUNT, "growth_factor": AMOUNT, "backoff_factor": AMOUNT,

@@ -157,13 +157,17 @@ class LightningSchedules:
             entry.scheduler.step(value)
 
     def state_dict(self) -> dict:
+        """The engine's step count, the schedulers' states and the optimiser's groups as the
+        schedulers left them: a scheduler sets more than the LR (OneCycleLR and CyclicLR
+        cycle SGD's momentum and Adam's first beta)."""
         return {"last_epoch": self.position.steps,
-                "schedulers": [entry.scheduler.state_dict() for entry in self.scheduled]}
+                "schedulers": [entry.scheduler.state_dict() for entry in self.scheduled],
+                "groups": [scheduled_settings(group) for group in self.optimizer.param_groups]}
 
     def restore(self, state: dict, settings: list[dict]) -> None:
-        """A resume's position: the engine's step count and the schedulers' states, the
-        optimiser's LRs as the schedulers last set them (`settings`: unused, the module's
-        optimiser is its own)."""
+        """A resume's position: the engine's step count, the schedulers' states, and each
+        group's settings as the checkpoint left them, as Lightning restores the optimiser's
+        state whole (`settings`: unused, the module's optimiser is its own)."""
         saved = state.get("schedulers")
         if not isinstance(saved, list) or len(saved) != len(self.scheduled):
             raise ConfigError(f"the checkpoint holds {len(saved or [])} LR scheduler state(s) "
@@ -174,3 +178,18 @@ class LightningSchedules:
             entry.scheduler.load_state_dict(own)
             for group, lr in zip(self.optimizer.param_groups, entry.scheduler.get_last_lr()):
                 group["lr"] = lr
+        groups = state.get("groups")  # checkpoints of earlier versions have none
+        if isinstance(groups, list) and len(groups) == len(self.optimizer.param_groups):
+            for group, values in zip(self.optimizer.param_groups, groups):
+                group.update({key: tuple(value) if isinstance(group.get(key), tuple) else value
+                              for key, value in values.items() if key in group})
+
+
+def scheduled_settings(group: dict) -> dict:
+    """A param group's settings a schedule may change: its numbers and pairs of numbers
+    (lr, momentum, betas, weight_decay, a cyclic schedule's bounds), as JSON keeps them."""
+    def number(value) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return {key: list(value) if isinstance(value, tuple) else value
+            for key, value in group.items() if key != "params" and (
+                number(value) or (isinstance(value, tuple) and all(map(number, value))))}
