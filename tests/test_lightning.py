@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -238,6 +239,47 @@ def test_a_one_cycle_run_stopped_at_three_moments_resumes_bitwise(tmp_path):
                                                      resumed.state_dict().values())), at
 
 
+class AsksItsOptimiser(LitClassifier):
+    """Reads, in every step, what a module reaches for around its optimiser: its scheduler's
+    last LR, its optimiser's momentum (OneCycleLR cycles it), the DataModule and the
+    Trainer's optimiser and scheduler lists."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+        return {"optimizer": optimizer, "lr_scheduler": {
+            "scheduler": torch.optim.lr_scheduler.OneCycleLR(
+                optimizer, max_lr=0.1, total_steps=self.trainer.estimated_stepping_batches),
+            "interval": "step", "name": "cycle"}}
+
+    def training_step(self, batch, batch_idx):
+        config = self.trainer.lr_scheduler_configs[0]
+        self.seen.append((self.lr_schedulers().get_last_lr()[0],
+                          self.optimizers().param_groups[0]["momentum"],
+                          type(self.trainer.datamodule).__name__,
+                          len(self.trainer.optimizers), config.interval, config.name))
+        return super().training_step(batch, batch_idx)
+
+
+def test_the_modules_own_optimiser_calls_are_answered_as_lightning_answers_them(tmp_path):
+    """self.optimizers(), self.lr_schedulers(), self.trainer.optimizers,
+    lr_scheduler_configs and datamodule were refused naming Trainer internals (issue 54):
+    every step sees what it sees under Lightning's Trainer."""
+    torch.manual_seed(0)
+    module = AsksItsOptimiser()
+    ours, theirs = copy.deepcopy(module), copy.deepcopy(module)
+    hpctrain.fit(ours, BlobData(), output_dir=str(tmp_path), train={"epochs": 1},
+                 data={"num_workers": 0}, tensorboard=False, report=False)
+    L.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+              enable_progress_bar=False, enable_model_summary=False).fit(
+        theirs, datamodule=BlobData())
+    assert len(ours.seen) == 16 and ours.seen == theirs.seen
+    assert ours.seen[0][2:] == ("BlobData", 1, "step", "cycle")
+
+
 @pytest.mark.parametrize("module_class", [EpochlyHalving, PlateauAndEpochHooks])
 def test_stopped_and_resumed_it_trains_as_if_never_stopped(tmp_path, capsys, module_class):
     """A stop signal mid-epoch saves the weights, the optimiser's momentum, the schedule (a
@@ -433,6 +475,12 @@ class AsksTheTrainer(LitClassifier):
         return super().training_step(batch, batch_idx)
 
 
+class GathersAcrossRanks(LitClassifier):
+    def training_step(self, batch, batch_idx):
+        self.all_gather(batch[0])
+        return super().training_step(batch, batch_idx)
+
+
 @pytest.mark.parametrize("module_class, message", [
     (Hooked, "Hooked overrides on_before_optimizer_step, which hpctrain's engine does not "
              "call (docs/lightning.md lists what it calls)"),
@@ -458,13 +506,19 @@ class AsksTheTrainer(LitClassifier):
                             "'monitor'"),
     (HourlySchedule, "lr_scheduler interval 'hour', frequency 1: expected an interval of "
                      "step or epoch"),
-    (AsksTheTrainer, "self.trainer.profiler: hpctrain's engine stands in for Lightning's "
+    (GathersAcrossRanks, "self.trainer.strategy (reached from test_lightning.py:"
+                         "NNN: self.all_gather(batch[0])): hpctrain's engine stands in for "
+                         "Lightning's Trainer with current_epoch, global_step"),
+    (AsksTheTrainer, "self.trainer.profiler (reached from test_lightning.py:NNN: self.log("
+                     "\"profiled\", float(self.trainer.profiler is None))): hpctrain's "
+                     "engine stands in for Lightning's "
                      "Trainer with current_epoch, global_step")])
 def test_what_the_engine_does_not_do_is_refused_by_name(tmp_path, module_class, message):
     train, val = blobs()
     with pytest.raises(ConfigError) as refused:
         hpctrain.fit(module_class(), train, val, output_dir=str(tmp_path), **QUICK)
-    assert message in str(refused.value)
+    said = re.sub(r"test_lightning\.py:\d+", "test_lightning.py:NNN", str(refused.value))
+    assert message in said
     assert refused.value.exit_code == 2
 
 

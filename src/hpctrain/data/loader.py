@@ -26,7 +26,7 @@ from hpctrain.data.given_loaders import LoaderSettings, SharedSampler, kept_note
 from hpctrain.data.sampling import EpochSampler
 from hpctrain.data.streams import Stream
 from hpctrain.data.tokens.sequences import LengthBucketSampler
-from hpctrain.data.user_datasets import loader_settings, user_datasets
+from hpctrain.data.user_datasets import data_module_of, loader_settings, user_datasets
 from hpctrain.data.worker_signals import SignalSafeLoader
 from hpctrain.errors import ConfigError, DataError, DeviceError
 
@@ -44,6 +44,7 @@ class DataBundle:
     classes_from: str | None = None  # where num_classes came from, if not the recipe or data
     collate: Callable = default_collate  # what the loaders batch samples with
     notes: tuple[str, ...] = ()  # what the banner says of the batches (bucketing's padding)
+    data_module: object | None = None  # the LightningDataModule they came from, if any
 
     @property
     def skipped_images(self) -> int:
@@ -121,7 +122,8 @@ def build_data(data, batch_size: int, seed: int, device: torch.device,
         DataBundle, val_loader=val_loader, val_sampler=val_sampler, num_classes=num_classes,
         num_workers=workers, vocab_size=vocab_size,
         collate=common["collate_fn"] or default_collate,
-        notes=kept_notes(given, given_val, batch_size, val_batch, world_size))
+        notes=kept_notes(given, given_val, batch_size, val_batch, world_size),
+        data_module=data_module_of(data, seed) if data.from_user_code else None)
     if isinstance(train_set, IterableDataset):  # your own stream (streams.py)
         stream = Stream(train_set, data.dataset, rank, world_size, batch_size, seed)
         # fresh workers each epoch: they take the stream's epoch and skip with them

@@ -90,8 +90,16 @@ def made_data(data, seed: int) -> tuple[Dataset, Dataset, LoaderSettings | None,
     if kept is None or kept[0] is not factory or kept[1] != arguments:
         made = user_code.call_factory(factory, "data.dataset", reference,
                                       data.factory_facts(seed), data.kwargs)
-        _MADE["made"] = kept = (factory, arguments, _train_and_val(made, reference))
+        _MADE["made"] = kept = (factory, arguments, _train_and_val(made, reference),
+                                made if is_data_module(made) else None)
     return kept[2]
+
+
+def data_module_of(data, seed: int):
+    """The LightningDataModule data.dataset made (a LightningModule's
+    self.trainer.datamodule), or None."""
+    made_data(data, seed)
+    return _MADE["made"][3]
 
 
 def forget_made() -> None:

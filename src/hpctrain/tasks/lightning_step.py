@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -193,6 +194,34 @@ def batch_rows(batch) -> int:
     return len(found[0])
 
 
+@dataclass
+class SchedulerConfig:
+    """A scheduler as configure_optimizers configured it: the fields of Lightning's
+    LRSchedulerConfig (`self.trainer.lr_scheduler_configs`, LearningRateMonitor's reading)."""
+
+    scheduler: object  # a torch.optim.lr_scheduler.LRScheduler
+    interval: str = "epoch"
+    frequency: int = 1
+    monitor: str | None = None  # the logged figure it steps on (ReduceLROnPlateau)
+    name: str | None = None
+    strict: bool = True
+
+    @property
+    def reduce_on_plateau(self) -> bool:
+        return self.monitor is not None
+
+
+def _your_line() -> str:
+    """Where your code made the call that reached a refusal: the innermost frame outside
+    Lightning, torch and hpctrain, as ' (reached from lit.py:42: x = self.all_gather(x))'."""
+    for frame in reversed(traceback.extract_stack()[:-2]):
+        path = frame.filename.replace("\\", "/")
+        if not any(part in path for part in ("/lightning/", "/pytorch_lightning/", "/torch/",
+                                             "/hpctrain/", "/lightning_fabric/")):
+            return f" (reached from {Path(frame.filename).name}:{frame.lineno}: {frame.line})"
+    return ""
+
+
 class NotGiven(ConfigError, AttributeError):
     """What the engine's `self.trainer` does not give: a refusal (exit 2) that `hasattr`
     and `getattr(trainer, name, default)` still read as a missing attribute."""
@@ -206,14 +235,15 @@ class EngineView:
              "global_rank", "local_rank", "node_rank", "num_nodes", "num_devices",
              "is_global_zero", "training", "sanity_checking", "callback_metrics",
              "logged_metrics", "log_dir", "default_root_dir", "logger", "loggers",
-             "progress_bar_callback", "lightning_module")
+             "progress_bar_callback", "lightning_module", "optimizers",
+             "lr_scheduler_configs", "datamodule")
 
     def __init__(self, step: LightningStep):
         self._step = step
 
     def __getattr__(self, name: str):
-        raise NotGiven(f"self.trainer.{name}: hpctrain's engine stands in for Lightning's "
-                       f"Trainer with {', '.join(self.GIVEN)}")
+        raise NotGiven(f"self.trainer.{name}{_your_line()}: hpctrain's engine stands in for "
+                       f"Lightning's Trainer with {', '.join(self.GIVEN)}")
 
     @property
     def _position(self) -> Position:
@@ -246,6 +276,9 @@ class EngineView:
     loggers = property(lambda self: [])
     progress_bar_callback = property(lambda self: None)
     lightning_module = property(lambda self: self._step.module)
+    optimizers = property(lambda self: [self._step.optimizers()])
+    lr_scheduler_configs = property(lambda self: list(self._step.scheduler_configs))
+    datamodule = property(lambda self: self._step.datamodule)
 
 
 class LightningStep(nn.Module):
@@ -261,8 +294,27 @@ class LightningStep(nn.Module):
         self.position = Position()
         self.hooks = hooks
         self.after: dict[str, list] = {moment: [] for moment in hooks}  # the engine's own
+        self.optimizer = None  # configure_optimizers': set by the engine (lightning_optim)
+        self.scheduler_configs: list[SchedulerConfig] = []
+        self.datamodule = None  # the LightningDataModule the data came from, if any
         module.trainer = EngineView(self)  # the property's setter: child modules too
         module.log, module.log_dict = self.logs.add, self.logs.add_dict
+        module.optimizers, module.lr_schedulers = self.optimizers, self.lr_schedulers
+
+    def optimizers(self, use_pl_optimizer: bool = True):
+        """`self.optimizers()`: the module's one optimiser (the torch optimiser itself, where
+        Lightning wraps it in a LightningOptimizer that passes its attributes through)."""
+        if self.optimizer is None:
+            raise ConfigError(f"self.optimizers(){_your_line()} before configure_optimizers "
+                              "ran: hpctrain's engine makes the optimiser after setup; ask "
+                              "for it in the steps or the epoch hooks")
+        return self.optimizer
+
+    def lr_schedulers(self):
+        """`self.lr_schedulers()`: None, the one scheduler, or a list, as Lightning's."""
+        self.optimizers()  # made together
+        schedulers = [config.scheduler for config in self.scheduler_configs]
+        return (schedulers[0] if len(schedulers) == 1 else schedulers) if schedulers else None
 
     def to(self, *args, **kwargs) -> LightningStep:
         """Moved through the module's own `to`, which keeps its `self.device` true."""

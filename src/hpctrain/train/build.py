@@ -207,6 +207,7 @@ def _model_on_device(config: Config, data: DataBundle, plan: SystemPlan, layout:
     flops = model_flops(model)  # of the whole model: a pipeline stage holds only its part
     if config.task_spec.steps_model:  # a LightningModule: the engine steps its own steps
         model = lightning.adapt(model, device)
+        model.datamodule = data.data_module  # self.trainer.datamodule
     elif lightning.is_lightning_module(model):
         raise ConfigError(f"model.name {config.model.name} made a LightningModule, which "
                           f"trains on its own steps: set task={lightning.SPEC.name} (task "

@@ -18,22 +18,12 @@ the checkpoint's meta.json, is the engine's step count and the schedulers' own s
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-
 import torch
 
 from hpctrain.errors import ConfigError
-from hpctrain.tasks.lightning_step import LightningStep, Position
+from hpctrain.tasks.lightning_step import LightningStep, Position, SchedulerConfig
 
 INTERVALS = ("step", "epoch")
-
-
-@dataclass
-class Scheduled:
-    scheduler: object  # torch.optim.lr_scheduler.LRScheduler
-    interval: str
-    frequency: int
-    monitor: str | None = None  # the logged figure it steps on (ReduceLROnPlateau)
 
 
 def from_module(step: LightningStep) -> tuple[torch.optim.Optimizer, LightningSchedules]:
@@ -49,6 +39,7 @@ def from_module(step: LightningStep) -> tuple[torch.optim.Optimizer, LightningSc
     scheduled = [_scheduled(entry, name, optimizers[0], monitor) for entry in schedulers]
     schedules = LightningSchedules(optimizers[0], scheduled, step.position, step.logs.latest)
     step.after["train_epoch_end"].append(schedules.epoch_ended)
+    step.optimizer, step.scheduler_configs = optimizers[0], scheduled  # self.optimizers()
     return optimizers[0], schedules
 
 
@@ -80,7 +71,7 @@ def _parts(returned, name: str) -> tuple[list, list, str | None]:
     return [returned], [], None
 
 
-def _scheduled(entry, name: str, optimizer, monitor: str | None) -> Scheduled:
+def _scheduled(entry, name: str, optimizer, monitor: str | None) -> SchedulerConfig:
     config = dict(entry) if isinstance(entry, dict) else {"scheduler": entry}
     scheduler = config.get("scheduler")
     interval, frequency = config.get("interval", "epoch"), config.get("frequency", 1)
@@ -106,14 +97,15 @@ def _scheduled(entry, name: str, optimizer, monitor: str | None) -> Scheduled:
         raise ConfigError(f"{name}.configure_optimizers: the state of its "
                           f"{type(scheduler).__name__} cannot be saved in a checkpoint's "
                           f"meta.json ({err})") from None
-    return Scheduled(scheduler, interval, frequency, monitor)
+    return SchedulerConfig(scheduler, interval, frequency, monitor, config.get("name"),
+                           config.get("strict", True))
 
 
 class LightningSchedules:
     """The engine's LR schedule for a LightningModule: its schedulers, each at its
     interval, and the engine's position (global_step) advanced with every step."""
 
-    def __init__(self, optimizer, scheduled: list[Scheduled], position: Position,
+    def __init__(self, optimizer, scheduled: list[SchedulerConfig], position: Position,
                  latest: dict[str, float | None]):
         self.optimizer, self.scheduled, self.position = optimizer, scheduled, position
         self.latest = latest  # the logged figures as last read (Logs.latest)
