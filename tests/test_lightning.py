@@ -280,6 +280,40 @@ def test_the_modules_own_optimiser_calls_are_answered_as_lightning_answers_them(
     assert ours.seen[0][2:] == ("BlobData", 1, "step", "cycle")
 
 
+class Prepares(LitClassifier):
+    """A module whose prepare_data would download (recorded), setting up after it."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def prepare_data(self):
+        self.calls.append("prepare_data")
+
+    def setup(self, stage):
+        self.calls.append(f"setup {stage}")
+
+
+def test_prepare_data_runs_once_before_setup_and_lightnings_demos_are_modules_like_yours(
+        tmp_path, capsys):
+    """prepare_data was refused, advising to move a download "into the steps" (issue 54): it
+    runs once (per node: on its first process), before setup. BoringModel, a module that
+    Lightning itself defines, was exempt from the checks and its own loaders ignored without
+    a word: they train it now, as they train anyone's (64 samples, batch 1)."""
+    from lightning.pytorch.demos import BoringModel
+
+    module = Prepares()
+    hpctrain.fit(module, *blobs(), output_dir=str(tmp_path), **QUICK)
+    assert module.calls == ["prepare_data", "setup fit"]
+    summary = hpctrain.fit(BoringModel(), output_dir=str(tmp_path), run_name="boring",
+                           train={"epochs": 1}, data={"num_workers": 0}, tensorboard=False,
+                           report=False)
+    assert summary["status"] == "completed" and summary["steps"] == 64
+    out = capsys.readouterr().out
+    assert "data given:BoringModel.train_dataloader (64 train / 64 val" in out
+    assert "step 64: evaluated; the validation logged no figure" in out
+
+
 @pytest.mark.parametrize("module_class", [EpochlyHalving, PlateauAndEpochHooks])
 def test_stopped_and_resumed_it_trains_as_if_never_stopped(tmp_path, capsys, module_class):
     """A stop signal mid-epoch saves the weights, the optimiser's momentum, the schedule (a

@@ -99,7 +99,10 @@ def fit(model: nn.Module, train_data: Dataset | DataLoader | None = None,
     if val_data is None and not brings_val:
         train_data, val_data = _held_out(train_data, config)
     user_code.give(references["model.name"], lambda: model)
-    user_code.give(references["data.dataset"], lambda: lightning.own_loaders(model)
+    from hpctrain.cluster.environment import detect
+
+    leader = detect().local_rank == 0  # a LightningModule's prepare_data: once a node
+    user_code.give(references["data.dataset"], lambda: lightning.own_loaders(model, leader)
                    if train_data is None else train_data if val_data is None else
                    (train_data, val_data))
     return _train(config, started)

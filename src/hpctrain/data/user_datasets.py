@@ -75,13 +75,13 @@ class ByIndex(Dataset):
 _MADE: dict[str, tuple] = {}  # "made": (factory, its arguments, what was made of it)
 
 
-def made_data(data, seed: int) -> tuple[Dataset, Dataset, LoaderSettings | None,
-                                         LoaderSettings | None]:
+def made_data(data, seed: int, leader: bool = True) -> tuple[
+        Dataset, Dataset, LoaderSettings | None, LoaderSettings | None]:
     """(train, val, and where they came in DataLoaders, what those set) of the factory
     data.dataset names. Made once for the same factory and arguments until `forget_made`
     (a run's end, a verb's end): hpctrain asks for the loaders' settings before it builds
-    the data, and a LightningDataModule's prepare_data and setup run once, as under
-    Lightning."""
+    the data, and a LightningDataModule's prepare_data (on its node's first process,
+    `leader`) and setup run once, as under Lightning."""
     reference = data.dataset
     factory = user_code.load(reference, "data.dataset")
     arguments = (reference, seed, repr(sorted(data.kwargs.items())),
@@ -90,7 +90,7 @@ def made_data(data, seed: int) -> tuple[Dataset, Dataset, LoaderSettings | None,
     if kept is None or kept[0] is not factory or kept[1] != arguments:
         made = user_code.call_factory(factory, "data.dataset", reference,
                                       data.factory_facts(seed), data.kwargs)
-        _MADE["made"] = kept = (factory, arguments, _train_and_val(made, reference),
+        _MADE["made"] = kept = (factory, arguments, _train_and_val(made, reference, leader),
                                 made if is_data_module(made) else None)
     return kept[2]
 
@@ -107,9 +107,11 @@ def forget_made() -> None:
     _MADE.clear()
 
 
-def loader_settings(data, seed: int) -> tuple[LoaderSettings | None, LoaderSettings | None]:
-    """What your training and validation DataLoaders set (None: you gave a Dataset)."""
-    return made_data(data, seed)[2:]
+def loader_settings(data, seed: int, leader: bool = True) -> tuple[
+        LoaderSettings | None, LoaderSettings | None]:
+    """What your training and validation DataLoaders set (None: you gave a Dataset);
+    `leader`: this process is its node's first (made_data)."""
+    return made_data(data, seed, leader)[2:]
 
 
 def user_datasets(data, seed: int, rank: int = 0) -> tuple[Dataset, Dataset, int]:
@@ -146,12 +148,12 @@ def user_datasets(data, seed: int, rank: int = 0) -> tuple[Dataset, Dataset, int
         ByIndex(val, seed, rank), num_classes
 
 
-def _train_and_val(made, reference: str) -> tuple[Dataset, Dataset, LoaderSettings | None,
-                                                 LoaderSettings | None]:
+def _train_and_val(made, reference: str, leader: bool) -> tuple[
+        Dataset, Dataset, LoaderSettings | None, LoaderSettings | None]:
     """(train, val, their loaders' settings) of what the factory made: two datasets, two
     DataLoaders (what they set kept, given_loaders.py), or a LightningDataModule."""
     if is_data_module(made):
-        made = _of_data_module(made, reference)
+        made = _of_data_module(made, reference, leader)
     if isinstance(made, dict) and set(made) == {"train", "val"}:
         made = (made["train"], made["val"])
     if not (isinstance(made, (tuple, list)) and len(made) == 2):
@@ -179,10 +181,12 @@ def _train_and_val(made, reference: str) -> tuple[Dataset, Dataset, LoaderSettin
     return made[0], made[1], settings[0], settings[1]
 
 
-def _of_data_module(module, reference: str) -> tuple:
+def _of_data_module(module, reference: str, leader: bool) -> tuple:
     """The training and validation DataLoaders of a LightningDataModule, after its
-    prepare_data() and setup("fit"), as Lightning's Trainer.fit calls them."""
-    module.prepare_data()
+    prepare_data() (on the node's first process, `leader`) and setup("fit"), as Lightning's
+    Trainer.fit calls them."""
+    if leader:
+        module.prepare_data()
     module.setup("fit")
     loaders = []
     for hook in ("train_dataloader", "val_dataloader"):

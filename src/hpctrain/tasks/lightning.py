@@ -41,6 +41,7 @@ CALLED = ("training_step", "validation_step", "configure_optimizers", "setup",
           "configure_model", *LOADER_HOOKS,
           *(hook for hooks in HOOKS.values() for hook in hooks))
 _SET_UP: weakref.WeakSet = weakref.WeakSet()  # modules whose setup("fit") has run
+_PREPARED: weakref.WeakSet = weakref.WeakSet()  # modules whose prepare_data has run
 # the LightningModule's own methods that are hooks (besides those of its hook classes)
 MODULE_HOOKS = ("optimizer_step", "optimizer_zero_grad", "lr_scheduler_step", "backward",
                 "configure_gradient_clipping", "configure_callbacks")
@@ -50,6 +51,17 @@ HOOK_CLASSES = ("ModelHooks", "DataHooks", "CheckpointHooks")
 def _lightning_classes(cls: type) -> list[type]:
     return [base for base in cls.__mro__
             if base.__module__.startswith(LIGHTNING_PACKAGES)]
+
+
+def _framework(cls: type) -> list[type]:
+    """Lightning's own classes in `cls`'s MRO: LightningModule (or LightningDataModule) and
+    its bases. A module's own classes come before, whatever package defines them: Lightning's
+    demos (BoringModel) are modules like any user's, their hooks called or refused alike."""
+    for index, base in enumerate(cls.__mro__):
+        if base.__name__ in ("LightningModule", "LightningDataModule") and \
+                base.__module__.startswith(LIGHTNING_PACKAGES):
+            return list(cls.__mro__[index:])
+    return []
 
 
 def is_lightning_class(cls) -> bool:
@@ -83,21 +95,31 @@ def overrides(cls: type, name: str) -> bool:
     """Whether `cls` (a LightningModule or LightningDataModule class) defines `name` itself,
     rather than inheriting Lightning's."""
     owner = next((base for base in cls.__mro__ if name in vars(base)), None)
-    return owner is not None and owner not in _lightning_classes(cls)
+    return owner is not None and owner not in _framework(cls)
 
 
-def own_loaders(module) -> tuple:
+def own_loaders(module, leader: bool) -> tuple:
     """A LightningModule's own (train_dataloader(), val_dataloader()), after its
-    prepare_data() and setup("fit") as Lightning's Trainer.fit calls them (setup once: the
-    engine does not call it again)."""
+    prepare_data() (`leader`: this process is its node's first) and setup("fit"), as
+    Lightning's Trainer.fit calls them (each once: the engine does not call them again)."""
     missing = [hook for hook in LOADER_HOOKS[1:] if not overrides(type(module), hook)]
     if missing:
         raise ConfigError(f"fit({type(module).__name__}) with no data: the module has no "
                           f"{' nor '.join(missing)} of its own; give train_data and val_data "
                           "(Datasets, DataLoaders or a LightningDataModule)")
-    module.prepare_data()
+    prepare_once(module, leader)
     _set_up(module)
     return module.train_dataloader(), module.val_dataloader()
+
+
+def prepare_once(module, leader: bool) -> None:
+    """The module's prepare_data (its downloads), once per node before its setup, as
+    Lightning's default (prepare_data_per_node): on the node's first process (`leader`),
+    which the others wait for."""
+    if is_lightning_module(module) and module not in _PREPARED:  # (adapt refuses others)
+        if leader:
+            module.prepare_data()
+        _PREPARED.add(module)
 
 
 def _set_up(module) -> None:
@@ -109,13 +131,11 @@ def _set_up(module) -> None:
 def refused_hooks(cls: type) -> list[str]:
     """The hooks `cls` overrides that hpctrain's engine does not call (test and predict
     hooks aside: fitting does not call them)."""
-    lightning = _lightning_classes(cls)
-    hooks = {name for base in lightning if base.__name__ in HOOK_CLASSES
+    framework = _framework(cls)
+    hooks = {name for base in framework if base.__name__ in HOOK_CLASSES
              for name in vars(base) if not name.startswith("_")} | set(MODULE_HOOKS)
-    return sorted(
-        name for name in hooks - set(CALLED)
-        if "test" not in name and "predict" not in name
-        and next(base for base in cls.__mro__ if name in vars(base)) not in lightning)
+    return sorted(name for name in hooks - set(CALLED)
+                  if "test" not in name and "predict" not in name and overrides(cls, name))
 
 
 def adapt(module, device):

@@ -143,17 +143,18 @@ def _start(config: Config, env: ProcessEnv, decided: _Decided, held: ExitStack) 
     job_end = _on_rank0(distributed, lambda: scheduler().job_end_time(env.job_id, os.environ)
                         if env.job_id and config.preemption.deadline == "auto" else None)
     with distributed.node_leader_first():
-        config, decided = _with_your_loaders(config, decided)
+        config, decided = _with_your_loaders(config, decided, env.local_rank == 0)
         data = build_data(config.data, decided.batch_size, config.seed, decided.device,
                           distributed.data_rank, decided.layout.data, env.local_world_size,
                           (config.preemption.signal,), node_local_scratch())
     return config, decided, distributed, place, job_end, data
 
 
-def _with_your_loaders(config: Config, decided: _Decided) -> tuple[Config, _Decided]:
+def _with_your_loaders(config: Config, decided: _Decided, leader: bool) \
+        -> tuple[Config, _Decided]:
     """The configuration with your DataLoaders' batch sizes and workers (your_loaders.py),
-    and the batch decided again from it."""
-    adopted = with_your_loaders(config)
+    and the batch decided again from it; `leader`: the node's first process."""
+    adopted = with_your_loaders(config, leader)
     if adopted is config:
         return config, decided
     layout = decided.layout
@@ -206,6 +207,8 @@ def _model_on_device(config: Config, data: DataBundle, plan: SystemPlan, layout:
     freeze(model, config.model.freeze)
     flops = model_flops(model)  # of the whole model: a pipeline stage holds only its part
     if config.task_spec.steps_model:  # a LightningModule: the engine steps its own steps
+        with distributed.node_leader_first():  # its downloads: once a node, before setup
+            lightning.prepare_once(model, distributed.env.local_rank == 0)
         model = lightning.adapt(model, device)
         model.datamodule = data.data_module  # self.trainer.datamodule
     elif lightning.is_lightning_module(model):

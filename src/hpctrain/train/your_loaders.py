@@ -10,14 +10,15 @@ from hpctrain.config import Config, with_settings
 from hpctrain.data.user_datasets import loader_settings
 
 
-def with_your_loaders(config: Config) -> Config:
+def with_your_loaders(config: Config, leader: bool = True) -> Config:
     """`config` with your training DataLoader's batch size (train.batch_size) and workers
     (data.num_workers) and your validation DataLoader's batch size (data.val_batch_size),
     each unless told (Config.told). Makes your data (its factory, a DataModule's
-    prepare_data and setup) once in this process, as training will use it."""
+    prepare_data on the node's first process, `leader`, and setup) once in this process, as
+    training will use it."""
     if not config.data.from_user_code:
         return config
-    train, val = loader_settings(config.data, config.seed)
+    train, val = loader_settings(config.data, config.seed, leader)
     settings = {}
     if train is not None:
         if not (config.told("train.batch_size") or config.told("train.global_batch_size")):

@@ -103,8 +103,9 @@ def evaluate_and_record(parts, progress: Progress, clock: Clock, telemetry: Tele
     telemetry.record("eval", progress.step, {
         **values, "epoch": progress.step / parts.steps_per_epoch, "eval_seconds": seconds,
         **{key: run[key] for key in ("elapsed_seconds", "device_hours", "energy_joules")}})
-    telemetry.message(f"step {progress.step}: " + "  ".join(  # None: undefined (R² of one value)
-        f"{name} {'-' if value is None else f'{value:.4f}'}" for name, value in values.items()))
+    telemetry.message(f"step {progress.step}: " + ("  ".join(  # None: undefined (R² of one value)
+        f"{name} {'-' if value is None else f'{value:.4f}'}" for name, value in values.items())
+        or "evaluated; the validation logged no figure"))
     if parts.trial is not None and parts.trial.prune(values, evaluation,
                                                      progress.step == parts.total_steps):
         raise TrialPruned(f"trial {parts.trial.number} pruned by the study after evaluation "
