@@ -19,7 +19,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 import hpctrain
 from hpctrain.data.sampling import EpochSampler
@@ -314,6 +314,80 @@ def test_prepare_data_runs_once_before_setup_and_lightnings_demos_are_modules_li
     assert "step 64: evaluated; the validation logged no figure" in out
 
 
+class RecordsItsHooks(LitClassifier):
+    """Records every per-batch hook (with its batch_idx) and the epoch hooks, and the
+    gradients' norm as on_before_optimizer_step sees them (Lightning's grad-norm logging
+    place), logged too."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls, self.norms = [], []
+
+    def on_train_batch_start(self, batch, batch_idx):
+        self.calls.append(("on_train_batch_start", batch_idx))
+
+    def on_before_zero_grad(self, optimizer):
+        self.calls.append(("on_before_zero_grad",))
+
+    def on_before_backward(self, loss):
+        self.calls.append(("on_before_backward",))
+
+    def on_after_backward(self):
+        self.calls.append(("on_after_backward",))
+
+    def on_before_optimizer_step(self, optimizer):
+        from lightning.pytorch.utilities import grad_norm
+
+        self.calls.append(("on_before_optimizer_step",))
+        norm = grad_norm(self, norm_type=2)["grad_2.0_norm_total"]
+        self.norms.append(float(norm))
+        self.log("grad_norm", norm)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        self.calls.append(("on_train_batch_end", batch_idx, sorted(outputs)))
+
+    def on_validation_batch_start(self, batch, batch_idx, dataloader_idx=0):
+        self.calls.append(("on_validation_batch_start", batch_idx))
+
+    def on_validation_batch_end(self, outputs, batch, batch_idx, dataloader_idx=0):
+        self.calls.append(("on_validation_batch_end", batch_idx))
+
+    def on_train_epoch_start(self):
+        self.calls.append(("on_train_epoch_start",))
+
+    def on_train_epoch_end(self):
+        self.calls.append(("on_train_epoch_end",))
+
+    def on_validation_epoch_start(self):
+        self.calls.append(("on_validation_epoch_start",))
+
+    def on_validation_epoch_end(self):
+        self.calls.append(("on_validation_epoch_end",))
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_per_batch_hooks_run_in_lightnings_order(tmp_path, accumulate):
+    """on_train_batch_start/end, on_before_zero_grad, on_before_backward, on_after_backward,
+    on_before_optimizer_step and the validation batch's hooks were refused (issue 54): they
+    are called at Lightning's moments, in its order (with gradient accumulation too), and the
+    gradients on_before_optimizer_step sees have Lightning's norms."""
+    torch.manual_seed(0)
+    module = RecordsItsHooks()
+    train, val = (DataLoader(part, batch_size=32) for part in blobs())
+    ours, theirs = copy.deepcopy(module), copy.deepcopy(module)
+    summary = hpctrain.fit(ours, train, val, output_dir=str(tmp_path), tensorboard=False,
+                           report=False, train={"epochs": 1, "log_every": 2,
+                                                "grad_accum_steps": accumulate},
+                           data={"num_workers": 0})
+    L.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+              enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+              accumulate_grad_batches=accumulate).fit(theirs, train, val)
+    assert ours.calls == theirs.calls
+    assert len(ours.norms) == 16 // accumulate
+    assert ours.norms == pytest.approx(theirs.norms, rel=1e-6)
+    assert all(r["grad_norm"] > 0 for r in _records(summary["run_dir"], "train"))
+
+
 @pytest.mark.parametrize("module_class", [EpochlyHalving, PlateauAndEpochHooks])
 def test_stopped_and_resumed_it_trains_as_if_never_stopped(tmp_path, capsys, module_class):
     """A stop signal mid-epoch saves the weights, the optimiser's momentum, the schedule (a
@@ -425,7 +499,8 @@ class Hooked(LitClassifier):
     def on_train_epoch_end(self):
         pass
 
-    def on_before_optimizer_step(self, optimizer):
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None,
+                                    gradient_clip_algorithm=None):
         pass
 
 
@@ -516,8 +591,8 @@ class GathersAcrossRanks(LitClassifier):
 
 
 @pytest.mark.parametrize("module_class, message", [
-    (Hooked, "Hooked overrides on_before_optimizer_step, which hpctrain's engine does not "
-             "call (docs/lightning.md lists what it calls)"),
+    (Hooked, "Hooked overrides configure_gradient_clipping, which hpctrain's engine does "
+             "not call (docs/lightning.md lists what it calls)"),
     (Manual, "sets automatic_optimization = False: manual optimisation is not supported"),
     (TwoOptimisers, "configure_optimizers returned 2 optimisers: hpctrain's engine steps "
                     "one torch.optim.Optimizer"),

@@ -290,7 +290,7 @@ def step_spec(config: Config, target: Target, width: int) -> StepSpec:
                     (lambda model: lightning_optim.from_module(model)[0]) if steps_model else
                     lambda model: build_optimizer(model, config.optim, lr, optim_device),
                     criterion, target.precision, target.device, config.optim.grad_clip_norm,
-                    target.capability, model_key=key)
+                    target.capability, model_key=key, lightning_order=steps_model)
 
 
 def model_info(spec: StepSpec, precision: str, config: Config | None = None) -> ModelInfo:

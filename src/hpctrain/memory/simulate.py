@@ -36,7 +36,7 @@ from hpctrain.profiling.regions import region
 from hpctrain.tasks.steps import Batch
 # fp8 is simulated as its bf16 autocast (AUTOCAST_DTYPES)
 from hpctrain.train.hardware.precision import AUTOCAST_DTYPES, Precision
-from hpctrain.train.step import Step, forward, take_step
+from hpctrain.train.step import BatchHooks, Step, forward, take_step
 
 CUDA_GRANULARITY = 512  # the CUDA caching allocator rounds every block up to 512 bytes
 FIXED = ("parameters", "optimizer states")  # what does not grow with the batch
@@ -62,6 +62,9 @@ class StepSpec:
     # what sets the model's shapes (its name, settings, output width, checkpointing): specs
     # with the same key share one build on the meta device (shared_build); None: no sharing
     model_key: str | None = None
+    # a LightningModule's order: the gradients zeroed before the next backward, so that they
+    # live through its forward (train/step.BatchHooks)
+    lightning_order: bool = False
 
 
 @dataclass
@@ -155,7 +158,17 @@ def _step(spec: StepSpec, model: nn.Module, optimizer: torch.optim.Optimizer | N
                 to_device=lambda pair: Batch(pair[0], pair[1], pair[1]),
                 loss=lambda outputs, batch: spec.criterion(outputs, batch.targets),
                 precision=_SimulatedPrecision(spec.precision, device.type),
-                optimizer=optimizer, clip_norm=spec.clip_norm)
+                optimizer=optimizer, clip_norm=spec.clip_norm,
+                hooks=_NO_HOOKS if spec.lightning_order else None)
+
+
+def _nothing(*args) -> None:
+    return None
+
+
+# the engine's order for a LightningModule, its hooks' own work left out (user code on fake
+# tensors)
+_NO_HOOKS = BatchHooks(*([_nothing] * 5))
 
 
 def run_steps(spec: StepSpec, model: nn.Module, optimizer: torch.optim.Optimizer,

@@ -34,11 +34,16 @@ HOOKS = {"train_start": ("on_fit_start", "on_train_start"),
          "validation_end": ("on_validation_epoch_end", "on_validation_end"),
          "train_epoch_end": ("on_train_epoch_end",),
          "train_end": ("on_train_end", "on_fit_end")}
+# a training batch's hooks and a validation batch's, at Lightning's moments (the engine's
+# step: train/step.BatchHooks; lightning_step.LightningStep.forward)
+BATCH_HOOKS = ("on_train_batch_start", "on_before_zero_grad", "on_before_backward",
+               "on_after_backward", "on_before_optimizer_step", "on_train_batch_end",
+               "on_validation_batch_start", "on_validation_batch_end")
 # what the engine calls, besides forward (which the steps call themselves); a module's own
 # loaders when hpctrain.fit is given no data (as Lightning's Trainer.fit)
 LOADER_HOOKS = ("prepare_data", "train_dataloader", "val_dataloader")
 CALLED = ("training_step", "validation_step", "configure_optimizers", "setup",
-          "configure_model", *LOADER_HOOKS,
+          "configure_model", *LOADER_HOOKS, *BATCH_HOOKS,
           *(hook for hooks in HOOKS.values() for hook in hooks))
 _SET_UP: weakref.WeakSet = weakref.WeakSet()  # modules whose setup("fit") has run
 _PREPARED: weakref.WeakSet = weakref.WeakSet()  # modules whose prepare_data has run

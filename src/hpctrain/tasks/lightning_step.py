@@ -297,6 +297,9 @@ class LightningStep(nn.Module):
         self.optimizer = None  # configure_optimizers': set by the engine (lightning_optim)
         self.scheduler_configs: list[SchedulerConfig] = []
         self.datamodule = None  # the LightningDataModule the data came from, if any
+        self.rows = 1  # the last training batch's size, what its hooks' logs weigh by
+        self.carried: torch.Tensor | None = None  # what hooks outside the step logged
+        self.last: tuple = ()  # (outputs, batch, batch_idx) of the last training batch
         module.trainer = EngineView(self)  # the property's setter: child modules too
         module.log, module.log_dict = self.logs.add, self.logs.add_dict
         module.optimizers, module.lr_schedulers = self.optimizers, self.lr_schedulers
@@ -340,7 +343,7 @@ class LightningStep(nn.Module):
             getattr(self.module, hook)()
         for then in self.after[moment]:
             then()
-        return self.logs.take() if window else \
+        return self._with_carried(self.logs.take()) if window else \
             torch.zeros(2 * CAPACITY, device=self.logs.device, dtype=torch.float64)
 
     def forward(self, batch, rows: int):
@@ -348,12 +351,46 @@ class LightningStep(nn.Module):
         if self.training:
             index = self.position.batch_index()
             self.position.micro += 1
-            loss = _loss_of(self.module.training_step(batch, index), index)
-            return StepOutput(loss, self.logs.take())
-        self.module.validation_step(batch, self.position.val_index)
+            self.rows = rows
+            if self.module.on_train_batch_start(batch, index) == -1:
+                raise ConfigError(f"on_train_batch_start returned -1 at batch {index}: "
+                                  "hpctrain's engine does not skip the rest of an epoch "
+                                  "(every process must step alike); stop the run instead")
+            returned = self.module.training_step(batch, index)
+            loss = _loss_of(returned, index)
+            extra = {k: v for k, v in returned.items() if k != "loss"} \
+                if isinstance(returned, dict) else {}
+            self.last = ({"loss": loss.detach(), **extra}, batch, index)
+            return StepOutput(loss, self._with_carried(self.logs.take()))
+        index = self.position.val_index
+        self.module.on_validation_batch_start(batch, index)
+        outputs = self.module.validation_step(batch, index)
+        self.module.on_validation_batch_end(outputs, batch, index)
         self.position.val_index += 1
         # each sample carries its batch's share: evaluation drops the sampler's repeats by rows
         return (self.logs.take() / rows).expand(rows, -1)
+
+    def hook(self, name: str, *args) -> None:
+        """One of the module's per-batch hooks outside its step (on_before_backward, ...):
+        what it logs joins the next training step's figures, or the epoch end's."""
+        self.logs.begin(self.rows)
+        getattr(self.module, name)(*args)
+        logged = self.logs.take()
+        self.carried = logged if self.carried is None else self.carried + logged
+
+    def _with_carried(self, logged: torch.Tensor) -> torch.Tensor:
+        carried, self.carried = self.carried, None
+        return logged if carried is None else logged + carried
+
+    def batch_hooks(self, optimizer) -> dict:
+        """The module's hooks at a training batch's moments, as train/step.BatchHooks takes
+        them, in Lightning's order."""
+        return dict(
+            before_zero_grad=lambda: self.hook("on_before_zero_grad", optimizer),
+            before_backward=lambda loss: self.hook("on_before_backward", loss),
+            after_backward=lambda: self.hook("on_after_backward"),
+            before_optimizer_step=lambda: self.hook("on_before_optimizer_step", optimizer),
+            batch_end=lambda: self.hook("on_train_batch_end", *self.last))
 
 
 def _loss_of(returned, index: int) -> torch.Tensor:

@@ -52,7 +52,7 @@ from hpctrain.train.optimizers import lightning_optim
 from hpctrain.train.optimizers.optim import (WeightEma, build_optimizer, build_scheduler, freeze,
                                              scaled_lr)
 from hpctrain.train.preemption import deadline_at
-from hpctrain.train.step import Step
+from hpctrain.train.step import BatchHooks, Step
 from hpctrain.train.trial import TrialLink, link
 from hpctrain.train.user_functions import with_user_functions
 from hpctrain.train.your_loaders import with_your_loaders
@@ -403,7 +403,9 @@ def _training_step(config: Config, layout: Layout, distributed: Distributed, pla
         accumulate=config.train.grad_accum_steps, scheduler=scheduler,
         ema=WeightEma(model, config.optim.ema.decay) if config.optim.ema.enabled else None,
         pipeline=stages, gradient_sync=data_parallel.gradient_sync(forward),
-        loss_context=tensor.loss_context(config, layout))
+        loss_context=tensor.loss_context(config, layout),
+        hooks=BatchHooks(**model.batch_hooks(optimizer)) if config.task_spec.steps_model
+        else None)
 
 
 def build_parts(config: Config, env: ProcessEnv | None = None,

@@ -39,6 +39,20 @@ def _always_in_sync(last_micro_batch: bool) -> contextlib.AbstractContextManager
 
 
 @dataclass
+class BatchHooks:
+    """A module's own code at a training batch's moments: a LightningModule's per-batch
+    hooks (tasks/lightning_step.py), in Lightning's order. With them the gradients are
+    zeroed as Lightning zeroes them, after the first micro-batch's forward and before its
+    backward (without them, right after the update, which frees them sooner)."""
+
+    before_zero_grad: Callable[[], None]
+    before_backward: Callable[[torch.Tensor], None]  # the loss about to be backpropagated
+    after_backward: Callable[[], None]
+    before_optimizer_step: Callable[[], None]  # gradients unscaled, not yet clipped
+    batch_end: Callable[[], None]  # a micro-batch done (the last: after the update)
+
+
+@dataclass
 class Step:
     """What one optimiser step is made of; `build.py` assembles the engine's, memory its own."""
 
@@ -60,6 +74,7 @@ class Step:
     # between the device move and the forward pass: where context parallelism would give
     # each rank its part of the sequence
     before_forward: Callable[[Batch], Batch] = _as_moved
+    hooks: BatchHooks | None = None  # a LightningModule's per-batch hooks
 
 
 def take_step(step: Step, next_batch: Callable[[], Any], phase: Phase = region,
@@ -82,20 +97,41 @@ def take_step(step: Step, next_batch: Callable[[], Any], phase: Phase = region,
         else:
             with step.gradient_sync(micro == step.accumulate - 1), step.loss_context():
                 outputs, loss = forward(step, batch, phase)
+                hooked(step, micro, loss)
                 with phase("backward"):
                     step.precision.backward(loss if step.accumulate == 1 else
                                             loss / step.accumulate)
+                if step.hooks is not None:
+                    step.hooks.after_backward()
         if record is not None and outputs is not None:
             record(outputs, batch, loss)
         del loaded, batch, outputs, loss  # none of it lives on into the update's peak
+        if step.hooks is not None and micro < step.accumulate - 1:
+            step.hooks.batch_end()
     with phase("optimizer"):
-        step.precision.step(step.optimizer, step.params, step.clip_norm)
+        step.precision.step(step.optimizer, step.params, step.clip_norm,
+                            step.hooks.before_optimizer_step if step.hooks else None)
         if step.scheduler is not None:
             step.scheduler.step()
-        step.optimizer.zero_grad(set_to_none=True)
+        if step.hooks is None:
+            step.optimizer.zero_grad(set_to_none=True)
         if step.ema is not None:
             step.ema.update()
+    if step.hooks is not None:
+        step.hooks.batch_end()
     return waited
+
+
+def hooked(step: Step, micro: int, loss: torch.Tensor) -> None:
+    """A module's hooks between its forward and its backward: the first micro-batch zeroes
+    the gradients there, after on_before_zero_grad, as Lightning does; then
+    on_before_backward."""
+    if step.hooks is None:
+        return
+    if micro == 0:
+        step.hooks.before_zero_grad()
+        step.optimizer.zero_grad(set_to_none=True)
+    step.hooks.before_backward(loss)
 
 
 def forward(step: Step, batch: Batch, phase: Phase = region) -> tuple[Any, torch.Tensor]:

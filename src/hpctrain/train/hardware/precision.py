@@ -37,15 +37,23 @@ class Precision:
     def backward(self, loss: torch.Tensor) -> None:
         (self.scaler.scale(loss) if self.scaler else loss).backward()
 
-    def step(self, optimizer: torch.optim.Optimizer, parameters, clip_norm: float | None):
-        """Unscale (fp16), clip if asked, and step; a scaler skips non-finite steps."""
+    def step(self, optimizer: torch.optim.Optimizer, parameters, clip_norm: float | None,
+             before_step: Callable[[], None] | None = None):
+        """Unscale (fp16), `before_step()` (a LightningModule's on_before_optimizer_step: it
+        sees the gradients unscaled and not yet clipped, as under Lightning), clip if asked,
+        and step; a scaler skips non-finite steps."""
         if self.scaler:
-            if clip_norm:
+            if clip_norm or before_step:
                 self.scaler.unscale_(optimizer)
+            if before_step:
+                before_step()
+            if clip_norm:
                 self.clip(parameters, clip_norm)
             self.scaler.step(optimizer)
             self.scaler.update()
             return
+        if before_step:
+            before_step()
         if clip_norm:
             self.clip(parameters, clip_norm)
         optimizer.step()
