@@ -7,6 +7,7 @@ call is refused, named."""
 from __future__ import annotations
 
 import copy
+import fractions
 import json
 import os
 import re
@@ -386,6 +387,45 @@ def test_per_batch_hooks_run_in_lightnings_order(tmp_path, accumulate):
     assert len(ours.norms) == 16 // accumulate
     assert ours.norms == pytest.approx(theirs.norms, rel=1e-6)
     assert all(r["grad_norm"] > 0 for r in _records(summary["run_dir"], "train"))
+
+
+class KeepsCount(LitClassifier):
+    """Counts its batches in on_train_batch_end and keeps the count, and a tensor, in the
+    checkpoint through on_save_checkpoint / on_load_checkpoint."""
+
+    def __init__(self, keep=lambda count: count):
+        super().__init__()
+        self.batches, self.keep, self.loaded = 0, keep, None
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        self.batches += 1
+
+    def on_save_checkpoint(self, checkpoint):
+        checkpoint["batches"] = self.keep(self.batches)
+        checkpoint["trace"] = torch.full((2,), float(self.batches))
+
+    def on_load_checkpoint(self, checkpoint):
+        self.batches, self.loaded = checkpoint["batches"], checkpoint["global_step"]
+        assert torch.equal(checkpoint["trace"], torch.full((2,), float(self.batches)))
+
+
+def test_the_modules_checkpoint_hooks_keep_its_own_state_through_a_stop(tmp_path):
+    """on_save_checkpoint and on_load_checkpoint were refused (issue 54): what the module
+    adds to the checkpoint comes back to it when the run resumes, with the saved step; what
+    hpctrain could not read back without running pickled code is refused, named."""
+    train, val = blobs()
+    settings = dict(output_dir=str(tmp_path), **QUICK)
+    with pytest.raises(SystemExit):
+        hpctrain.fit(KeepsCount(), StopAt(train, 20 * 32 + 5), val, run_name="cut",
+                     **settings)
+    resumed = KeepsCount()
+    hpctrain.fit(resumed, train, val, run_name="cut", resume="auto", **settings)
+    assert resumed.loaded == 21 and resumed.batches == 32  # 21 saved + 11 after the resume
+    with pytest.raises(ConfigError, match=r"KeepsCount.on_save_checkpoint put "
+                                          r"checkpoint\['batches'\] = a Fraction: hpctrain "
+                                          r"keeps tensors, numbers, strings"):
+        hpctrain.fit(KeepsCount(keep=fractions.Fraction), train, val, run_name="object",
+                     **settings)
 
 
 @pytest.mark.parametrize("module_class", [EpochlyHalving, PlateauAndEpochHooks])

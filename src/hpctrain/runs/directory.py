@@ -46,6 +46,8 @@ JOB_RECORD = "job.json"
 MEMORY_PREDICTION = "{recipe}-memory.json"  # hpctrain memory --out RUN_DIR writes it there
 JOB_LOG = "slurm-{job}.{stream}"  # stream: out | err; job: the id, or Slurm's %j / %A_%a
 CHECKPOINT_META = "meta.json"  # inside each checkpoint folder, written last
+# beside it: what a LightningModule's on_save_checkpoint added (tensors and plain values)
+CHECKPOINT_MODULE_STATE = "module.pt"
 # folders another library writes in a run directory, links of its own included (W&B's
 # latest-run, and its log linked to ~/.cache/wandb): hpctrain writes nothing inside
 LIBRARY_FOLDERS = ("wandb",)

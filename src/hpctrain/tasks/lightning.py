@@ -43,7 +43,8 @@ BATCH_HOOKS = ("on_train_batch_start", "on_before_zero_grad", "on_before_backwar
 # loaders when hpctrain.fit is given no data (as Lightning's Trainer.fit)
 LOADER_HOOKS = ("prepare_data", "train_dataloader", "val_dataloader")
 CALLED = ("training_step", "validation_step", "configure_optimizers", "setup",
-          "configure_model", *LOADER_HOOKS, *BATCH_HOOKS,
+          "configure_model", "on_save_checkpoint", "on_load_checkpoint", *LOADER_HOOKS,
+          *BATCH_HOOKS,
           *(hook for hooks in HOOKS.values() for hook in hooks))
 _SET_UP: weakref.WeakSet = weakref.WeakSet()  # modules whose setup("fit") has run
 _PREPARED: weakref.WeakSet = weakref.WeakSet()  # modules whose prepare_data has run

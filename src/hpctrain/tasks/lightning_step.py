@@ -21,6 +21,7 @@ and refuses what is not).
 from __future__ import annotations
 
 import dataclasses
+import io
 import numbers
 import traceback
 from dataclasses import dataclass
@@ -300,7 +301,8 @@ class LightningStep(nn.Module):
         self.rows = 1  # the last training batch's size, what its hooks' logs weigh by
         self.carried: torch.Tensor | None = None  # what hooks outside the step logged
         self.last: tuple = ()  # (outputs, batch, batch_idx) of the last training batch
-        module.trainer = EngineView(self)  # the property's setter: child modules too
+        self.trainer_view = EngineView(self)
+        module.trainer = self.trainer_view  # the property's setter: child modules too
         module.log, module.log_dict = self.logs.add, self.logs.add_dict
         module.optimizers, module.lr_schedulers = self.optimizers, self.lr_schedulers
 
@@ -381,6 +383,34 @@ class LightningStep(nn.Module):
     def _with_carried(self, logged: torch.Tensor) -> torch.Tensor:
         carried, self.carried = self.carried, None
         return logged if carried is None else logged + carried
+
+    def checkpoint_state(self) -> dict:
+        """What the module's on_save_checkpoint adds to a checkpoint dict (Lightning's holds
+        its epoch and global_step besides), checked to be readable back as tensors and plain
+        values (every file hpctrain reads back is), or a ConfigError naming the key."""
+        given = {"epoch": self.trainer_view.current_epoch,
+                 "global_step": self.position.steps}
+        checkpoint = dict(given)
+        self.module.on_save_checkpoint(checkpoint)
+        added = {key: value for key, value in checkpoint.items() if key not in given}
+        for key, value in added.items():
+            held = io.BytesIO()
+            torch.save(value, held)
+            held.seek(0)
+            try:
+                torch.load(held, weights_only=True)
+            except Exception:  # pickle's own error: what it would not read back
+                raise ConfigError(
+                    f"{type(self.module).__name__}.on_save_checkpoint put "
+                    f"checkpoint[{key!r}] = a {type(value).__name__}: hpctrain keeps tensors, "
+                    "numbers, strings and lists or dicts of them (it reads checkpoints back "
+                    "without running pickled code); store its state_dict() or its numbers")
+        return added
+
+    def restore_checkpoint_state(self, state: dict) -> None:
+        """on_load_checkpoint, with what on_save_checkpoint added and the step it saved."""
+        self.module.on_load_checkpoint({**state, "global_step": self.position.steps,
+                                        "epoch": self.trainer_view.current_epoch})
 
     def batch_hooks(self, optimizer) -> dict:
         """The module's hooks at a training batch's moments, as train/step.BatchHooks takes

@@ -30,8 +30,9 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-from hpctrain.errors import cannot_write
+from hpctrain.errors import ConfigError, cannot_write
 from hpctrain.runs.directory import CHECKPOINT_META as META
+from hpctrain.runs.directory import CHECKPOINT_MODULE_STATE as MODULE_STATE
 from hpctrain.runs.directory import CHECKPOINT_NAME as NAME
 from hpctrain.runs.directory import list_checkpoints
 from hpctrain.train.checkpoints.safe_checkpoint import (SafeEmptyPlanner, SafePlanner, SafeReader,
@@ -69,11 +70,14 @@ class Checkpointer:
         self.async_save = async_save
         self.pending = None  # (future, partial folder, final folder, meta)
 
-    def save(self, step: int, state: dict, meta: dict) -> Path:
+    def save(self, step: int, state: dict, meta: dict, module_state: dict | None = None) \
+            -> Path:
         """Write `state` (tensors: model, optimiser, EMA) and `meta` (plain values) as the
-        checkpoint of `step`; returns its final path (complete at once unless async). A write
-        that fails (full disk, quota) discards the partial folder and raises OutputError; the
-        earlier checkpoints stay as they were."""
+        checkpoint of `step`, and rank 0's `module_state` (what a LightningModule's
+        on_save_checkpoint added: tensors and plain values) beside them; returns its final
+        path (complete at once unless async). A write that fails (full disk, quota) discards
+        the partial folder and raises OutputError; the earlier checkpoints stay as they
+        were."""
         self.wait()
         final = checkpoint_path(self.folder, step)
         partial = final.with_name(f".{final.name}.partial")
@@ -86,6 +90,8 @@ class Checkpointer:
                 partial.mkdir()
             self.dist.barrier()
             _write_file(partial / f"rng_rank{self.dist.rank}.pt", capture_rng())
+            if module_state is not None and self.dist.is_main:
+                _write_file(partial / MODULE_STATE, module_state)
             if self.async_save:
                 future = dcp.async_save(state, checkpoint_id=partial,
                                         process_group=self.dist.checkpoints)
@@ -159,6 +165,21 @@ class Checkpointer:
         same_layout = meta["world_size"] == self.dist.world_size and rng_file.is_file()
         rng = torch.load(rng_file, weights_only=True) if same_layout else None
         return meta, rng
+
+
+def read_module_state(path: Path) -> dict:
+    """What the module's on_save_checkpoint added to the checkpoint at `path` (empty where it
+    added nothing, or the checkpoint is of another kind of run); tensors and plain values
+    only, as every file hpctrain reads back."""
+    file = path / MODULE_STATE
+    if not file.is_file():
+        return {}
+    try:
+        return torch.load(file, weights_only=True)
+    except Exception as err:  # pickle's and torch's own errors: the file is damaged
+        raise ConfigError(f"{file} cannot be read back ({type(err).__name__}: "
+                          f"{str(err).splitlines()[0][:200]}); it is written by hpctrain: "
+                          "resume from an earlier checkpoint") from None
 
 
 def saved_keys(path: Path) -> set[str]:

@@ -76,7 +76,9 @@ def save(parts, progress: Progress, elapsed: float, energy: float | None) -> boo
             "global_batch_size": parts.global_batch_size,
             "strategy": parts.distributed.strategy,
             "config": parts.config.model_dump(mode="json")}
-    path = parts.checkpointer.save(progress.step, tensor_state(parts), meta)
+    module_state = parts.model.checkpoint_state() if parts.config.task_spec.steps_model \
+        else None  # a LightningModule's on_save_checkpoint
+    path = parts.checkpointer.save(progress.step, tensor_state(parts), meta, module_state)
     progress.last_good_checkpoint = str(path)
     return True
 
@@ -155,6 +157,8 @@ def restore(parts, path: Path) -> tuple[Progress, list[str]]:
     if parts.step.ema is not None:
         parts.step.ema.load_state_dict(state["ema"])
     _apply_settings(parts, settings, meta["scheduler"])
+    if parts.config.task_spec.steps_model:  # its on_load_checkpoint, at the saved step
+        parts.model.restore_checkpoint_state(ckpt.read_module_state(path))
     parts.step.precision.load_state_dict(meta["scaler"])
     if rng is not None:
         ckpt.restore_rng(rng)
