@@ -428,6 +428,29 @@ def test_the_modules_checkpoint_hooks_keep_its_own_state_through_a_stop(tmp_path
                      **settings)
 
 
+class TrainsOnly(L.LightningModule):
+    """A module without validation_step (Lightning runs no validation loop for it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(8, 3)
+
+    def training_step(self, batch, batch_idx):
+        return torch.nn.functional.cross_entropy(self.net(batch[0]), batch[1])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_a_module_without_validation_step_is_not_evaluated(tmp_path, capsys):
+    """It still got empty evaluation records, the validation set read for nothing (issue
+    54): it trains every step and is never evaluated, as under Lightning, and says so."""
+    summary = hpctrain.fit(TrainsOnly(), *blobs(), output_dir=str(tmp_path), **QUICK)
+    assert summary["status"] == "completed" and summary["steps"] == 32
+    assert not _records(summary["run_dir"], "eval")
+    assert "evaluation: none (the module has no validation_step" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("module_class", [EpochlyHalving, PlateauAndEpochHooks])
 def test_stopped_and_resumed_it_trains_as_if_never_stopped(tmp_path, capsys, module_class):
     """A stop signal mid-epoch saves the weights, the optimiser's momentum, the schedule (a

@@ -171,7 +171,8 @@ def adapt(module, device):
 def build(setup: TaskSetup):
     from hpctrain.tasks.lightning_step import task
 
-    return task(setup.device, setup.model, SPEC.name, SPEC.unit)
+    return task(setup.device, setup.model, SPEC.name, SPEC.unit,  # Lightning's does nothing
+                evaluates=overrides(type(setup.model.module), "validation_step"))
 
 
 def describe(config, num_classes: int | None, vocab_size: int | None) -> str:

@@ -435,9 +435,10 @@ def _loss_of(returned, index: int) -> torch.Tensor:
                       "step: every process must step alike)")
 
 
-def task(device: torch.device, step: LightningStep, name: str, unit: str) -> Task:
+def task(device: torch.device, step: LightningStep, name: str, unit: str,
+         evaluates: bool) -> Task:
     """The engine's task record for `step`: the batch moved as it is, the loss and the
-    logged sums as the step gave them."""
+    logged sums as the step gave them; `evaluates`: the module has a validation_step."""
     names = tuple(f"{slot}:{part}" for slot in range(CAPACITY) for part in ("sum", "weight"))
 
     def to_device(batch, training: bool) -> Batch:
@@ -453,7 +454,7 @@ def task(device: torch.device, step: LightningStep, name: str, unit: str) -> Tas
         return outputs.logged if isinstance(outputs, StepOutput) else outputs.sum(0)
 
     return Task(name, unit, names, None, to_device, loss, sums, step.logs.values,
-                moment=step.at)
+                moment=step.at, evaluates=evaluates)
 
 
 @dataclasses.dataclass

@@ -51,6 +51,9 @@ class Task:
     # validation_start/end, train_end: a LightningModule's hooks, lightning.HOOKS): the sums
     # it logged there, added to the interval's or the evaluation's; None: a task without any
     moment: Callable[[str], torch.Tensor] | None = None
+    # whether the run evaluates: not a LightningModule without a validation_step (as
+    # Lightning's Trainer runs no validation loop for it)
+    evaluates: bool = True
 
 
 def top1_sums(num_classes: int, model_name: str) -> Callable:

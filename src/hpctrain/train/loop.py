@@ -159,7 +159,7 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
                 report_interval(parts, progress, metrics, interval, clock, epoch, telemetry,
                                 watchdog)
             paused = time.perf_counter()  # evaluation and checkpoints are not training time
-            if progress.step % eval_every == 0 or last:
+            if parts.task.evaluates and (progress.step % eval_every == 0 or last):
                 evaluate_and_record(parts, progress, clock, telemetry, stopper,
                                     -(-progress.step // eval_every))  # its number
             if progress.step % parts.steps_per_epoch == 0:

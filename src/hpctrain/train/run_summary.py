@@ -45,7 +45,10 @@ def banner(parts, resume_from: Path | None) -> str:
                      f"{env.local_world_size}), {parts.distributed.layout.describe()}")
     if parts.step.pipeline is not None:
         lines.append(f"  pipeline: {parts.step.pipeline.describe()}")
-    if parts.fused_eval is not None:
+    if not parts.task.evaluates:
+        lines.append("  evaluation: none (the module has no validation_step: no validation "
+                     "loop, as under Lightning)")
+    elif parts.fused_eval is not None:
         lines.append(f"  evaluation: {parts.fused_eval.describe()}")
     elif parts.unfused_why:
         lines.append(f"  evaluation unfused: {parts.unfused_why}")
