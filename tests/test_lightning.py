@@ -509,8 +509,10 @@ def test_a_recipe_names_the_module_and_its_logs_reach_tensorboard(tmp_path, run_
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_processes_train_the_module_as_one(tmp_path, strategy):
     """The global batch split over two torchrun processes on gloo, DDP or FSDP wrapping the
-    module: the loss curve and the validation figures of one process."""
+    module: the loss curve and the validation figures of one process; self.all_gather
+    gathers from every process (one on one)."""
     recipe = _recipe(tmp_path, "train: {epochs: 1, global_batch_size: 32, log_every: 1}")
+    recipe.write_text(recipe.read_text().replace(":LitClassifier", ":Gathers"))
     curves = {}
     for processes in (1, 2):
         command = [sys.executable, "-m", "hpctrain", "run", str(recipe),
@@ -528,6 +530,7 @@ def test_two_processes_train_the_module_as_one(tmp_path, strategy):
     assert curves[2][0] == pytest.approx(curves[1][0], rel=1e-4)
     for key in ("val_loss", "val_acc"):
         assert curves[2][1][key] == pytest.approx(curves[1][1][key], rel=1e-4), key
+    assert (curves[1][1]["ranks_seen"], curves[2][1]["ranks_seen"]) == (1, 2)
 
 
 @pytest.mark.slurm

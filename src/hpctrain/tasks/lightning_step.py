@@ -305,6 +305,7 @@ class LightningStep(nn.Module):
         module.trainer = self.trainer_view  # the property's setter: child modules too
         module.log, module.log_dict = self.logs.add, self.logs.add_dict
         module.optimizers, module.lr_schedulers = self.optimizers, self.lr_schedulers
+        module.all_gather = self.all_gather
 
     def optimizers(self, use_pl_optimizer: bool = True):
         """`self.optimizers()`: the module's one optimiser (the torch optimiser itself, where
@@ -314,6 +315,25 @@ class LightningStep(nn.Module):
                               "ran: hpctrain's engine makes the optimiser after setup; ask "
                               "for it in the steps or the epoch hooks")
         return self.optimizer
+
+    def all_gather(self, data, group=None, sync_grads: bool = False):
+        """`self.all_gather`: each tensor (or number) of `data` from every process, stacked
+        (world_size, ...); on one process as it is, as Lightning's; `sync_grads`: through
+        torch's differentiable all_gather."""
+        import torch.distributed as dist
+
+        def gather(value):
+            tensor = torch.as_tensor(value, device=self.logs.device)
+            if not dist.is_initialized() or dist.get_world_size(group) == 1:
+                return tensor
+            if sync_grads:
+                from torch.distributed.nn.functional import all_gather
+
+                return torch.stack(all_gather(tensor, group=group or dist.group.WORLD))
+            parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+            dist.all_gather(parts, tensor.contiguous(), group=group)
+            return torch.stack(parts)
+        return tensors.each(data, gather)
 
     def lr_schedulers(self):
         """`self.lr_schedulers()`: None, the one scheduler, or a list, as Lightning's."""
