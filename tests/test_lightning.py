@@ -650,10 +650,9 @@ class AsksTheTrainer(LitClassifier):
         return super().training_step(batch, batch_idx)
 
 
-class GathersAcrossRanks(LitClassifier):
-    def training_step(self, batch, batch_idx):
-        self.all_gather(batch[0])
-        return super().training_step(batch, batch_idx)
+class ClipsItself(LitClassifier):
+    def on_before_optimizer_step(self, optimizer):
+        self.clip_gradients(optimizer)
 
 
 @pytest.mark.parametrize("module_class, message", [
@@ -681,9 +680,9 @@ class GathersAcrossRanks(LitClassifier):
                             "'monitor'"),
     (HourlySchedule, "lr_scheduler interval 'hour', frequency 1: expected an interval of "
                      "step or epoch"),
-    (GathersAcrossRanks, "self.trainer.strategy (reached from test_lightning.py:"
-                         "NNN: self.all_gather(batch[0])): hpctrain's engine stands in for "
-                         "Lightning's Trainer with current_epoch, global_step"),
+    (ClipsItself, "self.trainer.gradient_clip_val (reached from test_lightning.py:NNN: "
+                  "self.clip_gradients(optimizer)): hpctrain's engine stands in for "
+                  "Lightning's Trainer with current_epoch, global_step"),
     (AsksTheTrainer, "self.trainer.profiler (reached from test_lightning.py:NNN: self.log("
                      "\"profiled\", float(self.trainer.profiler is None))): hpctrain's "
                      "engine stands in for Lightning's "

@@ -165,7 +165,8 @@ def adapt(module, device):
 
     _set_up(module)
     module.configure_model()
-    return LightningStep(module, device, HOOKS)
+    return LightningStep(module, device, HOOKS, frozenset(
+        hook for hook in BATCH_HOOKS if overrides(type(module), hook)))
 
 
 def build(setup: TaskSetup):

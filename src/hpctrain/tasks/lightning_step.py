@@ -214,7 +214,7 @@ class SchedulerConfig:
 
 def _your_line() -> str:
     """Where your code made the call that reached a refusal: the innermost frame outside
-    Lightning, torch and hpctrain, as ' (reached from lit.py:42: x = self.all_gather(x))'."""
+    Lightning, torch and hpctrain, as ' (reached from lit.py:42: self.clip_gradients(opt))'."""
     for frame in reversed(traceback.extract_stack()[:-2]):
         path = frame.filename.replace("\\", "/")
         if not any(part in path for part in ("/lightning/", "/pytorch_lightning/", "/torch/",
@@ -288,12 +288,13 @@ class LightningStep(nn.Module):
     Lightning's order: lightning.HOOKS)."""
 
     def __init__(self, module: nn.Module, device: torch.device,
-                 hooks: dict[str, tuple[str, ...]]):
+                 hooks: dict[str, tuple[str, ...]], batch_hooks: frozenset[str] = frozenset()):
         super().__init__()
         self.module = module
         self.logs = Logs(device)
         self.position = Position()
         self.hooks = hooks
+        self.own = batch_hooks  # the per-batch hooks the module defines: only those are called
         self.after: dict[str, list] = {moment: [] for moment in hooks}  # the engine's own
         self.optimizer = None  # configure_optimizers': set by the engine (lightning_optim)
         self.scheduler_configs: list[SchedulerConfig] = []
@@ -374,7 +375,8 @@ class LightningStep(nn.Module):
             index = self.position.batch_index()
             self.position.micro += 1
             self.rows = rows
-            if self.module.on_train_batch_start(batch, index) == -1:
+            if "on_train_batch_start" in self.own and \
+                    self.module.on_train_batch_start(batch, index) == -1:
                 raise ConfigError(f"on_train_batch_start returned -1 at batch {index}: "
                                   "hpctrain's engine does not skip the rest of an epoch "
                                   "(every process must step alike); stop the run instead")
@@ -385,16 +387,21 @@ class LightningStep(nn.Module):
             self.last = ({"loss": loss.detach(), **extra}, batch, index)
             return StepOutput(loss, self._with_carried(self.logs.take()))
         index = self.position.val_index
-        self.module.on_validation_batch_start(batch, index)
+        if "on_validation_batch_start" in self.own:
+            self.module.on_validation_batch_start(batch, index)
         outputs = self.module.validation_step(batch, index)
-        self.module.on_validation_batch_end(outputs, batch, index)
+        if "on_validation_batch_end" in self.own:
+            self.module.on_validation_batch_end(outputs, batch, index)
         self.position.val_index += 1
         # each sample carries its batch's share: evaluation drops the sampler's repeats by rows
         return (self.logs.take() / rows).expand(rows, -1)
 
     def hook(self, name: str, *args) -> None:
-        """One of the module's per-batch hooks outside its step (on_before_backward, ...):
-        what it logs joins the next training step's figures, or the epoch end's."""
+        """One of the module's per-batch hooks outside its step (on_before_backward, ...),
+        where the module defines it: what it logs joins the next training step's figures, or
+        the epoch end's."""
+        if name not in self.own:
+            return
         self.logs.begin(self.rows)
         getattr(self.module, name)(*args)
         logged = self.logs.take()
