@@ -32,16 +32,11 @@ HOW_TO_PAD = ("give a collate function that pads a batch (data.collate: file.py:
               "(pad a sequence to the longest, resize an image)")
 
 
-def user_collate(data) -> Callable | None:
-    """Your collate function (data.collate), or None."""
-    return user_code.load(data.collate, "data.collate") if data.collate else None
-
-
 def yours(data, given=None) -> tuple[Callable, str] | None:
     """(your collate function, its name in messages): data.collate, else the one your
     DataLoader sets (`given`: given_loaders.LoaderSettings); None: torch's default."""
     if data.collate:
-        return user_collate(data), f"data.collate {data.collate}"
+        return user_code.load(data.collate, "data.collate"), f"data.collate {data.collate}"
     collate = getattr(given, "collate", None)
     if collate is not None:
         return collate, f"your DataLoader's collate_fn {getattr(collate, '__name__', '')}"

@@ -411,28 +411,25 @@ class LightningStep(nn.Module):
         carried, self.carried = self.carried, None
         return logged if carried is None else logged + carried
 
-    def checkpoint_state(self) -> dict:
+    def checkpoint_state(self) -> bytes:
         """What the module's on_save_checkpoint adds to a checkpoint dict (Lightning's holds
-        its epoch and global_step besides), checked to be readable back as tensors and plain
-        values (every file hpctrain reads back is), or a ConfigError naming the key."""
+        its epoch and global_step besides), saved once as the file's bytes and checked to be
+        readable back as tensors and plain values (every file hpctrain reads back is), or a
+        ConfigError naming the key that is not."""
         given = {"epoch": self.trainer_view.current_epoch,
                  "global_step": self.position.steps}
         checkpoint = dict(given)
         self.module.on_save_checkpoint(checkpoint)
         added = {key: value for key, value in checkpoint.items() if key not in given}
-        for key, value in added.items():
-            held = io.BytesIO()
-            torch.save(value, held)
-            held.seek(0)
-            try:
-                torch.load(held, weights_only=True)
-            except Exception:  # pickle's own error: what it would not read back
-                raise ConfigError(
-                    f"{type(self.module).__name__}.on_save_checkpoint put "
-                    f"checkpoint[{key!r}] = a {type(value).__name__}: hpctrain keeps tensors, "
-                    "numbers, strings and lists or dicts of them (it reads checkpoints back "
-                    "without running pickled code); store its state_dict() or its numbers")
-        return added
+        saved = _saved(added)
+        if _readable(saved):
+            return saved
+        key = next(key for key, value in added.items() if not _readable(_saved(value)))
+        raise ConfigError(
+            f"{type(self.module).__name__}.on_save_checkpoint put checkpoint[{key!r}] = a "
+            f"{type(added[key]).__name__}: hpctrain keeps tensors, numbers, strings and lists "
+            "or dicts of them (it reads checkpoints back without running pickled code); store "
+            "its state_dict() or its numbers")
 
     def restore_checkpoint_state(self, state: dict) -> None:
         """on_load_checkpoint, with what on_save_checkpoint added and the step it saved."""
@@ -448,6 +445,21 @@ class LightningStep(nn.Module):
             after_backward=lambda: self.hook("on_after_backward"),
             before_optimizer_step=lambda: self.hook("on_before_optimizer_step", optimizer),
             batch_end=lambda: self.hook("on_train_batch_end", *self.last))
+
+
+def _saved(value) -> bytes:
+    held = io.BytesIO()
+    torch.save(value, held)
+    return held.getvalue()
+
+
+def _readable(saved: bytes) -> bool:
+    """Whether torch reads `saved` back as tensors and plain values (weights_only)."""
+    try:
+        torch.load(io.BytesIO(saved), weights_only=True)
+    except Exception:  # pickle's own error: what it would not read back
+        return False
+    return True
 
 
 def _loss_of(returned, index: int) -> torch.Tensor:

@@ -70,11 +70,11 @@ class Checkpointer:
         self.async_save = async_save
         self.pending = None  # (future, partial folder, final folder, meta)
 
-    def save(self, step: int, state: dict, meta: dict, module_state: dict | None = None) \
+    def save(self, step: int, state: dict, meta: dict, module_state: bytes | None = None) \
             -> Path:
         """Write `state` (tensors: model, optimiser, EMA) and `meta` (plain values) as the
         checkpoint of `step`, and rank 0's `module_state` (what a LightningModule's
-        on_save_checkpoint added: tensors and plain values) beside them; returns its final
+        on_save_checkpoint added, saved: tensors and plain values) beside them; returns its final
         path (complete at once unless async). A write that fails (full disk, quota) discards
         the partial folder and raises OutputError; the earlier checkpoints stay as they
         were."""

@@ -168,13 +168,15 @@ class LightningSchedules:
         self.position.steps = state["last_epoch"]
         for entry, own in zip(self.scheduled, saved):
             entry.scheduler.load_state_dict(own)
-            for group, lr in zip(self.optimizer.param_groups, entry.scheduler.get_last_lr()):
-                group["lr"] = lr
-        groups = state.get("groups")  # checkpoints of earlier versions have none
+        groups = state.get("groups")
         if isinstance(groups, list) and len(groups) == len(self.optimizer.param_groups):
             for group, values in zip(self.optimizer.param_groups, groups):
                 group.update({key: tuple(value) if isinstance(group.get(key), tuple) else value
                               for key, value in values.items() if key in group})
+            return
+        for entry in self.scheduled:  # checkpoints of earlier versions: the LRs alone
+            for group, lr in zip(self.optimizer.param_groups, entry.scheduler.get_last_lr()):
+                group["lr"] = lr
 
 
 def scheduled_settings(group: dict) -> dict:
