@@ -181,3 +181,27 @@ def test_memory_profile_and_bench_data_take_a_recipe_with_your_collate(tmp_path,
                              "--prefetch", "2", "--json")
     assert code == 0, err
     assert json.loads(out)["best"]["samples_per_second"] > 0
+
+
+@pytest.mark.parametrize("override, message", [
+    ("data.collate=pad_collate", "data.collate = 'pad_collate': Value error, your collate "
+                                 "function: package.module:fn or path/to/file.py:fn"),
+    ("data.dataset=shapes", "data.collate applies to your own dataset (data.dataset: "
+                            "file.py:make); 'shapes' is batched by hpctrain")])
+def test_a_collate_setting_that_cannot_be_used_is_one_line(tmp_path, run_cli, override,
+                                                           message):
+    code, _, err = run_cli("run", str(_recipe(tmp_path)), override)
+    assert code == 2 and message in err and "Traceback" not in err, err
+
+
+def test_bad_collate_arguments_and_lengths_are_named(tmp_path):
+    with pytest.raises(ConfigError, match="fit\\(collate_fn=...\\): a function of a list of "
+                                          "samples, not a int"):
+        hpctrain.fit(TextClassifier(), Sentences(64, 0), collate_fn=5)
+    wrong = Sentences(256, 0, with_lengths=True)
+    wrong.lengths = wrong.lengths[:-1]
+    with pytest.raises(DataError, match="its `lengths` has 255 entries for 256 samples: one "
+                                        "length per sample"):
+        hpctrain.fit(TextClassifier(), wrong, Sentences(64, 1), collate_fn=pad_collate,
+                     output_dir=str(tmp_path), **{**QUICK, "data": {"num_workers": 0,
+                                                                     "bucketing": True}})

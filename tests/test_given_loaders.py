@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, WeightedRandomSampler
 
 import hpctrain
-from hpctrain.errors import DataError
+from hpctrain.errors import ConfigError, UserError
 
 FIXTURE = Path(__file__).parent / "fixtures" / "lit_classifier.py"
 sys.path.insert(0, str(FIXTURE.parent))
@@ -152,11 +152,37 @@ def test_a_sampler_of_your_own_is_kept(tmp_path):
     (lambda: (DataLoader(blob_data(64, 0)), DataLoader(blob_data(32, 1), sampler=(
         WeightedRandomSampler(torch.ones(32), 32)))),
      "a validation DataLoader with a sampler of its own (WeightedRandomSampler): evaluation "
-     "counts every sample once")])
+     "counts every sample once"),
+    (lambda: (DataLoader(blob_data(64, 0), sampler=Endless()), DataLoader(blob_data(32, 1))),
+     "its sampler Endless has no length, so an epoch has no end: give it __len__"),
+    (lambda: (DataLoader(blob_data(64, 0), sampler=WeightedRandomSampler(torch.ones(64), 64)),),
+     "train_data is a DataLoader with its own WeightedRandomSampler, which draws from the "
+     "whole dataset: give val_data")])
 def test_what_a_loader_sets_that_cannot_be_kept_is_refused_by_name(tmp_path, loaders,
                                                                   message):
-    with pytest.raises(DataError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
         hpctrain.fit(LitClassifier(), *loaders(), output_dir=str(tmp_path), **SETTINGS)
+
+
+class Endless(torch.utils.data.Sampler):
+    """A sampler without a length: an epoch would have no end."""
+
+    def __iter__(self):
+        while True:
+            yield 0
+
+
+def test_no_data_is_refused_unless_the_module_brings_both_loaders(tmp_path):
+    with pytest.raises(ConfigError, match="fit\\(\\): give train_data: a Dataset, a "
+                                          "DataLoader or a LightningDataModule"):
+        hpctrain.fit(torch.nn.Linear(8, 3))
+
+    class TrainsOnItsOwn(LitClassifier):
+        def train_dataloader(self):
+            return DataLoader(blob_data(64, 0), batch_size=8)
+    with pytest.raises(ConfigError, match="fit\\(TrainsOnItsOwn\\) with no data: the "
+                                          "module has no val_dataloader of its own"):
+        hpctrain.fit(TrainsOnItsOwn(), output_dir=str(tmp_path), **SETTINGS)
 
 
 SCRIPT = """\

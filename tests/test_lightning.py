@@ -421,6 +421,14 @@ def test_the_modules_checkpoint_hooks_keep_its_own_state_through_a_stop(tmp_path
     resumed = KeepsCount()
     hpctrain.fit(resumed, train, val, run_name="cut", resume="auto", **settings)
     assert resumed.loaded == 21 and resumed.batches == 32  # 21 saved + 11 after the resume
+    with pytest.raises(SystemExit):
+        hpctrain.fit(KeepsCount(), StopAt(train, 20 * 32 + 5), val, run_name="damaged",
+                     **settings)
+    saved = sorted((tmp_path / "damaged" / "checkpoints").glob("step_*/module.pt"))[-1]
+    saved.write_bytes(b"not a torch file")  # the checkpoint the resume reads
+    with pytest.raises(ConfigError, match="module.pt cannot be read back .*; it is written by "
+                                          "hpctrain: resume from an earlier checkpoint"):
+        hpctrain.fit(KeepsCount(), train, val, run_name="damaged", resume="auto", **settings)
     with pytest.raises(ConfigError, match=r"KeepsCount.on_save_checkpoint put "
                                           r"checkpoint\['batches'\] = a Fraction: hpctrain "
                                           r"keeps tensors, numbers, strings"):
@@ -650,6 +658,16 @@ class AsksTheTrainer(LitClassifier):
         return super().training_step(batch, batch_idx)
 
 
+class SkipsTheEpoch(LitClassifier):
+    def on_train_batch_start(self, batch, batch_idx):
+        return -1
+
+
+class AsksTooEarly(LitClassifier):
+    def setup(self, stage):
+        self.optimizers()
+
+
 class ClipsItself(LitClassifier):
     def on_before_optimizer_step(self, optimizer):
         self.clip_gradients(optimizer)
@@ -680,6 +698,10 @@ class ClipsItself(LitClassifier):
                             "'monitor'"),
     (HourlySchedule, "lr_scheduler interval 'hour', frequency 1: expected an interval of "
                      "step or epoch"),
+    (SkipsTheEpoch, "on_train_batch_start returned -1 at batch 0: hpctrain's engine does not "
+                    "skip the rest of an epoch"),
+    (AsksTooEarly, "self.optimizers() (reached from test_lightning.py:NNN: self.optimizers()) "
+                   "before configure_optimizers ran"),
     (ClipsItself, "self.trainer.gradient_clip_val (reached from test_lightning.py:NNN: "
                   "self.clip_gradients(optimizer)): hpctrain's engine stands in for "
                   "Lightning's Trainer with current_epoch, global_step"),

@@ -163,10 +163,11 @@ def adapt(module, device):
                           "steps the optimiser configure_optimizers returns")
     from hpctrain.tasks.lightning_step import LightningStep
 
+    step = LightningStep(module, device, HOOKS, frozenset(  # its answers, before its setup
+        hook for hook in BATCH_HOOKS if overrides(type(module), hook)))
     _set_up(module)
     module.configure_model()
-    return LightningStep(module, device, HOOKS, frozenset(
-        hook for hook in BATCH_HOOKS if overrides(type(module), hook)))
+    return step
 
 
 def build(setup: TaskSetup):
