@@ -386,7 +386,101 @@ def test_per_batch_hooks_run_in_lightnings_order(tmp_path, accumulate):
     assert ours.calls == theirs.calls
     assert len(ours.norms) == 16 // accumulate
     assert ours.norms == pytest.approx(theirs.norms, rel=1e-6)
-    assert all(r["grad_norm"] > 0 for r in _records(summary["run_dir"], "train"))
+    # each interval's figure is the mean of its own steps' norms (two steps an interval)
+    assert [r["grad_norm"] for r in _records(summary["run_dir"], "train")] == pytest.approx(
+        torch.tensor(theirs.norms).reshape(-1, 2).mean(1).tolist(), rel=1e-6)
+
+
+class LogsBothWays(LitClassifier):
+    """Logs as Lightning's docs show: a figure on_step and on_epoch, one on_epoch only, a
+    torchmetrics Metric both ways, the schedule's LR, the gradients' norm before the
+    optimiser step, a validation figure on_step too, and a figure at the epoch's end; at
+    each epoch's start it reads what callback_metrics holds."""
+
+    def __init__(self):
+        super().__init__()
+        import torchmetrics
+
+        self.train_metric = torchmetrics.Accuracy(task="multiclass", num_classes=3)
+        self.seen = []
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        logits = self(x)
+        loss = torch.nn.functional.cross_entropy(logits, y)
+        self.log("train_loss", loss, on_step=True, on_epoch=True)
+        self.log("train_acc", (logits.argmax(1) == y).float().mean(), on_step=False,
+                 on_epoch=True)
+        self.train_metric(logits, y)
+        self.log("train_metric", self.train_metric, on_step=True, on_epoch=True)
+        self.log("scheduled_lr", self.lr_schedulers().get_last_lr()[0])
+        return loss
+
+    def on_before_optimizer_step(self, optimizer):
+        from lightning.pytorch.utilities import grad_norm
+
+        self.log("grad_norm", grad_norm(self, norm_type=2)["grad_2.0_norm_total"])
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        logits = self(x)
+        self.log("val_loss", torch.nn.functional.cross_entropy(logits, y), on_step=True)
+        self.log("val_acc", (logits.argmax(1) == y).float().mean())
+
+    def on_train_epoch_end(self):
+        self.log("epochs_done", float(self.current_epoch + 1))
+
+    def on_train_epoch_start(self):
+        self.seen.append({k: float(v) for k, v in self.trainer.callback_metrics.items()})
+
+
+class KeptRows(L.pytorch.loggers.Logger):
+    """What Lightning's Trainer hands its loggers: each row of figures, in order."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows = []
+
+    name = property(lambda self: "kept")
+    version = property(lambda self: 0)
+
+    def log_metrics(self, metrics, step=None):
+        self.rows.append({k: float(v) for k, v in metrics.items() if k != "epoch"})
+
+    def log_hyperparams(self, *args, **kwargs):
+        pass
+
+
+def test_on_step_and_on_epoch_figures_have_lightnings_names_and_epoch_means(tmp_path):
+    """self.log(on_step=True, on_epoch=True) recorded `name` per interval where Lightning
+    records name_step and name_epoch (issue 54): training figures logged on_step are in the
+    train records under Lightning's names, those logged on_epoch in one `epoch` record per
+    epoch with Lightning's epoch means (a Metric's compute over the epoch), validation ones
+    in the eval records; callback_metrics holds what Lightning's holds."""
+    torch.manual_seed(0)
+    module = LogsBothWays()
+    train, val = (DataLoader(part, batch_size=32) for part in blobs())
+    ours, theirs = copy.deepcopy(module), copy.deepcopy(module)
+    summary = hpctrain.fit(ours, train, val, output_dir=str(tmp_path), **QUICK)
+    kept = KeptRows()
+    L.Trainer(max_epochs=2, accelerator="cpu", logger=kept, log_every_n_steps=1,
+              enable_checkpointing=False, enable_progress_bar=False,
+              enable_model_summary=False, num_sanity_val_steps=0).fit(theirs, train, val)
+    step_names = {"train_loss_step", "train_metric_step", "scheduled_lr", "grad_norm"}
+    epoch_names = {"train_loss_epoch", "train_acc", "train_metric_epoch", "epochs_done"}
+    eval_names = {"val_loss_epoch", "val_acc"}
+    for kind, names in (("train", step_names), ("epoch", epoch_names), ("eval", eval_names)):
+        rows = [row for row in kept.rows if names <= set(row)]
+        records = _records(summary["run_dir"], kind)
+        assert len(records) == len(rows) == (32 if kind == "train" else 2), kind
+        assert not {"train_loss", "train_metric", "val_loss"} & set(records[0]), records[0]
+        for record, row in zip(records, rows):
+            assert {k: record[k] for k in names} == pytest.approx(
+                {k: row[k] for k in names}, rel=1e-6), kind
+    assert [r["epoch"] for r in _records(summary["run_dir"], "epoch")] == [0, 1]
+    assert ours.seen[0] == theirs.seen[0] == {}
+    assert ours.seen[1].keys() == theirs.seen[1].keys()
+    assert ours.seen[1] == pytest.approx(theirs.seen[1], rel=1e-6)
 
 
 class KeepsCount(LitClassifier):
@@ -429,6 +523,13 @@ def test_the_modules_checkpoint_hooks_keep_its_own_state_through_a_stop(tmp_path
     with pytest.raises(ConfigError, match="module.pt cannot be read back .*; it is written by "
                                           "hpctrain: resume from an earlier checkpoint"):
         hpctrain.fit(KeepsCount(), train, val, run_name="damaged", resume="auto", **settings)
+    for logs in ({"slots": [{"name": 3}], "epoch_sums": torch.zeros(64, dtype=torch.float64)},
+                 {"slots": [], "epoch_sums": torch.zeros(3)}):  # read back, but not as written
+        torch.save({"batches": 1, "trace": torch.ones(2), "hpctrain_logs": logs}, saved)
+        with pytest.raises(ConfigError, match="step_.*: the module's logged figures are "
+                                              "damaged; it is written by hpctrain"):
+            hpctrain.fit(KeepsCount(), train, val, run_name="damaged", resume="auto",
+                         **settings)
     with pytest.raises(ConfigError, match=r"KeepsCount.on_save_checkpoint put "
                                           r"checkpoint\['batches'\] = a Fraction: hpctrain "
                                           r"keeps tensors, numbers, strings"):
@@ -459,21 +560,24 @@ def test_a_module_without_validation_step_is_not_evaluated(tmp_path, capsys):
     assert "evaluation: none (the module has no validation_step" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("module_class", [EpochlyHalving, PlateauAndEpochHooks])
+@pytest.mark.parametrize("module_class", [EpochlyHalving, PlateauAndEpochHooks, LogsBothWays])
 def test_stopped_and_resumed_it_trains_as_if_never_stopped(tmp_path, capsys, module_class):
     """A stop signal mid-epoch saves the weights, the optimiser's momentum, the schedule (a
-    StepLR's, a ReduceLROnPlateau's) and the step (global_step, batch_idx); the resumed
-    run's curve is the uninterrupted one."""
+    StepLR's, a ReduceLROnPlateau's), the step (global_step, batch_idx) and what the epoch
+    logged so far (its sums, a Metric's state); the resumed run's curve and epoch figures
+    are the uninterrupted one's."""
     torch.manual_seed(0)
     module = module_class()
     train, val = blobs()
     settings = dict(output_dir=str(tmp_path), **QUICK)
     whole = hpctrain.fit(copy.deepcopy(module), train, val, run_name="whole", **settings)
+    # mid-epoch (16 steps an epoch): the second, or the first while it still learns
+    step = 5 if module_class is LogsBothWays else 21
     with pytest.raises(SystemExit) as stopped:
-        hpctrain.fit(copy.deepcopy(module), StopAt(train, 20 * 32 + 5), val,
+        hpctrain.fit(copy.deepcopy(module), StopAt(train, (step - 1) * 32 + 5), val,
                      run_name="cut", **settings)
     assert stopped.value.code == 75
-    assert "stopped at step 21" in capsys.readouterr().err  # mid-epoch: 16 steps an epoch
+    assert f"stopped at step {step}" in capsys.readouterr().err
     resumed = hpctrain.fit(module_class(), train, val, run_name="cut", resume="auto",
                            **settings)
     first, second = (_records(s["run_dir"], "train") for s in (whole, resumed))
@@ -481,6 +585,10 @@ def test_stopped_and_resumed_it_trains_as_if_never_stopped(tmp_path, capsys, mod
     assert [r["loss"] for r in second] == pytest.approx([r["loss"] for r in first], rel=1e-6)
     assert [r["lr"] for r in second] == [r["lr"] for r in first]
     assert resumed["final_val_acc"] == pytest.approx(whole["final_val_acc"])
+    first, second = ([{k: v for k, v in r.items() if k not in ("time", "kind")}
+                      for r in _records(s["run_dir"], "epoch")] for s in (whole, resumed))
+    assert len(first) == (2 if module_class is LogsBothWays else 0)
+    assert second == first
 
 
 def _recipe(tmp_path: Path, *extra: str) -> Path:
@@ -534,11 +642,15 @@ def test_two_processes_train_the_module_as_one(tmp_path, strategy):
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
         run = tmp_path / "runs" / f"p{processes}"
         curves[processes] = ([r["loss"] for r in _records(run, "train")],
-                             _records(run, "eval")[-1])
+                             _records(run, "eval")[-1], _records(run, "epoch")[-1])
     assert curves[2][0] == pytest.approx(curves[1][0], rel=1e-4)
     for key in ("val_loss", "val_acc"):
         assert curves[2][1][key] == pytest.approx(curves[1][1][key], rel=1e-4), key
     assert (curves[1][1]["ranks_seen"], curves[2][1]["ranks_seen"]) == (1, 2)
+    # the epoch's figures over the epoch and both processes (as with sync_dist)
+    assert (curves[1][2]["rank_mean"], curves[2][2]["rank_mean"]) == (0, 0.5)
+    assert curves[2][2]["train_loss_mean"] == pytest.approx(curves[1][2]["train_loss_mean"],
+                                                            rel=1e-4)
 
 
 @pytest.mark.slurm
@@ -638,6 +750,24 @@ class LogsTooMany(LitClassifier):
         return super().training_step(batch, batch_idx)
 
 
+class LogsStepsAtTheEpochsEnd(LitClassifier):
+    def on_train_epoch_end(self):
+        self.log("late", 1.0, on_step=True)
+
+
+class LogsOneNameTwoWays(LitClassifier):
+    def training_step(self, batch, batch_idx):
+        self.log("twice", 1.0, on_epoch=batch_idx % 2 == 1)
+        return super().training_step(batch, batch_idx)
+
+
+class UpdatesItsMetricOnly(WithMetrics):
+    def training_step(self, batch, batch_idx):
+        self.train_accuracy.update(self(batch[0]), batch[1])
+        self.log("updated", self.train_accuracy, on_step=True, on_epoch=True)
+        return super(WithMetrics, self).training_step(batch, batch_idx)
+
+
 class PlateauWithoutMonitor(LitClassifier):
     def configure_optimizers(self):
         optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
@@ -693,7 +823,14 @@ class ClipsItself(LitClassifier):
                            "hooks"),
     (LogsTheMaximum, "self.log('peak', ..., reduce_fx='max'): hpctrain's engine reduces by "
                      "mean or sum"),
-    (LogsTooMany, "self.log('figure_32', ...): a run logs at most 32 names"),
+    (LogsTooMany, "self.log('figure_32', ...): a run logs at most 32 figures"),
+    (LogsStepsAtTheEpochsEnd, "self.log('late', ..., on_step=True) in on_train_epoch_end: "
+                              "an epoch hook logs once an epoch (on_epoch=True)"),
+    (LogsOneNameTwoWays, "self.log('twice', ..., on_step=True, on_epoch=True) in "
+                         "training_step: it was logged in train with on_step=True, "
+                         "on_epoch=False; a name is recorded one way"),
+    (UpdatesItsMetricOnly, "self.log('updated', <MulticlassAccuracy>, on_step=True, "
+                           "on_epoch=True) after its update() alone"),
     (PlateauWithoutMonitor, "its ReduceLROnPlateau steps on a figure it logs: give "
                             "'monitor'"),
     (HourlySchedule, "lr_scheduler interval 'hour', frequency 1: expected an interval of "

@@ -4,15 +4,10 @@ and refuses what is not).
 - `LightningStep`, the module the engine steps: its forward is the LightningModule's
   `training_step` (in train mode) or `validation_step` (in eval mode), so DDP's and FSDP's
   hooks see a forward like any other. It returns the loss and what the step logged.
-- `Logs`: `self.log` and `self.log_dict`, replaced on the module, add each value into a
-  device vector, slot by name (`CAPACITY` names a run), weighted by the batch's size as
-  Lightning's `reduce_fx="mean"` is (`"sum"`: summed); a torchmetrics Metric logged is
-  computed (and reset) when its figures are read, as Lightning computes it at an epoch's
-  end. Nothing is read back in the step:
-  the engine sums the vectors over micro-steps, intervals and ranks and reads them at its
-  logging interval, so a training figure is its mean over the interval (Lightning logs the
-  last step's), a validation figure its mean over the validation set. Every rank must log
-  the same names in the same order, as Lightning asks of logged names.
+- `self.log` and `self.log_dict`, replaced on the module, go to `lightning_logs.Logs`, which
+  names and reduces them as Lightning does; every rank must log the same names in the same
+  order, as Lightning asks of logged names. What the training logs is also summed over the
+  epoch (on this rank), read over all ranks at the epoch's end and kept in checkpoints.
 - `EngineView`: what the module reads of `self.trainer` (`current_epoch`, `global_step`,
   `estimated_stepping_batches`, ranks, ...), from the engine's `Position`; any other
   attribute is refused, named.
@@ -22,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import numbers
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,11 +27,11 @@ from torch import nn
 
 from hpctrain.errors import ConfigError
 from hpctrain.tasks import tensors
+from hpctrain.tasks.lightning_logs import (CAPACITY, EPOCH, EVALUATION, INTERVAL, SUM_NAMES,
+                                          Logs, metric_states, restore_metric_states, where)
 from hpctrain.tasks.steps import Batch, Task
 
-CAPACITY = 32  # names a module may log in one run
-REDUCTIONS = ("mean", "sum")
-METRIC = "metric"  # a torchmetrics Metric logged: its compute() over what it gathered
+LOGS_KEY = "hpctrain_logs"  # in module.pt, beside what on_save_checkpoint added
 
 
 @dataclass
@@ -45,6 +39,7 @@ class Position:
     """Where the engine is, as a LightningModule asks it (the LR schedules advance it)."""
 
     steps: int = 0  # optimiser steps done: global_step
+    epoch: int = 0  # current_epoch: the epoch under way until its end's hooks are done
     micro: int = 0  # training micro-batches since the last optimiser step
     val_index: int = 0  # validation batches since the evaluation began
     steps_per_epoch: int = 1
@@ -68,120 +63,6 @@ class Position:
 class StepOutput(NamedTuple):
     loss: torch.Tensor
     logged: torch.Tensor  # (2 * CAPACITY,): per slot, the weighted sum and the weight
-
-
-class Logs:
-    """The names a module logged, by slot, and what one step logged."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.names: list[str] = []
-        self.reductions: list[str] = []
-        self.rows: int | None = None  # the step's batch size, while a step runs
-        self.pending: torch.Tensor | None = None
-        self.metrics: dict[int, nn.Module] = {}  # slot -> the torchmetrics Metric logged there
-        self.latest: dict[str, float | None] = {}  # read back: trainer.callback_metrics
-
-    def begin(self, rows: int) -> None:
-        self.rows = rows
-        self.pending = torch.zeros(2 * CAPACITY, device=self.device, dtype=torch.float64)
-
-    def __deepcopy__(self, memo) -> Logs:
-        return self  # one per run: a copy of the module (the EMA's) logs into the same slots
-
-    def take(self) -> torch.Tensor:
-        pending, self.pending, self.rows = self.pending, None, None
-        return pending
-
-    def _slot(self, name: str, reduce_fx: str) -> int:
-        if name in self.names:
-            return self.names.index(name)
-        if not isinstance(name, str) or not name:
-            raise ConfigError(f"self.log({name!r}, ...): the name is a non-empty string")
-        if name in RESERVED:
-            raise ConfigError(f"self.log({name!r}, ...): hpctrain records {name!r} itself in "
-                              f"metrics.jsonl; log it under another name")
-        if len(self.names) == CAPACITY:
-            raise ConfigError(f"self.log({name!r}, ...): a run logs at most {CAPACITY} names "
-                              f"on hpctrain's engine, and these were logged: "
-                              f"{', '.join(self.names)}")
-        self.names.append(name)
-        self.reductions.append(reduce_fx)
-        return len(self.names) - 1
-
-    def add(self, name: str, value, reduce_fx="mean", batch_size: int | None = None,
-            **ignored) -> None:
-        """One `self.log` call (prog_bar, logger, on_step, on_epoch, sync_dist: the engine
-        always sums over ranks and records every name)."""
-        if self.pending is None:
-            raise ConfigError(f"self.log({name!r}, ...) outside the steps and the epoch "
-                              "hooks (in on_train_end or on_fit_end, or in configure_"
-                              "optimizers): hpctrain's engine records what those log")
-        if _is_metric(value):  # counted in this read's window; computed when read
-            slot = self._slot(name, METRIC)
-            self.metrics[slot] = value
-            self.pending[2 * slot + 1] += 1
-            return
-        if reduce_fx not in REDUCTIONS:
-            raise ConfigError(f"self.log({name!r}, ..., reduce_fx={reduce_fx!r}): hpctrain's "
-                              f"engine reduces by {' or '.join(REDUCTIONS)}")
-        slot = self._slot(name, reduce_fx)
-        number = value if _is_real(value) else _number(name, value).to(self.device,
-                                                                          torch.float64)
-        weight = 1 if reduce_fx == "sum" else (batch_size or self.rows)
-        self.pending[2 * slot] += number * weight
-        self.pending[2 * slot + 1] += weight
-
-    def add_dict(self, dictionary, **options) -> None:
-        for name, value in dict(dictionary).items():
-            self.add(name, value, **options)
-
-    def values(self, sums: dict) -> dict:
-        """The logged names with a weight in `sums` (read back): their means (or sums); a
-        Metric's compute() over what it gathered since, then reset (on every rank alike,
-        in slot order: its compute syncs the ranks)."""
-        read = {}
-        for slot, (name, reduction) in enumerate(zip(self.names, self.reductions)):
-            total, weight = sums[f"{slot}:sum"], sums[f"{slot}:weight"]
-            if weight > 0 and reduction == METRIC:
-                read[name] = _computed(name, self.metrics[slot])
-            elif weight > 0:
-                read[name] = total if reduction == "sum" else total / weight
-        self.latest.update(read)
-        return read
-
-
-RESERVED = ("step", "kind", "time", "epoch", "lr", "samples_per_second",
-            "data_wait_fraction", "eval_seconds", "elapsed_seconds", "device_hours",
-            "energy_joules")
-
-
-def _is_real(value) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def _is_metric(value) -> bool:
-    return any(c.__name__ == "Metric" and c.__module__.startswith("torchmetrics")
-               for c in type(value).__mro__)
-
-
-def _computed(name: str, metric) -> float:
-    """A logged Metric's value over what it gathered, the Metric reset for the next read."""
-    value = metric.compute()
-    metric.reset()
-    return float(_number(name, value))
-
-
-def _number(name: str, value) -> torch.Tensor:
-    """A logged value as a 0-d tensor (detached), or a ConfigError saying what it was."""
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        return value.detach().reshape(())
-    if _is_real(value):
-        return torch.tensor(float(value))
-    what = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else \
-        f"a {type(value).__name__}"
-    raise ConfigError(f"self.log({name!r}, ...) was given {what}: hpctrain's engine logs "
-                      "one number per name (or a torchmetrics Metric giving one)")
 
 
 def batch_rows(batch) -> int:
@@ -250,7 +131,7 @@ class EngineView:
     def _position(self) -> Position:
         return self._step.position
 
-    current_epoch = property(lambda self: self._position.steps // self._position.steps_per_epoch)
+    current_epoch = property(lambda self: self._position.epoch)
     global_step = property(lambda self: self._position.steps)
     estimated_stepping_batches = property(lambda self: self._position.total_steps)
     max_steps = property(lambda self: self._position.total_steps)
@@ -302,6 +183,10 @@ class LightningStep(nn.Module):
         self.rows = 1  # the last training batch's size, what its hooks' logs weigh by
         self.carried: torch.Tensor | None = None  # what hooks outside the step logged
         self.last: tuple = ()  # (outputs, batch, batch_idx) of the last training batch
+        # what the training logged this epoch, on this rank; the sum over ranks: reduce
+        self.epoch_sums = torch.zeros(2 * CAPACITY, device=device, dtype=torch.float64)
+        self.reduce = _one_process  # the engine's sum over ranks (Distributed.sum_)
+        self.epoch_figures: dict = {}  # the last epoch's, until the engine records them
         self.trainer_view = EngineView(self)
         module.trainer = self.trainer_view  # the property's setter: child modules too
         module.log, module.log_dict = self.logs.add, self.logs.add_dict
@@ -355,19 +240,48 @@ class LightningStep(nn.Module):
 
     def at(self, moment: str) -> torch.Tensor:
         """The module's hooks at `moment`, then what the engine added there (a monitored LR
-        schedule); what they logged, as a step's sums. After the last read (train_end)
-        nothing is recorded: self.log there is refused, as Lightning refuses it."""
+        schedule); what they logged, as a step's sums. At the training epoch's end the
+        epoch's figures are read over all ranks first (`epoch_figures`), as Lightning reads
+        them before it steps a monitored schedule. After the last read (train_end) nothing
+        is recorded: self.log there is refused, as Lightning refuses it."""
         window = moment != "train_end"
         if window:
             self.logs.begin(1)
         if moment == "validation_start":
             self.position.val_index = 0
+        if moment in ("train_start", "train_epoch_start"):  # a resume's too
+            self.position.epoch = self.position.steps // self.position.steps_per_epoch
         for hook in self.hooks[moment]:
+            self.logs.where = where(hook)
             getattr(self.module, hook)()
+        logged = self.logs.take() if window else \
+            torch.zeros(2 * CAPACITY, device=self.logs.device, dtype=torch.float64)
+        if "validation" not in moment:
+            self._training_logged(logged)
+        if moment == "train_epoch_end":
+            self.epoch_figures = self._read_epoch()
         for then in self.after[moment]:
             then()
-        return self._with_carried(self.logs.take()) if window else \
-            torch.zeros(2 * CAPACITY, device=self.logs.device, dtype=torch.float64)
+        if moment == "train_epoch_end":
+            self.position.epoch += 1
+        return logged
+
+    def _read_epoch(self) -> dict:
+        """The epoch's on_epoch figures, summed over ranks (a collective, once an epoch, only
+        where the module logs any), under Lightning's names; the epoch's sums restart."""
+        sums = self.reduce(self.epoch_sums.clone()) if self.logs.reads_epochs() else None
+        self.epoch_sums.zero_()
+        return {} if sums is None else \
+            self.logs.values(dict(zip(SUM_NAMES, sums.tolist())), EPOCH)
+
+    def take_epoch_figures(self) -> dict:
+        figures, self.epoch_figures = self.epoch_figures, {}
+        return figures
+
+    def _training_logged(self, logged: torch.Tensor) -> torch.Tensor:
+        """What the training logged, added to the epoch's sums (no read-back)."""
+        self.epoch_sums += logged
+        return logged
 
     def forward(self, batch, rows: int):
         self.logs.begin(rows)
@@ -375,22 +289,28 @@ class LightningStep(nn.Module):
             index = self.position.batch_index()
             self.position.micro += 1
             self.rows = rows
-            if "on_train_batch_start" in self.own and \
-                    self.module.on_train_batch_start(batch, index) == -1:
-                raise ConfigError(f"on_train_batch_start returned -1 at batch {index}: "
-                                  "hpctrain's engine does not skip the rest of an epoch "
-                                  "(every process must step alike); stop the run instead")
+            if "on_train_batch_start" in self.own:
+                self.logs.where = where("on_train_batch_start")
+                if self.module.on_train_batch_start(batch, index) == -1:
+                    raise ConfigError(
+                        f"on_train_batch_start returned -1 at batch {index}: hpctrain's "
+                        "engine does not skip the rest of an epoch (every process must step "
+                        "alike); stop the run instead")
+            self.logs.where = where("training_step")
             returned = self.module.training_step(batch, index)
             loss = _loss_of(returned, index)
             extra = {k: v for k, v in returned.items() if k != "loss"} \
                 if isinstance(returned, dict) else {}
             self.last = ({"loss": loss.detach(), **extra}, batch, index)
-            return StepOutput(loss, self._with_carried(self.logs.take()))
+            return StepOutput(loss, self.logs.take())
         index = self.position.val_index
         if "on_validation_batch_start" in self.own:
+            self.logs.where = where("on_validation_batch_start")
             self.module.on_validation_batch_start(batch, index)
+        self.logs.where = where("validation_step")
         outputs = self.module.validation_step(batch, index)
         if "on_validation_batch_end" in self.own:
+            self.logs.where = where("on_validation_batch_end")
             self.module.on_validation_batch_end(outputs, batch, index)
         self.position.val_index += 1
         # each sample carries its batch's share: evaluation drops the sampler's repeats by rows
@@ -398,14 +318,26 @@ class LightningStep(nn.Module):
 
     def hook(self, name: str, *args) -> None:
         """One of the module's per-batch hooks outside its step (on_before_backward, ...),
-        where the module defines it: what it logs joins the next training step's figures, or
-        the epoch end's."""
+        where the module defines it: what it logs is carried to the engine's next taking
+        (`step_logged` or `after_step`)."""
         if name not in self.own:
             return
         self.logs.begin(self.rows)
+        self.logs.where = where(name)
         getattr(self.module, name)(*args)
         logged = self.logs.take()
         self.carried = logged if self.carried is None else self.carried + logged
+
+    def step_logged(self, output: StepOutput) -> torch.Tensor:
+        """A training micro-batch's logged sums as the engine records them: its step's and
+        what the hooks before its backward logged (carried)."""
+        return self._training_logged(self._with_carried(output.logged))
+
+    def after_step(self) -> torch.Tensor:
+        """What the hooks after the step's figures were recorded logged
+        (on_before_optimizer_step, on_train_batch_end), for the interval under way."""
+        return self._training_logged(self._with_carried(torch.zeros(
+            2 * CAPACITY, device=self.logs.device, dtype=torch.float64)))
 
     def _with_carried(self, logged: torch.Tensor) -> torch.Tensor:
         carried, self.carried = self.carried, None
@@ -413,15 +345,23 @@ class LightningStep(nn.Module):
 
     def checkpoint_state(self) -> bytes:
         """What the module's on_save_checkpoint adds to a checkpoint dict (Lightning's holds
-        its epoch and global_step besides), saved once as the file's bytes and checked to be
-        readable back as tensors and plain values (every file hpctrain reads back is), or a
-        ConfigError naming the key that is not."""
+        its epoch and global_step besides), with the epoch's logged sums so far (over all
+        ranks: a collective), saved once as the file's bytes and checked to be readable back
+        as tensors and plain values (every file hpctrain reads back is), or a ConfigError
+        naming the key that is not."""
+        logs = {"slots": self.logs.state(), "metrics": metric_states(
+            self.module, [metric for _, metric in sorted(self.logs.metrics.items())]),
+            "epoch_sums": self.reduce(self.epoch_sums.clone()).cpu()}
         given = {"epoch": self.trainer_view.current_epoch,
                  "global_step": self.position.steps}
         checkpoint = dict(given)
         self.module.on_save_checkpoint(checkpoint)
         added = {key: value for key, value in checkpoint.items() if key not in given}
-        saved = _saved(added)
+        if LOGS_KEY in added:
+            raise ConfigError(f"{type(self.module).__name__}.on_save_checkpoint put "
+                              f"checkpoint[{LOGS_KEY!r}]: hpctrain keeps the module's logged "
+                              "figures under that key; use another")
+        saved = _saved({**added, LOGS_KEY: logs})
         if _readable(saved):
             return saved
         key = next(key for key, value in added.items() if not _readable(_saved(value)))
@@ -431,8 +371,22 @@ class LightningStep(nn.Module):
             "or dicts of them (it reads checkpoints back without running pickled code); store "
             "its state_dict() or its numbers")
 
-    def restore_checkpoint_state(self, state: dict) -> None:
-        """on_load_checkpoint, with what on_save_checkpoint added and the step it saved."""
+    def restore_checkpoint_state(self, state: dict, source: str) -> None:
+        """The epoch's logged sums so far (on rank 0: they are every rank's), then
+        on_load_checkpoint with what on_save_checkpoint added and the step it saved
+        (`source`: the checkpoint, named where its state is damaged)."""
+        state = dict(state)
+        logs = state.pop(LOGS_KEY, None)
+        if logs is not None:  # (checkpoints before epoch figures have none)
+            sums = logs.get("epoch_sums") if isinstance(logs, dict) else None
+            if not (isinstance(sums, torch.Tensor) and sums.shape == self.epoch_sums.shape):
+                raise ConfigError(f"{source}: the module's logged figures are damaged; it is "
+                                  "written by hpctrain: resume from an earlier checkpoint")
+            leader = self.position.rank == 0  # (the sums and states are every rank's)
+            self.logs.restore(logs.get("slots"), source)
+            if leader:
+                restore_metric_states(self.module, logs.get("metrics", {}), source)
+            self.epoch_sums.copy_(sums if leader else torch.zeros_like(sums))
         self.module.on_load_checkpoint({**state, "global_step": self.position.steps,
                                         "epoch": self.trainer_view.current_epoch})
 
@@ -445,6 +399,10 @@ class LightningStep(nn.Module):
             after_backward=lambda: self.hook("on_after_backward"),
             before_optimizer_step=lambda: self.hook("on_before_optimizer_step", optimizer),
             batch_end=lambda: self.hook("on_train_batch_end", *self.last))
+
+
+def _one_process(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
 
 
 def _saved(value) -> bytes:
@@ -477,9 +435,9 @@ def _loss_of(returned, index: int) -> torch.Tensor:
 def task(device: torch.device, step: LightningStep, name: str, unit: str,
          evaluates: bool) -> Task:
     """The engine's task record for `step`: the batch moved as it is, the loss and the
-    logged sums as the step gave them; `evaluates`: the module has a validation_step."""
-    names = tuple(f"{slot}:{part}" for slot in range(CAPACITY) for part in ("sum", "weight"))
-
+    logged sums as the step and its hooks gave them, read under Lightning's names at the
+    interval, the evaluation and the epoch's end; `evaluates`: the module has a
+    validation_step."""
     def to_device(batch, training: bool) -> Batch:
         batch = tensors.each(batch, lambda value: value.to(device, non_blocking=True)
                              if isinstance(value, torch.Tensor) else value)
@@ -490,10 +448,14 @@ def task(device: torch.device, step: LightningStep, name: str, unit: str,
         return outputs.loss if isinstance(outputs, StepOutput) else outputs.new_zeros(())
 
     def sums(outputs, batch: Batch, loss, training: bool) -> torch.Tensor:
-        return outputs.logged if isinstance(outputs, StepOutput) else outputs.sum(0)
+        return step.step_logged(outputs) if isinstance(outputs, StepOutput) else \
+            outputs.sum(0)
 
-    return Task(name, unit, names, None, to_device, loss, sums, step.logs.values,
-                moment=step.at, evaluates=evaluates)
+    return Task(name, unit, SUM_NAMES, None, to_device, loss, sums,
+                lambda read: step.logs.values(read, INTERVAL), moment=step.at,
+                evaluates=evaluates,
+                eval_values=lambda read: step.logs.values(read, EVALUATION),
+                after_step=step.after_step, epoch_figures=step.take_epoch_figures)
 
 
 @dataclasses.dataclass

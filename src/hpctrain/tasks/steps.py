@@ -54,6 +54,15 @@ class Task:
     # whether the run evaluates: not a LightningModule without a validation_step (as
     # Lightning's Trainer runs no validation loop for it)
     evaluates: bool = True
+    # the validation figures, where they read otherwise than the training's `values` (a
+    # LightningModule's names); None: `values`
+    eval_values: Callable[[dict], dict] | None = None
+    # what the task's code logged after a step's figures were recorded (a LightningModule's
+    # on_before_optimizer_step and on_train_batch_end): sums for the interval under way
+    after_step: Callable[[], torch.Tensor] | None = None
+    # the figures of the training epoch just ended (read at its train_epoch_end moment),
+    # recorded as an `epoch` record; None: a task without any
+    epoch_figures: Callable[[], dict] | None = None
 
 
 def top1_sums(num_classes: int, model_name: str) -> Callable:

@@ -210,6 +210,7 @@ def _model_on_device(config: Config, data: DataBundle, plan: SystemPlan, layout:
         with distributed.node_leader_first():  # its downloads: once a node, before setup
             lightning.prepare_once(model, distributed.env.local_rank == 0)
         model = lightning.adapt(model, device)
+        model.reduce = distributed.sum_  # its epoch figures, over all ranks
         model.datamodule = data.data_module  # self.trainer.datamodule
     elif lightning.is_lightning_module(model):
         raise ConfigError(f"model.name {config.model.name} made a LightningModule, which "

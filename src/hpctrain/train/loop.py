@@ -151,6 +151,8 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
         next_batch = functools.partial(_next_batch, batches)
         for _ in range(progress.step % parts.steps_per_epoch, parts.steps_per_epoch):
             clock.data_wait_seconds += take_step(parts.step, next_batch, record=figures)
+            if parts.task.after_step is not None:  # what a module's hooks logged after it
+                metrics.add_sums(parts.task.after_step())
             progress.step += 1
             interval.samples += parts.global_batch_size
             # ---- read back, evaluate, checkpoint: only at intervals ----
@@ -164,6 +166,7 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
                                     -(-progress.step // eval_every))  # its number
             if progress.step % parts.steps_per_epoch == 0:
                 _moment(parts, metrics, "train_epoch_end")
+                _record_epoch(parts, progress, telemetry)
             saved = progress.step % ckpt_every == 0 or last
             if saved:
                 run_record.save_checkpoint(parts, progress, clock, telemetry)
@@ -191,6 +194,17 @@ def _moment(parts: Parts, metrics: RunningMetrics, moment: str) -> None:
     logs joins the interval under way."""
     if parts.task.moment is not None:
         metrics.add_sums(parts.task.moment(moment))
+
+
+def _record_epoch(parts: Parts, progress: Progress, telemetry: Telemetry) -> None:
+    """The figures of the epoch just ended, where the task reads any (what a LightningModule
+    logged on_epoch): an `epoch` record at its last step, and a line."""
+    figures = parts.task.epoch_figures() if parts.task.epoch_figures is not None else None
+    if figures:
+        epoch = progress.step // parts.steps_per_epoch - 1  # Lightning's current_epoch
+        telemetry.record("epoch", progress.step, {"epoch": epoch, **figures})
+        telemetry.message(f"epoch {epoch} ended: " + "  ".join(
+            f"{name} {value:.4f}" for name, value in figures.items()))
 
 
 def _every(parts: Parts) -> tuple[int, int]:

@@ -158,7 +158,7 @@ def restore(parts, path: Path) -> tuple[Progress, list[str]]:
         parts.step.ema.load_state_dict(state["ema"])
     _apply_settings(parts, settings, meta["scheduler"])
     if parts.config.task_spec.steps_model:  # its on_load_checkpoint, at the saved step
-        parts.model.restore_checkpoint_state(ckpt.read_module_state(path))
+        parts.model.restore_checkpoint_state(ckpt.read_module_state(path), str(path))
     parts.step.precision.load_state_dict(meta["scaler"])
     if rng is not None:
         ckpt.restore_rng(rng)

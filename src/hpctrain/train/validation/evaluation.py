@@ -63,7 +63,7 @@ def evaluate(parts, model: nn.Module, stopper=None) -> dict | None:
         model.train()
         restore_rng(streams)
     totals = parts.distributed.sum_(sums).tolist()
-    values = task.values(dict(zip(task.sum_names, totals)))
+    values = (task.eval_values or task.values)(dict(zip(task.sum_names, totals)))
     spec = parts.config.task_spec
     return {spec.figure_name("val", name): value for name, value in values.items()
             if name != "padding_fraction"}
