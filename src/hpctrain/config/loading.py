@@ -138,19 +138,28 @@ SHOWN.maxlevel, SHOWN.maxlist, SHOWN.maxdict, SHOWN.maxstring, SHOWN.maxother = 
 SHOWN.maxlong = 40
 
 CODE_KEYS = ("model.name", "data.dataset", "data.collate", "task.loss",  # may name user code
-             "task.metrics.*")
+             "task.metrics.*", "lightning.callbacks.*.name")
 
 
 def _code_slots(tree: dict):
-    """(section, name, recipe key) of every CODE_KEYS place in a recipe's tree."""
+    """(section, name, recipe key) of every CODE_KEYS place in a recipe's tree (`*`: each
+    key of a mapping, each item of a list)."""
     for key in CODE_KEYS:
-        *parents, leaf = key.split(".")
-        section = tree
-        for part in parents:
-            section = section.get(part) if isinstance(section, dict) else None
-        if isinstance(section, dict):
-            for name in (list(section) if leaf == "*" else [leaf]):
-                yield section, name, ".".join([*parents, name])
+        yield from _slots(tree, key.split("."), [])
+
+
+def _slots(section, parts: list[str], path: list[str]):
+    head, rest = parts[0], parts[1:]
+    if head != "*":
+        names = [head] if isinstance(section, dict) else []
+    else:
+        names = list(range(len(section))) if isinstance(section, list) else \
+            list(section) if isinstance(section, dict) else []
+    for name in names:
+        if not rest:
+            yield section, name, ".".join([*path, str(name)])
+        elif isinstance(section, list) or name in section:
+            yield from _slots(section[name], rest, [*path, str(name)])
 
 
 def code_references(config: "Config") -> list[tuple[str, str]]:

@@ -13,7 +13,7 @@ from hpctrain.config.base import plain_name
 from hpctrain.sections import Auto, Section
 from hpctrain.config.operation_settings import MonitorConfig, PreemptionConfig, TrackingConfig
 from hpctrain.config.parallel_settings import ParallelConfig
-from hpctrain.config.task_settings import ModelConfig, TaskConfig
+from hpctrain.config.task_settings import LightningConfig, ModelConfig, TaskConfig
 from hpctrain.config.training_settings import (CheckpointConfig, Fp8Config, OptimConfig,
                                                ScheduleConfig, TrainConfig, TrialConfig)
 from hpctrain.data import kinds
@@ -50,6 +50,7 @@ class Config(Section):
     tracking: TrackingConfig = TrackingConfig()
     fp8: Fp8Config = Fp8Config()
     trial: TrialConfig = TrialConfig()
+    lightning: LightningConfig = LightningConfig()
 
     @model_validator(mode="before")
     @classmethod
@@ -76,6 +77,10 @@ class Config(Section):
             self.task.name = tasks.for_model(self.model.name) or self.task.name
         if self.task_spec.steps_model:
             self._model_brings_its_steps()
+        elif self.lightning.callbacks:
+            raise ValueError(f"lightning.callbacks: callbacks are a LightningModule's (task "
+                             f"lightning); task {self.task_spec.name} trains a plain "
+                             "torch.nn.Module")
         task = self.task.name
         if self.data.from_user_code:
             kind = tasks.KIND_OF_TASK.get(task, kinds.OWN_DATA)

@@ -86,3 +86,30 @@ class ModelConfig(Section):
                              "use torchvision:NAME, timm:NAME or hf:NAME (your own factory "
                              "loads its own)")
         return value
+
+
+class CallbackConfig(Section):
+    """One Lightning callback: its class (or a factory) and its arguments."""
+
+    name: str = Field(description="lightning.pytorch.callbacks:EarlyStopping, your own "
+                      "package.module:Class or path/to/file.py:Class (a relative path is "
+                      "read from the recipe's folder)")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="its arguments: "
+                                   "{monitor: val_loss, patience: 3}")
+
+    @field_validator("name")
+    @classmethod
+    def _is_code(cls, value):
+        if not user_code.is_code_reference(value):
+            raise ValueError(f"{value!r} is not package.module:Class or path/to/file.py:Class")
+        return value
+
+
+class LightningConfig(Section):
+    """What a LightningModule's run (task lightning) takes besides the module, as Lightning's
+    Trainer takes it (docs/lightning.md)."""
+
+    callbacks: list[CallbackConfig] = Field(
+        default_factory=list, description="Lightning callbacks, as the Trainer's callbacks= "
+        "list: EarlyStopping, ModelCheckpoint (hpctrain keeps its best checkpoints), "
+        "LearningRateMonitor, your own Callback")

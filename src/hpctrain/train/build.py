@@ -39,7 +39,7 @@ from hpctrain.parallel.layout import microbatches as layout_microbatches
 from hpctrain.parallel.processes import Distributed
 from hpctrain.report import trackers
 from hpctrain.runs.directory import RunDir
-from hpctrain.tasks import lightning, lightning_step, tensors
+from hpctrain.tasks import lightning, lightning_trainer, tensors
 from hpctrain.tasks.spec import TaskSetup
 from hpctrain.tasks.steps import Batch, Task, logits_of
 from hpctrain.train.checkpoints.checkpoint import Checkpointer
@@ -357,10 +357,10 @@ def _optimizer(model: nn.Module, config: Config, distributed: Distributed, place
 
 
 def _position(config: Config, distributed: Distributed, place: RunPlace, steps_per_epoch: int,
-              total_steps: int) -> lightning_step.Position:
+              total_steps: int) -> lightning_trainer.Position:
     """Where a LightningModule's `self.trainer` reads the run's length, ranks and folder."""
     env = distributed.env
-    return lightning_step.Position(
+    return lightning_trainer.Position(
         steps_per_epoch=steps_per_epoch, accumulate=config.train.grad_accum_steps,
         total_steps=total_steps, world_size=env.world_size, rank=env.rank,
         local_rank=env.local_rank, local_world_size=env.local_world_size,

@@ -21,7 +21,8 @@ import json
 import torch
 
 from hpctrain.errors import ConfigError
-from hpctrain.tasks.lightning_step import LightningStep, Position, SchedulerConfig
+from hpctrain.tasks.lightning_step import LightningStep
+from hpctrain.tasks.lightning_trainer import Position, SchedulerConfig
 
 INTERVALS = ("step", "epoch")
 

@@ -1,0 +1,177 @@
+"""Lightning callbacks on hpctrain's engine (`lightning.callbacks`, `hpctrain.fit(callbacks=)`
+and the module's `configure_callbacks`): run as they are, translated, or refused by name.
+
+- Lightning's `EarlyStopping` and your own `Callback` subclasses run as they are: each hook at
+  the module's moment, before the module's own, as Lightning calls them (a monitoring
+  callback's `on_train_epoch_end` after the module's and after the epoch's figures are read,
+  Lightning's one exception), `trainer` being the engine's view (lightning_trainer.EngineView).
+  A callback that sets `trainer.should_stop` ends the run after that step as completed, its
+  reason in the summary.
+- `ModelCheckpoint` is translated (`KeepBest`): hpctrain's own checkpoints, which a resume
+  reads, keep its `save_top_k` best by its `monitor` and `mode` besides the last ones; its
+  `dirpath` and `filename` are not used (the banner says so).
+- `LearningRateMonitor` is translated (`LrNames`): the train records gain its names.
+- Lightning's other callbacks need the Trainer's own machinery: refused, naming them.
+Lightning is not imported here: its callbacks are recognised by their classes' names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hpctrain import user_code
+from hpctrain.errors import ConfigError
+from hpctrain.tasks.lightning import LIGHTNING_PACKAGES
+
+KEY = "lightning.callbacks"
+# the callback hooks the engine calls (Lightning's Callback's, fitting's); the others a
+# callback overrides are refused
+CALLED = ("setup", "on_fit_start", "on_fit_end", "on_train_start", "on_train_end",
+          "on_train_epoch_start", "on_train_epoch_end", "on_validation_start",
+          "on_validation_end", "on_validation_epoch_start", "on_validation_epoch_end",
+          "on_train_batch_start", "on_train_batch_end", "on_validation_batch_start",
+          "on_validation_batch_end", "on_before_backward", "on_after_backward",
+          "on_before_optimizer_step", "on_before_zero_grad", "state_dict", "load_state_dict",
+          "on_save_checkpoint", "on_load_checkpoint")
+RUN_AS_THEY_ARE = ("EarlyStopping",)  # Lightning's own, whose hooks need only the view
+WHY_NOT = {  # Lightning's callbacks the engine does not honour, and why
+    "progress": "hpctrain prints its own progress line",
+    "summary": "hpctrain's banner names the model and its parameters",
+    "default": "it drives Lightning's Trainer machinery, which hpctrain's engine replaces",
+}
+
+
+@dataclass(frozen=True)
+class KeepBest:
+    """ModelCheckpoint's choice: the `top_k` best checkpoints by `monitor` (-1: all)."""
+
+    monitor: str
+    mode: str  # min | max
+    top_k: int
+
+    def better(self, value: float, than: float) -> bool:
+        return value < than if self.mode == "min" else value > than
+
+
+@dataclass(frozen=True)
+class LrNames:
+    """LearningRateMonitor's names for the optimiser's settings in the train records."""
+
+    momentum: bool = False
+    weight_decay: bool = False
+
+
+@dataclass
+class Callbacks:
+    """The callbacks of a run, sorted by what the engine does with them."""
+
+    run: list = field(default_factory=list)  # called as they are, in the order given
+    keep_best: KeepBest | None = None
+    lr_names: LrNames | None = None
+    notes: list[str] = field(default_factory=list)  # the banner's words
+
+
+def _lightnings(callback) -> bool:
+    return type(callback).__module__.startswith(LIGHTNING_PACKAGES)
+
+
+def _is_callback(value) -> bool:
+    return any(base.__name__ == "Callback" and base.__module__.startswith(LIGHTNING_PACKAGES)
+               for base in type(value).__mro__)
+
+
+def made(config) -> list:
+    """The recipe's callbacks, each its class (or factory) called with its kwargs."""
+    callbacks = []
+    for index, spec in enumerate(config.lightning.callbacks):
+        what = f"{KEY}[{index}]"
+        factory = user_code.load(spec.name, what)
+        callbacks.append(user_code.call_factory(factory, what, spec.name, {}, spec.kwargs))
+    return callbacks
+
+
+def with_modules(given: list, module) -> list:
+    """The callbacks given, with the module's `configure_callbacks()` (if it has its own):
+    one of those replaces a given one of the same class, as Lightning's Trainer does."""
+    from hpctrain.tasks.lightning import overrides
+
+    if not overrides(type(module), "configure_callbacks"):
+        return list(given)
+    own = module.configure_callbacks()
+    own = list(own) if isinstance(own, (list, tuple)) else [own]
+    kinds = {type(callback) for callback in own}
+    return [callback for callback in given if type(callback) not in kinds] + own
+
+
+def sorted_out(callbacks: list) -> Callbacks:
+    """What the engine does with each callback, or a ConfigError naming one it cannot
+    honour (what, why, what to do)."""
+    out = Callbacks()
+    for index, callback in enumerate(callbacks):
+        name = type(callback).__name__
+        if not _is_callback(callback):
+            raise ConfigError(f"{KEY}[{index}]: a {name}, not a Lightning Callback "
+                              "(lightning.pytorch.Callback or pytorch_lightning.Callback)")
+        if not _lightnings(callback):
+            _check_hooks(callback, index)
+            out.run.append(callback)
+        elif name in RUN_AS_THEY_ARE:
+            out.run.append(callback)
+        elif name == "ModelCheckpoint":
+            out.keep_best = _keep_best(callback, out.keep_best)
+            out.notes.append(_checkpoint_note(callback, out.keep_best))
+        elif name == "LearningRateMonitor":
+            out.lr_names = LrNames(callback.log_momentum, callback.log_weight_decay)
+            out.notes.append("LearningRateMonitor: its figures (lr-OPTIMISER, per param "
+                             "group /pgN) in each train record")
+        else:
+            kind = "progress" if "Progress" in name else "summary" if "Summary" in name \
+                else "default"
+            raise ConfigError(f"{KEY}: Lightning's {name} is not honoured by hpctrain's "
+                              f"engine: {WHY_NOT[kind]}; leave it out (docs/lightning.md "
+                              "lists the callbacks it takes)")
+    return out
+
+
+def _check_hooks(callback, index: int) -> None:
+    """A ConfigError naming the hooks your callback overrides that the engine does not call
+    (test and predict hooks aside: fitting does not call them)."""
+    cls = type(callback)
+    base = next(base for base in cls.__mro__ if base.__name__ == "Callback"
+                and base.__module__.startswith(LIGHTNING_PACKAGES))
+    own = {name for kind in cls.__mro__ if not kind.__module__.startswith(LIGHTNING_PACKAGES)
+           for name in vars(kind)}
+    refused = sorted(name for name in (set(vars(base)) & own) - set(CALLED)
+                     if not name.startswith("_") and "test" not in name
+                     and "predict" not in name)
+    if refused:
+        raise ConfigError(f"{KEY}[{index}]: {cls.__name__} overrides {', '.join(refused)}, "
+                          "which hpctrain's engine does not call (docs/lightning.md lists "
+                          "what it calls)")
+
+
+def is_monitoring(callback) -> bool:
+    """Whether Lightning calls its on_train_epoch_end after the module's (an EarlyStopping or
+    a checkpoint callback, yours deriving from them too)."""
+    return any(base.__name__ in ("EarlyStopping", "Checkpoint") and
+               base.__module__.startswith(LIGHTNING_PACKAGES) for base in type(callback).__mro__)
+
+
+def _keep_best(callback, kept: KeepBest | None) -> KeepBest | None:
+    if kept is not None:
+        raise ConfigError(f"{KEY}: two ModelCheckpoint callbacks: hpctrain keeps one set of "
+                          "checkpoints, the best by one figure; give one")
+    if callback.monitor is None or callback.save_top_k == 0:
+        return None  # the last checkpoints only: hpctrain's own checkpoint.keep_last
+    return KeepBest(callback.monitor, callback.mode, callback.save_top_k)
+
+
+def _checkpoint_note(callback, kept: KeepBest | None) -> str:
+    unused = [name for name, value in (("dirpath", callback.dirpath),
+                                       ("filename", callback.filename)) if value]
+    what = ("its last checkpoints (checkpoint.keep_last)" if kept is None else
+            f"the {'all' if kept.top_k < 0 else kept.top_k} best by {kept.monitor} "
+            f"({kept.mode}) besides the last ones (checkpoint.keep_last)")
+    return (f"ModelCheckpoint: hpctrain's checkpoints, which a resume reads, keep {what}"
+            + (f"; its {' and '.join(unused)} are not used: they are in the run's "
+               "checkpoints/ folder" if unused else ""))
