@@ -366,11 +366,32 @@ class RecordsItsHooks(LitClassifier):
         self.calls.append(("on_validation_epoch_end",))
 
 
+CALLBACK_HOOKS = ("setup", "on_fit_start", "on_train_start", "on_train_epoch_start",
+                  "on_train_batch_start", "on_before_zero_grad", "on_before_backward",
+                  "on_after_backward", "on_before_optimizer_step", "on_train_batch_end",
+                  "on_validation_start", "on_validation_epoch_start",
+                  "on_validation_batch_start", "on_validation_batch_end",
+                  "on_validation_epoch_end", "on_validation_end", "on_train_epoch_end",
+                  "on_train_end", "on_fit_end")
+
+
+def _recorder(hook: str):
+    def record(self, trainer, pl_module, *args, **kwargs):
+        pl_module.calls.append(("callback", hook, trainer.current_epoch, trainer.global_step))
+    return record
+
+
+# your own Callback: each of its hooks adds itself to the module's record of its own hooks
+RecordsCallbackHooks = type("RecordsCallbackHooks", (L.Callback,),
+                            {hook: _recorder(hook) for hook in CALLBACK_HOOKS})
+
+
 @pytest.mark.parametrize("accumulate", [1, 2])
 def test_per_batch_hooks_run_in_lightnings_order(tmp_path, accumulate):
     """on_train_batch_start/end, on_before_zero_grad, on_before_backward, on_after_backward,
     on_before_optimizer_step and the validation batch's hooks were refused (issue 54): they
-    are called at Lightning's moments, in its order (with gradient accumulation too), and the
+    are called at Lightning's moments, in its order (with gradient accumulation too), your
+    own callback's before the module's, each seeing Lightning's epoch and step, and the
     gradients on_before_optimizer_step sees have Lightning's norms."""
     torch.manual_seed(0)
     module = RecordsItsHooks()
@@ -379,11 +400,12 @@ def test_per_batch_hooks_run_in_lightnings_order(tmp_path, accumulate):
     summary = hpctrain.fit(ours, train, val, output_dir=str(tmp_path), tensorboard=False,
                            report=False, train={"epochs": 1, "log_every": 2,
                                                 "grad_accum_steps": accumulate},
-                           data={"num_workers": 0})
+                           data={"num_workers": 0}, callbacks=[RecordsCallbackHooks()])
     L.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
               enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-              accumulate_grad_batches=accumulate).fit(theirs, train, val)
-    assert ours.calls == theirs.calls
+              accumulate_grad_batches=accumulate, callbacks=[RecordsCallbackHooks()]).fit(
+        theirs, train, val)
+    assert len(ours.calls) > 100 and ours.calls == theirs.calls
     assert len(ours.norms) == 16 // accumulate
     assert ours.norms == pytest.approx(theirs.norms, rel=1e-6)
     # each interval's figure is the mean of its own steps' norms (two steps an interval)
@@ -483,6 +505,84 @@ def test_on_step_and_on_epoch_figures_have_lightnings_names_and_epoch_means(tmp_
     assert ours.seen[1] == pytest.approx(theirs.seen[1], rel=1e-6)
 
 
+def _callbacks():
+    from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
+
+    return [EarlyStopping(monitor="val_loss", min_delta=1e-4, patience=3),
+            ModelCheckpoint(monitor="val_loss", save_top_k=2),
+            LearningRateMonitor(log_momentum=True)]
+
+
+def test_early_stopping_model_checkpoint_and_lr_monitor_do_what_they_do_under_lightning(
+        tmp_path):
+    """fit had no callbacks= (issue 54): Lightning's EarlyStopping stops the run at the epoch
+    it stops Lightning's Trainer, as completed with its reason; ModelCheckpoint keeps the
+    same best steps among hpctrain's checkpoints; LearningRateMonitor's names and values are
+    in the train records; the finished run resumed trains nothing more."""
+    torch.manual_seed(0)
+    module = LitClassifier(lr=0.5)  # its validation loss settles after a few epochs
+    train, val = (DataLoader(part, batch_size=32) for part in blobs())
+    ours, theirs = copy.deepcopy(module), copy.deepcopy(module)
+    settings = dict(output_dir=str(tmp_path), run_name="stops", tensorboard=False, report=False,
+                    train={"epochs": 12, "log_every": 1}, checkpoint={"keep_last": 1},
+                    data={"num_workers": 0})
+    summary = hpctrain.fit(ours, train, val, callbacks=_callbacks(), **settings)
+    kept, their_callbacks = KeptRows(), _callbacks()
+    trainer = L.Trainer(max_epochs=12, accelerator="cpu", logger=kept, log_every_n_steps=1,
+                        callbacks=their_callbacks, default_root_dir=str(tmp_path / "theirs"),
+                        enable_progress_bar=False, enable_model_summary=False,
+                        num_sanity_val_steps=0)
+    trainer.fit(theirs, train, val)
+    stopper, best = their_callbacks[:2]
+    assert 16 < trainer.global_step < 12 * 16  # it stopped early, after the first epoch
+    assert summary["status"] == "completed" and summary["steps"] == trainer.global_step
+    assert summary["stopped_early"] == (f"at step {trainer.global_step} of 192: EarlyStopping "
+                                        f"set trainer.should_stop: "
+                                        f"{stopper.stopping_reason_message}")
+    their_steps = sorted(int(re.search(r"step=(\d+)", path)[1]) for path in best.best_k_models)
+    our_steps = sorted(int(Path(entry["path"]).name.split("_")[-1])
+                       for entry in summary["best_checkpoints"])
+    assert our_steps == their_steps
+    kept_steps = sorted(int(path.name.split("_")[-1])
+                        for path in (Path(summary["run_dir"]) / "checkpoints").iterdir())
+    assert kept_steps == sorted({*our_steps, summary["steps"]})  # the others: pruned
+    assert summary["best_checkpoints"][0]["val_loss"] == pytest.approx(float(best.best_model_score))
+    rows = [row for row in kept.rows if "lr-SGD" in row]
+    records = _records(summary["run_dir"], "train")
+    for name in ("lr-SGD", "lr-SGD-momentum"):
+        assert [r[name] for r in records] == pytest.approx([row[name] for row in rows]), name
+    again = hpctrain.fit(LitClassifier(lr=0.5), train, val, callbacks=_callbacks(), resume="auto",
+                         **settings)
+    assert again["steps"] == summary["steps"] and len(_records(summary["run_dir"], "train")) \
+        == len(records)
+
+
+def test_a_stopped_run_resumes_with_its_early_stopping_where_it_was(tmp_path):
+    """The callbacks' state_dicts are kept in the checkpoint: a run stopped while its
+    EarlyStopping was counting epochs without improvement ends at the step the
+    uninterrupted run ends at (were the count started afresh, it would run on)."""
+    from lightning.pytorch.callbacks import EarlyStopping
+
+    def stopper():
+        return [EarlyStopping(monitor="val_loss", min_delta=1e-4, patience=3)]
+
+    torch.manual_seed(0)
+    module = LitClassifier(lr=0.5)
+    train, val = blobs()
+    settings = dict(output_dir=str(tmp_path), **{**QUICK, "train": {**QUICK["train"],
+                                                                    "epochs": 12}})
+    whole = hpctrain.fit(copy.deepcopy(module), train, val, callbacks=stopper(),
+                         run_name="whole", **settings)
+    assert whole["stopped_early"] and whole["steps"] < 12 * 16
+    with pytest.raises(SystemExit):
+        hpctrain.fit(copy.deepcopy(module), StopAt(train, (whole["steps"] - 16) * 32 + 5),
+                     val, callbacks=stopper(), run_name="cut", **settings)
+    resumed = hpctrain.fit(LitClassifier(lr=0.5), train, val, callbacks=stopper(),
+                           run_name="cut", resume="auto", **settings)
+    assert (resumed["steps"], resumed["stopped_early"]) == (whole["steps"],
+                                                            whole["stopped_early"])
+
+
 class KeepsCount(LitClassifier):
     """Counts its batches in on_train_batch_end and keeps the count, and a tensor, in the
     checkpoint through on_save_checkpoint / on_load_checkpoint."""
@@ -525,14 +625,14 @@ def test_the_modules_checkpoint_hooks_keep_its_own_state_through_a_stop(tmp_path
         hpctrain.fit(KeepsCount(), train, val, run_name="damaged", resume="auto", **settings)
     for logs in ({"slots": [{"name": 3}], "epoch_sums": torch.zeros(64, dtype=torch.float64)},
                  {"slots": [], "epoch_sums": torch.zeros(3)}):  # read back, but not as written
-        torch.save({"batches": 1, "trace": torch.ones(2), "hpctrain_logs": logs}, saved)
-        with pytest.raises(ConfigError, match="step_.*: the module's logged figures are "
+        torch.save({"batches": 1, "trace": torch.ones(2), "hpctrain": logs}, saved)
+        with pytest.raises(ConfigError, match="step_.*: hpctrain's state of the module is "
                                               "damaged; it is written by hpctrain"):
             hpctrain.fit(KeepsCount(), train, val, run_name="damaged", resume="auto",
                          **settings)
-    with pytest.raises(ConfigError, match=r"KeepsCount.on_save_checkpoint put "
-                                          r"checkpoint\['batches'\] = a Fraction: hpctrain "
-                                          r"keeps tensors, numbers, strings"):
+    with pytest.raises(ConfigError, match=r"on_save_checkpoint \(or a callback's state_dict\) "
+                                          r"put checkpoint\['batches'\] = a Fraction holding "
+                                          r"more than hpctrain keeps: tensors, numbers"):
         hpctrain.fit(KeepsCount(keep=fractions.Fraction), train, val, run_name="object",
                      **settings)
 
@@ -853,6 +953,73 @@ def test_what_the_engine_does_not_do_is_refused_by_name(tmp_path, module_class, 
     said = re.sub(r"test_lightning\.py:\d+", "test_lightning.py:NNN", str(refused.value))
     assert message in said
     assert refused.value.exit_code == 2
+
+
+class OnException(L.Callback):
+    def on_exception(self, trainer, pl_module, exception):
+        pass
+
+
+def _refused_callbacks():
+    from lightning.pytorch.callbacks import (EarlyStopping, ModelCheckpoint,
+                                             StochasticWeightAveraging)
+
+    return [
+        ([StochasticWeightAveraging(swa_lrs=0.1)], "lightning.callbacks: Lightning's "
+         "StochasticWeightAveraging is not honoured by hpctrain's engine"),
+        ([ModelCheckpoint(monitor="val_loss"), ModelCheckpoint(monitor="val_acc")],
+         "two ModelCheckpoint callbacks: hpctrain keeps one set of checkpoints"),
+        ([object()], "lightning.callbacks[0]: a object, not a Lightning Callback"),
+        ([OnException()], "lightning.callbacks[0]: OnException overrides on_exception, which "
+                          "hpctrain's engine does not call"),
+        ([EarlyStopping(monitor="val_los")], "Lightning's EarlyStopping.on_train_epoch_end: "
+                                             "Early stopping conditioned on metric `val_los`"),
+        ([ModelCheckpoint(monitor="val_los")], "ModelCheckpoint(monitor='val_los'): the module "
+                                               "has not logged it (logged: train_loss"),
+        (EarlyStopping(monitor="val_loss"), "fit(callbacks=...): a list of Lightning "
+                                            "callbacks, not a EarlyStopping")]
+
+
+@pytest.mark.parametrize("case", range(7))
+def test_callbacks_the_engine_cannot_honour_are_refused_by_name(tmp_path, case):
+    callbacks, message = _refused_callbacks()[case]
+    with pytest.raises(ConfigError, match=re.escape(message)) as refused:
+        hpctrain.fit(LitClassifier(), *blobs(), output_dir=str(tmp_path), callbacks=callbacks,
+                     **QUICK)
+    assert refused.value.exit_code == 2
+
+
+class ConfiguresItsCallbacks(LitClassifier):
+    def configure_callbacks(self):
+        from lightning.pytorch.callbacks import EarlyStopping
+
+        return EarlyStopping(monitor="val_loss", min_delta=10, patience=1)
+
+
+def test_a_recipe_s_callbacks_and_the_module_s_own_are_called(tmp_path, run_cli):
+    """lightning.callbacks in a recipe (a class and its kwargs), and the module's
+    configure_callbacks (which replaces a given callback of its class, as under Lightning):
+    an EarlyStopping that sees no improvement of 10 ends the three-epoch run after its
+    second epoch, as completed; a callback on a plain module's run is refused."""
+    stops = "lightning: {callbacks: [{name: 'lightning.pytorch.callbacks:EarlyStopping', " \
+            "kwargs: {monitor: val_loss, min_delta: 10, patience: 1}}]}"
+    recipe = _recipe(tmp_path, "train: {epochs: 3, batch_size: 32, log_every: 4}", stops)
+    code, out, err = run_cli("run", str(recipe), "run_name=recipe")
+    assert code == 0, err
+    summary = json.loads((tmp_path / "runs" / "recipe" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 32
+    assert summary["stopped_early"].startswith("at step 32 of 48: EarlyStopping set "
+                                               "trainer.should_stop: Monitored metric val_loss "
+                                               "did not improve in the last 1 records")
+    from lightning.pytorch.callbacks import EarlyStopping
+
+    given = EarlyStopping(monitor="val_loss", patience=100)  # replaced by the module's own
+    summary = hpctrain.fit(ConfiguresItsCallbacks(), *blobs(), output_dir=str(tmp_path),
+                           callbacks=[given], **{**QUICK, "train": {**QUICK["train"], "epochs": 3}})
+    assert summary["steps"] == 32 and given.wait_count == 0
+    code, _, err = run_cli("run", "default", stops.replace("lightning: ", "lightning="),
+                           "train.max_steps=1")
+    assert code == 2 and "callbacks are a LightningModule's (task lightning)" in err
 
 
 def test_a_data_module_beside_val_data_and_a_plain_module_under_task_lightning_are_refused(

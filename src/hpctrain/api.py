@@ -56,7 +56,7 @@ def _script_name() -> str:
 def fit(model: nn.Module, train_data: Dataset | DataLoader | None = None,
         val_data: Dataset | DataLoader | None = None,
         config: Config | str | Path | None = None, collate_fn: Callable | None = None,
-        **overrides) -> dict | None:
+        callbacks: list | None = None, **overrides) -> dict | None:
     """Train `model` on `train_data`, evaluating on `val_data`; the run's summary (as in
     summary.json) on rank 0, None on the other ranks.
 
@@ -74,7 +74,9 @@ def fit(model: nn.Module, train_data: Dataset | DataLoader | None = None,
     and the run says which. Without `val_data`, data.val_fraction (0.1 when unset) of
     `train_data` is held out for validation, the same samples on every rank and every
     restart. `collate_fn`: your function making a batch of a list of samples (padding them,
-    with lengths or masks), as a recipe's data.collate (data/batching.py).
+    with lengths or masks), as a recipe's data.collate (data/batching.py). `callbacks`: a
+    LightningModule's Lightning callbacks, as Lightning's Trainer takes them, after the
+    recipe's lightning.callbacks (tasks/lightning_callbacks.py says what each becomes).
 
     Raises a UserError (ConfigError, DataError, ...; `.exit_code` as the command line's) for
     bad input, and SystemExit(75) when a stop signal or the time limit saved the run early.
@@ -96,6 +98,8 @@ def fit(model: nn.Module, train_data: Dataset | DataLoader | None = None,
     config = configuration.with_settings(config, settings) if isinstance(config, Config) \
         else load_config(config, **settings)
     config = _task_from_samples(config, train_data, model, collate_fn)
+    if callbacks:
+        config = _with_callbacks(config, callbacks)
     if val_data is None and not brings_val:
         train_data, val_data = _held_out(train_data, config)
     user_code.give(references["model.name"], lambda: model)
@@ -106,6 +110,20 @@ def fit(model: nn.Module, train_data: Dataset | DataLoader | None = None,
                    if train_data is None else train_data if val_data is None else
                    (train_data, val_data))
     return _train(config, started)
+
+
+def _with_callbacks(config: Config, callbacks) -> Config:
+    """The recipe's lightning.callbacks, then fit's (handed over as they are)."""
+    if not isinstance(callbacks, (list, tuple)):
+        raise ConfigError(f"fit(callbacks=...): a list of Lightning callbacks, not a "
+                          f"{type(callbacks).__name__}")
+    given = []
+    for index, callback in enumerate(callbacks):
+        reference = user_code.given(f"callbacks[{index}].{type(callback).__name__}")
+        user_code.give(reference, lambda callback=callback: callback)
+        given.append({"name": reference, "kwargs": {}})
+    recipe = [spec.model_dump(mode="json") for spec in config.lightning.callbacks]
+    return configuration.with_settings(config, {"lightning.callbacks": recipe + given})
 
 
 def _check_data(model: nn.Module, train_data, val_data) -> bool:

@@ -43,14 +43,15 @@ BATCH_HOOKS = ("on_train_batch_start", "on_before_zero_grad", "on_before_backwar
 # loaders when hpctrain.fit is given no data (as Lightning's Trainer.fit)
 LOADER_HOOKS = ("prepare_data", "train_dataloader", "val_dataloader")
 CALLED = ("training_step", "validation_step", "configure_optimizers", "setup",
-          "configure_model", "on_save_checkpoint", "on_load_checkpoint", *LOADER_HOOKS,
+          "configure_model", "on_save_checkpoint", "on_load_checkpoint", "configure_callbacks",
+          *LOADER_HOOKS,
           *BATCH_HOOKS,
           *(hook for hooks in HOOKS.values() for hook in hooks))
 _SET_UP: weakref.WeakSet = weakref.WeakSet()  # modules whose setup("fit") has run
 _PREPARED: weakref.WeakSet = weakref.WeakSet()  # modules whose prepare_data has run
 # the LightningModule's own methods that are hooks (besides those of its hook classes)
 MODULE_HOOKS = ("optimizer_step", "optimizer_zero_grad", "lr_scheduler_step", "backward",
-                "configure_gradient_clipping", "configure_callbacks")
+                "configure_gradient_clipping")
 HOOK_CLASSES = ("ModelHooks", "DataHooks", "CheckpointHooks")
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from hpctrain import user_code
 from hpctrain.errors import ConfigError
-from hpctrain.tasks.lightning import LIGHTNING_PACKAGES
+from hpctrain.tasks.lightning import LIGHTNING_PACKAGES, overrides
 
 KEY = "lightning.callbacks"
 # the callback hooks the engine calls (Lightning's Callback's, fitting's); the others a
@@ -49,8 +49,16 @@ class KeepBest:
     mode: str  # min | max
     top_k: int
 
-    def better(self, value: float, than: float) -> bool:
-        return value < than if self.mode == "min" else value > than
+    def ranked(self, kept: list, step: int, value: float) -> list:
+        """`kept` ([step, value] pairs, in the order saved) with the checkpoint of `step`
+        if it is among the best, as ModelCheckpoint ranks: kept while fewer than top_k,
+        else replacing the worst one kept when strictly better."""
+        if self.top_k < 0 or len(kept) < self.top_k:
+            return [*kept, [step, value]]
+        worst = (max if self.mode == "min" else min)(kept, key=lambda pair: pair[1])
+        better = value < worst[1] if self.mode == "min" else value > worst[1]
+        return [pair for pair in kept if pair is not worst] + [[step, value]] if better \
+            else kept
 
 
 @dataclass(frozen=True)
@@ -61,6 +69,28 @@ class LrNames:
     weight_decay: bool = False
 
 
+def lr_figures(optimizer, configs: list, names: LrNames) -> dict[str, float]:
+    """LearningRateMonitor's figures of the optimiser's groups: `lr-SGD` (a scheduler's
+    `name` where it has one; `-1`, `-2` for further unnamed ones), `/pgN` (or the group's
+    `name`) where there are several groups, `-momentum` and `-weight_decay` when asked."""
+    figures, unnamed = {}, 0
+    for name in [config.name for config in configs] or [None]:
+        if name is None:
+            unnamed += 1
+            name = f"lr-{type(optimizer).__name__}" + (f"-{unnamed - 1}" if unnamed > 1 else "")
+        groups = optimizer.param_groups
+        for index, group in enumerate(groups):
+            label = group.get("name", f"pg{index + 1}") if len(groups) > 1 else group.get("name")
+            suffix = f"/{label}" if label else ""
+            figures[name + suffix] = group["lr"]
+            if names.momentum:
+                figures[f"{name}-momentum{suffix}"] = group["betas"][0] if "betas" in group \
+                    else group.get("momentum", 0)
+            if names.weight_decay:
+                figures[f"{name}-weight_decay{suffix}"] = group["weight_decay"]
+    return figures
+
+
 @dataclass
 class Callbacks:
     """The callbacks of a run, sorted by what the engine does with them."""
@@ -69,6 +99,29 @@ class Callbacks:
     keep_best: KeepBest | None = None
     lr_names: LrNames | None = None
     notes: list[str] = field(default_factory=list)  # the banner's words
+
+    def by_hook(self) -> dict[str, list]:
+        """Hook -> the callbacks run as they are that define it, in order (at
+        on_train_epoch_end, those Lightning calls before the module)."""
+        return {hook: self.listening(hook) for hook in CALLED}
+
+    def lr_reader(self):
+        """LearningRateMonitor's reading, `reader(optimizer, scheduler_configs)`, or None."""
+        return None if self.lr_names is None else \
+            lambda optimizer, configs: lr_figures(optimizer, configs, self.lr_names)
+
+    def listening(self, hook: str, monitoring: bool = False) -> list:
+        """The callbacks run as they are that define `hook`, in order; `monitoring`: only
+        those Lightning calls after the module (else the others) at on_train_epoch_end."""
+        return [callback for callback in self.run if hook in hooks_of(callback) and (
+            hook != "on_train_epoch_end" or is_monitoring(callback) == monitoring)]
+
+
+def hooks_of(callback) -> set[str]:
+    """The hooks (of CALLED) the callback's class defines, rather than Callback's no-ops."""
+    return {hook for hook in CALLED for base in type(callback).__mro__
+            if hook in vars(base) and not (base.__name__ == "Callback" and
+                                          base.__module__.startswith(LIGHTNING_PACKAGES))}
 
 
 def _lightnings(callback) -> bool:
@@ -93,8 +146,6 @@ def made(config) -> list:
 def with_modules(given: list, module) -> list:
     """The callbacks given, with the module's `configure_callbacks()` (if it has its own):
     one of those replaces a given one of the same class, as Lightning's Trainer does."""
-    from hpctrain.tasks.lightning import overrides
-
     if not overrides(type(module), "configure_callbacks"):
         return list(given)
     own = module.configure_callbacks()

@@ -228,7 +228,7 @@ class Logs:
                 isinstance(entry, dict) and entry.keys() == fields.keys() and all(
                     isinstance(entry[key], kind) for key, kind in fields.items())
                 for entry in saved)):
-            raise ConfigError(f"{source}: the module's logged figures are damaged; it is "
+            raise ConfigError(f"{source}: hpctrain's state of the module is damaged; it is "
                               "written by hpctrain: resume from an earlier checkpoint")
         self.slots = [Slot(**entry) for entry in saved]
 

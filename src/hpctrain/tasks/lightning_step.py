@@ -28,7 +28,7 @@ from hpctrain.tasks.lightning_trainer import (EngineView, Position, SchedulerCon
                                              your_line)
 from hpctrain.tasks.steps import Batch, Task
 
-LOGS_KEY = "hpctrain_logs"  # in module.pt, beside what on_save_checkpoint added
+ENGINE_KEY = "hpctrain"  # in module.pt, beside what on_save_checkpoint added
 
 
 class StepOutput(NamedTuple):
@@ -71,6 +71,15 @@ class LightningStep(nn.Module):
         self.epoch_sums = torch.zeros(2 * CAPACITY, device=device, dtype=torch.float64)
         self.reduce = _one_process  # the engine's sum over ranks (Distributed.sum_)
         self.epoch_figures: dict = {}  # the last epoch's, until the engine records them
+        self.callbacks: list = []  # your callbacks run as they are (lightning_callbacks.py)
+        self.listeners: dict[str, list] = {}  # hook -> the callbacks defining it, in order
+        self.monitoring: list = []  # those called at on_train_epoch_end after the module
+        self.should_stop = False  # trainer.should_stop: a callback's (or the module's) ask
+        self.stop_reason: str | None = None  # who asked, and why
+        self.keep_best = None  # ModelCheckpoint's choice (lightning_callbacks.KeepBest)
+        self.lr_figures = None  # LearningRateMonitor's reading (lightning_callbacks.py)
+        self.lr_seen: dict[str, float] = {}  # its figures as the last step began
+        self.notes: list[str] = []  # the banner's words for the callbacks
         self.trainer_view = EngineView(self)
         module.trainer = self.trainer_view  # the property's setter: child modules too
         module.log, module.log_dict = self.logs.add, self.logs.add_dict
@@ -111,6 +120,68 @@ class LightningStep(nn.Module):
         schedulers = [config.scheduler for config in self.scheduler_configs]
         return (schedulers[0] if len(schedulers) == 1 else schedulers) if schedulers else None
 
+    def add_callbacks(self, callbacks) -> None:
+        """Your callbacks (a lightning_callbacks.Callbacks): those run as they are are set up
+        (their setup("fit"), after the module's) and called at each hook before the
+        module's; ModelCheckpoint's and LearningRateMonitor's translations kept."""
+        self.callbacks = callbacks.run
+        self.listeners = callbacks.by_hook()
+        self.monitoring = callbacks.listening("on_train_epoch_end", monitoring=True)
+        self.keep_best, self.lr_figures = callbacks.keep_best, callbacks.lr_reader()
+        self.notes = callbacks.notes
+        for callback in self.listeners.get("setup", ()):
+            self._callback(callback, "setup", stage="fit")  # by name, as Lightning
+
+    def _call(self, hook: str, *args, module_defines: bool = True):
+        """`hook` of the callbacks that define it, then the module's (where it defines it),
+        as Lightning calls them; the module's answer."""
+        for callback in self.listeners.get(hook, ()):
+            self._callback(callback, hook, *args)
+        if not module_defines:
+            return None
+        self.logs.where = where(hook)
+        answer = getattr(self.module, hook)(*args)
+        self._asked_to_stop(f"{type(self.module).__name__}.{hook}", None)
+        return answer
+
+    def _callback(self, callback, hook: str, *args, **kwargs) -> None:
+        """One callback's hook, with the engine's view as its trainer; a Lightning
+        callback's own failure (a monitored figure never logged) said as a ConfigError."""
+        self.logs.where = where(hook)
+        try:
+            getattr(callback, hook)(self.trainer_view, self.module, *args, **kwargs)
+        except ConfigError:
+            raise
+        except Exception as err:
+            if not type(callback).__module__.startswith(("lightning.", "pytorch_lightning.")):
+                raise  # your callback's: its own traceback
+            raise ConfigError(f"Lightning's {type(callback).__name__}.{hook}: "
+                              f"{str(err).strip().splitlines()[0]}") from None
+        self._asked_to_stop(type(callback).__name__,
+                            getattr(callback, "stopping_reason_message", None))
+
+    def _asked_to_stop(self, who: str, why: str | None) -> None:
+        if self.should_stop and self.stop_reason is None:
+            self.stop_reason = f"{who} set trainer.should_stop" + (f": {why}" if why else "")
+
+    def stop_asked(self) -> str | None:
+        """Why the run is to end after this step (a callback's trainer.should_stop), or
+        None."""
+        return self.stop_reason if self.should_stop else None
+
+    def ranked_checkpoints(self, kept: list, step: int, evaluated: bool) -> list:
+        """ModelCheckpoint's best checkpoints ([step, value], as saved) with the one of
+        `step` ranked in by its monitored figure, or a ConfigError once an evaluation has
+        run and the figure is still not logged."""
+        value = self.logs.latest.get(self.keep_best.monitor)
+        if value is not None:
+            return self.keep_best.ranked(kept, step, float(value))
+        if evaluated:
+            raise ConfigError(f"ModelCheckpoint(monitor={self.keep_best.monitor!r}): the "
+                              "module has not logged it (logged: "
+                              f"{', '.join(self.logs.latest) or 'nothing'})")
+        return kept
+
     def to(self, *args, **kwargs) -> LightningStep:
         """Moved through the module's own `to`, which keeps its `self.device` true."""
         self.module.to(*args, **kwargs)
@@ -136,14 +207,15 @@ class LightningStep(nn.Module):
         if moment in ("train_start", "train_epoch_start"):  # a resume's too
             self.position.epoch = self.position.steps // self.position.steps_per_epoch
         for hook in self.hooks[moment]:
-            self.logs.where = where(hook)
-            getattr(self.module, hook)()
+            self._call(hook)
         logged = self.logs.take() if window else \
             torch.zeros(2 * CAPACITY, device=self.logs.device, dtype=torch.float64)
         if "validation" not in moment:
             self._training_logged(logged)
-        if moment == "train_epoch_end":
+        if moment == "train_epoch_end":  # the epoch's figures, then who monitors them
             self.epoch_figures = self._read_epoch()
+            for callback in self.monitoring:
+                self._callback(callback, "on_train_epoch_end")
         for then in self.after[moment]:
             then()
         if moment == "train_epoch_end":
@@ -173,13 +245,14 @@ class LightningStep(nn.Module):
             index = self.position.batch_index()
             self.position.micro += 1
             self.rows = rows
-            if "on_train_batch_start" in self.own:
-                self.logs.where = where("on_train_batch_start")
-                if self.module.on_train_batch_start(batch, index) == -1:
-                    raise ConfigError(
-                        f"on_train_batch_start returned -1 at batch {index}: hpctrain's "
-                        "engine does not skip the rest of an epoch (every process must step "
-                        "alike); stop the run instead")
+            if self.lr_figures is not None and self.position.micro == 1:  # as the step begins
+                self.lr_seen = self.lr_figures(self.optimizer, self.scheduler_configs)
+            if self._call("on_train_batch_start", batch, index,
+                          module_defines="on_train_batch_start" in self.own) == -1:
+                raise ConfigError(
+                    f"on_train_batch_start returned -1 at batch {index}: hpctrain's engine "
+                    "does not skip the rest of an epoch (every process must step alike); "
+                    "stop the run instead")
             self.logs.where = where("training_step")
             returned = self.module.training_step(batch, index)
             loss = _loss_of(returned, index)
@@ -188,14 +261,12 @@ class LightningStep(nn.Module):
             self.last = ({"loss": loss.detach(), **extra}, batch, index)
             return StepOutput(loss, self.logs.take())
         index = self.position.val_index
-        if "on_validation_batch_start" in self.own:
-            self.logs.where = where("on_validation_batch_start")
-            self.module.on_validation_batch_start(batch, index)
+        self._call("on_validation_batch_start", batch, index,
+                   module_defines="on_validation_batch_start" in self.own)
         self.logs.where = where("validation_step")
         outputs = self.module.validation_step(batch, index)
-        if "on_validation_batch_end" in self.own:
-            self.logs.where = where("on_validation_batch_end")
-            self.module.on_validation_batch_end(outputs, batch, index)
+        self._call("on_validation_batch_end", outputs, batch, index,
+                   module_defines="on_validation_batch_end" in self.own)
         self.position.val_index += 1
         # each sample carries its batch's share: evaluation drops the sampler's repeats by rows
         return (self.logs.take() / rows).expand(rows, -1)
@@ -204,11 +275,10 @@ class LightningStep(nn.Module):
         """One of the module's per-batch hooks outside its step (on_before_backward, ...),
         where the module defines it: what it logs is carried to the engine's next taking
         (`step_logged` or `after_step`)."""
-        if name not in self.own:
+        if name not in self.own and not self.listeners.get(name):
             return
         self.logs.begin(self.rows)
-        self.logs.where = where(name)
-        getattr(self.module, name)(*args)
+        self._call(name, *args, module_defines=name in self.own)
         logged = self.logs.take()
         self.carried = logged if self.carried is None else self.carried + logged
 
@@ -228,51 +298,74 @@ class LightningStep(nn.Module):
         return logged if carried is None else logged + carried
 
     def checkpoint_state(self) -> bytes:
-        """What the module's on_save_checkpoint adds to a checkpoint dict (Lightning's holds
-        its epoch and global_step besides), with the epoch's logged sums so far (over all
-        ranks: a collective), saved once as the file's bytes and checked to be readable back
-        as tensors and plain values (every file hpctrain reads back is), or a ConfigError
-        naming the key that is not."""
-        logs = {"slots": self.logs.state(), "metrics": metric_states(
+        """What the callbacks' and the module's on_save_checkpoint add to a checkpoint dict
+        (Lightning's holds its epoch and global_step besides), with the engine's own state
+        (ENGINE_KEY: the epoch's logged sums so far over all ranks, a collective; the logged
+        Metrics' states; the callbacks' state_dicts), saved once as the file's bytes and
+        checked to be readable back as tensors and plain values (every file hpctrain reads
+        back is), or a ConfigError naming the key that is not."""
+        engine = {"slots": self.logs.state(), "metrics": metric_states(
             self.module, [metric for _, metric in sorted(self.logs.metrics.items())]),
-            "epoch_sums": self.reduce(self.epoch_sums.clone()).cpu()}
+            "epoch_sums": self.reduce(self.epoch_sums.clone()).cpu(),
+            "callbacks": {callback.state_key: callback.state_dict()
+                          for callback in self.callbacks}}
         given = {"epoch": self.trainer_view.current_epoch,
                  "global_step": self.position.steps}
         checkpoint = dict(given)
+        for callback in self.listeners.get("on_save_checkpoint", ()):
+            self._callback(callback, "on_save_checkpoint", checkpoint)
         self.module.on_save_checkpoint(checkpoint)
         added = {key: value for key, value in checkpoint.items() if key not in given}
-        if LOGS_KEY in added:
+        if ENGINE_KEY in added:
             raise ConfigError(f"{type(self.module).__name__}.on_save_checkpoint put "
-                              f"checkpoint[{LOGS_KEY!r}]: hpctrain keeps the module's logged "
-                              "figures under that key; use another")
-        saved = _saved({**added, LOGS_KEY: logs})
+                              f"checkpoint[{ENGINE_KEY!r}]: hpctrain keeps its own state under "
+                              "that key; use another")
+        saved = _saved({**added, ENGINE_KEY: engine})
         if _readable(saved):
             return saved
-        key = next(key for key, value in added.items() if not _readable(_saved(value)))
+        key = next((key for key, value in added.items() if not _readable(_saved(value))),
+                   ENGINE_KEY)
+        what = added[key] if key in added else engine["callbacks"]
         raise ConfigError(
-            f"{type(self.module).__name__}.on_save_checkpoint put checkpoint[{key!r}] = a "
-            f"{type(added[key]).__name__}: hpctrain keeps tensors, numbers, strings and lists "
-            "or dicts of them (it reads checkpoints back without running pickled code); store "
-            "its state_dict() or its numbers")
+            f"on_save_checkpoint (or a callback's state_dict) put checkpoint[{key!r}] = a "
+            f"{type(what).__name__} holding more than hpctrain keeps: tensors, numbers, strings "
+            "and lists or dicts of them (it reads checkpoints back without running pickled "
+            "code); store its state_dict() or its numbers")
 
     def restore_checkpoint_state(self, state: dict, source: str) -> None:
-        """The epoch's logged sums so far (on rank 0: they are every rank's), then
-        on_load_checkpoint with what on_save_checkpoint added and the step it saved
-        (`source`: the checkpoint, named where its state is damaged)."""
+        """The engine's own state (the epoch's logged sums and Metric states on rank 0: they
+        are every rank's; the callbacks' states), then the callbacks' and the module's
+        on_load_checkpoint with what they added and the step it saved (`source`: the
+        checkpoint, named where its state is damaged)."""
         state = dict(state)
-        logs = state.pop(LOGS_KEY, None)
-        if logs is not None:  # (checkpoints before epoch figures have none)
-            sums = logs.get("epoch_sums") if isinstance(logs, dict) else None
-            if not (isinstance(sums, torch.Tensor) and sums.shape == self.epoch_sums.shape):
-                raise ConfigError(f"{source}: the module's logged figures are damaged; it is "
-                                  "written by hpctrain: resume from an earlier checkpoint")
-            leader = self.position.rank == 0  # (the sums and states are every rank's)
-            self.logs.restore(logs.get("slots"), source)
-            if leader:
-                restore_metric_states(self.module, logs.get("metrics", {}), source)
-            self.epoch_sums.copy_(sums if leader else torch.zeros_like(sums))
-        self.module.on_load_checkpoint({**state, "global_step": self.position.steps,
-                                        "epoch": self.trainer_view.current_epoch})
+        engine = state.pop(ENGINE_KEY, None)
+        if engine is not None:  # (checkpoints of issue 54's first part have none)
+            self._restore_engine_state(engine, source)
+        checkpoint = {**state, "global_step": self.position.steps,
+                      "epoch": self.trainer_view.current_epoch}
+        for callback in self.listeners.get("on_load_checkpoint", ()):
+            self._callback(callback, "on_load_checkpoint", checkpoint)
+        self.module.on_load_checkpoint(checkpoint)
+
+    def _restore_engine_state(self, engine, source: str) -> None:
+        damaged = ConfigError(f"{source}: hpctrain's state of the module is damaged; it is "
+                              "written by hpctrain: resume from an earlier checkpoint")
+        sums = engine.get("epoch_sums") if isinstance(engine, dict) else None
+        callbacks = engine.get("callbacks", {}) if isinstance(engine, dict) else None
+        if not (isinstance(sums, torch.Tensor) and sums.shape == self.epoch_sums.shape
+                and isinstance(callbacks, dict)):
+            raise damaged
+        leader = self.position.rank == 0  # (the sums and states are every rank's)
+        self.logs.restore(engine.get("slots"), source)
+        if leader:
+            restore_metric_states(self.module, engine.get("metrics", {}), source)
+        self.epoch_sums.copy_(sums if leader else torch.zeros_like(sums))
+        for callback in self.callbacks:
+            if callback.state_key in callbacks:  # (a callback added since starts afresh)
+                try:
+                    callback.load_state_dict(callbacks[callback.state_key])
+                except (KeyError, TypeError, ValueError, AttributeError):
+                    raise damaged from None
 
     def batch_hooks(self, optimizer) -> dict:
         """The module's hooks at a training batch's moments, as train/step.BatchHooks takes
@@ -336,10 +429,12 @@ def task(device: torch.device, step: LightningStep, name: str, unit: str,
             outputs.sum(0)
 
     return Task(name, unit, SUM_NAMES, None, to_device, loss, sums,
-                lambda read: step.logs.values(read, INTERVAL), moment=step.at,
+                lambda read: {**step.logs.values(read, INTERVAL), **step.lr_seen},
+                moment=step.at,
                 evaluates=evaluates,
                 eval_values=lambda read: step.logs.values(read, EVALUATION),
-                after_step=step.after_step, epoch_figures=step.take_epoch_figures)
+                after_step=step.after_step, epoch_figures=step.take_epoch_figures,
+                stop_asked=step.stop_asked)
 
 
 @dataclasses.dataclass

@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import traceback
 from dataclasses import dataclass
+from types import SimpleNamespace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
+import torch.distributed as dist
 
 from hpctrain.errors import ConfigError
-
-if TYPE_CHECKING:
-    from hpctrain.tasks.lightning_step import LightningStep
 
 
 @dataclass
@@ -37,6 +35,7 @@ class Position:
     local_world_size: int = 1
     num_nodes: int = 1
     run_dir: Path | None = None
+    eval_every_epochs: float = 1.0  # train.eval_every_epochs: Lightning's val_check_interval
 
     def __deepcopy__(self, memo) -> Position:
         return self  # one per run, as the engine's step is
@@ -88,10 +87,12 @@ class EngineView:
              "is_global_zero", "training", "sanity_checking", "callback_metrics",
              "logged_metrics", "log_dir", "default_root_dir", "logger", "loggers",
              "progress_bar_callback", "lightning_module", "optimizers",
-             "lr_scheduler_configs", "datamodule")
+             "lr_scheduler_configs", "datamodule", "should_stop", "strategy", "state",
+             "fast_dev_run", "val_check_interval", "check_val_every_n_epoch", "callbacks",
+             "early_stopping_callback")
 
-    def __init__(self, step: LightningStep):
-        self._step = step
+    def __init__(self, step):
+        self._step = step  # the lightning_step.LightningStep whose module asks
 
     def __getattr__(self, name: str):
         raise NotGiven(f"self.trainer.{name}{your_line()}: hpctrain's engine stands in for "
@@ -131,3 +132,56 @@ class EngineView:
     optimizers = property(lambda self: [self._step.optimizers()])
     lr_scheduler_configs = property(lambda self: list(self._step.scheduler_configs))
     datamodule = property(lambda self: self._step.datamodule)
+    state = property(lambda self: SimpleNamespace(fn="fit", stage="train" if self._step.training
+                                                  else "validate"))
+    fast_dev_run = property(lambda self: False)
+    val_check_interval = property(lambda self: min(self._position.eval_every_epochs, 1.0))
+    check_val_every_n_epoch = property(lambda self: max(1, round(
+        self._position.eval_every_epochs)))
+    callbacks = property(lambda self: list(self._step.callbacks))
+    early_stopping_callback = property(lambda self: next(
+        (callback for callback in self._step.callbacks
+         if type(callback).__name__ == "EarlyStopping"), None))
+
+    @property
+    def should_stop(self) -> bool:
+        return self._step.should_stop
+
+    @should_stop.setter
+    def should_stop(self, value: bool) -> None:
+        """A callback's (or the module's) ask to end the run after this step."""
+        self._step.should_stop = bool(value)
+
+    @property
+    def strategy(self) -> EngineStrategy:
+        return EngineStrategy(self._step.logs.device)
+
+
+class EngineStrategy:
+    """`self.trainer.strategy` as a callback asks it: the ranks' decisions and objects."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def __getattr__(self, name: str):
+        raise NotGiven(f"self.trainer.strategy.{name}{your_line()}: hpctrain's engine answers "
+                       "reduce_boolean_decision, broadcast and barrier")
+
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
+        """Every rank's `decision` combined: all of them (`all`) or any of them."""
+        if not dist.is_initialized():
+            return bool(decision)
+        count = torch.tensor(int(bool(decision)), device=self.device)
+        dist.all_reduce(count)
+        return bool(count == dist.get_world_size()) if all else bool(count > 0)
+
+    def broadcast(self, obj, src: int = 0):
+        if not dist.is_initialized():
+            return obj
+        held = [obj]
+        dist.broadcast_object_list(held, src=src)
+        return held[0]
+
+    def barrier(self, name: str | None = None) -> None:
+        if dist.is_initialized():
+            dist.barrier()

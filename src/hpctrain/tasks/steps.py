@@ -63,6 +63,9 @@ class Task:
     # the figures of the training epoch just ended (read at its train_epoch_end moment),
     # recorded as an `epoch` record; None: a task without any
     epoch_figures: Callable[[], dict] | None = None
+    # why the run is to end after this step, as completed (a Lightning callback's
+    # trainer.should_stop: EarlyStopping), or None; None: a task that never asks
+    stop_asked: Callable[[], str | None] | None = None
 
 
 def top1_sums(num_classes: int, model_name: str) -> Callable:

@@ -39,7 +39,7 @@ from hpctrain.parallel.layout import microbatches as layout_microbatches
 from hpctrain.parallel.processes import Distributed
 from hpctrain.report import trackers
 from hpctrain.runs.directory import RunDir
-from hpctrain.tasks import lightning, lightning_trainer, tensors
+from hpctrain.tasks import lightning, lightning_callbacks, lightning_trainer, tensors
 from hpctrain.tasks.spec import TaskSetup
 from hpctrain.tasks.steps import Batch, Task, logits_of
 from hpctrain.train.checkpoints.checkpoint import Checkpointer
@@ -348,6 +348,8 @@ def _optimizer(model: nn.Module, config: Config, distributed: Distributed, place
     if config.task_spec.steps_model:
         model.position = _position(config, distributed, place, steps_per_epoch, total_steps)
         optimizer, scheduler = lightning_optim.from_module(model)
+        model.add_callbacks(lightning_callbacks.sorted_out(lightning_callbacks.with_modules(
+            lightning_callbacks.made(config), model.module)))  # set up once its view knows all
         return optimizer, scheduler, optimizer.param_groups[0]["lr"], scheduler.describe()
     lr = scaled_lr(config.optim, global_batch)
     optimizer = build_optimizer(model, config.optim, lr, device)
@@ -364,7 +366,8 @@ def _position(config: Config, distributed: Distributed, place: RunPlace, steps_p
         steps_per_epoch=steps_per_epoch, accumulate=config.train.grad_accum_steps,
         total_steps=total_steps, world_size=env.world_size, rank=env.rank,
         local_rank=env.local_rank, local_world_size=env.local_world_size,
-        num_nodes=env.num_nodes, run_dir=place.run_dir)
+        num_nodes=env.num_nodes, run_dir=place.run_dir,
+        eval_every_epochs=config.train.eval_every_epochs)
 
 
 def _check_split(model: nn.Module, config: Config, layout) -> None:

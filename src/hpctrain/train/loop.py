@@ -81,9 +81,12 @@ def _train(parts: Parts, stopper: Stopper, on_step: Callable[[Parts, int], None]
         (Progress(), [])
     if is_complete(progress, parts.total_steps):  # a finished run: touch nothing
         if is_main:
+            on = "Raise train.epochs or train.max_steps to train on." \
+                if progress.stopped_early is None else \
+                f"It stopped early {progress.stopped_early}; a new run trains without it."
             print(f"hpctrain: run {parts.run_dir} is already complete (step {progress.step} of "
                   f"{parts.total_steps}); nothing to train, its summary.json is left as it "
-                  "was. Raise train.epochs or train.max_steps to train on.", flush=True)
+                  f"was. {on}", flush=True)
         return completed_summary(parts, progress) if is_main else None
     moved = set_aside(parts.place) if is_main else None  # only once the resume succeeded
     telemetry = Telemetry(parts.run_dir, parts.total_steps, progress.step, enabled=is_main,
@@ -144,7 +147,7 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
         owed_evaluation(parts, progress, clock, telemetry, stopper,
                         -(-progress.step // eval_every))
 
-    while progress.step < parts.total_steps:
+    while progress.step < parts.total_steps and progress.stopped_early is None:
         if progress.step % parts.steps_per_epoch == 0:
             _moment(parts, metrics, "train_epoch_start")
         epoch, batches = _start_epoch(parts, progress.step)
@@ -161,12 +164,17 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
                 report_interval(parts, progress, metrics, interval, clock, epoch, telemetry,
                                 watchdog)
             paused = time.perf_counter()  # evaluation and checkpoints are not training time
-            if parts.task.evaluates and (progress.step % eval_every == 0 or last):
+            evaluates = parts.task.evaluates and (progress.step % eval_every == 0 or last)
+            if evaluates:
                 evaluate_and_record(parts, progress, clock, telemetry, stopper,
                                     -(-progress.step // eval_every))  # its number
             if progress.step % parts.steps_per_epoch == 0:
                 _moment(parts, metrics, "train_epoch_end")
                 _record_epoch(parts, progress, telemetry)
+            if not last and parts.task.stop_asked is not None and parts.task.stop_asked():
+                last = True  # a callback ends the run here (EarlyStopping), as completed
+                _end_early(parts, progress, metrics, interval, clock, epoch, telemetry,
+                           watchdog, stopper, evaluates)
             saved = progress.step % ckpt_every == 0 or last
             if saved:
                 run_record.save_checkpoint(parts, progress, clock, telemetry)
@@ -194,6 +202,23 @@ def _moment(parts: Parts, metrics: RunningMetrics, moment: str) -> None:
     logs joins the interval under way."""
     if parts.task.moment is not None:
         metrics.add_sums(parts.task.moment(moment))
+
+
+def _end_early(parts: Parts, progress: Progress, metrics: RunningMetrics, interval: Interval,
+               clock: Clock, epoch: int, telemetry: Telemetry, watchdog: Watchdog,
+               stopper: Stopper, evaluated: bool) -> None:
+    """The run ends at this step as asked: the interval under way reported, and the final
+    weights evaluated where this step had no evaluation (the summary's figures are those
+    of the weights it ends with); said, and kept in the checkpoint."""
+    progress.stopped_early = f"at step {progress.step} of {parts.total_steps}: " + \
+        parts.task.stop_asked()
+    telemetry.message(f"hpctrain: stopped early {progress.stopped_early}")
+    if interval.samples:
+        report_interval(parts, progress, metrics, interval, clock, epoch, telemetry, watchdog)
+    if parts.task.evaluates and not evaluated:
+        eval_every, _ = _every(parts)
+        evaluate_and_record(parts, progress, clock, telemetry, stopper,
+                            -(-progress.step // eval_every))
 
 
 def _record_epoch(parts: Parts, progress: Progress, telemetry: Telemetry) -> None:

@@ -14,7 +14,9 @@ import torch
 from hpctrain.config import Strategy
 from hpctrain.monitor.meter import add_energy, energy_of, job_means
 from hpctrain.parallel.processes import straggler
+from hpctrain.runs.directory import RunDir
 from hpctrain.tasks.spec import Measured
+from hpctrain.train.checkpoints.checkpoint import checkpoint_path
 from hpctrain.train.hardware.mfu import model_flops_utilisation, peak_source
 from hpctrain.version import __version__
 
@@ -38,6 +40,8 @@ def banner(parts, resume_from: Path | None) -> str:
         f"{parts.total_steps} steps, {parts.optimizer_note}",
     ]
     lines += [f"  {note}" for note in parts.data.notes]
+    if c.task_spec.steps_model:  # what its callbacks become
+        lines += [f"  {note}" for note in parts.model.notes]
     if getattr(parts.model, "pretrained_note", None):
         lines.append(f"  weights: {parts.model.pretrained_note}")
     if env.world_size > 1:
@@ -142,6 +146,7 @@ def summary(parts, progress, clock, status: str, run: dict | None = None) -> dic
     rank_step = [s / clock.rank_steps for s in clock.rank_seconds] if clock.rank_steps else []
     return {
         "status": status,
+        "stopped_early": progress.stopped_early,  # why a callback ended it early, if one did
         "task": parts.task.name,
         "best_val_accuracy": progress.best_val_accuracy,
         "final_val_accuracy": progress.final_val_accuracy,
@@ -170,6 +175,7 @@ def summary(parts, progress, clock, status: str, run: dict | None = None) -> dic
         "device_hours": run["device_hours"],
         **_energy_figures(parts, progress, run),
         "restarts": progress.restarts,
+        "best_checkpoints": _best_checkpoints(parts, progress),
         "stop_seconds": clock.stop_seconds,
         "resumed_with_changes": progress.changes,
         "straggler": straggler(rank_step, parts.distributed.hosts),
@@ -179,6 +185,18 @@ def summary(parts, progress, clock, status: str, run: dict | None = None) -> dic
         "slurm_job_id": parts.distributed.env.job_id,
         "run_dir": str(parts.run_dir),
     }
+
+
+def _best_checkpoints(parts, progress) -> list[dict] | None:
+    """A ModelCheckpoint's best checkpoints, the best first: their paths and monitored
+    values (Lightning's best_k_models); None without one."""
+    keep = getattr(parts.model, "keep_best", None) if parts.config.task_spec.steps_model \
+        else None
+    if keep is None:
+        return None
+    ranked = sorted(progress.kept_best, key=lambda pair: pair[1], reverse=keep.mode == "max")
+    return [{"path": str(checkpoint_path(RunDir(parts.run_dir).checkpoints, step)),
+             keep.monitor: value} for step, value in ranked]
 
 
 def _rates(parts, progress, clock) -> tuple[float | None, float | None]:

@@ -201,7 +201,7 @@ def write_summary(run_dir: Path, summary: dict) -> str | None:
 
 
 SUMMARY_ROWS = [
-    ("status", "{}"), ("task", "{}"), ("best_val_accuracy", "{:.4f}"),
+    ("status", "{}"), ("stopped_early", "{}"), ("task", "{}"), ("best_val_accuracy", "{:.4f}"),
     ("final_val_accuracy", "{:.4f}"), ("best_val_loss", "{:.4f}"), ("final_val_mse", "{:.4g}"),
     ("final_val_mae", "{:.4g}"), ("final_val_r2", "{:.4f}"), ("final_val_f1", "{:.4f}"),
     ("final_val_exact_match", "{:.4f}"), ("final_val_miou", "{:.4f}"),

@@ -61,7 +61,8 @@ def first_failure(err: CheckpointException) -> BaseException:
 
 
 class Checkpointer:
-    """Saves and loads one run's checkpoints; at most one asynchronous save in flight."""
+    """Saves and loads one run's checkpoints; at most one asynchronous save in flight. Keeps
+    the last `keep_last` and those of the `protected` steps (a ModelCheckpoint's best)."""
 
     def __init__(self, folder: Path, keep_last: int, distributed, async_save: bool):
         self.folder = folder
@@ -69,6 +70,7 @@ class Checkpointer:
         self.dist = distributed
         self.async_save = async_save
         self.pending = None  # (future, partial folder, final folder, meta)
+        self.protected: set[int] = set()  # steps kept besides the last ones (the best)
 
     def save(self, step: int, state: dict, meta: dict, module_state: bytes | None = None) \
             -> Path:
@@ -148,8 +150,10 @@ class Checkpointer:
             shutil.rmtree(stale)
         os.replace(partial, final)
         _fsync_dir(self.folder)
+        kept = {checkpoint_path(self.folder, step).name for step in self.protected}
         for old in list_checkpoints(self.folder)[:-self.keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
+            if old.name not in kept:
+                shutil.rmtree(old, ignore_errors=True)
 
     def load(self, path: Path, state: dict) -> tuple[dict, dict | None]:
         """Fill `state` in place from `path`; return (meta, this rank's RNG state or None when

@@ -33,6 +33,11 @@ class Progress:
     # metrics.jsonl's size when the checkpoint was saved: what came after belongs to steps
     # and evaluations a resume from it does again (None: a checkpoint of an older hpctrain)
     metrics_bytes: int | None = None
+    # why the run ended before its last step, as completed (a callback's trainer.should_stop)
+    stopped_early: str | None = None
+    # ModelCheckpoint's best checkpoints, [step, monitored value] in the order saved: kept
+    # besides the last ones
+    kept_best: list = field(default_factory=list)
 
     @classmethod
     def from_record(cls, record: dict) -> Progress:
@@ -49,7 +54,9 @@ PROGRESS_RULES = {
     "last_good_checkpoint": optional(TEXT), "nan_intervals": COUNT,
     "nan_since_step": optional(COUNT), "restarts": COUNT, "wall_seconds": AMOUNT,
     "device_hours": AMOUNT, "energy_joules": optional(AMOUNT), "changes": list_of(CHANGE),
-    "metrics_bytes": optional(COUNT),
+    "metrics_bytes": optional(COUNT), "stopped_early": optional(TEXT),
+    "kept_best": list_of(Kind("a [step, value] pair", lambda v: isinstance(v, list) and len(
+        v) == 2 and COUNT.holds(v[0]) and FINITE.holds(v[1]))),
 }
 # a param group's settings as a LightningModule's schedules left them: numbers, or lists of
 # numbers (Adam's betas)

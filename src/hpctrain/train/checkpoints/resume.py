@@ -63,6 +63,7 @@ def save(parts, progress: Progress, elapsed: float, energy: float | None) -> boo
     every rank reaches the same decision (replicated or all-reduced norm)."""
     if not torch.isfinite(parts.distributed.weights_norm(parts.model)):
         return False
+    _rank_checkpoint(parts, progress)
     parts.distributed.align_buffers(parts.model)
     totals = dataclasses.replace(
         progress, wall_seconds=progress.wall_seconds + elapsed,
@@ -81,6 +82,19 @@ def save(parts, progress: Progress, elapsed: float, energy: float | None) -> boo
     path = parts.checkpointer.save(progress.step, tensor_state(parts), meta, module_state)
     progress.last_good_checkpoint = str(path)
     return True
+
+
+def _rank_checkpoint(parts, progress: Progress) -> None:
+    """A ModelCheckpoint's best checkpoints, this epoch's end ranked in by its monitored
+    figure (as ModelCheckpoint saves at each epoch's end); the checkpointer keeps them
+    besides the last ones."""
+    keep = getattr(parts.model, "keep_best", None) if parts.config.task_spec.steps_model \
+        else None
+    if keep is not None and progress.step % parts.steps_per_epoch == 0:
+        others = [pair for pair in progress.kept_best if pair[0] != progress.step]
+        progress.kept_best = parts.model.ranked_checkpoints(others, progress.step,
+                                                            bool(progress.final_eval))
+    parts.checkpointer.protected = {step for step, _ in progress.kept_best}
 
 
 def changed_settings(saved: dict, config: Config) -> dict[str, tuple]:
@@ -219,9 +233,11 @@ def _not_loadable(path: Path, err: Exception, changes: dict) -> Exception:
 
 
 def is_complete(progress: Progress, total_steps: int) -> bool:
-    """Every step trained and the evaluation of the final weights written: a stop during that
-    evaluation leaves the run to be resumed, not finished."""
-    return progress.step >= total_steps and progress.eval_owed is None
+    """Every step trained (or a callback ended the run early) and the evaluation of the final
+    weights written: a stop during that evaluation leaves the run to be resumed, not
+    finished."""
+    return (progress.step >= total_steps or progress.stopped_early is not None) and \
+        progress.eval_owed is None
 
 
 def completed_summary(parts, progress: Progress) -> dict:
