@@ -144,11 +144,44 @@ def test_a_sampler_of_your_own_is_kept(tmp_path):
     assert trained and all(index % 2 == 0 for index in trained)
 
 
+def test_a_batch_sampler_of_your_own_makes_every_batch_and_resumes_at_the_next():
+    """A batch_sampler was refused (issue 53), and LightningLSTM's SequenceSampler, whose
+    rows carry a hidden state from batch to batch, with it (issue 54): its batches are kept
+    as it makes them (test_lightning.py trains the demo to Lightning's losses), a resume
+    mid-epoch starts at the next one, and several processes, which cannot split them, are
+    refused."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.demos import SequenceSampler
+
+    from hpctrain.data.given_loaders import OwnBatches, settings_of
+    from hpctrain.data.loader import _train_loader
+    from hpctrain.errors import DataError
+
+    data = blob_data(100, 0)
+    loader = DataLoader(data, batch_sampler=SequenceSampler(data, 20))
+    kept = settings_of(loader, "fit(train_data=...)")
+    assert (kept.batch_size, kept.batch_sampler) == (20, loader.batch_sampler)
+    assert "batches of its own SequenceSampler" in kept.describe()
+    batches = OwnBatches(kept.batch_sampler, seed=0, batch_size=20)
+    batches.set_epoch(1, start=2 * 20)  # two batches trained before the stop
+    assert list(batches) == [list(batch) for batch in loader.batch_sampler][2:]
+    assert len(batches) == 3
+    with pytest.raises(DataError, match=r"batch_sampler \(SequenceSampler\) makes every "
+                                        "batch, which hpctrain cannot split over 2 processes"):
+        _train_loader(SimpleNamespace(bucketing=False), data, 20, 0,
+                      {"rank": 0, "world_size": 2}, {}, kept)
+
+
 @pytest.mark.parametrize("loaders, message", [
-    (lambda: (DataLoader(blob_data(64, 0), batch_sampler=BatchSampler(
-        range(64), 8, False)), DataLoader(blob_data(32, 1))),
-     "the train DataLoader: a DataLoader with a batch_sampler of its own (BatchSampler) or "
-     "batch_size=None"),
+    (lambda: (DataLoader(blob_data(64, 0), batch_sampler=Endless()),
+              DataLoader(blob_data(32, 1))),
+     "the train DataLoader: a DataLoader with a batch_sampler of its own (Endless): it has no "
+     "length, so an epoch has no end"),
+    (lambda: (DataLoader(blob_data(64, 0)), DataLoader(blob_data(32, 1), batch_sampler=(
+        BatchSampler(range(32), 8, False)))),
+     "the val DataLoader: a DataLoader with a batch_sampler of its own (BatchSampler): "
+     "evaluation counts every sample once in order"),
     (lambda: (DataLoader(blob_data(64, 0)), DataLoader(blob_data(32, 1), sampler=(
         WeightedRandomSampler(torch.ones(32), 32)))),
      "a validation DataLoader with a sampler of its own (WeightedRandomSampler): evaluation "

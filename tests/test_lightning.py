@@ -315,6 +315,68 @@ def test_prepare_data_runs_once_before_setup_and_lightnings_demos_are_modules_li
     assert "step 64: evaluated; the validation logged no figure" in out
 
 
+class Losses(L.Callback):
+    """Each training step's loss under Lightning's Trainer."""
+
+    def __init__(self):
+        self.losses = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.losses.append(float(outputs["loss"]))
+
+
+def _demo(name: str, folder: Path):
+    """Lightning's demo module `name` as it ships, and the loaders to give it (None: its
+    own). The text demos read ./data/wikitext-2.txt, which their prepare_data would download:
+    a small corpus stands in for it (200 lines of 20 words of 50); their dropout is set to 0,
+    as the two trainers draw their random numbers differently (Lightning's DataLoader draws
+    its workers' seed from torch's global generator)."""
+    from lightning.pytorch import demos
+
+    if name in ("BoringModel", "DemoModel"):
+        torch.manual_seed(0)
+        data = demos.boring_classes.RandomDataset(32, 64)
+        module = getattr(demos, name)()
+        return module, (DataLoader(data, batch_size=4),) + (
+            (DataLoader(demos.boring_classes.RandomDataset(32, 16), batch_size=4),)
+            if name == "BoringModel" else ())
+    words = [f"w{n}" for n in range(50)]
+    generator = torch.Generator().manual_seed(0)
+    (folder / "data").mkdir(exist_ok=True)
+    (folder / "data" / "wikitext-2.txt").write_text("\n".join(
+        " ".join(words[i] for i in torch.randint(0, 50, (20,), generator=generator).tolist())
+        for _ in range(200)) + "\n")
+    torch.manual_seed(0)
+    module = getattr(demos, name)(vocab_size=len(demos.WikiText2().dictionary))
+    for layer in module.modules():
+        if isinstance(layer, (torch.nn.Dropout, torch.nn.LSTM, torch.nn.MultiheadAttention)):
+            layer.p = layer.dropout = 0.0
+    return module, ()
+
+
+@pytest.mark.parametrize("name", ["BoringModel", "DemoModel", "LightningTransformer",
+                                  "LightningLSTM"])
+def test_lightnings_demo_modules_train_unchanged_with_lightnings_losses(tmp_path, monkeypatch,
+                                                                       name):
+    """Lightning's demos were trained without their prepare_data, LightningLSTM's
+    SequenceSampler (its rows carry the hidden state from batch to batch) replaced by a
+    shuffle (issue 54): each trains on its own loaders (the text ones) or on the loaders
+    given, every step's loss Lightning's."""
+    monkeypatch.chdir(tmp_path)
+    module, loaders = _demo(name, tmp_path)
+    ours, theirs = copy.deepcopy(module), copy.deepcopy(module)
+    summary = hpctrain.fit(ours, *loaders, output_dir=str(tmp_path), tensorboard=False,
+                           report=False, train={"epochs": 2, "log_every": 1},
+                           data={"num_workers": 0})
+    losses = Losses()
+    L.Trainer(max_epochs=2, accelerator="cpu", logger=False, enable_checkpointing=False,
+              enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+              callbacks=[losses]).fit(theirs, *loaders)
+    assert summary["status"] == "completed" and summary["steps"] == len(losses.losses) > 8
+    assert [r["loss"] for r in _records(summary["run_dir"], "train")] == pytest.approx(
+        losses.losses, rel=1e-5)
+
+
 class RecordsItsHooks(LitClassifier):
     """Records every per-batch hook (with its batch_idx) and the epoch hooks, and the
     gradients' norm as on_before_optimizer_step sees them (Lightning's grad-norm logging

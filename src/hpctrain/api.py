@@ -101,7 +101,8 @@ def fit(model: nn.Module, train_data: Dataset | DataLoader | None = None,
     if callbacks:
         config = _with_callbacks(config, callbacks)
     if val_data is None and not brings_val:
-        train_data, val_data = _held_out(train_data, config)
+        train_data, val_data = _held_out(train_data, config) if _evaluates(model) else \
+            (train_data, _dataset_of(train_data))  # never read: nothing is held out
     user_code.give(references["model.name"], lambda: model)
     from hpctrain.cluster.environment import detect
 
@@ -205,6 +206,17 @@ class _Part(Dataset):
 
     def __getitem__(self, index):
         return self.dataset[self.indices[index]]
+
+
+def _evaluates(model: nn.Module) -> bool:
+    """Whether the run evaluates: not a LightningModule without validation_step, which
+    Lightning trains on all its data, holding none out."""
+    return not lightning.is_lightning_module(model) or \
+        lightning.overrides(type(model), "validation_step")
+
+
+def _dataset_of(data: Dataset | DataLoader) -> Dataset:
+    return data.dataset if is_loader(data) else data
 
 
 def _held_out(train_data: Dataset | DataLoader, config: Config) -> tuple:

@@ -11,10 +11,12 @@ a shuffled or ordered loader takes hpctrain's epoch-seeded sampler, each rank ev
 sample of one order (Lightning's DistributedSampler); a sampler of your own
 (WeightedRandomSampler) is drawn for each epoch under a random state seeded by (seed, epoch),
 the same on every rank, and each rank takes every N-th index of it (Lightning's
-DistributedSamplerWrapper). What only moves batches faster (pin_memory, persistent_workers,
-prefetch_factor) stays hpctrain's (`data.*`). What cannot be kept is refused by name: a
-batch_sampler of your own (its batches have no size hpctrain could count samples by; use
-data.bucketing), a sampler without a length, a validation loader with a sampler of its own.
+DistributedSamplerWrapper). A batch_sampler of your own (LightningLSTM's SequenceSampler,
+whose rows carry a hidden state from batch to batch) makes every batch on one process, its
+epoch drawn under the same seeded random state (`OwnBatches`). What only moves batches faster
+(pin_memory, persistent_workers, prefetch_factor) stays hpctrain's (`data.*`). What cannot be
+kept is refused by name: a sampler or batch sampler without a length, a validation loader
+with a sampler of its own, a batch sampler of your own under several processes.
 """
 
 from __future__ import annotations
@@ -42,10 +44,12 @@ class LoaderSettings:
     num_workers: int
     worker_init_fn: Callable | None
     start_method: str | None  # its multiprocessing_context's, or None
+    batch_sampler: Sampler | None = None  # a batch sampler of its own: it makes the batches
 
     def describe(self) -> str:
         order = f"its own {type(self.sampler).__name__}" if self.sampler is not None else \
-            "shuffled" if self.shuffle else "in order"
+            f"batches of its own {type(self.batch_sampler).__name__}" \
+            if self.batch_sampler is not None else "shuffled" if self.shuffle else "in order"
         collate = f", collate {getattr(self.collate, '__name__', 'its own')}" \
             if self.collate is not None else ""
         return (f"batch {self.batch_size}, {order}, drop_last {self.drop_last}{collate}, "
@@ -83,16 +87,8 @@ def like(loader: DataLoader, dataset: Dataset) -> DataLoader:
 def settings_of(loader: DataLoader, what: str, validation: bool = False) -> LoaderSettings:
     """What `loader` sets, or a DataError naming what hpctrain cannot keep (`what`: where it
     came from, "fit(train_data=...)", "MyData.train_dataloader()")."""
-    name = type(loader.batch_sampler).__name__
-    if loader.batch_size is None:
-        raise DataError(f"{what}: a DataLoader with a batch_sampler of its own ({name}) or "
-                        "batch_size=None: hpctrain counts samples in batches of one size; give "
-                        "it a batch_size (and for batches by length, data.bucketing: true "
-                        "with your collate)")
-    if type(loader.batch_sampler) is not BatchSampler:
-        raise DataError(f"{what}: a DataLoader with a batch_sampler of its own ({name}); "
-                        "give it a batch_size and a sampler instead (batches by length: "
-                        "data.bucketing: true)")
+    if loader.batch_size is None or type(loader.batch_sampler) is not BatchSampler:
+        return _own_batches(loader, what, validation)
     sampler, plain = loader.sampler, is_plain(loader)
     if not plain:
         if validation:
@@ -109,6 +105,52 @@ def settings_of(loader: DataLoader, what: str, validation: bool = False) -> Load
         drop_last=loader.drop_last, num_workers=loader.num_workers,
         worker_init_fn=loader.worker_init_fn,
         start_method=context.get_start_method() if context is not None else None)
+
+
+def _own_batches(loader: DataLoader, what: str, validation: bool) -> LoaderSettings:
+    """The settings of a loader whose batch sampler makes the batches (its batch size: its
+    first batch's), or a DataError naming why it cannot be kept."""
+    batches = loader.batch_sampler
+    name = type(batches).__name__ if batches is not None else "batch_size=None"
+    if batches is None or validation or not hasattr(batches, "__len__"):
+        why = ("it makes no batches: give it a batch_size" if batches is None else
+               "evaluation counts every sample once in order: leave its batch_sampler out"
+               if validation else "it has no length, so an epoch has no end: give it __len__")
+        raise DataError(f"{what}: a DataLoader with a batch_sampler of its own ({name}): {why}")
+    first = next(iter(batches), None)
+    if not first:
+        raise DataError(f"{what}: its batch_sampler {name} makes no batch")
+    context = loader.multiprocessing_context
+    return LoaderSettings(
+        batch_size=len(first), collate=own_collate(loader), shuffle=False, sampler=None,
+        drop_last=False, num_workers=loader.num_workers, worker_init_fn=loader.worker_init_fn,
+        start_method=context.get_start_method() if context is not None else None,
+        batch_sampler=batches)
+
+
+class OwnBatches(Sampler[list]):
+    """Your batch sampler's batches, each epoch drawn under a random state seeded by (seed,
+    epoch) (the same on a resume), after the `start` samples trained (in batches of
+    `batch_size`, the engine's count) are left out. One process: its batches cannot be
+    split."""
+
+    def __init__(self, batches: Sampler, seed: int, batch_size: int):
+        self.batches, self.seed, self.batch_size = batches, seed, batch_size
+        self.epoch, self.start = 0, 0
+
+    def set_epoch(self, epoch: int, size: int = 0, start: int = 0) -> None:
+        self.epoch, self.start = epoch, start
+        if hasattr(self.batches, "set_epoch"):
+            self.batches.set_epoch(epoch)
+
+    def __iter__(self):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed * 1_000_003 + self.epoch)
+            epoch = [list(batch) for batch in self.batches]
+        yield from epoch[self.start // self.batch_size:]
+
+    def __len__(self) -> int:
+        return len(self.batches) - self.start // self.batch_size
 
 
 class SharedSampler(Sampler[int]):
@@ -154,7 +196,7 @@ def kept_notes(train: LoaderSettings | None, val: LoaderSettings | None, batch_s
         if given is not None and given.batch_size != used:
             notes.append(f"{key} {used} (as you set it) replaces your {what} DataLoader's "
                          f"batch size {given.batch_size}")
-    if world_size > 1 and train is not None:
+    if world_size > 1 and train is not None and train.batch_sampler is None:
         notes.append(
             f"your {type(train.sampler).__name__} drawn once an epoch (seeded by seed and "
             f"epoch), each of {world_size} processes taking one index in {world_size} "

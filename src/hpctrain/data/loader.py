@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, default_colla
 
 from hpctrain.data import batching
 from hpctrain.data.batch_buffers import BufferedLoader
-from hpctrain.data.given_loaders import LoaderSettings, SharedSampler, kept_notes
+from hpctrain.data.given_loaders import LoaderSettings, OwnBatches, SharedSampler, kept_notes
 from hpctrain.data.sampling import EpochSampler
 from hpctrain.data.streams import Stream
 from hpctrain.data.tokens.sequences import LengthBucketSampler
@@ -174,6 +174,19 @@ def _train_loader(data, train_set: Dataset, batch_size: int, seed: int, shard: d
             seed=seed, keyed=True, **shard)
         return SignalSafeLoader(train_set, batch_sampler=sampler, **common), sampler, \
             (bucketing_note(sampler),)
+    if given is not None and given.batch_sampler is not None:  # it makes the batches
+        if shard["world_size"] > 1:
+            raise DataError(f"your DataLoader's batch_sampler "
+                            f"({type(given.batch_sampler).__name__}) makes every batch, which "
+                            f"hpctrain cannot split over {shard['world_size']} processes (nor "
+                            "can Lightning); train on one process, or give the DataLoader a "
+                            "batch_size and a sampler")
+        if batch_size != given.batch_size:
+            raise DataError(f"train.batch_size {batch_size}: your DataLoader's batch_sampler "
+                            f"({type(given.batch_sampler).__name__}) makes batches of "
+                            f"{given.batch_size}; leave train.batch_size unset")
+        sampler = OwnBatches(given.batch_sampler, seed, batch_size)
+        return SignalSafeLoader(train_set, batch_sampler=sampler, **common), sampler, ()
     if given is not None and given.sampler is not None:  # drawn alike on every rank
         sampler = SharedSampler(given.sampler, seed, **shard)
         return SignalSafeLoader(train_set, batch_size=batch_size, sampler=sampler,

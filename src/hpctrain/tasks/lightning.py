@@ -108,15 +108,20 @@ def overrides(cls: type, name: str) -> bool:
 def own_loaders(module, leader: bool) -> tuple:
     """A LightningModule's own (train_dataloader(), val_dataloader()), after its
     prepare_data() (`leader`: this process is its node's first) and setup("fit"), as
-    Lightning's Trainer.fit calls them (each once: the engine does not call them again)."""
-    missing = [hook for hook in LOADER_HOOKS[1:] if not overrides(type(module), hook)]
+    Lightning's Trainer.fit calls them (each once: the engine does not call them again). A
+    module without validation_step needs no val_dataloader: its training set stands in, never
+    read."""
+    validates = overrides(type(module), "validation_step")
+    missing = [hook for hook in LOADER_HOOKS[1:] if not overrides(type(module), hook)
+               and (validates or hook == "train_dataloader")]
     if missing:
         raise ConfigError(f"fit({type(module).__name__}) with no data: the module has no "
                           f"{' nor '.join(missing)} of its own; give train_data and val_data "
                           "(Datasets, DataLoaders or a LightningDataModule)")
     prepare_once(module, leader)
     _set_up(module)
-    return module.train_dataloader(), module.val_dataloader()
+    train = module.train_dataloader()
+    return train, module.val_dataloader() if validates else train.dataset
 
 
 def prepare_once(module, leader: bool) -> None:

@@ -31,8 +31,9 @@ def banner(parts, resume_from: Path | None) -> str:
         + (f" ({p.note})" if p.note else ""),
         f"  task {parts.task.name}, model {c.model.name} "
         f"({parts.model_flops.parameters / 1e6:.2f} M parameters), data {c.data.dataset} "
-        f"({len(parts.data.train_loader.dataset)} train / "
-        f"{len(parts.data.val_loader.dataset)} val {_samples(parts)}, "
+        f"({len(parts.data.train_loader.dataset)} train"
+        + (f" / {len(parts.data.val_loader.dataset)} val" if parts.task.evaluates else "")
+        + f" {_samples(parts)}, "
         f"{parts.data.num_workers} workers per process)",
         f"  global batch {parts.global_batch_size} (batch {parts.batch_size} x "
         f"{parts.distributed.layout.data} process(es) x accumulation "
