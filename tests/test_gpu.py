@@ -234,19 +234,34 @@ def test_the_predicted_attention_kernel_is_the_one_torch_picks_here(dtype, head,
 
 def test_a_lightning_module_trains_in_bf16_with_only_its_forward_compiled(tmp_path):
     """On a GPU `auto` picks bf16 and compile for a LightningModule too: its own forward is
-    compiled (its steps and their self.log stay Python), and it learns as on the CPU."""
+    compiled (its steps and their self.log stay Python), and it learns as on the CPU, its
+    per-batch hook logging the gradients' norm each step and over the epoch (issue 54), an
+    EarlyStopping called at each epoch's end."""
     import sys
     from pathlib import Path
+
+    from lightning.pytorch.callbacks import EarlyStopping
 
     import hpctrain
 
     sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
     from lit_classifier import LitClassifier, blobs
 
-    module = LitClassifier()
+    class Hooked(LitClassifier):
+        def on_before_optimizer_step(self, optimizer):
+            norms = torch.stack([p.grad.norm() for p in self.parameters()])
+            self.log("grad_norm", norms.norm(), on_step=True, on_epoch=True)
+
+    module, stopper = Hooked(), EarlyStopping(monitor="val_loss", patience=5)
     summary = hpctrain.fit(module, *blobs(), output_dir=str(tmp_path), tensorboard=False,
                            report=False, train={"epochs": 3, "batch_size": 32},
-                           data={"num_workers": 0})
+                           data={"num_workers": 0}, callbacks=[stopper])
     assert summary["precision"] == "bf16" and summary["final_val_acc"] > 0.9
     assert hasattr(module.forward, "_torchdynamo_orig_callable")  # compiled in place
     assert module.device.type == "cuda"
+    records = [json.loads(line) for line in
+               (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    epochs = [r["grad_norm_epoch"] for r in records if r["kind"] == "epoch"]
+    assert len(epochs) == 3 and all(0 < norm < 1e3 for norm in epochs)
+    evaluations = [r["val_loss"] for r in records if r["kind"] == "eval"]
+    assert float(stopper.best_score) == pytest.approx(min(evaluations), rel=1e-5)
