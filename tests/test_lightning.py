@@ -1023,14 +1023,19 @@ class OnException(L.Callback):
 
 
 def _refused_callbacks():
-    from lightning.pytorch.callbacks import (EarlyStopping, ModelCheckpoint,
-                                             StochasticWeightAveraging)
+    from lightning.pytorch.callbacks import (EarlyStopping, LearningRateMonitor,
+                                             ModelCheckpoint, StochasticWeightAveraging)
 
     return [
         ([StochasticWeightAveraging(swa_lrs=0.1)], "lightning.callbacks: Lightning's "
          "StochasticWeightAveraging is not honoured by hpctrain's engine"),
         ([ModelCheckpoint(monitor="val_loss"), ModelCheckpoint(monitor="val_acc")],
          "two ModelCheckpoint callbacks: hpctrain keeps one set of checkpoints"),
+        ([ModelCheckpoint(monitor="val_loss", every_n_train_steps=5)],
+         "ModelCheckpoint(every_n_train_steps=5): hpctrain ranks its checkpoints at each "
+         "epoch's end"),
+        ([LearningRateMonitor(logging_interval="epoch")], "LearningRateMonitor(logging_"
+         "interval='epoch'): hpctrain records its figures at each logging interval"),
         ([object()], "lightning.callbacks[0]: a object, not a Lightning Callback"),
         ([OnException()], "lightning.callbacks[0]: OnException overrides on_exception, which "
                           "hpctrain's engine does not call"),
@@ -1042,7 +1047,7 @@ def _refused_callbacks():
                                             "callbacks, not a EarlyStopping")]
 
 
-@pytest.mark.parametrize("case", range(7))
+@pytest.mark.parametrize("case", range(9))
 def test_callbacks_the_engine_cannot_honour_are_refused_by_name(tmp_path, case):
     callbacks, message = _refused_callbacks()[case]
     with pytest.raises(ConfigError, match=re.escape(message)) as refused:

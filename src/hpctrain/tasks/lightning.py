@@ -166,7 +166,9 @@ def adapt(module, device):
     if not module.automatic_optimization:
         raise ConfigError(f"{type(module).__name__} sets automatic_optimization = False: "
                           "manual optimisation is not supported by hpctrain's engine, which "
-                          "steps the optimiser configure_optimizers returns")
+                          "steps the optimiser configure_optimizers returns; return the loss "
+                          "from training_step and let the engine step (clipping: "
+                          "optim.grad_clip_norm), or train it with Lightning's Trainer")
     from hpctrain.tasks.lightning_step import LightningStep
 
     step = LightningStep(module, device, HOOKS, frozenset(  # its answers, before its setup

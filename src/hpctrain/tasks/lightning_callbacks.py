@@ -172,6 +172,10 @@ def sorted_out(callbacks: list) -> Callbacks:
             out.keep_best = _keep_best(callback, out.keep_best)
             out.notes.append(_checkpoint_note(callback, out.keep_best))
         elif name == "LearningRateMonitor":
+            if callback.logging_interval == "epoch":
+                raise ConfigError(f"{KEY}: LearningRateMonitor(logging_interval='epoch'): "
+                                  "hpctrain records its figures at each logging interval "
+                                  "(train.log_every steps); leave logging_interval out")
             out.lr_names = LrNames(callback.log_momentum, callback.log_weight_decay)
             out.notes.append("LearningRateMonitor: its figures (lr-OPTIMISER, per param "
                              "group /pgN) in each train record")
@@ -212,6 +216,15 @@ def _keep_best(callback, kept: KeepBest | None) -> KeepBest | None:
     if kept is not None:
         raise ConfigError(f"{KEY}: two ModelCheckpoint callbacks: hpctrain keeps one set of "
                           "checkpoints, the best by one figure; give one")
+    timing = {"every_n_train_steps": (getattr(callback, "_every_n_train_steps", 0), (0, None)),
+              "train_time_interval": (getattr(callback, "_train_time_interval", None), (None,)),
+              "every_n_epochs": (getattr(callback, "_every_n_epochs", 1), (1, None))}
+    told = next((f"{name}={value!r}" for name, (value, plain) in timing.items()
+                 if value not in plain), None)  # (the first: the others follow from it)
+    if told:
+        raise ConfigError(f"{KEY}: ModelCheckpoint({told}): hpctrain ranks its "
+                          "checkpoints at each epoch's end, as ModelCheckpoint does by default; "
+                          "leave it out (checkpoint.every_steps sets when hpctrain saves)")
     if callback.monitor is None or callback.save_top_k == 0:
         return None  # the last checkpoints only: hpctrain's own checkpoint.keep_last
     return KeepBest(callback.monitor, callback.mode, callback.save_top_k)

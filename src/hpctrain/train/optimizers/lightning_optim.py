@@ -36,7 +36,8 @@ def from_module(step: LightningStep) -> tuple[torch.optim.Optimizer, LightningSc
         raise ConfigError(
             f"{name}.configure_optimizers returned {_what(optimizers)}: hpctrain's engine "
             "steps one torch.optim.Optimizer (several are stepped by manual optimisation, "
-            "which it does not do)")
+            "which it does not do); give one optimiser with a param group per part (each its "
+            "own lr), or train a GAN-style module with Lightning's Trainer")
     scheduled = [_scheduled(entry, name, optimizers[0], monitor) for entry in schedulers]
     schedules = LightningSchedules(optimizers[0], scheduled, step.position, step.logs.latest)
     step.after["train_epoch_end"].append(schedules.epoch_ended)
