@@ -72,11 +72,13 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=12)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--cache-dir", default=None, help="where the searches are written")
+    parser.add_argument("--series", default=",".join(f"{s}/{p}" for s, p in SERIES),
+                        help="sampler/pruner pairs, the first the baseline")
     args = parser.parse_args()
     root = Path(args.cache_dir or tempfile.mkdtemp(prefix="tune-bench-"))
     half = max(1, args.trials // 2)
     rows = []
-    for sampler, pruner in SERIES:
+    for sampler, pruner in (pair.split("/") for pair in args.series.split(",")):
         results = [search(root / f"{sampler}-{pruner}-{seed}", sampler, pruner, args.trials,
                           seed) for seed in range(args.seeds)]
         rows.append({

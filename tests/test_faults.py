@@ -563,7 +563,7 @@ def test_kill_9_at_random_moments_then_resume_ends_like_an_undisturbed_run(world
     metrics, rng, kills = killed / "metrics.jsonl", np.random.default_rng(16), []
     command = [sys.executable, "-m", "hpctrain", "run", "default",
                *world.tiny(*SOAK, "run_name=killed", "resume=auto")]
-    while len(kills) < 8:
+    while len(kills) < 6:
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL)
         before = metrics.read_text().count("\n") if metrics.exists() else 0

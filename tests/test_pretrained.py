@@ -387,6 +387,8 @@ def test_an_hf_config_too_large_to_build_does_not_fit_counted_on_the_meta_device
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith(f"hpctrain: error: model.name hf:{tmp_path / 'gpt'}: {words}")
     assert "GiB of memory available here" in last
+    if len(kwargs) == 1:
+        return  # memory's path checked on the larger, past int64 (its count and bytes)
     done = _limited_run("memory", "tiny-lm", *recipe)  # measured on this CPU, it would be built
     assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr[-2000:]
     last = done.stderr.strip().splitlines()[-1]
