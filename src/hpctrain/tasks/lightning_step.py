@@ -287,11 +287,12 @@ class LightningStep(nn.Module):
         what the hooks before its backward logged (carried)."""
         return self._training_logged(self._with_carried(output.logged))
 
-    def after_step(self) -> torch.Tensor:
+    def after_step(self) -> torch.Tensor | None:
         """What the hooks after the step's figures were recorded logged
-        (on_before_optimizer_step, on_train_batch_end), for the interval under way."""
-        return self._training_logged(self._with_carried(torch.zeros(
-            2 * CAPACITY, device=self.logs.device, dtype=torch.float64)))
+        (on_before_optimizer_step, on_train_batch_end), for the interval under way; None
+        where they logged nothing (no device work)."""
+        carried, self.carried = self.carried, None
+        return None if carried is None else self._training_logged(carried)
 
     def _with_carried(self, logged: torch.Tensor) -> torch.Tensor:
         carried, self.carried = self.carried, None

@@ -58,8 +58,9 @@ class Task:
     # LightningModule's names); None: `values`
     eval_values: Callable[[dict], dict] | None = None
     # what the task's code logged after a step's figures were recorded (a LightningModule's
-    # on_before_optimizer_step and on_train_batch_end): sums for the interval under way
-    after_step: Callable[[], torch.Tensor] | None = None
+    # on_before_optimizer_step and on_train_batch_end): sums for the interval under way, or
+    # None where it logged nothing
+    after_step: Callable[[], torch.Tensor | None] | None = None
     # the figures of the training epoch just ended (read at its train_epoch_end moment),
     # recorded as an `epoch` record; None: a task without any
     epoch_figures: Callable[[], dict] | None = None

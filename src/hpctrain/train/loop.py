@@ -154,8 +154,9 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
         next_batch = functools.partial(_next_batch, batches)
         for _ in range(progress.step % parts.steps_per_epoch, parts.steps_per_epoch):
             clock.data_wait_seconds += take_step(parts.step, next_batch, record=figures)
-            if parts.task.after_step is not None:  # what a module's hooks logged after it
-                metrics.add_sums(parts.task.after_step())
+            if parts.task.after_step is not None and \
+                    (logged := parts.task.after_step()) is not None:  # a module's hooks'
+                metrics.add_sums(logged)
             progress.step += 1
             interval.samples += parts.global_batch_size
             # ---- read back, evaluate, checkpoint: only at intervals ----
