@@ -11,7 +11,6 @@ import fractions
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Sampler
 
 import hpctrain
 from hpctrain.data.sampling import EpochSampler
@@ -28,7 +27,7 @@ from hpctrain.errors import ConfigError
 
 FIXTURE = Path(__file__).parent / "fixtures" / "lit_classifier.py"
 sys.path.insert(0, str(FIXTURE.parent))
-from lit_classifier import BlobData, LitClassifier, blobs  # noqa: E402
+from lit_classifier import BlobData, LitClassifier, StopAt, blobs  # noqa: E402
 
 QUICK = dict(train={"epochs": 2, "batch_size": 32, "log_every": 1}, data={"num_workers": 0},
              tensorboard=False, report=False)
@@ -188,23 +187,6 @@ def test_a_data_module_brings_the_datasets_through_fit_and_a_recipe(tmp_path, ru
         [r["loss"] for r in _records(direct["run_dir"], "train")]
     code, _, err = run_cli("run", str(_recipe(tmp_path)), f"data.dataset={FIXTURE}:BlobData")
     assert code == 0, err
-
-
-class StopAt(Dataset):
-    """The samples of `data`, the `at`-th drawn sending SIGUSR1 to this process (with
-    data.num_workers=0 the draw is in the training process: the same moment every run)."""
-
-    def __init__(self, data, at: int):
-        self.data, self.at, self.drawn = data, at, 0
-
-    def __len__(self):
-        return len(self.data)
-
-    def __getitem__(self, index):
-        self.drawn += 1
-        if self.drawn == self.at:
-            os.kill(os.getpid(), signal.SIGUSR1)
-        return self.data[index]
 
 
 class OneCycle(LitClassifier):

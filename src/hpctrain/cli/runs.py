@@ -62,9 +62,49 @@ running run's metrics.jsonl (written at every logging interval), no daemon on th
 
 
 def add_verbs(verbs) -> None:
-    """The runs index's verbs, the report, watch and top, each beside its handler."""
-    for add in (_add_runs, _add_report, _add_watch, _add_top):
+    """The runs index's verbs, the report, watch, top and goodput, each beside its
+    handler."""
+    for add in (_add_runs, _add_report, _add_watch, _add_top, _add_goodput):
         add(verbs)
+
+
+def _add_goodput(verbs) -> None:
+    goodput = make_verb(verbs, "goodput", "where a run's device-seconds went: training, "
+                        "data wait, evaluation, checkpoints, start-up, work lost to stops",
+                        "examples:\n  hpctrain goodput runs/default-20261127-101500\n"
+                        "  hpctrain goodput rn50 --json", cmd_goodput)
+    goodput.add_argument("run", help="run folder, or its name or id in the runs index")
+    goodput.add_argument("--db", help="the runs index where RUN is a name or id")
+    goodput.add_argument("--json", action="store_true")
+
+
+def cmd_goodput(args) -> int:
+    from hpctrain.runs.goodput import DESCRIBED, account
+    from hpctrain.runs.identity import read_identity
+
+    folder = _run_folder(args.run, args.db)
+    record, damage = read_identity(folder)
+    if record is None:
+        raise ConfigError(f"{folder}: {damage or 'no run.json: not a run directory of hpctrain'}")
+    made = account(record)
+    if args.json:
+        print(json.dumps({"run": str(folder), **made.as_dict()}, indent=2))
+        return 0
+    table = Table(title=f"{folder}: {made.jobs} job(s), {made.allocated:,.1f} device-seconds "
+                        f"({made.allocated / 3600:.4f} device-hours)")
+    for column in ("where", "device-seconds", "share"):
+        table.add_column(column, justify="left" if column == "where" else "right")
+    for phase, seconds in made.phases.items():
+        table.add_row(DESCRIBED[phase], f"{seconds:,.1f}",
+                      f"{seconds / made.allocated:.1%}" if made.allocated else "-")
+    Console(width=100).print(table)
+    print(f"goodput {made.goodput:.1%}" if made.goodput is not None else "goodput -",
+          f"(training steps over allocated); {made.redone_steps} steps redone after stops;",
+          f"{made.between_jobs:,.1f} s between jobs (queue, requeue: no device held)")
+    if made.unaccounted_jobs:
+        print(f"  {made.unaccounted_jobs} job(s) left no seconds (written by an older "
+              "hpctrain): not in the figures")
+    return 0
 
 
 def _common(parser) -> None:

@@ -24,8 +24,8 @@ import time
 import uuid
 from pathlib import Path
 
-from hpctrain.readers import (AMOUNT, COUNT, MAPPING, TEXT, TIME, field_problem, json_document,
-                              list_of, optional)
+from hpctrain.readers import (AMOUNT, COUNT, MAPPING, TEXT, TIME, Kind, field_problem,
+                              json_document, list_of, optional)
 from hpctrain.runs.directory import CAPS, IDENTITY, RunDir, mark_changed, stamp
 from hpctrain.writers import write_whole
 
@@ -44,7 +44,9 @@ START_RULES = {
     "world_size": COUNT, "hosts": list_of(TEXT), "gpu_model": optional(TEXT),
     "gpus": optional(COUNT), "output_dir": TEXT, "seconds": optional(AMOUNT),
     "device_hours": optional(AMOUNT), "energy_joules": optional(AMOUNT),
-    "claimed": optional(TIME), "lost": optional(TEXT),
+    "claimed": optional(TIME), "lost": optional(TEXT), "redone_steps": optional(COUNT),
+    "split": optional(Kind("a mapping of the job's seconds by phase", lambda v: isinstance(
+        v, dict) and all(optional(AMOUNT).holds(x) for x in v.values()))),
 }
 
 
@@ -109,8 +111,9 @@ def record_start(run_dir: Path, config: dict, start: dict, lost: dict | None = N
 
 
 def record_job(run_dir: Path, number: int, seconds: float, device_hours: float,
-               energy_joules: float | None) -> None:
-    """This job's figures so far into its start (`number`: its place in `starts`)."""
+               energy_joules: float | None, split: dict | None = None) -> None:
+    """This job's figures so far into its start (`number`: its place in `starts`); `split`:
+    its seconds by phase (bookkeeping.Clock.split), what `hpctrain goodput` reads."""
     run = RunDir(run_dir)
     record, _ = read_identity(run_dir)
     starts = record["starts"] if record is not None else []
@@ -118,6 +121,8 @@ def record_job(run_dir: Path, number: int, seconds: float, device_hours: float,
         return  # run.json damaged or replaced meanwhile: the summary still tells this job
     starts[number].update(seconds=seconds, device_hours=device_hours,
                           energy_joules=energy_joules)
+    if split is not None:
+        starts[number]["split"] = split
     _write(run, record)
 
 

@@ -32,6 +32,18 @@ class Clock:
     padding_fraction: float | None = None  # of the last interval, when the task pads
     monitor_rows: list = field(default_factory=list)  # every rank's last sampler row (rank 0)
     job_number: int | None = None  # this job's place among run.json's starts (rank 0)
+    startup_seconds: float | None = None  # from the job's start to its training loop
+    eval_seconds: float = 0.0  # this job's evaluations
+    checkpoint_seconds: float = 0.0  # what this job's saves held the training for
+    first_step: int = 0  # the step this job's training began at
+
+    def split(self, step: int) -> dict:
+        """This job's seconds by phase so far (run.json's `split`, `hpctrain goodput`):
+        training (to the last logging interval read, its data wait within) and the steps
+        it trained."""
+        return {"startup": self.startup_seconds, "training": self.train_seconds,
+                "data_wait": self.data_wait_seconds, "evaluation": self.eval_seconds,
+                "checkpoint": self.checkpoint_seconds, "steps": step - self.first_step}
 
 
 @dataclass

@@ -142,6 +142,8 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
                         parts.config.name)
     parts.model.train()
     stops.stop_if_asked_during_start_up(stopper, progress)
+    clock.startup_seconds = time.perf_counter() - clock.started  # imports, build, resume
+    clock.first_step = progress.step
     _moment(parts, metrics, "train_start")
     if progress.eval_owed is not None:
         owed_evaluation(parts, progress, clock, telemetry, stopper,

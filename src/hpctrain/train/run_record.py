@@ -5,6 +5,7 @@ far, and at the end the summary, the report and what the trackers keep."""
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 from hpctrain.config import to_yaml
@@ -48,7 +49,8 @@ def announce(parts: Parts, progress: Progress, clock: Clock, telemetry: Telemetr
     for path, write in ((run.config, lambda: write_whole(run.config, to_yaml(parts.config))),
                         (run.identity, lambda: identity.update(record_start(
                             parts.run_dir, parts.config.model_dump(mode="json"),
-                            run_summary.start_record(parts), _lost_start(parts))))):
+                            {**run_summary.start_record(parts),
+                             "redone_steps": telemetry.redone_steps}, _lost_start(parts))))):
         try:
             write()
         except OSError as err:
@@ -77,10 +79,12 @@ def save_checkpoint(parts: Parts, progress: Progress, clock: Clock,
     """A checkpoint of this step (skipped, and said, when the weights are not finite), and
     this job's figures so far into run.json."""
     totals = run_summary.totals(parts, progress, clock)
+    began = time.perf_counter()
     if not save(parts, progress, totals["job_seconds"], totals["job_energy_joules"]):
         telemetry.message(f"step {progress.step}: weights are not finite, checkpoint skipped")
-    if parts.distributed.is_main:
-        _record_job(parts, clock, totals)
+    clock.checkpoint_seconds += time.perf_counter() - began  # (async: its blocking part)
+    if parts.distributed.is_main:  # its seconds to now: the save's among them
+        _record_job(parts, clock, run_summary.totals(parts, progress, clock), progress.step)
 
 
 def finish_saving(parts: Parts) -> None:
@@ -89,12 +93,14 @@ def finish_saving(parts: Parts) -> None:
     parts.distributed.barrier()
 
 
-def _record_job(parts: Parts, clock: Clock, totals: dict) -> None:
-    """This job's figures so far into its start in run.json (rank 0, once announced)."""
+def _record_job(parts: Parts, clock: Clock, totals: dict, step: int) -> None:
+    """This job's figures so far, and its seconds by phase, into its start in run.json
+    (rank 0, once announced)."""
     if clock.job_number is not None:
         seconds = totals["job_seconds"]
         record_job(parts.run_dir, clock.job_number, seconds,
-                   seconds * parts.world_size / 3600, totals["job_energy_joules"])
+                   seconds * parts.world_size / 3600, totals["job_energy_joules"],
+                   clock.split(step))
 
 
 def close(parts: Parts, progress: Progress, clock: Clock, status: str,
@@ -106,7 +112,7 @@ def close(parts: Parts, progress: Progress, clock: Clock, status: str,
     summary = run_summary.summary(parts, progress, clock, status, run)
     if not parts.distributed.is_main:
         return summary, None
-    _record_job(parts, clock, run)
+    _record_job(parts, clock, run, progress.step)
     problem = write_summary(parts.run_dir, summary)
     if parts.config.report and (unwritten := write_run_report(parts.run_dir)):
         print(f"hpctrain: warning: {unwritten}", file=sys.stderr, flush=True)

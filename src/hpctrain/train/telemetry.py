@@ -35,12 +35,13 @@ class Telemetry:
         self.enabled = enabled
         self.sinks = []
         self.progress = None
+        self.redone_steps = 0  # steps a job before this one trained after the checkpoint
         if not enabled:
             return
         self.metrics = RunDir(run_dir).metrics
         try:
             run_dir.mkdir(parents=True, exist_ok=True)  # the run exists once it reports
-            forget_lost_records(self.metrics, start_step, saved_bytes)
+            self.redone_steps = forget_lost_records(self.metrics, start_step, saved_bytes)
             self.metrics_file = open_appending(self.metrics)
         except OSError as err:
             raise cannot_write(self.metrics, err, KEEP_GOING) from None
@@ -126,23 +127,50 @@ class Telemetry:
             pass
 
 
-def forget_lost_records(metrics: Path, step: int, saved_bytes: int | None) -> None:
+def forget_lost_records(metrics: Path, step: int, saved_bytes: int | None) -> int:
     """At a start, forget what was logged after the checkpoint it resumes from: those steps
     and evaluations run again, and metrics.jsonl then tells each once. Where the checkpoint
     recorded the file's size, the file is cut back to it, which is exact: also an evaluation
     done after the checkpoint, which it owed, goes (a kill during the save after it would
     otherwise leave it twice). A start without a checkpoint keeps nothing: what is there was
     logged by a job killed before its first save. A checkpoint of an older hpctrain: every
-    record after its step is dropped."""
+    record after its step is dropped. Returns the steps trained after the checkpoint that
+    are done again: to the last one a training record forgotten tells (at least that many:
+    the steps after the last record are not known)."""
     size = 0 if step == 0 else saved_bytes
     if size is not None and _line_ends_at(metrics, size):
+        forgotten = _lines_from(metrics, size)
         descriptor = os.open(metrics, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             os.ftruncate(descriptor, size)
         finally:
             os.close(descriptor)
     elif step:
-        drop_records_after(metrics, step)
+        forgotten = drop_records_after(metrics, step)
+    else:
+        forgotten = []
+    trained = [_train_step(line) for line in forgotten]
+    return max([0, *(int(last) - step for last in trained if last is not None)])
+
+
+def _lines_from(metrics: Path, offset: int) -> list[str]:
+    """The lines of metrics.jsonl after its first `offset` bytes (what a cut takes away)."""
+    with open_capped(metrics, CAPS[METRICS]) as handle:
+        handle.seek(offset)
+        return handle.read(CAPS[METRICS]).decode(errors="replace").splitlines()
+
+
+def _train_step(line: str) -> float | None:
+    """The step of a training record (None: another record, or no record)."""
+    try:
+        record = parse_json(line)
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or record.get("kind") != "train":
+        return None
+    step = record.get("step")
+    return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 \
+        else None
 
 
 def _line_ends_at(metrics: Path, size: int) -> bool:

@@ -91,6 +91,7 @@ def evaluate_and_record(parts, progress: Progress, clock: Clock, telemetry: Tele
     progress.eval_owed = progress.step  # until recorded: a stop or a failure leaves it owed
     values = evaluate(parts, model, stopper)
     seconds = time.perf_counter() - start  # the sums' read-back waited for the device
+    clock.eval_seconds += seconds
     if values is None:
         telemetry.message(f"step {progress.step}: evaluation cut short to stop in time")
         return

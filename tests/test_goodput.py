@@ -1,0 +1,94 @@
+"""`hpctrain goodput` (issue 55, first part): a run's device-seconds by phase from run.json,
+each job's seconds split as it ran and the steps a job killed without a word trained after
+its last checkpoint counted from the records its resume forgot."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from hpctrain.runs.goodput import PHASES, account
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def test_a_run_s_account_adds_up_job_by_job():
+    """Two jobs of two devices: the first killed after its last record (5 of its 100 steps
+    redone: they add to its seconds), the second ended; 3 s between them."""
+    split = {"startup": 2.0, "training": 10.0, "data_wait": 1.0, "evaluation": 1.5,
+             "checkpoint": 0.5, "steps": 100}
+    record = {"starts": [
+        {"claimed": 100.0, "seconds": 15.0, "world_size": 2, "split": split},
+        {"claimed": 118.0, "seconds": 20.0, "world_size": 2, "redone_steps": 5,
+         "split": {**split, "training": 14.0}}]}
+    made = account(record)
+    assert made.jobs == 2 and made.redone_steps == 5 and made.between_jobs == 3.0
+    assert made.phases["lost_work"] == 5 * 10.0 / 100 * 2  # the first job's step time
+    assert made.allocated == (15.0 + 0.5 + 20.0) * 2
+    assert made.phases["productive"] == (9.0 + 13.0) * 2
+    assert made.phases["other"] == (1.0 + 2.0) * 2  # 15 - 14, 20 - 18
+    assert sum(made.phases.values()) == pytest.approx(made.allocated)
+    assert made.goodput == pytest.approx(44.0 / 71.0)
+    older = account({"starts": [{"claimed": 0.0}, {"claimed": 1.0, "seconds": 2.0}]})
+    assert older.unaccounted_jobs == 1 and older.allocated == 2.0
+
+
+KILLED = textwrap.dedent("""
+    import signal, sys
+    sys.path.insert(0, {fixtures!r})
+    import hpctrain
+    from lit_classifier import LitClassifier, StopAt, blobs
+
+    train, val = blobs()
+    hpctrain.fit(LitClassifier(), StopAt(train, int(sys.argv[2]), signal.SIGKILL), val,
+                 output_dir=sys.argv[1], run_name="run", tensorboard=False, report=False,
+                 train={{"epochs": 3, "batch_size": 16, "log_every": 1}},
+                 checkpoint={{"every_steps": 20}}, data={{"num_workers": 0}})
+""")
+
+
+def test_a_job_killed_without_a_word_is_accounted_with_the_steps_it_trained_again(
+        tmp_path, run_cli, capsys):
+    """A job SIGKILLed during its step 34 (its checkpoint at step 20, its records to step
+    33) and the run resumed: run.json counts both jobs, each with its seconds by phase, and
+    the resume's 13 steps redone; `hpctrain goodput` adds them up to the allocated
+    device-seconds, the killed job's lost steps beyond its recorded seconds."""
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED.format(fixtures=str(FIXTURES)))
+    checks = 3  # the samples the checks before training read (the first, middle and last)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path), str(
+        checks + 33 * 16 + 5)], capture_output=True, text=True, timeout=240)
+    assert done.returncode == -9, done.stderr[-2000:]
+    sys.path.insert(0, str(FIXTURES))
+    from lit_classifier import LitClassifier, blobs
+
+    import hpctrain
+
+    summary = hpctrain.fit(LitClassifier(), *blobs(), output_dir=str(tmp_path),
+                           run_name="run", resume="auto", tensorboard=False, report=False,
+                           train={"epochs": 3, "batch_size": 16, "log_every": 1},
+                           checkpoint={"every_steps": 20}, data={"num_workers": 0})
+    assert summary["restarts"] == 1 and summary["steps"] == 96
+    starts = json.loads((Path(summary["run_dir"]) / "run.json").read_text())["starts"]
+    assert [start.get("redone_steps") for start in starts] == [0, 13]
+    assert [start["split"]["steps"] for start in starts] == [20, 76]  # to its last record
+    capsys.readouterr()  # the run's own lines
+    code, out, err = run_cli("goodput", summary["run_dir"], "--json")
+    assert code == 0, err
+    made = json.loads(out)
+    killed, resumed = starts
+    steps = 13 * killed["split"]["training"] / 20
+    assert made["device_seconds"]["lost_work"] == pytest.approx(steps)
+    assert made["allocated_device_seconds"] == pytest.approx(
+        killed["seconds"] + steps + resumed["seconds"])
+    assert sum(made["device_seconds"].values()) == pytest.approx(
+        made["allocated_device_seconds"])
+    assert set(made["device_seconds"]) == set(PHASES) and 0 < made["goodput"] < 1
+    code, out, _ = run_cli("goodput", summary["run_dir"])
+    assert code == 0 and "work lost to stops (steps redone)" in out
+    assert "13 steps redone after stops" in out
