@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.runs.goodput import PHASES, account
+from hpctrain.train.checkpoints.interval import daly_interval, expected_waste
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -92,3 +93,19 @@ def test_a_job_killed_without_a_word_is_accounted_with_the_steps_it_trained_agai
     code, out, _ = run_cli("goodput", summary["run_dir"])
     assert code == 0 and "work lost to stops (steps redone)" in out
     assert "13 steps redone after stops" in out
+
+
+def test_the_checkpoint_interval_that_wastes_least_is_daly_s():
+    """Young's sqrt(2 * save * mtbf) for small saves, Daly's correction above it, and its
+    bounds: never shorter than a save, the mean time between stops for saves of half of it;
+    at its interval the first-order waste is no more than at half or twice it
+    (benchmarks/checkpoint_interval.py simulates the stops)."""
+    young = (2 * 1.0 * 3600) ** 0.5
+    assert daly_interval(1.0, 3600) == pytest.approx(young, rel=0.02)
+    assert daly_interval(30.0, 3600) == pytest.approx(445.0, abs=0.1)
+    assert daly_interval(2000.0, 3600) == 3600  # Daly's bound
+    best = daly_interval(30.0, 3600)
+    assert expected_waste(best, 30, 3600) <= min(expected_waste(best / 2, 30, 3600),
+                                                  expected_waste(best * 2, 30, 3600))
+    with pytest.raises(ValueError):
+        daly_interval(0.0, 3600)
