@@ -18,21 +18,29 @@ from hpctrain.train.checkpoints.interval import daly_interval, expected_waste
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-def test_a_run_s_account_adds_up_job_by_job():
+def test_a_run_s_account_adds_up_job_by_job(tmp_path):
     """Two jobs of two devices: the first killed after its last record (5 of its 100 steps
-    redone: they add to its seconds), the second ended; 3 s between them."""
+    redone: the second start adds them to its seconds), the second ended; 3 s between
+    them."""
+    from hpctrain.runs.identity import record_start
+
     split = {"startup": 2.0, "training": 10.0, "data_wait": 1.0, "evaluation": 1.5,
              "checkpoint": 0.5, "steps": 100}
-    record = {"starts": [
-        {"claimed": 100.0, "seconds": 15.0, "world_size": 2, "split": split},
-        {"claimed": 118.0, "seconds": 20.0, "world_size": 2, "redone_steps": 5,
-         "split": {**split, "training": 14.0}}]}
+    first = {"time": 100.0, "claimed": 100.0, "restart": 0, "launcher": "torchrun",
+             "world_size": 2, "hosts": ["n1"], "output_dir": str(tmp_path), "seconds": 15.0,
+             "device_hours": 15.0 * 2 / 3600, "split": split}
+    record_start(tmp_path, {}, first)
+    record = record_start(tmp_path, {}, {**first, "claimed": 118.5, "time": 118.5,
+                                         "redone_steps": 5, "seconds": 20.0,
+                                         "split": {**split, "training": 14.0}})
+    assert record["starts"][0]["seconds"] == 15.5  # its 5 steps after the record, 0.1 s each
+    assert record["starts"][0]["device_hours"] == pytest.approx(15.5 * 2 / 3600)
     made = account(record)
     assert made.jobs == 2 and made.redone_steps == 5 and made.between_jobs == 3.0
     assert made.phases["lost_work"] == 5 * 10.0 / 100 * 2  # the first job's step time
-    assert made.allocated == (15.0 + 0.5 + 20.0) * 2
+    assert made.allocated == (15.5 + 20.0) * 2
     assert made.phases["productive"] == (9.0 + 13.0) * 2
-    assert made.phases["other"] == (1.0 + 2.0) * 2  # 15 - 14, 20 - 18
+    assert made.phases["other"] == (1.0 + 2.0) * 2  # 15.5 - 14.5, 20 - 18
     assert sum(made.phases.values()) == pytest.approx(made.allocated)
     assert made.goodput == pytest.approx(44.0 / 71.0)
     older = account({"starts": [{"claimed": 0.0}, {"claimed": 1.0, "seconds": 2.0}]})
@@ -83,10 +91,11 @@ def test_a_job_killed_without_a_word_is_accounted_with_the_steps_it_trained_agai
     assert code == 0, err
     made = json.loads(out)
     killed, resumed = starts
-    steps = 13 * killed["split"]["training"] / 20
-    assert made["device_seconds"]["lost_work"] == pytest.approx(steps)
+    assert killed["redone_seconds"] == pytest.approx(13 * killed["split"]["training"] / 20)
+    assert made["device_seconds"]["lost_work"] == killed["redone_seconds"]
     assert made["allocated_device_seconds"] == pytest.approx(
-        killed["seconds"] + steps + resumed["seconds"])
+        killed["seconds"] + resumed["seconds"])  # the killed one's with its redone steps
+    assert made["allocated_device_seconds"] == pytest.approx(summary["device_hours"] * 3600)
     assert sum(made["device_seconds"].values()) == pytest.approx(
         made["allocated_device_seconds"])
     assert set(made["device_seconds"]) == set(PHASES) and 0 < made["goodput"] < 1

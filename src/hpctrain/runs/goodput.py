@@ -1,17 +1,19 @@
 """Where a run's device-seconds went (`hpctrain goodput RUN`), from its run.json: every job
 of the run (each start, also one that died without a word) with its seconds, its devices and
 its seconds by phase (written at every checkpoint and when the job ends: bookkeeping.Clock),
-and each start's `redone_steps`, the steps the jobs before it trained after the checkpoint it
-resumed from (counted from the records it forgot, not guessed).
+each start's `redone_steps`, the steps the job before it trained after the checkpoint it
+resumed from (counted from the records it forgot, not guessed), and that job's
+`redone_seconds`, those steps at its own mean step time, which its seconds include.
 
 The phases of a job's device-seconds (`PHASES`): productive training steps; the steps' wait
 for data; evaluation; the part of checkpoint saves the training waited for; start-up
 (imports, the build, a resume's load, up to the training loop); work lost to a stop (the
 steps redone, at the job's own mean step time: a job killed without a word trained them
-after its last record, so they add to its recorded seconds); the rest (shutdown, and the
-logging interval under way at a job's last record). Goodput is productive over allocated. The wall time between one
-job's end and the next one's start (queue, requeue) is told beside, not counted as allocated:
-no device is held then. Figures from the scheduler's accounting are not read yet.
+after its last record, and the start that does them again adds them to its seconds); the
+rest (shutdown, and the logging interval under way at a job's last record). Goodput is
+productive over allocated. The wall time between one job's end and the next one's start
+(queue, requeue) is told beside, not counted as allocated: no device is held then. Figures
+from the scheduler's accounting are not read yet.
 """
 
 from __future__ import annotations
@@ -58,16 +60,15 @@ def account(record: dict) -> Account:
     out = Account(jobs=len(starts))
     for number, start in enumerate(starts):
         later = starts[number + 1] if number + 1 < len(starts) else None
-        redone = (later or {}).get("redone_steps") or 0
-        out.redone_steps += redone
+        out.redone_steps += start.get("redone_steps") or 0
         seconds = start.get("seconds")
         if seconds is None:
             out.unaccounted_jobs += 1
             continue
         devices = start.get("world_size") or 1
-        phases = _job_phases(seconds, start.get("split") or {}, redone)
-        out.allocated += (seconds + phases["lost_work"]) * devices
-        for phase, spent in phases.items():
+        out.allocated += seconds * devices
+        for phase, spent in _job_phases(seconds, start.get("split") or {},
+                                        start.get("redone_seconds") or 0.0).items():
             out.phases[phase] += spent * devices
         if later is not None:
             began = start.get("claimed") or start.get("time")
@@ -76,18 +77,15 @@ def account(record: dict) -> Account:
     return out
 
 
-def _job_phases(seconds: float, split: dict, redone: int) -> dict:
-    """One job's seconds by phase: its split, the rest of its recorded seconds as `other`,
-    and the steps redone after it at its own mean step time. A job whose steps were redone
-    died after its last record (a stop saves where it stops), so they lie beyond its
-    recorded seconds: it held its devices at least that much longer."""
+def _job_phases(seconds: float, split: dict, redone_seconds: float) -> dict:
+    """One job's seconds by phase: its split, the training a later start did again (its
+    `redone_seconds`, added to its seconds when that start was recorded), and the rest of
+    its seconds as `other`."""
     training = split.get("training") or 0.0
     waited = min(split.get("data_wait") or 0.0, training)
-    steps = split.get("steps") or 0
     phases = {"productive": training - waited, "data_wait": waited,
               "evaluation": split.get("evaluation") or 0.0,
               "checkpoint": split.get("checkpoint") or 0.0,
-              "startup": split.get("startup") or 0.0}
+              "startup": split.get("startup") or 0.0, "lost_work": redone_seconds}
     phases["other"] = max(0.0, seconds - sum(phases.values()))
-    phases["lost_work"] = redone * training / steps if steps else 0.0
     return phases

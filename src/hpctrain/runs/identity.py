@@ -45,6 +45,7 @@ START_RULES = {
     "gpus": optional(COUNT), "output_dir": TEXT, "seconds": optional(AMOUNT),
     "device_hours": optional(AMOUNT), "energy_joules": optional(AMOUNT),
     "claimed": optional(TIME), "lost": optional(TEXT), "redone_steps": optional(COUNT),
+    "redone_seconds": optional(AMOUNT),
     "split": optional(Kind("a mapping of the job's seconds by phase", lambda v: isinstance(
         v, dict) and all(optional(AMOUNT).holds(x) for x in v.values()))),
 }
@@ -105,9 +106,27 @@ def record_start(run_dir: Path, config: dict, start: dict, lost: dict | None = N
     record["starts"] = [*record.get("starts", [])]
     if lost is not None:
         _account_for(record["starts"], lost)
+    if start.get("redone_steps") and record["starts"]:
+        _add_redone(record["starts"][-1], start["redone_steps"])
     record["starts"].append(start)
     _write(run, record)
     return record
+
+
+def _add_redone(before: dict, steps: int) -> None:
+    """The steps the job before trained after its last checkpoint, which this start does
+    again: it died after its last record (a stop saves where it stops), so it held its
+    devices that much longer than its seconds say; added to them, at its own mean step
+    time (`redone_seconds`), so the run's time and device-hours count them."""
+    split = before.get("split") if isinstance(before.get("split"), dict) else {}
+    trained, training = split.get("steps"), split.get("training")
+    if not (COUNT.holds(trained) and trained and AMOUNT.holds(training)) or \
+            _number(before.get("seconds")) is None:
+        return  # a job of an older hpctrain: its step time is not known
+    extra = steps * training / trained
+    before.update(seconds=before["seconds"] + extra, redone_seconds=extra)
+    if _number(before.get("device_hours")) is not None and COUNT.holds(before.get("world_size")):
+        before["device_hours"] += extra * before["world_size"] / 3600
 
 
 def record_job(run_dir: Path, number: int, seconds: float, device_hours: float,
