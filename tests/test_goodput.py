@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from hpctrain.runs.goodput import PHASES, account
-from hpctrain.train.checkpoints.interval import daly_interval, expected_waste
+from hpctrain.train.checkpoints.interval import (PRIOR_STOP_HOURS, Pacer, daly_interval,
+                                                 expected_waste, unwarned_stops)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -81,12 +82,15 @@ def test_a_job_killed_without_a_word_is_accounted_with_the_steps_it_trained_agai
     summary = hpctrain.fit(LitClassifier(), *blobs(), output_dir=str(tmp_path),
                            run_name="run", resume="auto", tensorboard=False, report=False,
                            train={"epochs": 3, "batch_size": 16, "log_every": 1},
-                           checkpoint={"every_steps": 20}, data={"num_workers": 0})
+                           checkpoint={"every": "auto"}, data={"num_workers": 0})
     assert summary["restarts"] == 1 and summary["steps"] == 96
+    chosen = summary["checkpoint_interval"]  # from the killed job: one stop without a word
+    assert chosen["unwarned_stops"] == 1 and chosen["save_seconds"] > 0
+    assert chosen["mtbf_hours"] == pytest.approx((chosen["run_hours"] + PRIOR_STOP_HOURS) / 2)
+    assert "checkpoint.every=auto: the first save after 600 s" in capsys.readouterr().out
     starts = json.loads((Path(summary["run_dir"]) / "run.json").read_text())["starts"]
     assert [start.get("redone_steps") for start in starts] == [0, 13]
     assert [start["split"]["steps"] for start in starts] == [20, 76]  # to its last record
-    capsys.readouterr()  # the run's own lines
     code, out, err = run_cli("goodput", summary["run_dir"], "--json")
     assert code == 0, err
     made = json.loads(out)
@@ -118,3 +122,25 @@ def test_the_checkpoint_interval_that_wastes_least_is_daly_s():
                                                   expected_waste(best * 2, 30, 3600))
     with pytest.raises(ValueError):
         daly_interval(0.0, 3600)
+
+
+def test_checkpoint_every_auto_paces_the_saves_from_what_it_measures():
+    """Before a save is measured: at the epoch's end (or after 600 s of training); then
+    Daly's interval for the slowest rank's save and the run's stops, in steps of the slowest
+    rank's step time, never beyond the job's time left; the stops counted from run.json."""
+    starts = [{"seconds": 3600.0}, {"seconds": 1800.0, "redone_steps": 7},
+              {"seconds": 900.0, "lost": "died without a word"}, {"seconds": 100.0}]
+    assert unwarned_stops(starts) == (2, 6400 / 3600)
+    assert unwarned_stops(starts, now=True)[0] == 3  # this start took a dead job's lock over
+    pacer = Pacer(stops=2, hours=1.75, steps_per_epoch=50)
+    assert pacer.mtbf_seconds == 3600 * (1.75 + PRIOR_STOP_HOURS) / 3
+    assert [step for step in range(1, 120) if pacer.saves(step)] == [50, 100]
+    pacer.update(step_seconds=0.5, save_seconds=None)  # no save yet: 600 s of training
+    assert pacer.interval == 1200
+    pacer.update(step_seconds=0.5, save_seconds=30.0)
+    assert pacer.interval == round(daly_interval(30.0, pacer.mtbf_seconds) / 0.5)
+    assert not pacer.saves(100 + pacer.interval - 1)  # from the last save, at step 100
+    assert pacer.saves(100 + pacer.interval)
+    short = Pacer(stops=0, hours=0.0, steps_per_epoch=50, limit=120.0)
+    short.update(step_seconds=1.0, save_seconds=30.0)
+    assert short.interval == 120 and short.describe()["seconds"] == 120.0

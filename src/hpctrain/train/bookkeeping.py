@@ -35,6 +35,7 @@ class Clock:
     startup_seconds: float | None = None  # from the job's start to its training loop
     eval_seconds: float = 0.0  # this job's evaluations
     checkpoint_seconds: float = 0.0  # what this job's saves held the training for
+    last_save_seconds: float = 0.0  # the last save's, until a logging interval reads it
     first_step: int = 0  # the step this job's training began at
 
     def split(self, step: int) -> dict:

@@ -9,6 +9,7 @@ import dataclasses
 import functools
 import math
 import os
+import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,7 @@ from hpctrain.parallel.layout import microbatches as layout_microbatches
 from hpctrain.parallel.processes import Distributed
 from hpctrain.report import trackers
 from hpctrain.runs.directory import RunDir
+from hpctrain.runs.identity import read_identity
 from hpctrain.tasks import lightning, lightning_callbacks, lightning_trainer, tensors
 from hpctrain.tasks.spec import TaskSetup
 from hpctrain.tasks.steps import Batch, Task, logits_of
@@ -51,6 +53,7 @@ from hpctrain.train.hardware.system import SystemPlan, apply_global_switches, pl
 from hpctrain.train.optimizers import lightning_optim
 from hpctrain.train.optimizers.optim import (WeightEma, build_optimizer, build_scheduler, freeze,
                                              scaled_lr)
+from hpctrain.train.checkpoints.interval import Pacer, unwarned_stops
 from hpctrain.train.preemption import deadline_at
 from hpctrain.train.step import BatchHooks, Step
 from hpctrain.train.trial import TrialLink, link
@@ -79,6 +82,7 @@ class Parts:
     checkpointer: Checkpointer
     meter: Meter  # this rank's GPU (or CPU energy) in the background; the loop starts it
     deadline: float | None  # Unix time at which to save and stop, or None
+    pacer: Pacer | None  # when checkpoint.every=auto saves; None: its every_steps/epochs
     trial: TrialLink | None  # the search this run is a trial of (tune/), or None
     steps_per_epoch: int
     total_steps: int
@@ -276,6 +280,20 @@ def _cut_for_pipeline(model: nn.Module, config: Config, layout: Layout, rank: in
     return model, stage_parts, stream
 
 
+def _pacer(config: Config, distributed: Distributed, place: RunPlace, steps_per_epoch: int,
+           deadline: float | None) -> Pacer | None:
+    """checkpoint.every=auto's pacer, with the run's unwarned stops so far (run.json, read on
+    rank 0, and this start's: the lock of a job that died without a word, taken over);
+    None otherwise."""
+    if config.checkpoint.every != "auto":
+        return None
+    record = read_identity(place.run_dir)[0] if distributed.is_main else None
+    stops, hours = distributed.broadcast(unwarned_stops(
+        (record or {}).get("starts", []), now=place.lock.gone is not None))
+    return Pacer(stops, hours, steps_per_epoch,
+                 limit=deadline - time.time() if deadline is not None else None)
+
+
 def _run_length(config: Config, data: DataBundle, global_batch: int) -> tuple[int, int]:
     """(optimiser steps per epoch, steps in the run); a stream without a length takes
     train.max_steps as its length."""
@@ -453,6 +471,7 @@ def build_parts(config: Config, env: ProcessEnv | None = None,
                                                 global_batch, steps_per_epoch, total_steps)
     step = _training_step(config, layout, distributed, plan, device, model, forward, task,
                           optimizer, scheduler, stages, fp8_plan)
+    deadline = deadline_at(config.preemption, job_end)
     return Parts(
         config=config, plan=plan, device=device, distributed=distributed, place=place,
         data=data, model=model, step=step, task=task,
@@ -460,8 +479,8 @@ def build_parts(config: Config, env: ProcessEnv | None = None,
         unfused_why=folded if isinstance(folded, str) else None,
         checkpointer=Checkpointer(RunDir(place.run_dir).checkpoints, config.checkpoint.keep_last,
                                   distributed, config.checkpoint.async_save),
-        meter=meter,
-        deadline=deadline_at(config.preemption, job_end),
+        meter=meter, deadline=deadline,
+        pacer=_pacer(config, distributed, place, steps_per_epoch, deadline),
         trial=link(config, distributed),
         steps_per_epoch=steps_per_epoch, total_steps=total_steps, batch_size=batch_size,
         global_batch_size=global_batch, effective_lr=lr, optimizer_note=note,

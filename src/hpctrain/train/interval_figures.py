@@ -40,8 +40,13 @@ def report_interval(parts: Parts, progress: Progress, metrics: RunningMetrics,
     seconds = time.perf_counter() - interval.start
     waited = clock.data_wait_seconds - interval.wait_mark
     steps = interval.samples // parts.global_batch_size  # the last interval may be shorter
-    per_rank = parts.distributed.gather([seconds, waited, *parts.meter.take()])
-    clock.monitor_rows = [row[2:] for row in per_rank]
+    per_rank = parts.distributed.gather([seconds, waited, clock.last_save_seconds,
+                                         *parts.meter.take()])
+    clock.monitor_rows = [row[3:] for row in per_rank]
+    if parts.pacer is not None and steps:  # every rank alike, from every rank's figures
+        parts.pacer.update(max(row[0] for row in per_rank) / steps,
+                           max(row[2] for row in per_rank) or None)
+    clock.last_save_seconds = 0.0
     values = metrics.read(parts.distributed)
     clock.train_seconds += seconds
     if not interval.first:

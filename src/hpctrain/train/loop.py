@@ -178,7 +178,7 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
                 last = True  # a callback ends the run here (EarlyStopping), as completed
                 _end_early(parts, progress, metrics, interval, clock, epoch, telemetry,
                            watchdog, stopper, evaluates)
-            saved = progress.step % ckpt_every == 0 or last
+            saved = _checkpoint_due(parts, progress.step, ckpt_every) or last
             if saved:
                 run_record.save_checkpoint(parts, progress, clock, telemetry)
             parts.checkpointer.poll()
@@ -233,6 +233,12 @@ def _record_epoch(parts: Parts, progress: Progress, telemetry: Telemetry) -> Non
         telemetry.record("epoch", progress.step, {"epoch": epoch, **figures})
         telemetry.message(f"epoch {epoch} ended: " + "  ".join(
             f"{name} {value:.4f}" for name, value in figures.items()))
+
+
+def _checkpoint_due(parts: Parts, step: int, every: int) -> bool:
+    """Whether `step` saves: checkpoint.every=auto's pacer (which then counts from it), or
+    every `every` steps."""
+    return step % every == 0 if parts.pacer is None else parts.pacer.saves(step)
 
 
 def _every(parts: Parts) -> tuple[int, int]:

@@ -82,7 +82,8 @@ def save_checkpoint(parts: Parts, progress: Progress, clock: Clock,
     began = time.perf_counter()
     if not save(parts, progress, totals["job_seconds"], totals["job_energy_joules"]):
         telemetry.message(f"step {progress.step}: weights are not finite, checkpoint skipped")
-    clock.checkpoint_seconds += time.perf_counter() - began  # (async: its blocking part)
+    clock.last_save_seconds = time.perf_counter() - began  # (async: its blocking part)
+    clock.checkpoint_seconds += clock.last_save_seconds
     if parts.distributed.is_main:  # its seconds to now: the save's among them
         _record_job(parts, clock, run_summary.totals(parts, progress, clock), progress.step)
 

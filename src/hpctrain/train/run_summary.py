@@ -17,6 +17,7 @@ from hpctrain.parallel.processes import straggler
 from hpctrain.runs.directory import RunDir
 from hpctrain.tasks.spec import Measured
 from hpctrain.train.checkpoints.checkpoint import checkpoint_path
+from hpctrain.train.checkpoints.interval import FIRST_SAVE_SECONDS, PRIOR_STOP_HOURS
 from hpctrain.train.hardware.mfu import model_flops_utilisation, peak_source
 from hpctrain.version import __version__
 
@@ -64,6 +65,13 @@ def banner(parts, resume_from: Path | None) -> str:
     meter = parts.meter
     lines.append(f"  energy: {meter.energy_source}" + (f" ({meter.why_not})"
                                                        if meter.why_not else ""))
+    if parts.pacer is not None:
+        pacer = parts.pacer
+        lines.append(f"  checkpoint.every=auto: the first save after {FIRST_SAVE_SECONDS:.0f} s "
+                     "of training or at the epoch's end, then at Daly's interval for the "
+                     f"measured save and one stop without a word per "
+                     f"{pacer.mtbf_seconds / 3600:.3g} h ({pacer.stops} in this run's "
+                     f"{pacer.hours:.3g} h, and a prior of one per {PRIOR_STOP_HOURS:g} h)")
     if parts.deadline is not None:
         lines.append("  will save and stop at " + time.strftime(
             "%Y-%m-%d %H:%M:%S", time.localtime(parts.deadline)) + " (before the time limit)")
@@ -177,6 +185,8 @@ def summary(parts, progress, clock, status: str, run: dict | None = None) -> dic
         **_energy_figures(parts, progress, run),
         "restarts": progress.restarts,
         "best_checkpoints": _best_checkpoints(parts, progress),
+        # checkpoint.every=auto's interval and what it was chosen from; None otherwise
+        "checkpoint_interval": parts.pacer.describe() if parts.pacer is not None else None,
         "stop_seconds": clock.stop_seconds,
         "resumed_with_changes": progress.changes,
         "straggler": straggler(rank_step, parts.distributed.hosts),

@@ -13,6 +13,7 @@ interval is never shorter than a save itself (a run would do nothing else).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 
 def daly_interval(save_seconds: float, mtbf_seconds: float) -> float:
@@ -35,3 +36,73 @@ def expected_waste(interval: float, save_seconds: float, mtbf_seconds: float,
     """Young's first-order estimate of the share of a run's time wasted at `interval`: the
     saves, and per unwarned stop half an interval of training redone and a restart."""
     return save_seconds / interval + (interval / 2 + restart_seconds) / mtbf_seconds
+
+
+PRIOR_STOP_HOURS = 24.0  # one unwarned stop a day, until the run's own record says otherwise
+FIRST_SAVE_SECONDS = 600.0  # of training before the first save, whose cost is not known yet
+
+
+def unwarned_stops(starts: list, now: bool = False) -> tuple[int, float]:
+    """(stops without a word, hours trained) of a run's jobs as run.json keeps them: a job
+    another start found dead (`lost`), or one whose steps the next start redid (one killed
+    right after a save redid none: not counted); `now`: the job before this start died
+    without a word (its lock was taken over)."""
+    jobs = [start for start in starts if isinstance(start, dict)]
+    stops = int(now) + sum(1 for number, start in enumerate(jobs) if start.get("lost") or (
+        number + 1 < len(jobs) and jobs[number + 1].get("redone_steps")))
+    seconds = sum(start["seconds"] for start in jobs
+                  if isinstance(start.get("seconds"), (int, float)))
+    return stops, seconds / 3600
+
+
+@dataclass
+class Pacer:
+    """When `checkpoint.every=auto` saves: at Daly's interval for the slowest rank's last
+    save and the run's rate of unwarned stops (`stops` in `hours`, with a prior of one a day),
+    in steps of the slowest rank's step time; the first save after FIRST_SAVE_SECONDS of
+    training or the epoch's end, whichever comes first. Never longer than the job has until
+    its deadline (`limit` seconds; the time limit itself is the stop signal's, no failure).
+    Every rank decides alike: `update` takes figures gathered from every rank."""
+
+    stops: int
+    hours: float
+    steps_per_epoch: int
+    limit: float | None = None
+    save_seconds: float | None = None
+    step_seconds: float | None = None
+    interval: int = 0  # steps between saves (0: until the epoch's end)
+    last: int = 0  # the step of the last save
+
+    @property
+    def mtbf_seconds(self) -> float:
+        return 3600 * (self.hours + PRIOR_STOP_HOURS) / (self.stops + 1)
+
+    def saves(self, step: int) -> bool:
+        """Whether `step` saves (the interval then counts from it)."""
+        interval = self.interval or self.steps_per_epoch
+        due = step - self.last >= interval or (self.save_seconds is None and
+                                               step % self.steps_per_epoch == 0)
+        if due:
+            self.last = step
+        return due
+
+    def update(self, step_seconds: float, save_seconds: float | None) -> None:
+        """The interval again, from the step time and the last save's blocking time (None:
+        none measured since)."""
+        self.step_seconds = step_seconds
+        if save_seconds:
+            self.save_seconds = save_seconds
+        seconds = daly_interval(self.save_seconds, self.mtbf_seconds) if self.save_seconds \
+            else FIRST_SAVE_SECONDS
+        if self.limit:
+            seconds = min(seconds, self.limit)
+        self.interval = max(1, round(seconds / step_seconds)) if step_seconds > 0 else 0
+
+    def describe(self) -> dict:
+        """The interval and what it was chosen from (summary.json's checkpoint_interval)."""
+        return {"steps": self.interval or None,
+                "seconds": self.interval * self.step_seconds
+                if self.interval and self.step_seconds else None,
+                "save_seconds": self.save_seconds, "mtbf_hours": self.mtbf_seconds / 3600,
+                "unwarned_stops": self.stops, "run_hours": self.hours,
+                "prior": f"one unwarned stop per {PRIOR_STOP_HOURS:g} h"}
