@@ -288,10 +288,10 @@ def _pacer(config: Config, distributed: Distributed, place: RunPlace, steps_per_
     if config.checkpoint.every != "auto":
         return None
     record = read_identity(place.run_dir)[0] if distributed.is_main else None
-    stops, hours = distributed.broadcast(unwarned_stops(
-        (record or {}).get("starts", []), now=place.lock.gone is not None))
-    return Pacer(stops, hours, steps_per_epoch,
-                 limit=deadline - time.time() if deadline is not None else None)
+    left = deadline - time.time() if deadline is not None else None
+    stops, hours, left = distributed.broadcast((*unwarned_stops(
+        (record or {}).get("starts", []), now=place.lock.gone is not None), left))
+    return Pacer(stops, hours, steps_per_epoch, limit=left)  # rank 0's: every rank alike
 
 
 def _run_length(config: Config, data: DataBundle, global_batch: int) -> tuple[int, int]:
