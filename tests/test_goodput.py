@@ -103,6 +103,7 @@ def test_a_job_killed_without_a_word_is_accounted_with_the_steps_it_trained_agai
     assert sum(made["device_seconds"].values()) == pytest.approx(
         made["allocated_device_seconds"])
     assert set(made["device_seconds"]) == set(PHASES) and 0 < made["goodput"] < 1
+    assert summary["goodput"] == pytest.approx(made["goodput"])  # the summary's, the same
     code, out, _ = run_cli("goodput", summary["run_dir"])
     assert code == 0 and "work lost to stops (steps redone)" in out
     assert "13 steps redone after stops" in out

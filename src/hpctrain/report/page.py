@@ -25,7 +25,7 @@ SUMMARY_KEYS = ("status", "best_val_accuracy", "final_val_accuracy", "best_val_l
                 "best_val_perplexity", "images_per_second", "tokens_per_second",
                 "samples_per_second", "data_wait_fraction", "mfu", "wall_seconds", "steps",
                 "epochs", "global_batch_size", "effective_lr", "device", "world_size",
-                "strategy", "precision", "device_hours", "gpu_utilization_mean",
+                "strategy", "precision", "device_hours", "goodput", "gpu_utilization_mean",
                 "gpu_power_mean_watts", "energy_kwh", "samples_per_joule", "energy_source",
                 "restarts", "peak_memory_bytes")
 

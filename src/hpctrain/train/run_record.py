@@ -13,7 +13,9 @@ from hpctrain.errors import cannot_write
 from hpctrain.report import trackers
 from hpctrain.report.page import write_run_report
 from hpctrain.runs.directory import RunDir, remember_output_dir
-from hpctrain.runs.identity import Heartbeat, earlier_jobs, record_job, record_start
+from hpctrain.runs.goodput import account
+from hpctrain.runs.identity import (Heartbeat, earlier_jobs, read_identity, record_job,
+                                    record_start)
 from hpctrain.runs.live_registration import register
 from hpctrain.train import run_summary
 from hpctrain.train.bookkeeping import Clock
@@ -114,11 +116,19 @@ def close(parts: Parts, progress: Progress, clock: Clock, status: str,
     if not parts.distributed.is_main:
         return summary, None
     _record_job(parts, clock, run, progress.step)
+    summary["goodput"] = _goodput(parts.run_dir)
     problem = write_summary(parts.run_dir, summary)
     if parts.config.report and (unwritten := write_run_report(parts.run_dir)):
         print(f"hpctrain: warning: {unwritten}", file=sys.stderr, flush=True)
     telemetry.finish(summary, _artifacts(parts.run_dir))
     return summary, problem
+
+
+def _goodput(run_dir: Path) -> float | None:
+    """The run's goodput, every job so far this one's end included (runs/goodput.py); None
+    where run.json is damaged or was not written."""
+    record, _ = read_identity(run_dir)
+    return account(record).goodput if record is not None else None
 
 
 def _artifacts(run_dir: Path) -> list:

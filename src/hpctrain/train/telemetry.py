@@ -239,7 +239,7 @@ SUMMARY_ROWS = [
     ("peak_memory_bytes", "bytes"), ("wall_seconds", "{:,.1f}"), ("steps", "{}"),
     ("epochs", "{:.2f}"), ("global_batch_size", "{}"), ("effective_lr", "{:.4g}"),
     ("device", "{}"), ("world_size", "{}"), ("strategy", "{}"), ("precision", "{}"),
-    ("device_hours", "{:.4f}"), ("gpu_utilization_mean", "{:.0%}"),
+    ("device_hours", "{:.4f}"), ("goodput", "{:.1%}"), ("gpu_utilization_mean", "{:.0%}"),
     ("gpu_power_mean_watts", "{:,.0f} W"), ("energy_kwh", "{:.4f} kWh"),
     ("samples_per_joule", "{:,.2f}"), ("energy_source", "{}"), ("restarts", "{}"),
     ("skipped_images", "{}"),
