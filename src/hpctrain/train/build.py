@@ -97,6 +97,12 @@ class Parts:
         return self.distributed.world_size
 
     @property
+    def keep_best(self):
+        """A ModelCheckpoint's choice of the best checkpoints (tasks/lightning_callbacks
+        KeepBest) where a LightningModule's callbacks give one; None otherwise."""
+        return self.model.keep_best if self.config.task_spec.steps_model else None
+
+    @property
     def run_dir(self) -> Path:
         return self.place.run_dir
 

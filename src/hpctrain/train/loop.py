@@ -140,14 +140,7 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
     interval = Interval()
     watchdog = Watchdog(parts.config.monitor.low_utilization, parts.config.monitor.low_intervals,
                         parts.config.name)
-    parts.model.train()
-    stops.stop_if_asked_during_start_up(stopper, progress)
-    clock.startup_seconds = time.perf_counter() - clock.started  # imports, build, resume
-    clock.first_step = progress.step
-    _moment(parts, metrics, "train_start")
-    if progress.eval_owed is not None:
-        owed_evaluation(parts, progress, clock, telemetry, stopper,
-                        -(-progress.step // eval_every))
+    _begin(parts, progress, clock, telemetry, stopper, metrics, eval_every)
 
     while progress.step < parts.total_steps and progress.stopped_early is None:
         if progress.step % parts.steps_per_epoch == 0:
@@ -156,9 +149,7 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
         next_batch = functools.partial(_next_batch, batches)
         for _ in range(progress.step % parts.steps_per_epoch, parts.steps_per_epoch):
             clock.data_wait_seconds += take_step(parts.step, next_batch, record=figures)
-            if parts.task.after_step is not None and \
-                    (logged := parts.task.after_step()) is not None:  # a module's hooks'
-                metrics.add_sums(logged)
+            _after_step(parts, metrics)
             progress.step += 1
             interval.samples += parts.global_batch_size
             # ---- read back, evaluate, checkpoint: only at intervals ----
@@ -198,6 +189,29 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
                 break
     _moment(parts, metrics, "train_end")
     run_record.finish_saving(parts)
+
+
+def _begin(parts: Parts, progress: Progress, clock: Clock, telemetry: Telemetry,
+           stopper: Stopper, metrics: RunningMetrics, eval_every: int) -> None:
+    """Training begins: a stop asked during start-up honoured, the start-up's seconds
+    counted (imports, build, resume), the task's train_start moment, and the evaluation a
+    stop cut short done first."""
+    parts.model.train()
+    stops.stop_if_asked_during_start_up(stopper, progress)
+    clock.startup_seconds = time.perf_counter() - clock.started
+    clock.first_step = progress.step
+    _moment(parts, metrics, "train_start")
+    if progress.eval_owed is not None:
+        owed_evaluation(parts, progress, clock, telemetry, stopper,
+                        -(-progress.step // eval_every))
+
+
+def _after_step(parts: Parts, metrics: RunningMetrics) -> None:
+    """What the task's code logged after the step's figures were recorded (a
+    LightningModule's on_before_optimizer_step, on_train_batch_end), into the interval."""
+    logged = parts.task.after_step() if parts.task.after_step is not None else None
+    if logged is not None:
+        metrics.add_sums(logged)
 
 
 def _moment(parts: Parts, metrics: RunningMetrics, moment: str) -> None:

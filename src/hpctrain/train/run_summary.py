@@ -201,8 +201,7 @@ def summary(parts, progress, clock, status: str, run: dict | None = None) -> dic
 def _best_checkpoints(parts, progress) -> list[dict] | None:
     """A ModelCheckpoint's best checkpoints, the best first: their paths and monitored
     values (Lightning's best_k_models); None without one."""
-    keep = getattr(parts.model, "keep_best", None) if parts.config.task_spec.steps_model \
-        else None
+    keep = parts.keep_best
     if keep is None:
         return None
     ranked = sorted(progress.kept_best, key=lambda pair: pair[1], reverse=keep.mode == "max")

@@ -88,9 +88,7 @@ def _rank_checkpoint(parts, progress: Progress) -> None:
     """A ModelCheckpoint's best checkpoints, this epoch's end ranked in by its monitored
     figure (as ModelCheckpoint saves at each epoch's end); the checkpointer keeps them
     besides the last ones."""
-    keep = getattr(parts.model, "keep_best", None) if parts.config.task_spec.steps_model \
-        else None
-    if keep is not None and progress.step % parts.steps_per_epoch == 0:
+    if parts.keep_best is not None and progress.step % parts.steps_per_epoch == 0:
         others = [pair for pair in progress.kept_best if pair[0] != progress.step]
         progress.kept_best = parts.model.ranked_checkpoints(others, progress.step,
                                                             bool(progress.final_eval))
