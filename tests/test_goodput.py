@@ -167,3 +167,13 @@ def test_two_processes_pace_their_saves_alike(tiny, tmp_path):
         "step_00000005", "step_00000015"]
     chosen = json.loads((run / "summary.json").read_text())["checkpoint_interval"]
     assert chosen["save_seconds"] > 0 and chosen["steps"] > 15
+
+
+def test_what_goodput_and_the_auto_interval_cannot_take_is_one_line(tmp_path, run_cli):
+    """A folder that is no run, and checkpoint.every=auto beside every_steps: exit 2, said."""
+    code, _, err = run_cli("goodput", str(tmp_path))
+    assert code == 2 and f"{tmp_path}: no run.json: not a run directory of hpctrain" in err
+    code, _, err = run_cli("run", "default", "checkpoint.every=auto",
+                           "checkpoint.every_steps=5")
+    assert code == 2 and "checkpoint.every=auto chooses the interval: leave " \
+        "checkpoint.every_steps out" in err
