@@ -257,3 +257,36 @@ def test_a_freeze_pattern_that_matches_nothing_is_one_line(tmp_path, run_cli):
     assert code == 2 and err.count("\n") == 1
     assert "model.freeze: 'encoder.*' matches no parameter of the model (its parameters " \
            "are named like 0.weight, 0.bias, 2.weight, ..., 2.bias)" in err
+
+
+def test_the_segmentation_loss_is_torchs_masked_mean_without_its_atomic_reduction():
+    """deterministic=true on CUDA refused the loss (nll_loss2d's forward adds its mean with
+    atomics; found on an H200). The task's loss asks for every element's loss and sums them
+    itself: no reduced nll_loss2d reaches the device, and the value is torch's own mean over
+    the elements kept, ignored ones (-100) left out."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from hpctrain.tasks.segmentation import IGNORED, segmentation
+
+    class Reductions(TorchDispatchMode):
+        seen: list = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if "nll_loss" in str(func) and "backward" not in str(func):
+                self.seen.append((str(func), args[3]))  # (input, target, weight, reduction)
+            return func(*args, **(kwargs or {}))
+
+    task = segmentation(torch.device("cpu"), 3, "pixel_net")
+    logits = torch.randn(4, 3, 8, 8, requires_grad=True)
+    masks = torch.randint(0, 3, (4, 8, 8))
+    masks[0, :2] = IGNORED
+    batch = task.to_device((torch.zeros(4, 1, 8, 8), masks), True)
+    with Reductions() as seen:
+        value = task.loss(logits, batch)
+        value.backward()
+    assert seen.seen and all(reduction == 0 for _, reduction in seen.seen), seen.seen
+    expected = torch.nn.functional.cross_entropy(logits, masks, ignore_index=IGNORED)
+    assert value.item() == pytest.approx(expected.item(), rel=1e-6)
+    everything_ignored = task.to_device((torch.zeros(1, 1, 8, 8),
+                                         torch.full((1, 8, 8), IGNORED)), True)
+    assert task.loss(logits[:1], everything_ignored).item() == 0.0  # torch's mean: nan

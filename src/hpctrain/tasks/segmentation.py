@@ -42,8 +42,11 @@ def segmentation(device, num_classes: int, model_name: str):
         return logits
 
     def loss(outputs, batch: Batch):
-        return F.cross_entropy(checked(outputs, batch.targets).float(), batch.targets,
-                               ignore_index=IGNORED)
+        """The mean over the elements kept, summed here: torch's own mean over a mask adds
+        with atomics on CUDA (nll_loss2d's forward), which `deterministic=true` refuses."""
+        each = F.cross_entropy(checked(outputs, batch.targets).float(), batch.targets,
+                               ignore_index=IGNORED, reduction="none")
+        return each.sum() / (batch.targets != IGNORED).sum().clamp(min=1)
 
     def counts(classes):
         """Elements per class, by sorting (bincount has no deterministic CUDA kernel, and
