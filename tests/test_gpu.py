@@ -117,6 +117,8 @@ def test_the_batch_search_meets_real_out_of_memory_errors_on_a_capped_gpu(run_cl
     assert any(not t["fits"] for t in search["trials"])
     best = next(t for t in search["trials"] if t["batch_size"] == search["largest"])
     assert best["peak_bytes"] <= 2 * 2**30 and search["recommended"] % 8 == 0
+    # the cap ends with the search: this process (the tests' own) has the whole card again
+    assert torch.empty(3 * 2**30, dtype=torch.uint8, device="cuda").numel() == 3 * 2**30
 
 
 def test_nvml_energy_over_30_seconds_matches_mean_power_times_time():

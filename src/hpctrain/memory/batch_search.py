@@ -88,10 +88,12 @@ class _Runner:
         self.distributed = processes.start(config, env, layout, self.device)
         self.spec = step_spec(config, target, output_width(config)[0])
         self.limit = None
+        self.capped = False
         if self.device.type == "cuda":
             total = torch.cuda.get_device_properties(self.device).total_memory
             if target.capacity < total:
                 torch.cuda.set_per_process_memory_fraction(target.capacity / total, self.device)
+                self.capped = True
         else:
             self.limit = target.capacity
 
@@ -155,6 +157,8 @@ def find_batch_size(config: Config, target: Target, start: int, steps: int = 3,
         runner.distributed.barrier()
         return search
     finally:  # a process group left to the interpreter's exit can abort in gloo's threads
+        if runner.capped:  # the whole device back to a process that goes on (a notebook)
+            torch.cuda.set_per_process_memory_fraction(1.0, runner.device)
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
 
