@@ -3,6 +3,7 @@
 # valuable first, each bounded by its own limit and by the call's deadline; the log goes to
 # $OUT/all.log. Run from the repository root there:
 #   BUDGET=540 bash benchmarks/owed_on_gpu.sh        (with .whl carried: see below)
+# ONLY="name name ..." runs just those steps (a second call finishing what the first left).
 # The device's python3 has torch, torchvision, timm, lightning and HTA's needs but not
 # pydantic, optuna, torchao, simplejpeg or HolisticTraceAnalysis: download their wheels here
 # into .whl/ (docs/benchmarks.md, "Owed on a GPU") and carry that folder.
@@ -13,6 +14,7 @@ T0=$(date +%s); DEADLINE=$((T0 + ${BUDGET:-540}))
 LOG=$OUT/all.log
 step() {  # step NAME LIMIT_S COMMAND...
   local name=$1 lim=$2; shift 2
+  if [ -n "$ONLY" ] && [[ " $ONLY " != *" $name "* ]]; then return; fi
   local now; now=$(date +%s); local left=$((DEADLINE - now))
   if [ $left -lt 15 ]; then echo "=== SKIPPED $name (no time left)" >>"$LOG"; return; fi
   [ "$lim" -gt $left ] && lim=$left
@@ -36,20 +38,24 @@ if ! command -v hpctrain >/dev/null; then
 fi
 nvidia-smi -L >>"$LOG" 2>&1 || echo "no nvidia-smi here" >>"$LOG"
 step gpu-tests 150 "$PY" -m pytest -m gpu -q -p no:cacheprovider -ra --tb=short tests/test_gpu.py
-step throughput 150 "$PY" benchmarks/gpu_throughput.py --table images --steps 30 --warmup 10
-step fp8-table 150 "$PY" benchmarks/gpu_throughput.py --table transformer --steps 10 --warmup 5
 step lm-124m 100 "$PY" benchmarks/lm_overhead.py --model hpctrain:gpt_124m --seq-len 1024 \
   --batch-size 16 --precision bf16 --compile true --rounds 2 --steps 20
+step lightning 120 "$PY" benchmarks/lightning_step.py --model torchvision:resnet50 \
+  --image-size 224 --batch-size 256 --precision bf16 --channels-last true --compile true \
+  --rounds 2 --steps 10
+step run-default 90 hpctrain run output_dir=/tmp/runs
+# issue 55: where the run's GPU-seconds went, on a real board
+RUN=$(ls -td /tmp/runs/*/ 2>/dev/null | head -1)
+[ -n "$RUN" ] && step goodput 20 hpctrain goodput "$RUN" \
+  && cp "$RUN/summary.json" "$OUT/default_summary.json"
+step fused-eval 60 "$PY" benchmarks/fused_eval.py --compile
+step throughput 150 "$PY" benchmarks/gpu_throughput.py --table images --steps 30 --warmup 10
+step fp8-table 150 "$PY" benchmarks/gpu_throughput.py --table transformer --steps 10 --warmup 5
 step mem-accuracy 90 "$PY" benchmarks/memory_accuracy.py --device cuda --scale 4
 step profile 60 hpctrain profile default output_dir=/tmp/prof --steps 5
 TRACE=$(ls /tmp/prof/*/profile/trace.rank0.json.gz 2>/dev/null | head -1)
 [ -n "$TRACE" ] && step hta 40 "$PY" benchmarks/trace_analysis.py --megabytes 0 \
   --hta "$PY" --trace "$TRACE"
-step fused-eval 60 "$PY" benchmarks/fused_eval.py --compile
-step lightning 120 "$PY" benchmarks/lightning_step.py --model torchvision:resnet50 \
-  --image-size 224 --batch-size 256 --precision bf16 --channels-last true --compile true \
-  --rounds 2 --steps 10
-step run-default 90 hpctrain run output_dir=/tmp/runs
 step run-tiny-lm 90 hpctrain run tiny-lm output_dir=/tmp/runs
 step run-pointnet 90 hpctrain run pointnet output_dir=/tmp/runs
 step solve 60 hpctrain bench solve --size 8192 --device cuda --precisions fp16,bf16,tf32,fp32

@@ -157,3 +157,13 @@ def test_the_gpu_batch_runs_its_steps_in_order_and_skips_what_its_deadline_leave
     log = (tmp_path / "all.log").read_text()
     assert re.search(r"=== gpu-tests rc=0 after \d+s", log), log
     assert "=== SKIPPED decode-cpu (no time left)" in log and "=== done at" in log
+    # ONLY names the steps a second call finishes: the others are not even announced
+    only = tmp_path / "only"
+    done = subprocess.run(["bash", str(BENCHMARKS / "owed_on_gpu.sh")], cwd=root,
+                          env={**os.environ, "BUDGET": "10", "OUT": str(only),
+                               "ONLY": "decode-cpu", "WHEELS": str(tmp_path / "no-wheels"),
+                               "PYTHON": sys.executable},
+                          capture_output=True, text=True, timeout=60)
+    log = (only / "all.log").read_text()
+    assert done.returncode == 0 and "=== SKIPPED decode-cpu (no time left)" in log, log
+    assert "gpu-tests" not in log and "run-default" not in log, log
