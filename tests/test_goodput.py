@@ -5,6 +5,7 @@ its last checkpoint counted from the records its resume forgot."""
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -66,14 +67,18 @@ def test_a_job_killed_without_a_word_is_accounted_with_the_steps_it_trained_agai
         tmp_path, run_cli, capsys):
     """A job SIGKILLed during its step 34 (its checkpoint at step 20, its records to step
     33) and the run resumed: run.json counts both jobs, each with its seconds by phase, and
-    the resume's 13 steps redone; `hpctrain goodput` adds them up to the allocated
-    device-seconds, the killed job's lost steps beyond its recorded seconds."""
+    the resume's 13 steps redone, at its records' median step time; `hpctrain goodput` adds
+    them up to the allocated device-seconds, the killed job's lost steps beyond its recorded
+    seconds."""
     script = tmp_path / "killed.py"
     script.write_text(KILLED.format(fixtures=str(FIXTURES)))
     checks = 3  # the samples the checks before training read (the first, middle and last)
     done = subprocess.run([sys.executable, str(script), str(tmp_path), str(
         checks + 33 * 16 + 5)], capture_output=True, text=True, timeout=240)
     assert done.returncode == -9, done.stderr[-2000:]
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text()
+               .splitlines()]  # the killed job's, before the resume forgets those after 20
+    took = {r["step"]: r["seconds_per_step"] for r in records if r["kind"] == "train"}
     sys.path.insert(0, str(FIXTURES))
     from lit_classifier import LitClassifier, blobs
 
@@ -95,7 +100,9 @@ def test_a_job_killed_without_a_word_is_accounted_with_the_steps_it_trained_agai
     assert code == 0, err
     made = json.loads(out)
     killed, resumed = starts
-    assert killed["redone_seconds"] == pytest.approx(13 * killed["split"]["training"] / 20)
+    # the 13 steps at the median step time of the killed job's records forgotten
+    assert killed["redone_seconds"] == pytest.approx(
+        13 * statistics.median(took[s] for s in range(21, 34)))
     assert made["device_seconds"]["lost_work"] == killed["redone_seconds"]
     assert made["allocated_device_seconds"] == pytest.approx(
         killed["seconds"] + resumed["seconds"])  # the killed one's with its redone steps
@@ -177,3 +184,36 @@ def test_what_goodput_and_the_auto_interval_cannot_take_is_one_line(tmp_path, ru
                            "checkpoint.every_steps=5")
     assert code == 2 and "checkpoint.every=auto chooses the interval: leave " \
         "checkpoint.every_steps out" in err
+
+
+def test_the_account_takes_the_allocated_seconds_from_the_scheduler_where_it_has_them():
+    """Job 7 ran twice (Slurm requeued it), job 9 continued it on 4 GPUs with 2 processes,
+    and ran once more without reaching hpctrain (cancelled in its script). The scheduler's
+    seconds are allocated; what the run's records do not cover is `unrecorded`; the gaps
+    between jobs are the scheduler's; a job whose processes outlived the scheduler's end (a
+    cancel's grace) counts its own longer time."""
+    split = {"startup": 2.0, "training": 10.0, "data_wait": 1.0, "evaluation": 1.5,
+             "checkpoint": 0.5, "steps": 100}
+    record = {"starts": [
+        {"job_id": "7", "claimed": 102.5, "seconds": 20.0, "world_size": 1, "split": split},
+        {"job_id": "7", "claimed": 200.2, "seconds": 30.0, "world_size": 1, "split": split},
+        {"job_id": "9", "claimed": 300.0, "seconds": 15.0, "world_size": 2, "split": split}]}
+    held = [{"id": "7", "start": 100.0, "end": 123.0, "devices": None},
+            {"id": "7", "start": 198.0, "end": 230.0, "devices": None},
+            {"id": "9", "start": 299.0, "end": 309.0, "devices": 4},
+            {"id": "9", "start": 400.0, "end": 405.0, "devices": 4}]
+    made = account(record, held)
+    assert made.jobs == 4 and made.source == "the scheduler's accounting"
+    assert made.scheduler == 23 + 32 + 10 * 4 + 5 * 4
+    assert made.recorded == 20 + 30 + 15 * 2
+    assert made.allocated == 23 + 32 + 40 + 20  # job 9: 4 GPUs x 10 s > 2 processes x 15 s
+    assert made.phases["unrecorded"] == 3 + 2 + (40 - 30) + 20
+    assert sum(made.phases.values()) == pytest.approx(made.allocated)
+    assert made.between_jobs == (198 - 123) + (299 - 230) + (400 - 309)
+    assert made.phases["productive"] == 9.0 * (1 + 1 + 2)
+    outlived = account({"starts": [{"job_id": "5", "claimed": 10.0, "seconds": 9.0}]},
+                       [{"id": "5", "start": 10.0, "end": 16.0, "devices": None}])
+    assert outlived.allocated == 9.0 and outlived.phases["unrecorded"] == 0.0
+    running = account({"starts": []}, [{"id": "3", "start": 10.0, "end": None,
+                                        "devices": 1}], now=25.0)
+    assert running.allocated == 15.0 == running.phases["unrecorded"]

@@ -5,6 +5,7 @@ import json
 import re
 import shutil
 import site
+import statistics
 import subprocess
 import sys
 import time
@@ -193,6 +194,24 @@ def test_jobs_lists_and_cancel_stops_a_running_job(slurm_cluster, home, run_cli,
     assert job.chain() == [job.id]  # cancelled means stopped: no continuation
 
 
+def _accounted(job: Job) -> None:
+    """Back once accounting has the job's end: it hears of it a little after the queue."""
+    deadline = time.monotonic() + 30
+    while (slurm.accounting(job.id) or {}).get("state") != "COMPLETED":
+        assert time.monotonic() < deadline, slurm.accounting(job.id)
+        time.sleep(0.2)
+
+
+def _usr1_to_the_batch_shell(job: Job) -> None:
+    """USR1 to the job's batch shell only, which passes it on; back once the run saved and
+    its script submitted the continuation."""
+    subprocess.run(["scancel", "--batch", "--signal=USR1", job.id], check=True)
+    deadline = time.monotonic() + 120
+    while len(job.chain()) < 2:
+        assert time.monotonic() < deadline, job.logs(err=True)[-2000:]
+        time.sleep(0.2)
+
+
 @pytest.mark.slurm
 def test_usr1_to_the_batch_shell_or_the_steps_continues_the_run_whose_figures_add_up(
         slurm_cluster, home, tiny, run_cli, tmp_path):
@@ -204,11 +223,7 @@ def test_usr1_to_the_batch_shell_or_the_steps_continues_the_run_whose_figures_ad
                                  "train.max_steps=800", "train.log_every=7",
                                  "checkpoint.every_steps=100000"), gpus=1, time_limit="10")
     running(job)
-    subprocess.run(["scancel", "--batch", "--signal=USR1", job.id], check=True)
-    deadline = time.monotonic() + 120
-    while len(job.chain()) < 2:
-        assert time.monotonic() < deadline, job.logs(err=True)[-2000:]
-        time.sleep(0.2)
+    _usr1_to_the_batch_shell(job)
     running(job, records=3)
     slurm.cancel(job.chain()[1], signal="USR1")
     assert job.wait(timeout=400, poll=0.2) == "COMPLETED", job.logs(err=True)[-3000:]
@@ -316,6 +331,86 @@ def test_a_job_stopped_during_start_up_counts_in_every_figure_after_submit_resum
     assert row["jobs"] == [first.id, second.id, third.id]
     assert row["device_hours"] == summary["device_hours"]
     assert row["wall_seconds"] == summary["wall_seconds"]
+
+
+def _saved_steps(run_dir: Path) -> list[int]:
+    return [int(c.name.split("_")[1]) for c in list_checkpoints(run_dir / "checkpoints")]
+
+
+def _train_records(run_dir: Path) -> list[dict]:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in records if r["kind"] == "train"]
+
+
+def _kill_after_a_checkpoint(job: Job, marker: str, after: int) -> None:
+    """SIGKILL to the run of `job` once it has saved past step `after` and logged two
+    training records beyond that save."""
+    deadline = time.monotonic() + 180
+    while True:
+        assert time.monotonic() < deadline, job.logs(err=True)[-2000:]
+        saved = max(_saved_steps(job.run_dir), default=0)
+        if saved > after and sum(r["step"] > saved for r in _train_records(job.run_dir)) >= 2:
+            break
+        time.sleep(0.05)
+    for proc in hpctrain_processes(marker):
+        subprocess.run(["kill", "-9", proc.name], check=False)
+
+
+@pytest.mark.slurm
+def test_goodput_explains_what_slurm_allocated_a_chain_stopped_once_and_killed_once(
+        slurm_accounting_cluster, home, tiny, run_cli):
+    """Three jobs of one run: the first stopped by USR1 (saved, continued in a new job), the
+    second killed with SIGKILL after a checkpoint (no word, no save), the third submitted
+    with resume=DIR to the end. `hpctrain goodput JOB` reads sacct's account of the chain:
+    its allocated device-seconds are sacct's (to within its whole seconds); the run's own
+    records explain all but the jobs' scripts and launches; the work lost to the kill is
+    the steps redone at the median step time of the killed job's records after its last
+    checkpoint (read here before the resume forgets them); the queue gaps are sacct's."""
+    base = ("data.num_workers=0", "train.max_steps=600", "train.log_every=5",
+            "checkpoint.every_steps=60")
+    first = submit("default", tiny("run_name=goodput", *base), gpus=1, time_limit="10")
+    marker = f"run_name={first.run_dir.name}"
+    running(first)
+    _usr1_to_the_batch_shell(first)
+    second = Job(first.chain()[1], first.run_dir)
+    (stopped,) = stop_steps(first)
+    _kill_after_a_checkpoint(second, marker, stopped)
+    assert second.wait(timeout=60, poll=0.2) == "FAILED"
+    resumed_from = max(_saved_steps(first.run_dir))
+    killed = [r for r in _train_records(first.run_dir) if r["step"] > resumed_from]
+    redone = killed[-1]["step"] - resumed_from
+    third = submit("default", tiny(f"resume={first.run_dir}", *base), gpus=1, time_limit="10")
+    assert third.wait(timeout=300, poll=0.2) == "COMPLETED", third.logs(err=True)[-3000:]
+    _accounted(third)
+    code, out, err = run_cli("goodput", first.id, "--json")
+    assert code == 0, err
+    made = json.loads(out)
+    ids = [first.id, second.id, third.id]
+    runs = subprocess.run(["sacct", "-n", "-P", "-X", "-D", "-j", ",".join(ids), "-o",
+                           "JobID,ElapsedRaw"], capture_output=True, text=True, check=True)
+    allocated = sum(int(line.split("|")[1]) for line in runs.stdout.split())
+    assert made["source"] == "the scheduler's accounting" and made["jobs"] == 3
+    assert made["scheduler_device_seconds"] == allocated
+    # sacct counts whole seconds: each job's figure is within 1 s of the run's own
+    assert abs(made["allocated_device_seconds"] - allocated) <= max(0.01 * allocated, len(ids))
+    assert sum(made["device_seconds"].values()) == pytest.approx(
+        made["allocated_device_seconds"])
+    # each job's script, srun's launch and the interpreter's start before hpctrain's clock,
+    # and sacct's whole seconds: under 2 s a job
+    assert made["device_seconds"]["unrecorded"] < 2 * len(ids)
+    assert made["redone_steps"] == redone > 0
+    median = statistics.median(r["seconds_per_step"] for r in killed)
+    assert made["device_seconds"]["lost_work"] == pytest.approx(redone * median, rel=0.02)
+    gaps = [datetime.fromisoformat(slurm.job_details(later)[0]["StartTime"]) -
+            datetime.fromisoformat(slurm.job_details(before)[0]["EndTime"])
+            for before, later in zip(ids, ids[1:])]
+    assert made["gaps_seconds"] == [g.total_seconds() for g in gaps]
+    assert made["between_jobs_seconds"] == sum(made["gaps_seconds"])
+    code, out, _ = run_cli("goodput", str(first.run_dir))
+    assert code == 0 and "from the scheduler's accounting" in out
+    assert "outside the run's records" in out
+    assert f"the scheduler counts {allocated:,.1f} device-seconds for jobs " \
+        f"{', '.join(sorted(ids))}" in out
 
 
 @pytest.mark.slurm

@@ -70,41 +70,69 @@ def add_verbs(verbs) -> None:
 
 def _add_goodput(verbs) -> None:
     goodput = make_verb(verbs, "goodput", "where a run's device-seconds went: training, "
-                        "data wait, evaluation, checkpoints, start-up, work lost to stops",
+                        "data wait, evaluation, checkpoints, start-up, work lost to stops, "
+                        "against the scheduler's accounting where it keeps one",
                         "examples:\n  hpctrain goodput runs/default-20261127-101500\n"
-                        "  hpctrain goodput rn50 --json", cmd_goodput)
-    goodput.add_argument("run", help="run folder, or its name or id in the runs index")
+                        "  hpctrain goodput rn50 --json\n"
+                        "  hpctrain goodput 123456    (a job you submitted, or one of its "
+                        "chain)", cmd_goodput)
+    goodput.add_argument("run", help="run folder, its name or id in the runs index, or the id "
+                         "of a job submitted with hpctrain submit")
     goodput.add_argument("--db", help="the runs index where RUN is a name or id")
     goodput.add_argument("--json", action="store_true")
 
 
 def cmd_goodput(args) -> int:
-    from hpctrain.runs.goodput import DESCRIBED, account
+    from hpctrain.cluster.jobs import allocations
+    from hpctrain.runs.goodput import DESCRIBED, SCHEDULER, account
     from hpctrain.runs.identity import read_identity
 
-    folder = _run_folder(args.run, args.db)
+    folder = _goodput_folder(args.run, args.db)
     record, damage = read_identity(folder)
     if record is None:
         raise ConfigError(f"{folder}: {damage or 'no run.json: not a run directory of hpctrain'}")
-    made = account(record)
+    job_ids = sorted({s["job_id"] for s in record["starts"] if s.get("job_id")})
+    made = account(record, allocations(job_ids) if job_ids else None)
     if args.json:
         print(json.dumps({"run": str(folder), **made.as_dict()}, indent=2))
         return 0
     table = Table(title=f"{folder}: {made.jobs} job(s), {made.allocated:,.1f} device-seconds "
-                        f"({made.allocated / 3600:.4f} device-hours)")
+                        f"({made.allocated / 3600:.4f} device-hours), from {made.source}")
     for column in ("where", "device-seconds", "share"):
         table.add_column(column, justify="left" if column == "where" else "right")
     for phase, seconds in made.phases.items():
+        if phase == "unrecorded" and made.source != SCHEDULER:
+            continue  # nothing to compare the records with
         table.add_row(DESCRIBED[phase], f"{seconds:,.1f}",
                       f"{seconds / made.allocated:.1%}" if made.allocated else "-")
     Console(width=100).print(table)
     print(f"goodput {made.goodput:.1%}" if made.goodput is not None else "goodput -",
           f"(training steps over allocated); {made.redone_steps} steps redone after stops;",
           f"{made.between_jobs:,.1f} s between jobs (queue, requeue: no device held)")
+    if made.scheduler is not None:
+        print(f"  the scheduler counts {made.scheduler:,.1f} device-seconds for jobs "
+              f"{', '.join(job_ids)}; the run's own records {made.recorded:,.1f}")
+    elif job_ids:
+        print(f"  jobs {', '.join(job_ids)}: no scheduler accounting to read here (none "
+              "kept, or its command absent): the run's own records alone")
     if made.unaccounted_jobs:
         print(f"  {made.unaccounted_jobs} job(s) left no seconds (written by an older "
               "hpctrain): not in the figures")
     return 0
+
+
+def _goodput_folder(reference: str, db: str | None) -> Path:
+    """The run of `reference`: a folder, a name or id in the runs index, or a job id that
+    hpctrain submitted (any job of its chain)."""
+    if re.fullmatch(r"\d+(_\d+)?", reference) and not Path(reference).is_dir():
+        from hpctrain.cluster.jobs import Job
+
+        run_dir = Job(reference).run_dir
+        if run_dir is None:
+            raise ConfigError(f"job {reference}: not one that hpctrain submitted from this "
+                              "account (no run directory remembered): give its run folder")
+        return run_dir
+    return _run_folder(reference, db)
 
 
 def _common(parser) -> None:

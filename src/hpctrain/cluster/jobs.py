@@ -385,3 +385,12 @@ def find_logs(job_or_text) -> list[Path]:
             if text in log.read_text(errors="replace"):
                 found.append(log)
     return found
+
+
+def allocations(job_ids: list[str]) -> list[dict] | None:
+    """The scheduler's account of these jobs' every run (Scheduler.allocations), for
+    `hpctrain goodput`; None where it keeps none or is not here to ask."""
+    try:
+        return scheduler_of().allocations(job_ids)
+    except ClusterError:
+        return None

@@ -12,6 +12,7 @@ deadline; the requeue left to the batch script through the exit status).
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -194,11 +195,13 @@ QUEUE_FIELDS = ("id", "name", "state", "elapsed", "time_left", "nodes", "reason"
 QUEUE_FORMAT = "%i|%j|%T|%M|%L|%D|%R"
 
 
-def run(args: list[str], check: bool = True) -> subprocess.CompletedProcess:
+def run(args: list[str], check: bool = True,
+        env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
     if shutil.which(args[0]) is None:
         raise ClusterError(f"'{args[0]}' is not on PATH: is this a Slurm login node? (On a "
                            "cluster, load its Slurm module; elsewhere use hpctrain run.)")
-    done = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(args, capture_output=True, text=True, timeout=120,
+                          env=None if env is None else {**os.environ, **env})
     if check and done.returncode != 0:
         message = (done.stderr or done.stdout).strip() or f"exit status {done.returncode}"
         raise ClusterError(f"{' '.join(args[:2])} failed: {message}")
@@ -286,6 +289,31 @@ def accounting(job_id: str) -> dict | None:
     fields = ("id", "name", "state", "exit_code", "elapsed", "start", "end")
     record = dict(zip(fields, done.stdout.splitlines()[-1].split("|")))
     return {**record, "state": state(record.get("state", UNKNOWN))}
+
+
+def allocations(job_ids: list[str]) -> list[dict] | None:
+    """Every run of each job as accounting has it, a requeued job's every run too (-D: each
+    requeue runs again under the same id), in the order they started: {id, start, end,
+    devices, state}, start and end in epoch seconds (end None while it runs), devices the
+    GPUs allocated (None where the job has none: a CPU job). None without accounting. Runs
+    that never started (pending) are left out."""
+    if not job_ids or shutil.which("sacct") is None:
+        return None
+    done = run(["sacct", "-n", "-P", "-X", "-D", "-j", ",".join(job_ids), "-o",
+                "JobID,State,Start,End,AllocTRES"], check=False,
+               env={"SLURM_TIME_FORMAT": "%s"})  # epoch seconds, whatever the locale
+    if done.returncode != 0:
+        return None  # "Slurm accounting storage is disabled"
+    found = []
+    for line in done.stdout.splitlines():
+        job_id, words, start, end, tres = (line.split("|") + [""] * 5)[:5]
+        if not start.isdigit():
+            continue
+        gpus = re.search(r"gres/gpu(?::[^=,]+)?=(\d+)", tres)
+        found.append({"id": job_id, "state": state(words), "start": float(start),
+                      "end": float(end) if end.isdigit() else None,
+                      "devices": int(gpus.group(1)) if gpus else None})
+    return sorted(found, key=lambda a: a["start"])
 
 
 def cancel(job_id: str, signal: str | None = None) -> None:

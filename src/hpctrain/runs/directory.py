@@ -75,6 +75,7 @@ METRIC_RULES = {
     "memory_used_bytes": list_of(optional(COUNT)), "utilization": list_of(optional(FINITE)),
     "power_watts": list_of(optional(FINITE)), "step_seconds": list_of(AMOUNT),
     "utilization_mean": optional(FINITE), "power_watts_total": optional(FINITE),
+    "seconds_per_step": optional(AMOUNT),
 }
 # the user's state folder ($XDG_STATE_HOME/hpctrain, ~/.local/state/hpctrain by default)
 LEDGER = "jobs.jsonl"

@@ -3,30 +3,47 @@ of the run (each start, also one that died without a word) with its seconds, its
 its seconds by phase (written at every checkpoint and when the job ends: bookkeeping.Clock),
 each start's `redone_steps`, the steps the job before it trained after the checkpoint it
 resumed from (counted from the records it forgot, not guessed), and that job's
-`redone_seconds`, those steps at its own mean step time, which its seconds include.
+`redone_seconds`, those steps at the median step time of those records, which its seconds
+include.
 
 The phases of a job's device-seconds (`PHASES`): productive training steps; the steps' wait
 for data; evaluation; the part of checkpoint saves the training waited for; start-up
 (imports, the build, a resume's load, up to the training loop); work lost to a stop (the
-steps redone, at the job's own mean step time: a job killed without a word trained them
-after its last record, and the start that does them again adds them to its seconds); the
-rest (shutdown, and the logging interval under way at a job's last record). Goodput is
-productive over allocated. The wall time between one job's end and the next one's start
-(queue, requeue) is told beside, not counted as allocated: no device is held then. Figures
-from the scheduler's accounting are not read yet.
+steps redone: a job killed without a word trained them after its last checkpoint, and the
+start that does them again adds them to its seconds); the rest (shutdown, and the logging
+interval under way at a job's last record). Goodput is productive over allocated. The wall
+time between one job's end and the next one's start (queue, requeue) is told beside, not
+counted as allocated: no device is held then.
+
+With the scheduler's accounting (`allocations`: every run of the run's jobs, requeued ones
+too, as the scheduler's accounting has them), a job's allocated seconds are the scheduler's, start to end, times
+its GPUs (its processes where it has none), and what the run's records do not cover is a
+phase of its own, `unrecorded`: the job's script and launch before hpctrain started and
+after it ended, GPUs allocated that the run started no process on, the end of a job killed
+without a word after its last heartbeat, a run of the job that never reached hpctrain. A
+job whose processes outlived the scheduler's end (a cancel's grace to save: Slurm stops the
+clock at the cancel) counts the longer of the two; one the scheduler still counts as
+running (its accounting hears of an end a little after the queue does) counts to now. The
+gaps between jobs are then the scheduler's own.
 """
+
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 PHASES = ("productive", "data_wait", "evaluation", "checkpoint", "startup", "lost_work",
-          "other")
+          "other", "unrecorded")
 DESCRIBED = {"productive": "training steps", "data_wait": "steps waiting for data",
              "evaluation": "evaluation", "checkpoint": "checkpoint saves (blocking)",
              "startup": "start-up (imports, build, resume's load)",
              "lost_work": "work lost to stops (steps redone)",
-             "other": "shutdown, and the rest"}
+             "other": "shutdown, and the rest",
+             "unrecorded": "in the job, outside the run's records (script, launch, GPUs "
+                           "unused)"}
+SCHEDULER, RECORDS = "the scheduler's accounting", "the run's own records"
+ROUNDING = 2.0  # seconds: accounting's whole seconds, against a start's time in fractions
 
 
 @dataclass
@@ -36,9 +53,16 @@ class Account:
     jobs: int = 0
     allocated: float = 0.0  # device-seconds of every job
     phases: dict = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
-    between_jobs: float = 0.0  # wall seconds from a job's end to the next one's start
+    gaps: list = field(default_factory=list)  # wall seconds from each job's end to the next
     unaccounted_jobs: int = 0  # jobs that left no seconds (run.json of an older hpctrain)
     redone_steps: int = 0
+    source: str = RECORDS  # where the jobs' allocated seconds come from
+    recorded: float = 0.0  # device-seconds of the run's own records, for the comparison
+    scheduler: float | None = None  # device-seconds the scheduler reports for the jobs
+
+    @property
+    def between_jobs(self) -> float:
+        return sum(self.gaps)
 
     @property
     def goodput(self) -> float | None:
@@ -50,31 +74,97 @@ class Account:
                 "shares": {phase: seconds / self.allocated if self.allocated else None
                            for phase, seconds in self.phases.items()},
                 "goodput": self.goodput, "between_jobs_seconds": self.between_jobs,
+                "gaps_seconds": list(self.gaps),
                 "redone_steps": self.redone_steps, "jobs_without_seconds":
-                self.unaccounted_jobs}
+                self.unaccounted_jobs, "source": self.source,
+                "recorded_device_seconds": self.recorded,
+                "scheduler_device_seconds": self.scheduler}
 
 
-def account(record: dict) -> Account:
-    """The account of run.json's `record` (read through runs.identity.read_identity)."""
+@dataclass
+class _Job:
+    """One job as the run recorded it (`start`, run.json's) and as the scheduler did
+    (`held`: one of `allocations`); either may be missing."""
+
+    start: dict | None
+    held: dict | None
+
+    def span(self, now: float) -> tuple[float, float] | None:
+        """(began, ended) in epoch seconds: the scheduler's, else the run's."""
+        if self.held is not None:
+            return self.held["start"], self.held["end"] or now
+        began = _began(self.start)
+        seconds = self.start.get("seconds")
+        return None if seconds is None else (began, began + seconds)
+
+
+def account(record: dict, allocations: list[dict] | None = None,
+            now: float | None = None) -> Account:
+    """The account of run.json's `record` (read through runs.identity.read_identity), with the
+    scheduler's `allocations` of its jobs where there are any (cluster.jobs.allocations)."""
     starts = [start for start in record.get("starts", []) if isinstance(start, dict)]
-    out = Account(jobs=len(starts))
-    for number, start in enumerate(starts):
-        later = starts[number + 1] if number + 1 < len(starts) else None
-        out.redone_steps += start.get("redone_steps") or 0
-        seconds = start.get("seconds")
-        if seconds is None:
-            out.unaccounted_jobs += 1
-            continue
-        devices = start.get("world_size") or 1
-        out.allocated += seconds * devices
+    jobs = _matched(starts, allocations or [])
+    now = time.time() if now is None else now
+    out = Account(jobs=len(jobs))
+    if allocations:
+        out.source, out.scheduler = SCHEDULER, 0.0
+    for job in jobs:
+        _count(out, job, now)
+    spans = [span for span in (job.span(now) for job in jobs) if span is not None]
+    out.gaps = [max(0.0, began - ended) for (_, ended), (began, _) in zip(spans, spans[1:])]
+    return out
+
+
+def _matched(starts: list[dict], allocations: list[dict]) -> list[_Job]:
+    """Each start beside the scheduler's run of its job that it began in (the last one of its
+    job id started before it), in the order they began; a run of the scheduler's that no
+    start began in stands alone (it never reached hpctrain)."""
+    free = list(allocations)
+    jobs = []
+    for start in starts:
+        began = _began(start)
+        mine = [a for a in free if a["id"] == start.get("job_id") and
+                a["start"] <= began + ROUNDING]
+        held = mine[-1] if mine else None
+        if held is not None:
+            free.remove(held)
+        jobs.append(_Job(start, held))
+    jobs += [_Job(None, held) for held in free]
+    return sorted(jobs, key=lambda job: job.held["start"] if job.held is not None else
+                  _began(job.start))
+
+
+def _began(start: dict) -> float:
+    """When a start began: when it claimed the run (its lock), else when it was recorded."""
+    claimed = start.get("claimed")
+    return claimed if claimed is not None else start.get("time") or 0.0
+
+
+def _count(out: Account, job: _Job, now: float) -> None:
+    """One job into the account: its phases from its split, for the devices it used; its
+    allocated seconds the scheduler's where known, for the devices it was given, and the
+    difference `unrecorded`."""
+    start = job.start or {}
+    out.redone_steps += start.get("redone_steps") or 0
+    seconds = start.get("seconds")
+    if seconds is None and job.held is None:
+        out.unaccounted_jobs += 1
+        return
+    used = start.get("world_size") or 1
+    own = (seconds or 0.0) * used
+    out.recorded += own
+    total = own
+    if job.held is not None:
+        given = job.held.get("devices") or used
+        scheduled = (job.held["end"] or now) - job.held["start"]
+        out.scheduler += scheduled * given
+        total = max(scheduled * given, own)
+        out.phases["unrecorded"] += total - own
+    out.allocated += total
+    if seconds is not None:
         for phase, spent in _job_phases(seconds, start.get("split") or {},
                                         start.get("redone_seconds") or 0.0).items():
-            out.phases[phase] += spent * devices
-        if later is not None:
-            began = start.get("claimed") or start.get("time")
-            follows = later.get("claimed") or later.get("time")
-            out.between_jobs += max(0.0, follows - began - seconds)
-    return out
+            out.phases[phase] += spent * used
 
 
 def _job_phases(seconds: float, split: dict, redone_seconds: float) -> dict:

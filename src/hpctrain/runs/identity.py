@@ -87,11 +87,14 @@ def git_commit(folder: Path) -> str | None:
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
-def record_start(run_dir: Path, config: dict, start: dict, lost: dict | None = None) -> dict:
+def record_start(run_dir: Path, config: dict, start: dict, lost: dict | None = None,
+                 redone_seconds: float | None = None) -> dict:
     """Create or extend run.json with this start (`start`: time, claimed, job_id, hosts,
     world_size, gpu_model, gpus, launcher); the whole record. Written atomically. `lost`: the
     start whose lock this one took over (claimed, job_id, restart, host, last_beat), which
-    died without a word: added when it never reported, given its seconds when it had none."""
+    died without a word: added when it never reported, given its seconds when it had none.
+    `redone_seconds`: what the start's `redone_steps` took the job before, from its records.
+    """
     run = RunDir(run_dir)
     record, damage = read_identity(run_dir)
     if damage is not None:  # kept, not overwritten: the new record starts afresh
@@ -104,29 +107,32 @@ def record_start(run_dir: Path, config: dict, start: dict, lost: dict | None = N
     start.pop("cluster", None)
     record["config_hash"] = config_hash(config)
     record["starts"] = [*record.get("starts", [])]
+    if start.get("redone_steps") and record["starts"]:
+        _add_redone(record["starts"][-1], start["redone_steps"], redone_seconds)
     if lost is not None:
         _account_for(record["starts"], lost)
-    if start.get("redone_steps") and record["starts"]:
-        _add_redone(record["starts"][-1], start["redone_steps"])
     record["starts"].append(start)
     _write(run, record)
     return record
 
 
-def _add_redone(before: dict, steps: int) -> None:
+def _add_redone(before: dict, steps: int, seconds: float | None) -> None:
     """The steps the job before trained after its last checkpoint, which this start does
     again: it died after its last record (a stop saves where it stops), so it held its
-    devices that much longer than its seconds say; added to them, at its own mean step
-    time (`redone_seconds`), so the run's time and device-hours count them."""
+    devices that much longer than its seconds say; added to them (`redone_seconds`), so the
+    run's time and device-hours count them. `seconds`: what they took, from that job's own
+    records; None (records of an older hpctrain): its mean step time."""
     split = before.get("split") if isinstance(before.get("split"), dict) else {}
     trained, training = split.get("steps"), split.get("training")
-    if not (COUNT.holds(trained) and trained and AMOUNT.holds(training)) or \
-            _number(before.get("seconds")) is None:
-        return  # a job of an older hpctrain: its step time is not known
-    extra = steps * training / trained
-    before.update(seconds=before["seconds"] + extra, redone_seconds=extra)
+    if _number(before.get("seconds")) is None:
+        return
+    if seconds is None:
+        if not (COUNT.holds(trained) and trained and AMOUNT.holds(training)):
+            return  # a job of an older hpctrain: its step time is not known
+        seconds = steps * training / trained
+    before.update(seconds=before["seconds"] + seconds, redone_seconds=seconds)
     if _number(before.get("device_hours")) is not None and COUNT.holds(before.get("world_size")):
-        before["device_hours"] += extra * before["world_size"] / 3600
+        before["device_hours"] += seconds * before["world_size"] / 3600
 
 
 def record_job(run_dir: Path, number: int, seconds: float, device_hours: float,
@@ -148,8 +154,8 @@ def record_job(run_dir: Path, number: int, seconds: float, device_hours: float,
 def _account_for(starts: list, lost: dict) -> None:
     """The start that died without a word (kill -9, a lost node) and left its lock behind:
     it lived at least until the lock's last heartbeat (touched every HEARTBEAT_SECONDS). One
-    that never reported (killed during start-up) is added; one that reported but saved no
-    figures gets those seconds."""
+    that never reported (killed during start-up) is added; one that reported fewer seconds
+    (its last checkpoint's, and the steps redone after it) gets those."""
     lived = max(0.0, lost["last_beat"] - lost["claimed"])
     own = next((s for s in starts if isinstance(s, dict) and
                 s.get("claimed") == lost["claimed"]), None)
@@ -159,7 +165,7 @@ def _account_for(starts: list, lost: dict) -> None:
                        "job_id": lost["job_id"], "restart": lost["restart"],
                        "hosts": [lost["host"]], "seconds": lived,
                        "lost": "during start-up, before it reported: " + said})
-    elif _number(own.get("seconds")) is None:
+    elif _number(own.get("seconds")) is None or own["seconds"] < lived:
         own.update(seconds=lived, lost=said, device_hours=lived * own["world_size"] / 3600
                    if COUNT.holds(own.get("world_size")) else None)
 

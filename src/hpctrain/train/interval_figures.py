@@ -69,7 +69,8 @@ def report_interval(parts: Parts, progress: Progress, metrics: RunningMetrics,
     _stop_if_nan_too_long(parts, progress, values.pop("all_nonfinite"), steps, lr)
     spec = parts.config.task_spec
     record = {"loss": values["loss"], "lr": lr, "epoch": progress.step / parts.steps_per_epoch,
-              **rates, "data_wait_fraction": data_wait,
+              **rates, "seconds_per_step": seconds / steps if steps else None,
+              "data_wait_fraction": data_wait,
               **{spec.figure_name("train", name): value  # the task's own
                  for name, value in values.items()
                  if name not in ("loss", "units", "padding_fraction")}}

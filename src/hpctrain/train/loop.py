@@ -137,10 +137,10 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
     eval_every, ckpt_every = _every(parts)
     metrics = RunningMetrics(parts.device, parts.task)
     figures = micro_batch_figures(parts, metrics)
-    interval = Interval()
     watchdog = Watchdog(parts.config.monitor.low_utilization, parts.config.monitor.low_intervals,
                         parts.config.name)
     _begin(parts, progress, clock, telemetry, stopper, metrics, eval_every)
+    interval = Interval()  # after the start-up and an owed evaluation: each counted once
 
     while progress.step < parts.total_steps and progress.stopped_early is None:
         if progress.step % parts.steps_per_epoch == 0:

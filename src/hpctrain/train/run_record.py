@@ -52,7 +52,8 @@ def announce(parts: Parts, progress: Progress, clock: Clock, telemetry: Telemetr
                         (run.identity, lambda: identity.update(record_start(
                             parts.run_dir, parts.config.model_dump(mode="json"),
                             {**run_summary.start_record(parts),
-                             "redone_steps": telemetry.redone_steps}, _lost_start(parts))))):
+                             "redone_steps": telemetry.redone_steps}, _lost_start(parts),
+                            telemetry.redone_seconds)))):
         try:
             write()
         except OSError as err:

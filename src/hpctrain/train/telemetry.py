@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -36,12 +37,14 @@ class Telemetry:
         self.sinks = []
         self.progress = None
         self.redone_steps = 0  # steps a job before this one trained after the checkpoint
+        self.redone_seconds: float | None = None  # what they took it, from its records
         if not enabled:
             return
         self.metrics = RunDir(run_dir).metrics
         try:
             run_dir.mkdir(parents=True, exist_ok=True)  # the run exists once it reports
-            self.redone_steps = forget_lost_records(self.metrics, start_step, saved_bytes)
+            self.redone_steps, self.redone_seconds = forget_lost_records(
+                self.metrics, start_step, saved_bytes)
             self.metrics_file = open_appending(self.metrics)
         except OSError as err:
             raise cannot_write(self.metrics, err, KEEP_GOING) from None
@@ -127,7 +130,8 @@ class Telemetry:
             pass
 
 
-def forget_lost_records(metrics: Path, step: int, saved_bytes: int | None) -> int:
+def forget_lost_records(metrics: Path, step: int,
+                        saved_bytes: int | None) -> tuple[int, float | None]:
     """At a start, forget what was logged after the checkpoint it resumes from: those steps
     and evaluations run again, and metrics.jsonl then tells each once. Where the checkpoint
     recorded the file's size, the file is cut back to it, which is exact: also an evaluation
@@ -135,8 +139,11 @@ def forget_lost_records(metrics: Path, step: int, saved_bytes: int | None) -> in
     otherwise leave it twice). A start without a checkpoint keeps nothing: what is there was
     logged by a job killed before its first save. A checkpoint of an older hpctrain: every
     record after its step is dropped. Returns the steps trained after the checkpoint that
-    are done again: to the last one a training record forgotten tells (at least that many:
-    the steps after the last record are not known)."""
+    are done again, to the last one a training record forgotten tells (at least that many:
+    the steps after the last record are not known), and the seconds they took: that many
+    steps at the median `seconds_per_step` of the records forgotten (the median: an interval
+    that held a save or a slow first step does not stretch them; None: records of an older
+    hpctrain)."""
     size = 0 if step == 0 else saved_bytes
     if size is not None and _line_ends_at(metrics, size):
         forgotten = _lines_from(metrics, size)
@@ -149,8 +156,13 @@ def forget_lost_records(metrics: Path, step: int, saved_bytes: int | None) -> in
         forgotten = drop_records_after(metrics, step)
     else:
         forgotten = []
-    trained = [_train_step(line) for line in forgotten]
-    return max([0, *(int(last) - step for last in trained if last is not None)])
+    trained = [(done, each) for done, each in filter(None, map(_train_record, forgotten))
+               if done > step]
+    redone = trained[-1][0] - step if trained else 0
+    times = [each for _, each in trained]
+    if not trained or None in times:
+        return redone, None if trained else 0.0
+    return redone, redone * statistics.median(times)
 
 
 def _lines_from(metrics: Path, offset: int) -> list[str]:
@@ -160,17 +172,19 @@ def _lines_from(metrics: Path, offset: int) -> list[str]:
         return handle.read(CAPS[METRICS]).decode(errors="replace").splitlines()
 
 
-def _train_step(line: str) -> float | None:
-    """The step of a training record (None: another record, or no record)."""
+def _train_record(line: str) -> tuple[int, float | None] | None:
+    """(step, seconds_per_step) of a training record; None for another record, or no record."""
     try:
         record = parse_json(line)
     except ValueError:
         return None
     if not isinstance(record, dict) or record.get("kind") != "train":
         return None
-    step = record.get("step")
-    return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 \
-        else None
+    step, seconds = record.get("step"), record.get("seconds_per_step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        return None
+    return step, (float(seconds) if isinstance(seconds, (int, float)) and not isinstance(
+        seconds, bool) and math.isfinite(seconds) and seconds >= 0 else None)
 
 
 def _line_ends_at(metrics: Path, size: int) -> bool:
