@@ -6,6 +6,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -43,9 +44,11 @@ def noon(day: str) -> float:
 
 def make_run(root: Path, name: str, user: str, recipe: str, cluster: str, day: str, gpus: int,
              status: str | None, device_hours: float, energy: float | None,
-             evals: list[tuple], jobs: tuple = (), heartbeat: float | None = None) -> Path:
+             evals: list[tuple], jobs: tuple = (), heartbeat: float | None = None,
+             split: tuple[float, float] | None = None) -> Path:
     """A run directory as hpctrain writes it. evals: (step, metric, value, elapsed seconds,
-    device-hours, joules)."""
+    device-hours, joules); split: each job's (seconds, training seconds), the rest start-up
+    (none: a run of an hpctrain before the split)."""
     run = root / name
     run.mkdir(parents=True)
     started = noon(day)
@@ -55,7 +58,9 @@ def make_run(root: Path, name: str, user: str, recipe: str, cluster: str, day: s
         "user": user, "cluster": cluster, "git_commit": "abc123", "config_hash": "f" * 16,
         "starts": [{"time": started, "job_id": job, "world_size": max(gpus, 1),
                     "hosts": ["n1"], "gpu_model": "NVIDIA A100" if gpus else None,
-                    "gpus": gpus} for job in (jobs or (None,))]}))
+                    "gpus": gpus, **({"seconds": split[0], "split": {
+                        "startup": split[0] - split[1], "training": split[1], "steps": 100}}
+                        if split else {})} for job in (jobs or (None,))]}))
     lines = [json.dumps({"kind": "eval", "step": step, "time": started + elapsed, metric: value,
                          "elapsed_seconds": elapsed, "device_hours": hours,
                          "energy_joules": joules})
@@ -83,10 +88,11 @@ def fleet(tmp_path) -> Path:
     root = tmp_path / "runs"
     make_run(root, "a1", "alice", "resnet", "jz", "2026-10-05", 4, "completed", 2.0, 3.6e6,
              [(100, "val_accuracy", 0.90, 600, 1.0, 1.8e6),
-              (200, "val_accuracy", 0.95, 1200, 2.0, 3.6e6)], jobs=("11", "12"))
+              (200, "val_accuracy", 0.95, 1200, 2.0, 3.6e6)], jobs=("11", "12"),
+             split=(900.0, 600.0))  # 2 jobs x 900 s x 4 GPUs: its 2.0 device-hours
     make_run(root, "a2", "alice", "resnet", "jz", "2026-11-02", 8, "completed", 1.0, 7.2e6,
              [(50, "val_accuracy", 0.94, 300, 0.5, 3.6e6),
-              (100, "val_accuracy", 0.96, 600, 1.0, 7.2e6)])
+              (100, "val_accuracy", 0.96, 600, 1.0, 7.2e6)], split=(450.0, 405.0))
     make_run(root, "b1", "bob", "resnet", "grete", "2026-11-10", 4, "failed", 3.0, 1.8e6,
              [(100, "val_accuracy", 0.80, 900, 3.0, 1.8e6)])
     make_run(root, "b2", "bob", "gpt", "grete", "2026-11-12", 0, "completed", 0.5, None,
@@ -128,6 +134,15 @@ def test_usage_is_what_the_run_directories_say(db_url, fleet):
     assert by_recipe["resnet"]["gpu_hours"] == pytest.approx(6.0)
     assert by_recipe["resnet"]["kwh"] == pytest.approx(3.5)
     assert {r["key"]: r["runs"] for r in index.usage("cluster")} == {"jz": 2, "grete": 3}
+    # goodput: productive device-hours over those of the runs that tell them (bob's none)
+    productive = (2 * 600 * 4 + 405 * 8) / 3600
+    assert by_user["alice"]["goodput"] == pytest.approx(productive / 3.0)
+    assert by_user["bob"]["goodput"] is None
+    assert by_recipe["resnet"]["goodput"] == pytest.approx(productive / 3.0)  # b1: no split
+    rows = {r["name"]: r for r in index.runs()}
+    assert rows["a1"]["goodput"] == pytest.approx(600 / 900)
+    assert rows["a1"]["productive_hours"] == pytest.approx(2 * 600 * 4 / 3600)
+    assert rows["b1"]["goodput"] is None and rows["b1"]["productive_hours"] is None
 
 
 def test_the_leaderboard_ranks_the_time_to_target(db_url, fleet):
@@ -317,8 +332,11 @@ def test_the_verbs_print_tables_and_json(fleet, run_cli, tmp_path, private_state
     db = ["--db", str(tmp_path / "cli.sqlite"), "--root", str(fleet)]
     code, out, _ = run_cli("runs", *db)
     assert code == 0 and "5 run(s)" in out and "lost" in out
+    assert "goodput" in out and re.search(r"a1 .* 67% ", out) and re.search(r"a2 .* 90% ", out)
     code, out, _ = run_cli("runs", "usage", "--by", "user", "--json", *db)
     assert code == 0 and {r["key"]: r["runs"] for r in json.loads(out)} == {"alice": 2, "bob": 3}
+    code, out, _ = run_cli("runs", "usage", "--by", "user", *db)
+    assert code == 0 and re.search(r"alice .* 74%", out) and "goodput" in out
     code, out, _ = run_cli("runs", "leaderboard", "resnet", "--target",
                            "best_val_accuracy=0.94", *db)
     assert code == 0 and out.index("a2") < out.index("a1") and "did not reach it: b1" in out

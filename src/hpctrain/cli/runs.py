@@ -286,9 +286,9 @@ def cmd_runs(args) -> int:
         else f"{len(rows)} run(s)"
     table = Table(title=f"{shown} in {index.db.where}")
     for column in ("run", "recipe", "status", "user", "started", "GPUs", "device-h", "kWh",
-                   "best"):
-        table.add_column(column, justify="right" if column in ("GPUs", "device-h", "kWh")
-                         else "left")
+                   "goodput", "best"):
+        table.add_column(column, justify="right" if column in ("GPUs", "device-h", "kWh",
+                                                               "goodput") else "left")
     for r in rows:
         best = f"{r['best_metric'].removeprefix('best_')} {r['best_value']:.4g}" \
             if r["best_metric"] else "-"
@@ -297,7 +297,8 @@ def cmd_runs(args) -> int:
         table.add_row(r["name"], r["recipe"], r["status"] + (" !" if r["problem"] else ""),
                       r["user_name"] or "-", _when(r["started"]), gpus,
                       _num(r["device_hours"], "{:.3f}"),
-                      _num(r["energy_joules"] and r["energy_joules"] / 3.6e6, "{:.3f}"), best)
+                      _num(r["energy_joules"] and r["energy_joules"] / 3.6e6, "{:.3f}"),
+                      _num(r["goodput"], "{:.0%}"), best)
     Console(width=160).print(table)
     problems = [r for r in rows if r["problem"]]
     for r in problems:
@@ -363,12 +364,12 @@ def cmd_runs_usage(args) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     table = Table(title=f"usage by {args.by}")
-    for column in (args.by, "runs", "GPU-hours", "device-hours", "kWh", "failed"):
+    for column in (args.by, "runs", "GPU-hours", "device-hours", "kWh", "failed", "goodput"):
         table.add_column(column, justify="left" if column == args.by else "right")
     for r in rows:
         table.add_row(str(r["key"] or "-"), str(r["runs"]), _num(r["gpu_hours"], "{:.2f}"),
                       _num(r["device_hours"], "{:.2f}"), _num(r["kwh"], "{:.2f}"),
-                      f"{r['failed_share']:.0%}")
+                      f"{r['failed_share']:.0%}", _num(r["goodput"], "{:.0%}"))
     Console(width=160).print(table)
     return 0
 

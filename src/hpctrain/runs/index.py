@@ -37,6 +37,7 @@ COLUMNS = {
     "month": "TEXT", "config_hash": "TEXT", "git_commit": "TEXT", "jobs": "TEXT",
     "gpu_model": "TEXT", "gpu_count": "INTEGER", "world_size": "INTEGER",
     "device_hours": "DOUBLE PRECISION", "energy_joules": "DOUBLE PRECISION",
+    "productive_hours": "DOUBLE PRECISION", "goodput": "DOUBLE PRECISION",
     "energy_source": "TEXT", "best_metric": "TEXT", "best_value": "DOUBLE PRECISION",
     "steps": "INTEGER", "wall_seconds": "DOUBLE PRECISION", "heartbeat": "DOUBLE PRECISION",
     "signature": "TEXT", "folder_mtime": "DOUBLE PRECISION", "summary": "TEXT",
@@ -44,7 +45,7 @@ COLUMNS = {
 }
 EVAL_COLUMNS = ("run_id", "step", "metric", "value", "elapsed_seconds", "device_hours",
                 "energy_joules")
-SCHEMA_VERSION = 2  # raise it with any change of the tables below
+SCHEMA_VERSION = 3  # raise it with any change of the tables below
 # An index's mark: a table of that name (both dialects) and, in SQLite, the header's
 # application id ("hpct"). A database without it is another application's, left untouched.
 MARK_TABLE = "hpctrain_index"
@@ -272,12 +273,16 @@ class Index:
 
     def usage(self, by: str, now: float | None = None) -> list[dict]:
         """Per user, recipe, cluster or month: runs, GPU-hours (device-hours of runs on
-        GPUs), all device-hours, kWh, and the share of runs that failed or were lost."""
+        GPUs), all device-hours, kWh, the share of runs that failed or were lost, and the
+        goodput: the productive device-hours over the device-hours of the runs that tell
+        them (runs of an older hpctrain do not)."""
         key = USAGE_KEYS[by]
         return self.db.rows(
             f"SELECT {key} AS key, COUNT(*) AS runs, "
             "SUM(CASE WHEN gpu_count > 0 THEN device_hours ELSE 0 END) AS gpu_hours, "
             "SUM(device_hours) AS device_hours, SUM(energy_joules) / 3600000.0 AS kwh, "
+            "SUM(productive_hours) / NULLIF(SUM(CASE WHEN productive_hours IS NOT NULL "
+            "THEN device_hours END), 0) AS goodput, "
             "SUM(CASE WHEN state IN ('failed', 'lost') THEN 1 ELSE 0 END) * 1.0 / COUNT(*) "
             "AS failed_share "
             f"FROM (SELECT *, {STATE} AS state FROM runs) AS r "

@@ -19,6 +19,7 @@ from pathlib import Path
 from hpctrain.runs.directory import (CONFIG, IDENTITY, JOB_SCRIPT, METRICS, SUMMARY, RunDir,
                                     modified)
 from hpctrain.readers import COUNT, TEXT
+from hpctrain.runs.goodput import account
 from hpctrain.runs.identity import config_hash, job_chain, read_identity
 
 # a live run touches run.json every minute (identity.Heartbeat); silence this long is a loss
@@ -151,6 +152,7 @@ def scan_run(path: Path) -> tuple[dict, list[tuple]]:
         _number(progress.get("device_hours")),
         "energy_joules": _number(summary.get("energy_joules")) or
         _number(progress.get("energy_joules")),
+        **_goodput(identity),
         "energy_source": _text(summary.get("energy_source")),
         "best_metric": best_metric, "best_value": best_value,
         "steps": _count(summary.get("steps")) if _count(summary.get("steps")) is not None
@@ -164,6 +166,17 @@ def scan_run(path: Path) -> tuple[dict, list[tuple]]:
         "config": json.dumps(config, default=str),
     }
     return row, evaluations(records)
+
+
+def _goodput(identity: dict) -> dict:
+    """The run's productive device-hours and goodput from its own records (runs/goodput.py;
+    the scheduler's accounting is `hpctrain goodput`'s, not a scan's); None where its jobs
+    tell no phases (an older hpctrain)."""
+    made = account(identity)
+    if not made.allocated or made.jobs == made.unaccounted_jobs or not any(
+            isinstance(start, dict) and start.get("split") for start in identity.get("starts", [])):
+        return {"productive_hours": None, "goodput": None}
+    return {"productive_hours": made.phases["productive"] / 3600, "goodput": made.goodput}
 
 
 def _listing(folder: Path) -> set[str]:
