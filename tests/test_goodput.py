@@ -217,3 +217,58 @@ def test_the_account_takes_the_allocated_seconds_from_the_scheduler_where_it_has
     running = account({"starts": []}, [{"id": "3", "start": 10.0, "end": None,
                                         "devices": 1}], now=25.0)
     assert running.allocated == 15.0 == running.phases["unrecorded"]
+
+
+def test_a_save_writing_behind_the_steps_is_counted_apart_from_its_stall(tmp_path, run_cli,
+                                                                        tiny, monkeypatch):
+    """async_save: the save's blocking part is `checkpoint`, and the steps it slows while it
+    writes behind them (here a writer that also keeps the CPU busy for 0.6 s, as a large
+    save's copies and writes do) are `save_dip`, measured against the intervals without a
+    save; productive is what is left of the training time."""
+    import concurrent.futures
+    import threading
+    import time
+
+    import torch.distributed.checkpoint as dcp
+
+    real = dcp.async_save
+
+    def busy_save(*args, **kwargs):
+        inner, done = real(*args, **kwargs), concurrent.futures.Future()
+
+        def write():
+            end = time.monotonic() + 0.6
+            while time.monotonic() < end:
+                sum(range(2000))
+            inner.result()
+            done.set_result(None)
+        threading.Thread(target=write, daemon=True).start()
+        return done
+    monkeypatch.setattr(dcp, "async_save", busy_save)
+    code, _, err = run_cli("run", "default", *tiny(
+        "run_name=dip", "train.max_steps=80", "train.log_every=2", "checkpoint.every_steps=30",
+        "checkpoint.async_save=true", "train.eval_every_epochs=100"))
+    assert code == 0, err
+    run = tmp_path / "runs" / "dip"
+    (start,) = json.loads((run / "run.json").read_text())["starts"]
+    split = start["split"]
+    assert 0 < split["save_dip"] < split["training"] - split["data_wait"]
+    code, out, _ = run_cli("goodput", str(run), "--json")
+    made = json.loads(out)
+    assert made["device_seconds"]["save_dip"] == pytest.approx(split["save_dip"])
+    assert made["device_seconds"]["productive"] == pytest.approx(
+        split["training"] - split["data_wait"] - split["save_dip"])
+    assert sum(made["device_seconds"].values()) == pytest.approx(
+        made["allocated_device_seconds"])
+
+
+def test_the_dip_is_an_interval_s_time_beyond_its_steps_at_the_clean_median():
+    from hpctrain.train.bookkeeping import Clock
+
+    clock = Clock()
+    clock.count_save_dip(3.0, 0.0, 10, 2)  # no clean interval yet: nothing to measure by
+    for seconds in (1.2, 1.3, 1.1):  # 0.2 s of each a wait for data
+        clock.count_save_dip(seconds, 0.2, 10, 0)
+    clock.count_save_dip(1.7, 0.1, 10, 4)  # 1.6 s of computing where 1.0 was usual
+    clock.count_save_dip(0.8, 0.0, 10, 1)  # faster than usual: no negative dip
+    assert clock.save_dip_seconds == pytest.approx(0.6)

@@ -7,7 +7,9 @@ resumed from (counted from the records it forgot, not guessed), and that job's
 include.
 
 The phases of a job's device-seconds (`PHASES`): productive training steps; the steps' wait
-for data; evaluation; the part of checkpoint saves the training waited for; start-up
+for data; evaluation; the part of checkpoint saves the training waited for (with
+`async_save`, the copy to host memory) and, apart, the steps slowed while such a save wrote
+behind them (bookkeeping.Clock.count_save_dip); start-up
 (imports, the build, a resume's load, up to the training loop); work lost to a stop (the
 steps redone: a job killed without a word trained them after its last checkpoint, and the
 start that does them again adds them to its seconds); the rest (shutdown, and the logging
@@ -33,10 +35,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-PHASES = ("productive", "data_wait", "evaluation", "checkpoint", "startup", "lost_work",
-          "other", "unrecorded")
+PHASES = ("productive", "data_wait", "evaluation", "checkpoint", "save_dip", "startup",
+          "lost_work", "other", "unrecorded")
 DESCRIBED = {"productive": "training steps", "data_wait": "steps waiting for data",
              "evaluation": "evaluation", "checkpoint": "checkpoint saves (blocking)",
+             "save_dip": "steps slowed by a save writing behind them (async_save)",
              "startup": "start-up (imports, build, resume's load)",
              "lost_work": "work lost to stops (steps redone)",
              "other": "shutdown, and the rest",
@@ -173,9 +176,10 @@ def _job_phases(seconds: float, split: dict, redone_seconds: float) -> dict:
     its seconds as `other`."""
     training = split.get("training") or 0.0
     waited = min(split.get("data_wait") or 0.0, training)
-    phases = {"productive": training - waited, "data_wait": waited,
+    dip = min(split.get("save_dip") or 0.0, training - waited)
+    phases = {"productive": training - waited - dip, "data_wait": waited,
               "evaluation": split.get("evaluation") or 0.0,
-              "checkpoint": split.get("checkpoint") or 0.0,
+              "checkpoint": split.get("checkpoint") or 0.0, "save_dip": dip,
               "startup": split.get("startup") or 0.0, "lost_work": redone_seconds}
     phases["other"] = max(0.0, seconds - sum(phases.values()))
     return phases

@@ -8,12 +8,16 @@ Nothing here waits for the device inside a step: `RunningMetrics.add` only adds 
 from __future__ import annotations
 
 import math
+import statistics
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
 
 from hpctrain.tasks.steps import Task
+
+DIP_REFERENCE = 16  # clean intervals whose median step time a save's dip is measured against
 
 
 @dataclass
@@ -37,14 +41,32 @@ class Clock:
     checkpoint_seconds: float = 0.0  # what this job's saves held the training for
     last_save_seconds: float = 0.0  # the last save's, until a logging interval reads it
     first_step: int = 0  # the step this job's training began at
+    save_dip_seconds: float = 0.0  # training slowed by asynchronous saves writing meanwhile
+    clean_step_seconds: deque = field(default_factory=lambda: deque(maxlen=DIP_REFERENCE))
 
     def split(self, step: int) -> dict:
         """This job's seconds by phase so far (run.json's `split`, `hpctrain goodput`):
-        training (to the last logging interval read, its data wait within) and the steps
-        it trained."""
+        training (to the last logging interval read, its data wait and its save dip
+        within) and the steps it trained."""
         return {"startup": self.startup_seconds, "training": self.train_seconds,
                 "data_wait": self.data_wait_seconds, "evaluation": self.eval_seconds,
-                "checkpoint": self.checkpoint_seconds, "steps": step - self.first_step}
+                "checkpoint": self.checkpoint_seconds, "save_dip": self.save_dip_seconds,
+                "steps": step - self.first_step}
+
+    def count_save_dip(self, seconds: float, waited: float, steps: int, saving: int) -> None:
+        """An interval read: `seconds` of it, `waited` for data, `steps` trained, `saving` of
+        them while an asynchronous save wrote in the background. The dip is what such an
+        interval took beyond its steps at the median step time of recent intervals without
+        a save (data waits excluded: they are counted as such); those intervals set that
+        time. Before any clean interval, nothing is counted."""
+        if not steps:
+            return
+        computing = max(0.0, seconds - waited)
+        if not saving:
+            self.clean_step_seconds.append(computing / steps)
+        elif self.clean_step_seconds:
+            usual = statistics.median(self.clean_step_seconds)
+            self.save_dip_seconds += max(0.0, computing - steps * usual)
 
 
 @dataclass
@@ -55,6 +77,7 @@ class Interval:
     samples: int = 0
     wait_mark: float = 0.0  # clock.data_wait_seconds at the start
     first: bool = True  # the first interval holds warm-up (and compilation): not steady
+    saving: int = 0  # steps taken while an asynchronous save wrote in the background
 
 
 class RunningMetrics:

@@ -49,7 +49,8 @@ def report_interval(parts: Parts, progress: Progress, metrics: RunningMetrics,
     clock.last_save_seconds = 0.0
     values = metrics.read(parts.distributed)
     clock.train_seconds += seconds
-    if not interval.first:
+    if not interval.first:  # warm-up (and compilation) is no measure of a step
+        clock.count_save_dip(seconds, waited, steps, interval.saving)
         clock.steady_seconds += seconds
         clock.steady_samples += interval.samples
         clock.steady_units += values["units"]
@@ -61,6 +62,7 @@ def report_interval(parts: Parts, progress: Progress, metrics: RunningMetrics,
              f"{unit}_per_second": values["units"] / seconds}
     data_wait = waited / seconds
     interval.start, interval.samples, interval.first = time.perf_counter(), 0, False
+    interval.saving = 0
     interval.wait_mark = clock.data_wait_seconds
     if "padding_fraction" in values:
         clock.padding_fraction = values["padding_fraction"]

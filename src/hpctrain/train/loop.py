@@ -148,7 +148,9 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
         epoch, batches = _start_epoch(parts, progress.step)
         next_batch = functools.partial(_next_batch, batches)
         for _ in range(progress.step % parts.steps_per_epoch, parts.steps_per_epoch):
+            saving = parts.checkpointer.pending is not None  # a save writes meanwhile
             clock.data_wait_seconds += take_step(parts.step, next_batch, record=figures)
+            interval.saving += saving
             _after_step(parts, metrics)
             progress.step += 1
             interval.samples += parts.global_batch_size
