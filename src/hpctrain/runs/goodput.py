@@ -18,8 +18,8 @@ time between one job's end and the next one's start (queue, requeue) is told bes
 counted as allocated: no device is held then.
 
 With the scheduler's accounting (`allocations`: every run of the run's jobs, requeued ones
-too, as the scheduler's accounting has them), a job's allocated seconds are the scheduler's, start to end, times
-its GPUs (its processes where it has none), and what the run's records do not cover is a
+too), a job's allocated seconds are the scheduler's, start to end, times its GPUs (its
+processes where it has none), and what the run's records do not cover is a
 phase of its own, `unrecorded`: the job's script and launch before hpctrain started and
 after it ended, GPUs allocated that the run started no process on, the end of a job killed
 without a word after its last heartbeat, a run of the job that never reached hpctrain. A
