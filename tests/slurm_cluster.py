@@ -61,6 +61,20 @@ def _make_resolvable(names: list[str]) -> None:
             hosts.write(f"127.0.0.1 {' '.join(unresolved)}\n")
 
 
+def python_processes(marker: str) -> list[Path]:
+    """The /proc entries of the python processes whose command line holds `marker` (a job's
+    run, found by its run name to signal it as a node's failure would)."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            command = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in command and b"python" in command.split(b"\0")[0]:
+            found.append(proc)
+    return found
+
+
 class LocalSlurm:
     """Ports: slurmctld `port`, slurmdbd port+1, MariaDB port+2, the nodes' slurmd port+10+i,
     so two clusters with different `port` and `name` can run side by side."""

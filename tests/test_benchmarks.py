@@ -78,6 +78,14 @@ CASES = [
      [r"^best fixed interval \(sweep\)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+1\.000",
       r"^auto \(Daly\)\s+7\.4\s+[\d.]+\s+[\d.]+\s+[\d.]+",
       r"^every epoch \(today's default\)\s+60\.0\s+[\d.]+"]),
+    ("checkpoint_interval_slurm.py", ["--policies", "auto,steps:20", "--steps", "40",
+                                      "--seeds", "1", "--mtbf", "1000"],
+     [r"^auto\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+0\.0\s+[\d.]+$",
+      r"^steps:20\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+0\.0\s+1\.000$",
+      r"^best fixed interval: steps:20$"]),
+    ("goodput_overhead.py", ["--step-ms", "10", "--jobs", "2", "--records", "10"],
+     [r"^per step: a save in flight, counted\s+[\d.]+\s+[\d.]+\s+[\d.]+%\s+[\d.]+$",
+      r"^per checkpoint: run.json of 2 jobs\s+[\d.]+", r"^all of it\s+[\d.]+\s+[\d.]+%"]),
     ("tune_search.py", ["--trials", "2", "--seeds", "1", "--series",
                         "random/none,tpe/median"],
      [r"^random, pruner none\s+[\d.]+\s+[\d.]+\s+0\.000\s+1\.000\s+0\.0\s+60\s+1\.00",
@@ -128,7 +136,8 @@ def test_every_benchmark_script_has_a_smoke_case():
 def test_a_benchmark_runs_at_a_tiny_size(script, arguments, expected, tmp_path):
     if script in ("data_pipeline.py", "data_stages.py", "stop_latency.py", "host_memory.py",
                   "lm_overhead.py", "sequence_padding.py", "runs_index.py", "tune_search.py",
-                  "token_loader.py", "pack_growth.py", "tune_workers.py"):
+                  "token_loader.py", "pack_growth.py", "tune_workers.py",
+                  "checkpoint_interval_slurm.py"):
         arguments = [*arguments, "--cache-dir", str(tmp_path)]
     if "{tmp}/photos" in arguments:  # a user's own photographs, in ImageFolder layout
         write_image_folder(tmp_path / "photos", per_class=20, size=64)

@@ -14,10 +14,12 @@ from pathlib import Path
 import pytest
 
 from hpctrain.runs.goodput import PHASES, account
-from hpctrain.train.checkpoints.interval import (PRIOR_STOP_HOURS, Pacer, daly_interval,
-                                                 expected_waste, unwarned_stops)
+from hpctrain.config.training_settings import CheckpointConfig
+from hpctrain.train.checkpoints.interval import (Pacer, daly_interval, expected_waste,
+                                                 unwarned_stops)
 
 FIXTURES = Path(__file__).parent / "fixtures"
+PRIOR_STOP_HOURS = CheckpointConfig().prior_stop_hours  # the default: one a day
 
 
 def test_a_run_s_account_adds_up_job_by_job(tmp_path):
@@ -140,7 +142,7 @@ def test_checkpoint_every_auto_paces_the_saves_from_what_it_measures():
               {"seconds": 900.0, "lost": "died without a word"}, {"seconds": 100.0}]
     assert unwarned_stops(starts) == (2, 6400 / 3600)
     assert unwarned_stops(starts, now=True)[0] == 3  # this start took a dead job's lock over
-    pacer = Pacer(stops=2, hours=1.75, steps_per_epoch=50)
+    pacer = Pacer(stops=2, hours=1.75, steps_per_epoch=50, prior_hours=PRIOR_STOP_HOURS)
     assert pacer.mtbf_seconds == 3600 * (1.75 + PRIOR_STOP_HOURS) / 3
     assert [step for step in range(1, 120) if pacer.saves(step)] == [50, 100]
     pacer.update(step_seconds=0.5, save_seconds=None)  # no save yet: 600 s of training
@@ -149,7 +151,7 @@ def test_checkpoint_every_auto_paces_the_saves_from_what_it_measures():
     assert pacer.interval == round(daly_interval(30.0, pacer.mtbf_seconds) / 0.5)
     assert not pacer.saves(100 + pacer.interval - 1)  # from the last save, at step 100
     assert pacer.saves(100 + pacer.interval)
-    short = Pacer(stops=0, hours=0.0, steps_per_epoch=50, limit=120.0)
+    short = Pacer(stops=0, hours=0.0, steps_per_epoch=50, prior_hours=0.5, limit=120.0)
     short.update(step_seconds=1.0, save_seconds=30.0)
     assert short.interval == 120 and short.describe()["seconds"] == 120.0
 

@@ -248,16 +248,9 @@ def test_usr1_to_the_batch_shell_or_the_steps_continues_the_run_whose_figures_ad
 
 
 def hpctrain_processes(marker: str) -> list[Path]:
-    """The /proc entries of the python processes whose command line holds `marker`."""
-    found = []
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            command = (proc / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if marker.encode() in command and b"python" in command.split(b"\0")[0]:
-            found.append(proc)
-    return found
+    from slurm_cluster import python_processes
+
+    return python_processes(marker)
 
 
 def exited(marker: str, timeout: float = 60) -> None:

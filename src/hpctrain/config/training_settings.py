@@ -89,6 +89,10 @@ class CheckpointConfig(Section):
         None, description="auto: the interval that wastes least (Daly's) for the measured "
         "save time and the run's rate of stops without a word (a prior of one a day until "
         "it has its own), in place of every_steps and every_epochs")
+    prior_stop_hours: float = Field(
+        24.0, gt=0, description="checkpoint.every=auto's prior: one stop without a word per "
+        "this many hours, until the run's own stops say otherwise (your cluster's known "
+        "failure rate, say)")
     keep_last: int = Field(3, ge=1)
     async_save: bool = Field(False, description="write in the background while training "
                                                 "goes on (the state is copied to host first)")

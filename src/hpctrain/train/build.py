@@ -297,7 +297,8 @@ def _pacer(config: Config, distributed: Distributed, place: RunPlace, steps_per_
     left = deadline - time.time() if deadline is not None else None
     stops, hours, left = distributed.broadcast((*unwarned_stops(
         (record or {}).get("starts", []), now=place.lock.gone is not None), left))
-    return Pacer(stops, hours, steps_per_epoch, limit=left)  # rank 0's: every rank alike
+    return Pacer(stops, hours, steps_per_epoch, config.checkpoint.prior_stop_hours,
+                 limit=left)  # rank 0's: every rank alike
 
 
 def _run_length(config: Config, data: DataBundle, global_batch: int) -> tuple[int, int]:

@@ -17,7 +17,7 @@ from hpctrain.parallel.processes import straggler
 from hpctrain.runs.directory import RunDir
 from hpctrain.tasks.spec import Measured
 from hpctrain.train.checkpoints.checkpoint import checkpoint_path
-from hpctrain.train.checkpoints.interval import FIRST_SAVE_SECONDS, PRIOR_STOP_HOURS
+from hpctrain.train.checkpoints.interval import FIRST_SAVE_SECONDS
 from hpctrain.train.hardware.mfu import model_flops_utilisation, peak_source
 from hpctrain.version import __version__
 
@@ -71,7 +71,7 @@ def banner(parts, resume_from: Path | None) -> str:
                      "of training or at the epoch's end, then at Daly's interval for the "
                      f"measured save and one stop without a word per "
                      f"{pacer.mtbf_seconds / 3600:.3g} h ({pacer.stops} in this run's "
-                     f"{pacer.hours:.3g} h, and a prior of one per {PRIOR_STOP_HOURS:g} h)")
+                     f"{pacer.hours:.3g} h, and a prior of one per {pacer.prior_hours:g} h)")
     if parts.deadline is not None:
         lines.append("  will save and stop at " + time.strftime(
             "%Y-%m-%d %H:%M:%S", time.localtime(parts.deadline)) + " (before the time limit)")

@@ -38,7 +38,6 @@ def expected_waste(interval: float, save_seconds: float, mtbf_seconds: float,
     return save_seconds / interval + (interval / 2 + restart_seconds) / mtbf_seconds
 
 
-PRIOR_STOP_HOURS = 24.0  # one unwarned stop a day, until the run's own record says otherwise
 FIRST_SAVE_SECONDS = 600.0  # of training before the first save, whose cost is not known yet
 
 
@@ -58,7 +57,8 @@ def unwarned_stops(starts: list, now: bool = False) -> tuple[int, float]:
 @dataclass
 class Pacer:
     """When `checkpoint.every=auto` saves: at Daly's interval for the slowest rank's last
-    save and the run's rate of unwarned stops (`stops` in `hours`, with a prior of one a day),
+    save and the run's rate of unwarned stops (`stops` in `hours`, with a prior of one per
+    `prior_hours`),
     in steps of the slowest rank's step time; the first save after FIRST_SAVE_SECONDS of
     training or the epoch's end, whichever comes first. Never longer than the job has until
     its deadline (`limit` seconds; the time limit itself is the stop signal's, no failure).
@@ -67,6 +67,7 @@ class Pacer:
     stops: int
     hours: float
     steps_per_epoch: int
+    prior_hours: float  # one unwarned stop per this many hours (checkpoint.prior_stop_hours)
     limit: float | None = None
     save_seconds: float | None = None
     step_seconds: float | None = None
@@ -75,7 +76,7 @@ class Pacer:
 
     @property
     def mtbf_seconds(self) -> float:
-        return 3600 * (self.hours + PRIOR_STOP_HOURS) / (self.stops + 1)
+        return 3600 * (self.hours + self.prior_hours) / (self.stops + 1)
 
     def saves(self, step: int) -> bool:
         """Whether `step` saves (the interval then counts from it)."""
@@ -105,4 +106,4 @@ class Pacer:
                 if self.interval and self.step_seconds else None,
                 "save_seconds": self.save_seconds, "mtbf_hours": self.mtbf_seconds / 3600,
                 "unwarned_stops": self.stops, "run_hours": self.hours,
-                "prior": f"one unwarned stop per {PRIOR_STOP_HOURS:g} h"}
+                "prior": f"one unwarned stop per {self.prior_hours:g} h"}
