@@ -49,6 +49,11 @@ RUN=$(ls -td /tmp/runs/*/ 2>/dev/null | head -1)
 [ -n "$RUN" ] && step goodput 20 hpctrain goodput "$RUN" \
   && cp "$RUN/summary.json" "$OUT/default_summary.json"
 step fused-eval 60 "$PY" benchmarks/fused_eval.py --compile
+# issue 55: a large model's asynchronous save, its blocking part and the steps' dip apart
+step async-save 120 hpctrain run gpt-1b parallel.tensor=1 parallel.sequence_parallel=false \
+  model.activation_checkpointing=true checkpoint.async_save=true checkpoint.every_steps=20 \
+  train.max_steps=100 output_dir=/tmp/async run_name=async
+[ -d /tmp/async/async ] && step async-goodput 20 hpctrain goodput /tmp/async/async
 step throughput 150 "$PY" benchmarks/gpu_throughput.py --table images --steps 30 --warmup 10
 step fp8-table 150 "$PY" benchmarks/gpu_throughput.py --table transformer --steps 10 --warmup 5
 step mem-accuracy 90 "$PY" benchmarks/memory_accuracy.py --device cuda --scale 4
