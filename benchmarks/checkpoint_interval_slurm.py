@@ -147,7 +147,7 @@ def report(results: dict[str, list[dict]], args) -> None:
               f"{waste[policy]:>9.1f}{mean(lambda r: r['device_seconds']['checkpoint']):>9.1f}"
               f"{mean(lambda r: r['device_seconds']['lost_work']):>8.2f}"
               f"{mean(lambda r: r['stops']):>7.1f}{waste[policy] / waste[best]:>8.3f}")
-    print(f"best fixed interval: {best}")
+    print(f"best fixed interval: {best}" if fixed else f"no fixed interval; best: {best}")
 
 
 if __name__ == "__main__":

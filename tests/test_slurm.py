@@ -359,7 +359,7 @@ def test_goodput_explains_what_slurm_allocated_a_chain_stopped_once_and_killed_o
     records explain all but the jobs' scripts and launches; the work lost to the kill is
     the steps redone at the median step time of the killed job's records after its last
     checkpoint (read here before the resume forgets them); the queue gaps are sacct's."""
-    base = ("data.num_workers=0", "train.max_steps=600", "train.log_every=5",
+    base = ("data.num_workers=0", "train.max_steps=400", "train.log_every=5",
             "checkpoint.every_steps=60")
     first = submit("default", tiny("run_name=goodput", *base), gpus=1, time_limit="10")
     marker = f"run_name={first.run_dir.name}"
