@@ -103,23 +103,6 @@ def test_a_two_node_job_runs_to_completion_and_can_be_followed(slurm_cluster, ho
     assert status["steps"] == 5
 
 
-@pytest.mark.slurm
-def test_status_of_a_forgotten_job_comes_from_accounting(slurm_accounting_cluster, home,
-                                                           run_cli, tiny):
-    done = submit("default", tiny("run_name=accounted"), gpus=1, time_limit="10")
-    failed = submit("default", tiny("run_name=broken", "data.dataset=imagefolder",
-                                    "data.path=/nonexistent"), gpus=1, time_limit="10")
-    assert done.wait(timeout=240, poll=0.2) == "COMPLETED"
-    assert failed.wait(timeout=240, poll=0.2) == "FAILED"
-    slurm_accounting_cluster.forget_jobs()
-    code, out, _ = run_cli("status", done.id, "--json")
-    status = json.loads(out)
-    assert code == 0 and (status["state"], status["source"]) == ("COMPLETED", "sacct")
-    assert status["exit_code"] == "0:0" and status["name"] == "accounted"
-    code, out, _ = run_cli("status", failed.id)
-    assert code == 0 and "FAILED" in out and "2:0" in out and "sacct" in out
-
-
 def _see_this_interpreters_packages(venv):
     """Make a new venv import what this interpreter imports. --system-site-packages is not
     enough when the tests themselves run in a venv: it exposes the base Python's packages, not
@@ -358,7 +341,8 @@ def test_goodput_explains_what_slurm_allocated_a_chain_stopped_once_and_killed_o
     its allocated device-seconds are sacct's (to within its whole seconds); the run's own
     records explain all but the jobs' scripts and launches; the work lost to the kill is
     the steps redone at the median step time of the killed job's records after its last
-    checkpoint (read here before the resume forgets them); the queue gaps are sacct's."""
+    checkpoint (read here before the resume forgets them); the queue gaps are sacct's. Once
+    Slurm has forgotten the jobs, `hpctrain status` tells them from accounting."""
     base = ("data.num_workers=0", "train.max_steps=400", "train.log_every=5",
             "checkpoint.every_steps=60")
     first = submit("default", tiny("run_name=goodput", *base), gpus=1, time_limit="10")
@@ -404,6 +388,15 @@ def test_goodput_explains_what_slurm_allocated_a_chain_stopped_once_and_killed_o
     assert "outside the run's records" in out
     assert f"the scheduler counts {allocated:,.1f} device-seconds for jobs " \
         f"{', '.join(sorted(ids))}" in out
+    # once Slurm has forgotten the jobs (MinJobAge), `status` reads accounting too
+    slurm_accounting_cluster.forget_jobs()
+    code, out, _ = run_cli("status", third.id, "--json")
+    status = json.loads(out)
+    assert code == 0 and (status["state"], status["source"]) == ("COMPLETED", "sacct")
+    assert status["exit_code"] == "0:0" and status["name"] == "goodput"
+    code, out, _ = run_cli("status", second.id)  # the job killed: srun's 9, its signal
+    assert code == 0 and re.search(r"^state\s+FAILED$", out, re.M) and "sacct" in out
+    assert re.search(r"^exit_code\s+9:0$", out, re.M), out
 
 
 @pytest.mark.slurm
