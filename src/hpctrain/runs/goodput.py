@@ -29,7 +29,6 @@ running (its accounting hears of an end a little after the queue does) counts to
 gaps between jobs are then the scheduler's own.
 """
 
-
 from __future__ import annotations
 
 import time
@@ -92,13 +91,17 @@ class _Job:
     start: dict | None
     held: dict | None
 
+    @property
+    def began(self) -> float:
+        """When it began (epoch seconds): the scheduler's start, else the run's."""
+        return self.held["start"] if self.held is not None else _began(self.start)
+
     def span(self, now: float) -> tuple[float, float] | None:
         """(began, ended) in epoch seconds: the scheduler's, else the run's."""
         if self.held is not None:
-            return self.held["start"], self.held["end"] or now
-        began = _began(self.start)
+            return self.began, self.held["end"] or now
         seconds = self.start.get("seconds")
-        return None if seconds is None else (began, began + seconds)
+        return None if seconds is None else (self.began, self.began + seconds)
 
 
 def account(record: dict, allocations: list[dict] | None = None,
@@ -133,8 +136,7 @@ def _matched(starts: list[dict], allocations: list[dict]) -> list[_Job]:
             free.remove(held)
         jobs.append(_Job(start, held))
     jobs += [_Job(None, held) for held in free]
-    return sorted(jobs, key=lambda job: job.held["start"] if job.held is not None else
-                  _began(job.start))
+    return sorted(jobs, key=lambda job: job.began)
 
 
 def _began(start: dict) -> float:

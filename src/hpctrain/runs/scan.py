@@ -173,7 +173,7 @@ def _goodput(identity: dict) -> dict:
     the scheduler's accounting is `hpctrain goodput`'s, not a scan's); None where its jobs
     tell no phases (an older hpctrain)."""
     made = account(identity)
-    if not made.allocated or made.jobs == made.unaccounted_jobs or not any(
+    if not made.allocated or not any(
             isinstance(start, dict) and start.get("split") for start in identity.get("starts", [])):
         return {"productive_hours": None, "goodput": None}
     return {"productive_hours": made.phases["productive"] / 3600, "goodput": made.goodput}
