@@ -179,13 +179,20 @@ def test_two_processes_pace_their_saves_alike(tiny, tmp_path):
 
 
 def test_what_goodput_and_the_auto_interval_cannot_take_is_one_line(tmp_path, run_cli):
-    """A folder that is no run, and checkpoint.every=auto beside every_steps: exit 2, said."""
+    """A folder that is no run, a job id hpctrain never submitted, checkpoint.every=auto beside
+    every_steps, a prior of no hours: exit 2, each said."""
     code, _, err = run_cli("goodput", str(tmp_path))
     assert code == 2 and f"{tmp_path}: no run.json: not a run directory of hpctrain" in err
     code, _, err = run_cli("run", "default", "checkpoint.every=auto",
                            "checkpoint.every_steps=5")
     assert code == 2 and "checkpoint.every=auto chooses the interval: leave " \
         "checkpoint.every_steps out" in err
+    code, _, err = run_cli("run", "default", "checkpoint.prior_stop_hours=0")
+    assert code == 2 and "checkpoint.prior_stop_hours = 0: Input should be greater than 0" \
+        in err  # the configuration's own form: its header, one line per field
+    code, _, err = run_cli("goodput", "424242")  # a job id hpctrain never submitted here
+    assert code == 2 and "job 424242: not one that hpctrain submitted" in err
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_the_account_takes_the_allocated_seconds_from_the_scheduler_where_it_has_them():
