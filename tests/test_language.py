@@ -120,6 +120,18 @@ def test_hashed_validation_split_takes_about_its_share(tmp_path):
                            TokenPackOptions(val_fraction=0.25), workers=1, log=lambda _: None)
     val = manifest["splits"]["val"]["documents"]
     assert 60 < val < 140 and manifest["splits"]["train"]["documents"] + val == 400
+    moved = shutil.move(tmp_path / "src", tmp_path / "elsewhere")  # the draw is the corpus's
+    again = pack_tokens(moved, tmp_path / "again", TokenPackOptions(val_fraction=0.25),
+                        workers=1, log=lambda _: None)
+    assert again["splits"]["val"]["shards"] == manifest["splits"]["val"]["shards"]
+
+
+def test_a_corpus_drawn_whole_for_validation_says_so(tmp_path, run_cli):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "one.txt").write_text("a single document")
+    code, _, err = run_cli("pack", "--tokens", "--val-fraction", "0.999", str(tmp_path / "src"),
+                           str(tmp_path / "pack"))
+    assert code == 2 and "its 1 document(s) all went to val (val_fraction 0.999)" in err
 
 
 @pytest.fixture

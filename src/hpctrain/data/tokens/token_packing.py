@@ -7,8 +7,8 @@ one process per job; each job writes one shard per split under a temporary name,
 index fragment and a statistics file that marks it finished, so an interrupted pack resumes
 (the same plan fingerprint as image packs: source files, sizes, times and options). With
 train/ and val/ folders in SRC those are the splits; otherwise each document goes to val with
-probability `val_fraction`, drawn from a hash of its file and position (so the split does
-not depend on the number of processes). The manifest is written last.
+probability `val_fraction`, drawn from a hash of its file's path inside SRC and its position
+(so the split depends neither on the number of processes nor on where the corpus lies). The manifest is written last.
 
 A file that is not UTF-8 is skipped and named (`--strict`: the pack stops there); a corpus
 with no text at all is refused.
@@ -52,6 +52,7 @@ class TokenJob:
     dst: str
     options: TokenPackOptions
     strict: bool
+    src: str  # the corpus folder: the hashed split draws on paths inside it
 
 
 @dataclass
@@ -96,9 +97,10 @@ def documents(path: str):
             yield record["text"]
 
 
-def _to_val(path: str, number: int, options: TokenPackOptions) -> bool:
-    digest = hashlib.blake2b(f"{options.seed}:{path}:{number}".encode(), digest_size=8)
-    return int.from_bytes(digest.digest(), "little") / 2**64 < options.val_fraction
+def _to_val(path: str, number: int, job: TokenJob) -> bool:
+    inside = os.path.relpath(path, job.src)
+    digest = hashlib.blake2b(f"{job.options.seed}:{inside}:{number}".encode(), digest_size=8)
+    return int.from_bytes(digest.digest(), "little") / 2**64 < job.options.val_fraction
 
 
 def _tokenizer(options: TokenPackOptions) -> Tokenizer:
@@ -138,7 +140,7 @@ def write_job(job: TokenJob) -> TokenResult:
                 ids = tokenizer.encode(text)
                 if not ids:
                     continue
-                split = fixed_split or ("val" if _to_val(path, number, job.options)
+                split = fixed_split or ("val" if _to_val(path, number, job)
                                         else "train")
                 out = output(split)
                 start = out.size // dtype.itemsize
@@ -172,17 +174,17 @@ def _finished(dst: Path, job: TokenJob) -> TokenResult | None:
     return result if shards_there else None
 
 
-def plan_jobs(files: list[tuple[str, str]], dst: Path, options: TokenPackOptions,
+def plan_jobs(files: list[tuple[str, str]], src: Path, dst: Path, options: TokenPackOptions,
               strict: bool) -> list[TokenJob]:
     jobs, group, size = [], [], 0
     for path, split in files:
         group.append((path, split))
         size += os.path.getsize(path)
         if size >= options.shard_bytes:
-            jobs.append(TokenJob(len(jobs), group, str(dst), options, strict))
+            jobs.append(TokenJob(len(jobs), group, str(dst), options, strict, str(src)))
             group, size = [], 0
     if group:
-        jobs.append(TokenJob(len(jobs), group, str(dst), options, strict))
+        jobs.append(TokenJob(len(jobs), group, str(dst), options, strict, str(src)))
     return jobs
 
 
@@ -202,7 +204,7 @@ def pack_tokens(src: Path, dst: Path, options: TokenPackOptions, workers: int | 
     tokenizer = _tokenizer(options)  # a bad --tokenizer fails before anything is written
     files = source_files(src)
     resumed = prepare_destination(dst, _fingerprint(files, options, tokenizer), overwrite)
-    jobs = plan_jobs(files, dst, options, strict)
+    jobs = plan_jobs(files, src, dst, options, strict)
     done = {job.number: r for job in jobs if (r := _finished(dst, job)) is not None}
     todo = [job for job in jobs if job.number not in done]
     if resumed:
@@ -224,6 +226,10 @@ def _write_manifest(dst: Path, src: Path, tokenizer: Tokenizer, jobs, done, opti
     if sum(r.splits.get("train", {}).get("tokens", 0) for r in results) == 0:
         named = f" ({len(skipped)} file(s) skipped, e.g. {skipped[0][0]}: {skipped[0][1]})" \
             if skipped else ""
+        drawn = sum(r.splits.get("val", {}).get("documents", 0) for r in results)
+        if drawn:
+            named = (f": its {drawn} document(s) all went to val (val_fraction "
+                     f"{options.val_fraction}); give more documents, or train/ and val/ folders")
         raise DataError(f"pack --tokens: the corpus in {src} holds no text for training{named}")
     if tokenizer.file is not None:
         shutil.copyfile(tokenizer.file, dst / "tokenizer.json")
