@@ -119,6 +119,16 @@ CASES = [
       r"buffers loader"]),
     ("data_stages.py", ["--images", "48", "--count", "20", "--loader", "torch"],
      [r"^into the batch\s+[\d.]+", r"torch loader"]),
+    ("autotune_grid.py", ["default", "data.shapes.num_train=160", "data.shapes.num_val=40",
+                          "data.shapes.image_size=16", "data.image_size=16",
+                          "model.name=hpctrain:tiny_cnn", "train.batch_size=16",
+                          "train.epochs=20", "--fix", "precision", "--fix", "compile", "--fix",
+                          "data.num_workers", "--fix", "train.grad_accum_steps",
+                          "--warmup-steps", "2", "--measure-steps", "4", "--rounds", "1"],
+     [r"^default .*: 2 candidates \(2 measured\), fixed: precision, compile",
+      r"^exhaustive grid: \d+ s; autotune: 3 trials in \d+ s",
+      r"^the recipe as given\s+[\d,.]+\s+[\d.]+\s+-$",
+      r"^autotune's pick\s+[\d,.]+\s+[\d.]+", r"^the grid's best\s+[\d,.]+\s+1\.000"]),
 ]
 
 

@@ -31,7 +31,7 @@ MEANINGS = {
                      "peak), a loss that stays NaN, a peer lost; the last good checkpoint is "
                      "kept; tune: 3 trials in a row failed; scale: no size finished; "
                      "prefetch: a download refused (no network, the server, a hash "
-                     "mismatch)",
+                     "mismatch); autotune: the recipe as given fails its trial",
     ExitCode.BAD_INPUT: "bad usage, configuration or input (the message names the key or "
                         "file and how to fix it); also files that cannot be written (a full "
                         "disk, a quota): the last good checkpoint is kept",
@@ -48,7 +48,8 @@ MEANINGS = {
     ExitCode.STOPPED: "stopped to be resumed: a stop signal or the time limit saved a "
                       "checkpoint; run it again with resume=auto (a job from submit "
                       "continues by itself; tune --dir DIR continues a search)",
-    ExitCode.INTERRUPTED: "interrupted (Ctrl-C): stopped at once, the last checkpoint kept",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C): stopped at once, the last checkpoint kept "
+                          "(autotune: its trials so far written, the best unconfirmed)",
 }
 
 

@@ -92,6 +92,16 @@ def seconds(text: str) -> float:
     return value
 
 
+def duration(text: str) -> float:
+    """An argparse type: seconds from '90', '90s', '10m' or '2h'."""
+    scale = {"s": 1, "m": 60, "h": 3600}.get(text[-1:].lower(), None)
+    try:
+        return seconds(text[:-1] if scale else text) * (scale or 1)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration: give 90s, 10m or "
+                                         "2h") from None
+
+
 def _script_options() -> dict[str, object]:
     """Each scheduler's option that adds a line to its batch script -> the scheduler (the
     registry imported late: it reads the cluster profiles' schema)."""

@@ -1,5 +1,6 @@
-"""The `hpctrain tune` and `hpctrain scale` verbs: parsing and printing only; the search is
-tune/search.py (here) and tune/submit.py (Slurm), the scaling study tune/scale.py."""
+"""The `hpctrain tune`, `hpctrain scale` and `hpctrain autotune` verbs: parsing and printing
+only; the search is tune/search.py (here) and tune/submit.py (Slurm), the scaling study
+tune/scale.py, the search for the fastest settings autotune/."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import shutil
 import signal
 import sys
 
-from hpctrain.cli.arguments import add_job_options, add_recipe, count, job_options, make_verb
+from hpctrain.cli.arguments import (add_job_options, add_recipe, count, duration, job_options,
+                                    make_verb, seconds)
 from hpctrain.errors import ConfigError, ExitCode
 
 TUNE_EXAMPLE = """examples:
@@ -80,6 +82,7 @@ def add_verbs(verbs) -> None:
     worker.add_argument("folder", metavar="DIR")
     worker.add_argument("--slot", required=True)
     _add_scale(verbs)
+    _add_autotune(verbs)
 
 
 SCALE_EXAMPLE = """examples:
@@ -231,3 +234,63 @@ def _print_scale(result: dict, as_json: bool) -> int:
 
     print(json.dumps(result, indent=1) if as_json else scale.text(result))
     return 0 if result["rows"] else 1
+
+
+AUTOTUNE_EXAMPLE = """examples:
+  hpctrain autotune default                        # the budget: 10 % of the run (2-15 min)
+  hpctrain autotune tiny-lm --budget 5m --fix precision   # keep the recipe's precision
+  hpctrain autotune imagenet-resnet50 data.path=/scratch/imagenet --fix precision=bf16
+  hpctrain run runs/default-autotune-20261127-101500/tuned.yaml   # train the pick
+
+Each candidate is a short real run of the recipe (its data path included) in a process of its
+own: the recipe as given first, then one setting at a time (precision, compile, channels_last,
+the micro-batch with the global batch kept, workers, JPEG decoding), each compared by the run's
+predicted time with its one-time costs (start-up, compilation). A candidate the memory
+prediction says cannot fit is not run; one that fails or hangs is recorded and the search goes
+on. The pick is confirmed by a longer run.
+"""
+
+
+def _add_autotune(verbs) -> None:
+    autotune = make_verb(verbs, "autotune", "measure the fastest settings for a run on this "
+                         "machine and write them as a recipe", AUTOTUNE_EXAMPLE, cmd_autotune)
+    add_recipe(autotune, "key=value settings of the run to tune")
+    autotune.add_argument("--budget", type=duration, metavar="TIME", help="the search's time "
+                          "in all (90s, 10m, 1h; default 10 %% of the run, 2 to 15 minutes)")
+    autotune.add_argument("--fix", action="append", default=[], metavar="KEY[=VALUE]",
+                          help="a setting autotune keeps (repeatable): precision keeps the "
+                          "recipe's, precision=fp32 sets it")
+    autotune.add_argument("--dir", metavar="DIR", help="where the trials, tuned.yaml and "
+                          "autotune.json go (default OUTPUT_DIR/RECIPE-autotune-TIME)")
+    autotune.add_argument("--warmup-steps", type=count(1), default=10,
+                          help="steps of each trial before it is timed (default 10)")
+    autotune.add_argument("--measure-steps", type=count(1), help="timed steps of each trial "
+                          "(default: about 3 s of the recipe's steps)")
+    autotune.add_argument("--trial-seconds", type=seconds, help="the most one trial may "
+                          "take (default 3x the recipe's own trial, at least 60 s)")
+    autotune.add_argument("--no-confirm", action="store_true", help="no longer run of the "
+                          "pick to confirm its figure")
+    autotune.add_argument("--json", action="store_true")
+
+
+def cmd_autotune(args) -> int:
+    from pathlib import Path
+
+    from hpctrain.config import load_config
+
+    config = load_config(args.recipe, args.overrides)  # told before torch loads
+    from hpctrain.autotune import results
+    from hpctrain.autotune.search import Options, Search
+    from hpctrain.runs.directory import stamp
+
+    folder = Path(args.dir or Path(config.output_dir) / f"{config.name}-autotune-{stamp()}")
+    options = Options(budget_seconds=args.budget, fixed=args.fix, warmup=args.warmup_steps,
+                      measure=args.measure_steps, trial_seconds=args.trial_seconds,
+                      confirm=not args.no_confirm)
+    say = _say(args.json)
+    search = Search(args.recipe, args.overrides, options, folder.absolute(),
+                    lambda text: say(f"autotune: {text}"))
+    outcome = search.run()
+    document = results.write(outcome)
+    print(json.dumps(document, indent=1) if args.json else results.text(outcome, document))
+    return ExitCode.INTERRUPTED if outcome.interrupted else ExitCode.DONE

@@ -1,0 +1,319 @@
+"""Which candidates to measure, within the budget, and which one the run should take.
+
+The recipe as given is measured first (the baseline: it also says how long the run is, and so
+the default budget: 10 % of the run, at least MIN_BUDGET, which is what a handful of trials
+costs, and at most MAX_BUDGET). Then one knob at a time, from the best so far: each choice
+of the knob with every other knob as the best has it; the best moves only for a gain past
+MIN_GAIN (trials are noisy). A knob whose choices lie on a line (micro-batch, workers) is
+walked from the current choice while each step gains. A second pass tries the knobs again
+from a best that changed (bf16 may make channels_last pay, a faster step may need more
+workers); a micro-batch the prediction says does not fit is tried with activation
+checkpointing; a choice that failed or hung is not tried again. Candidates are compared by
+the run's predicted time, one-time costs (start-up, compilation) included: a faster step that
+does not pay for its compilation within the run's steps loses, and says from how many steps
+it would pay. Compilation is searched last: its trials cost the most.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from hpctrain.autotune.fit import predicted_misfit
+from hpctrain.autotune.knobs import Choice, Knob, Space, space_of, with_checkpointing
+from hpctrain.autotune.trials import Plan, Trial, run_trial
+from hpctrain.config import Config, load_config
+from hpctrain.errors import ConfigError, RunFailed, UserError
+from hpctrain.tune.space import override
+
+MIN_BUDGET = 120.0  # seconds: the baseline, a handful of candidates and the confirmation
+MAX_BUDGET = 900.0
+BUDGET_SHARE = 0.10  # of the run it tunes
+MIN_GAIN = 0.02  # a candidate beats the best only by more than this share of the run's time
+MEASURE_SECONDS = 3.0  # each trial's measured steps last about this long, at the baseline's pace
+CONFIRM_FACTOR = 3  # the confirmation run measures this many times a trial's steps
+PASSES = 2
+BROKEN = ("failed", "timed out", "invalid")  # a choice that ended so is not tried again
+DATA_WAIT_FIRST = 0.1  # a share of the step's time: the data knobs are searched first
+
+
+@dataclass
+class Options:
+    budget_seconds: float | None = None  # None: 10 % of the run, within the bounds above
+    fixed: list[str] = field(default_factory=list)  # KEY (as the recipe has it) or KEY=VALUE
+    warmup: int = 10
+    measure: int | None = None  # measured steps per trial; None: about MEASURE_SECONDS
+    trial_seconds: float | None = None  # the most a trial may take; None: 3x the baseline's
+    confirm: bool = True
+
+
+@dataclass
+class Outcome:
+    folder: Path
+    config: Config
+    space: Space
+    trials: list[Trial]
+    baseline: Trial
+    pick: Trial
+    total_steps: int
+    budget_seconds: float
+    budget_note: str
+    spent_seconds: float
+    tuned: Config  # the recipe with the pick's settings
+    confirmation: Trial | None = None
+    notes: list[str] = field(default_factory=list)
+    interrupted: bool = False  # Ctrl-C ended the search
+
+
+def fixed_settings(config_of: Callable[[list[str]], Config], fixed: list[str]) \
+        -> tuple[list[str], dict[str, str]]:
+    """(the KEY=VALUE settings among --fix, every fixed key with its value as it stands)."""
+    settings = [text for text in fixed if "=" in text]
+    config = config_of(settings)
+    kept = {}
+    for text in fixed:
+        key = text.split("=", 1)[0].strip()
+        value = config.model_dump(mode="json")
+        for part in key.split("."):
+            if not isinstance(value, dict) or part not in value:
+                raise ConfigError(f"--fix {text}: {key} is no setting of the recipe")
+            value = value[part]
+        kept[key] = str(value)
+    return settings, kept
+
+
+class Search:
+    def __init__(self, recipe: str | None, overrides: list[str], options: Options,
+                 folder: Path, say: Callable[[str], None], processes: int = 1):
+        self.recipe, self.options, self.say, self.processes = recipe, options, say, processes
+        settings, fixed = fixed_settings(lambda extra: load_config(recipe, [*overrides, *extra]),
+                                         options.fixed)
+        self.overrides = [*overrides, *settings]
+        self.config = load_config(recipe, self.overrides)
+        self.space = space_of(self.config, fixed, processes)
+        self.plan = Plan(recipe, self.overrides, folder, warmup=options.warmup,
+                         log_every=max(d for d in range(1, 6) if options.warmup % d == 0))
+        self.trials: list[Trial] = []
+        self.chosen: dict[int, dict[str, Choice]] = {}  # trial number -> its choices
+        self.tried: set[frozenset] = set()
+        self.broken: set[Choice] = set()  # choices that failed or hung: not tried again
+        self.started = time.perf_counter()
+        self.budget = MAX_BUDGET
+        self.limit = options.trial_seconds or MAX_BUDGET
+        self.total_steps = 0
+        self.measure = _whole_intervals(options.measure or 20, self.plan.log_every)
+
+    # ---- the search, top to bottom ----
+    def run(self) -> Outcome:
+        baseline = self._baseline()
+        note = self._set_budget(baseline)
+        best, notes, interrupted = baseline, list(self.space.notes), False
+        try:
+            best = self._passes(baseline)
+        except KeyboardInterrupt:
+            interrupted = True
+            best = min((t for t in self.trials if t.measured),
+                       key=lambda t: t.predicted_run_seconds)
+            notes.append(f"interrupted (Ctrl-C) after {len(self.trials)} trials: the pick is "
+                         "the best measured so far, not confirmed")
+        confirmation = self._confirm(best) if self.options.confirm and not interrupted \
+            else None
+        tuned = load_config(self.recipe, [*self.overrides, *best.settings])
+        return Outcome(self.plan.folder, self.config, self.space, self.trials, baseline, best,
+                       self.total_steps, self.budget, note, self._spent(), tuned, confirmation,
+                       notes, interrupted)
+
+    def _passes(self, baseline: Trial) -> Trial:
+        best = baseline
+        for number in range(PASSES):
+            before = best
+            for knob in self._order(baseline):
+                best = self._tune_knob(knob, best)
+            if best is before or self._left() <= 0:
+                break
+            self.say(f"pass {number + 2}: the knobs again, from {self._shown(best)}")
+        return best
+
+    def _baseline(self) -> Trial:
+        own = {knob.name: knob.own for knob in self.space.knobs}
+        self.tried.add(frozenset(own.values()))
+        self.say(f"the recipe as given first ({self.options.warmup} warm-up steps, "
+                 f"{self.measure} measured)")
+        trial = self._measure(own, self.measure, self.limit)
+        if not trial.measured:
+            raise RunFailed(f"autotune: the recipe as given does not train ({trial.status}: "
+                            f"{trial.why}); see {trial.log}")
+        if not self.options.measure:
+            self.measure = _whole_intervals(math.ceil(MEASURE_SECONDS / trial.step_seconds),
+                                            self.plan.log_every, least=10)
+        self.limit = self.options.trial_seconds or max(60.0, 3 * trial.wall_seconds)
+        return trial
+
+    def _set_budget(self, baseline: Trial) -> str:
+        if self.options.budget_seconds is not None:
+            self.budget = self.options.budget_seconds
+            return "given (--budget)"
+        share = BUDGET_SHARE * baseline.predicted_run_seconds
+        self.budget = min(MAX_BUDGET, max(MIN_BUDGET, share))
+        if share < MIN_BUDGET:
+            return (f"the least a search needs; 10 % of the run's predicted "
+                    f"{baseline.predicted_run_seconds:.0f} s would be {share:.0f} s")
+        return f"10 % of the run's predicted {baseline.predicted_run_seconds:.0f} s" + \
+            (f", at most {MAX_BUDGET:.0f} s" if share > MAX_BUDGET else "")
+
+    def _order(self, baseline: Trial) -> list[Knob]:
+        """Compilation last (its trials cost the most), the data knobs first where the
+        recipe's steps wait for data."""
+        data_first = (baseline.data_wait or 0) > DATA_WAIT_FIRST
+        return sorted(self.space.knobs, key=lambda k: 2 if k.name == "compile" else
+                      0 if data_first and k.name in ("workers", "decode") else 1)
+
+    # ---- one knob, one candidate ----
+    def _tune_knob(self, knob: Knob, best: Trial) -> Trial:
+        """Each choice of `knob` from `best`; an ordered knob walked while each step gains."""
+        current = self.chosen[best.number][knob.name]
+        for choice in knob.choices:
+            if choice != current and (choice.position is None or current.position is None):
+                best = self._challenge(best, knob, choice)
+        current = self.chosen[best.number][knob.name]
+        if current.position is None:
+            return best
+        line = sorted((c for c in knob.choices if c.position is not None),
+                      key=lambda c: c.position)
+        start, moved = line.index(current), best
+        for step in (1, -1):
+            at = start + step
+            while 0 <= at < len(line) and self._left() > 0:
+                before = best
+                best = self._challenge(best, knob, line[at])
+                if best is before:
+                    break
+                at += step
+            if best is not moved:  # it gained one way: the other way is the way it came
+                break
+        return best
+
+    def _challenge(self, best: Trial, knob: Knob, choice: Choice) -> Trial:
+        choices = {**self.chosen[best.number], knob.name: choice}
+        key = frozenset(choices.values())
+        if key in self.tried or choice in self.broken:
+            return best
+        self.tried.add(key)
+        trial = self._candidate(choices)
+        if trial is None:
+            return best
+        if trial.status in BROKEN:
+            self.broken.add(choice)
+        if trial.status == "pruned" and knob.name == "micro-batch" and not \
+                self.config.model.activation_checkpointing and \
+                "activation checkpointing" not in choice.label:
+            return self._challenge(best, knob, with_checkpointing(choice))
+        if trial.measured and trial.predicted_run_seconds < \
+                best.predicted_run_seconds * (1 - MIN_GAIN):
+            self.say(f"  best so far: trial {trial.number}")
+            return trial
+        if trial.measured and trial.step_seconds < best.step_seconds and \
+                trial.one_time_seconds > best.one_time_seconds:
+            trial.extra["pays_from_steps"] = math.ceil(
+                (trial.one_time_seconds - best.one_time_seconds) /
+                (best.step_seconds - trial.step_seconds))
+        return best
+
+    def _candidate(self, choices: dict[str, Choice]) -> Trial | None:
+        """Measure `choices` unless the configuration refuses them, the prediction says
+        they do not fit, or the budget cannot pay for them (None: not tried)."""
+        settings = [override(key, value) for choice in choices.values()
+                    for key, value in choice.settings]
+        trial = Trial(len(self.trials), _labels(choices), settings)
+        try:
+            config = load_config(self.recipe, [*self.overrides, *settings])
+        except UserError as err:
+            return self._record(trial, choices, "invalid", str(err).splitlines()[0])
+        misfit = predicted_misfit(config, self.processes)
+        if misfit is not None:
+            return self._record(trial, choices, "pruned", f"does not fit: {misfit}")
+        room = self._left() - self._cost(CONFIRM_FACTOR * self.measure)
+        if room < self._cost(self.measure):
+            self.say(f"  not tried, the budget is spent: {self._shown(trial)}")
+            return None
+        return self._measure(choices, self.measure, min(self.limit, room), trial)
+
+    def _measure(self, choices: dict[str, Choice], measure: int, limit: float,
+                 trial: Trial | None = None) -> Trial:
+        settings = [override(key, value) for choice in choices.values()
+                    for key, value in choice.settings]
+        trial = trial or Trial(len(self.trials), _labels(choices), settings)
+        self.say(f"trial {trial.number}: {self._shown(trial)}")
+        run_trial(self.plan, trial, measure, limit)
+        if not self.total_steps and trial.measured:  # the baseline says how long the run is
+            self.total_steps = self.config.train.max_steps or math.ceil(
+                self.config.train.epochs * (trial.extra.get("steps_per_epoch") or 1))
+        self._predict(trial)
+        self._record(trial, choices)
+        self.say(f"  {_result(trial)}")
+        return trial
+
+    def _record(self, trial: Trial, choices: dict[str, Choice], status: str | None = None,
+                why: str = "") -> Trial:
+        if status is not None:
+            trial.status, trial.why = status, why
+            self.say(f"trial {trial.number}: {self._shown(trial)}: {status}, {why}")
+        self.trials.append(trial)
+        self.chosen[trial.number] = choices
+        return trial
+
+    def _confirm(self, pick: Trial) -> Trial | None:
+        measure = CONFIRM_FACTOR * self.measure
+        self.say(f"confirmation: trial {pick.number} again, {measure} measured steps")
+        trial = Trial(len(self.trials), dict(pick.choices), list(pick.settings))
+        trial.extra["confirms"] = pick.number
+        return self._measure(self.chosen[pick.number], measure,
+                             max(self._left(), self._cost(measure)), trial)
+
+    # ---- figures ----
+    def _predict(self, trial: Trial) -> None:
+        if trial.measured:
+            trial.predicted_run_seconds = trial.one_time_seconds + \
+                self.total_steps * trial.step_seconds
+
+    def _cost(self, measure: int) -> float:
+        """What a trial of `measure` steps costs, as the baseline's did."""
+        base = self.trials[0]
+        overhead = base.wall_seconds - (self.plan.warmup + base.steps) * base.step_seconds
+        return overhead + (self.plan.warmup + measure) * base.step_seconds
+
+    def _spent(self) -> float:
+        return time.perf_counter() - self.started
+
+    def _left(self) -> float:
+        return self.budget - self._spent()
+
+    def _shown(self, trial: Trial) -> str:
+        return shown(trial.choices, self.space)
+
+
+def shown(choices: dict[str, str], space: Space) -> str:
+    """The choices that differ from the recipe's, or 'the recipe as given'."""
+    changed = [f"{name} {label}" for name, label in choices.items()
+               if (knob := space.knob(name)) is not None and label != knob.own.label]
+    return ", ".join(changed) or "the recipe as given"
+
+
+def _labels(choices: dict[str, Choice]) -> dict[str, str]:
+    return {name: choice.label for name, choice in choices.items()}
+
+
+def _result(trial: Trial) -> str:
+    if not trial.measured:
+        return f"{trial.status}: {trial.why}"
+    return (f"{trial.samples_per_second:,.1f} samples/s, {trial.step_seconds * 1000:.1f} ms a "
+            f"step, data wait {trial.data_wait:.0%}, one-time {trial.one_time_seconds:.1f} s, "
+            f"the run {trial.predicted_run_seconds:.0f} s")
+
+
+def _whole_intervals(steps: int, log_every: int, least: int = 1) -> int:
+    """`steps` rounded up to whole logging intervals, `least` to 200."""
+    return max(least, min(200, math.ceil(steps / log_every) * log_every))

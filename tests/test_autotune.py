@@ -1,0 +1,93 @@
+"""`hpctrain autotune`: real trials (each an `hpctrain run` process) of a small recipe whose
+model fails as a GPU would (tests/fixtures/autotune_net.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from hpctrain.config import load_config
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def test_a_hang_and_an_out_of_memory_are_recorded_and_the_pick_keeps_the_optimisation(
+        tmp_path, run_cli, tiny):
+    recipe = tiny(f"model.name={FIXTURES / 'autotune_net.py'}:build",
+                  "train.global_batch_size=64", "train.grad_accum_steps=2", "train.epochs=200",
+                  "data.val_batch_size=32")
+    folder = tmp_path / "tune"
+    code, out, err = run_cli("autotune", "default", *recipe, "--dir", str(folder),
+                             "--fix", "compile", "--fix", "channels_last", "--fix",
+                             "data.num_workers", "--warmup-steps", "2", "--measure-steps", "4",
+                             "--trial-seconds", "20", "--budget", "3m")
+    assert code == 0, err
+    document = json.loads((folder / "autotune.json").read_text())
+    trials = {tuple(sorted(t["settings"])): t for t in document["trials"]}
+    hung = trials[("precision=bf16",)]
+    assert hung["status"] == "timed out" and "20 s" in hung["why"]
+    whole = trials[("train.global_batch_size=64", "train.grad_accum_steps=1")]
+    assert whole["status"] == "out of memory" and "train.batch_size=64" in whole["why"]
+    assert document["spent_seconds"] <= 180 and document["confirmation"]["status"] == "measured"
+    assert not subprocess.run(["pgrep", "-f", str(folder)], capture_output=True).stdout
+    given, tuned = load_config("default", recipe), load_config(str(folder / "tuned.yaml"))
+    assert tuned.train.global_batch_size == 64 and tuned.precision == given.precision
+    assert tuned.optim == given.optim and tuned.schedule == given.schedule
+    assert tuned.train.epochs == given.train.epochs
+    assert "timed out: no end within 20 s" in out and "out of memory: exit 1" in out
+    assert f"tuned recipe: {folder / 'tuned.yaml'}" in out
+
+
+def test_ctrl_c_kills_the_running_trial_and_keeps_the_trials_so_far(tmp_path, tiny):
+    """The trial runs in a session of its own, so the terminal's Ctrl-C reaches autotune only:
+    it kills the trial's whole group (the hang under bf16 here), writes what it measured and
+    ends with 130."""
+    import signal
+    import sys
+    import time
+
+    folder = tmp_path / "tune"
+    recipe = tiny(f"model.name={FIXTURES / 'autotune_net.py'}:build", "train.batch_size=16",
+                  "train.epochs=200")
+    child = subprocess.Popen(
+        [sys.executable, "-m", "hpctrain", "autotune", "default", *recipe, "--dir", str(folder),
+         "--fix", "compile", "--warmup-steps", "2", "--measure-steps", "4"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (folder / "logs" / "trial-01.log").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(3)  # the hung trial is in its forward
+    child.send_signal(signal.SIGINT)
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == 130, err
+    document = json.loads((folder / "autotune.json").read_text())
+    assert [t["status"] for t in document["trials"]] == ["measured"]
+    assert document["pick"] == 0 and document["confirmation"] is None
+    assert "interrupted (Ctrl-C) after 1 trials" in out
+    assert not subprocess.run(["pgrep", "-f", str(folder)], capture_output=True).stdout
+
+
+def test_the_choices_on_this_cpu_keep_the_global_batch_what_you_fix_and_your_loader(
+        tmp_path, tiny_config, run_cli):
+    from hpctrain.autotune.knobs import space_of
+
+    space = space_of(tiny_config("train.global_batch_size=64"), {})
+    precision = space.knob("precision")
+    assert [c.label for c in precision.choices] == ["fp32 (recipe)", "bf16"]
+    assert precision.numerics and "fp16" in precision.note
+    micro = space.knob("micro-batch")
+    assert [c.label for c in micro.choices] == ["64 x 1 (recipe)", "32 x 2", "16 x 4", "8 x 8"]
+    assert all(dict(c.settings)["train.global_batch_size"] == 64 for c in micro.choices[1:])
+    fixed = space_of(tiny_config("precision=bf16"), {"precision": "bf16"})
+    assert fixed.knob("precision") is None and "precision: kept as given" in fixed.notes[0]
+    code, _, err = run_cli("autotune", "default", "--fix", "train.nonsense", "--dir",
+                           str(tmp_path / "t"))
+    assert code == 2 and "train.nonsense is no setting of the recipe" in err
+    tests = Path(__file__).parent
+    yours = load_config(None, [f"model.name={tests / 'fixtures' / 'lit_classifier.py'}"
+                               ":LitClassifier",
+                               f"data.dataset={tests / 'test_given_loaders.py'}:blob_loaders"])
+    kept = space_of(yours, {})
+    assert kept.knob("workers") is None and kept.knob("micro-batch") is None
+    assert "micro-batch: your DataLoader's batch size is kept" in kept.notes
