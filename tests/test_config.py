@@ -85,9 +85,15 @@ def test_recipe_file_with_a_typo_names_the_file_and_key(tmp_path, run_cli):
     assert str(recipe) in err and "train.epochz" in err and "train.epochs" in err
 
 
-def test_missing_recipe_file_and_invalid_yaml(tmp_path, run_cli):
+def test_missing_recipe_file_and_invalid_yaml(tmp_path, run_cli, monkeypatch):
     code, _, err = run_cli("config", "show", str(tmp_path / "nope.yaml"))
     assert code == 2 and "nope.yaml" in err and "does not exist" in err
+    monkeypatch.chdir(tmp_path)  # a folder named as a shipped recipe (autotune's --dir) is none
+    (tmp_path / "default").mkdir()
+    assert load_config("default").name == "default"
+    (tmp_path / "mine").mkdir()
+    code, _, err = run_cli("config", "show", "mine")
+    assert code == 2 and "recipe 'mine' is a folder, not a file" in err
     broken = tmp_path / "broken.yaml"
     broken.write_text("train: [1, 2\n")
     code, _, err = run_cli("config", "show", str(broken))

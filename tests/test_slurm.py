@@ -703,3 +703,31 @@ def test_a_job_trains_a_model_named_by_module_from_the_submit_directory(
     assert job.wait(timeout=240, poll=0.2) == "COMPLETED", job.logs(err=True)[-3000:]
     summary = json.loads((job.run_dir / "summary.json").read_text())
     assert summary["steps"] == 4 and "userpkg.nets:build" in job.logs()
+
+
+@pytest.mark.slurm
+def test_a_job_submitted_with_autotune_tunes_on_its_gpus_once_and_trains_the_pick(
+        slurm_cluster, home, tmp_path, tiny):
+    """autotune in the batch shell, each trial an srun step of the job; the run trains
+    tuned.yaml; the same script again (a continuation) finds the pick and does not tune."""
+    job = submit("default", tiny("run_name=tuned", "train.max_steps=6"), gpus=1,
+                 time_limit="10", autotune=[
+                     "--budget", "90", "--warmup-steps", "2", "--measure-steps", "4",
+                     "--no-confirm", "--fix", "compile", "--fix", "precision", "--fix",
+                     "data.num_workers", "--fix", "train.grad_accum_steps"])
+    assert job.wait(timeout=240, poll=0.2) == "COMPLETED", job.logs(err=True)[-3000:]
+    tuned = job.run_dir / "autotune"
+    trials = json.loads((tuned / "autotune.json").read_text())["trials"]
+    assert [t["status"] for t in trials] == ["measured", "measured"]  # channels_last both ways
+    for trial in trials:
+        start = json.loads((Path(trial["run_dir"]) / "run.json").read_text())["starts"][0]
+        assert (start["launcher"], start["job_id"]) == ("slurm", job.id)
+    summary = json.loads((job.run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 6
+    assert "name: default-tuned" in (job.run_dir / "config.yaml").read_text()
+    assert "autotune default: 2 trials" in job.logs()
+    written = (tuned / "autotune.json").stat().st_mtime
+    again = Job(slurm.submit(job.run_dir / "job.sbatch"), job.run_dir)
+    assert again.wait(timeout=120, poll=0.2) == "COMPLETED"
+    assert (tuned / "autotune.json").stat().st_mtime == written
+    assert "is already complete" in again.logs()

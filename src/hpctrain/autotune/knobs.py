@@ -65,7 +65,8 @@ def space_of(config: Config, fixed: dict[str, str], processes: int = 1) -> Space
 
     plan = plan_system(config)
     space = Space([], dict(fixed))
-    for make in (_precision, _compile, _channels_last, _micro_batch, _workers, _decode):
+    for make in (_precision, _compile, _channels_last, _micro_batch, _workers, _decode,
+                 _strategy):
         knob = make(config, plan, processes)
         if knob is None:
             continue
@@ -184,6 +185,23 @@ def _decode(config: Config, plan, processes: int) -> Knob | None:
     other = "gpu" if config.data.decode == "cpu" else "cpu"
     return Knob("decode", [own_choice("decode", config.data.decode),
                            Choice("decode", other, (("data.decode", other),))])
+
+
+def _strategy(config: Config, plan, processes: int) -> Knob | None:
+    """How the data dimension holds the model, where there are several processes: each
+    holding it whole (DDP) or a shard of it (FSDP). Tensor and pipeline splits are kept."""
+    from hpctrain.config.parallel_settings import Strategy
+    from hpctrain.parallel.layout import layout_of
+
+    if processes < 2:
+        return None
+    own = layout_of(config, processes, f"autotune --processes {processes}")
+    if own is None or own.strategy == Strategy.NONE:
+        return None
+    other = Strategy.FSDP if own.strategy == Strategy.DDP else Strategy.DDP
+    return Knob("strategy", [own_choice("strategy", str(own.strategy)),
+                             Choice("strategy", str(other), (("parallel.strategy", str(other)),))],
+                note="tensor and pipeline splits kept as the recipe has them")
 
 
 def _your_loader_sets(config: Config) -> bool:

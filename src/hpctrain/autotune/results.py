@@ -8,10 +8,10 @@ import json
 from hpctrain.autotune.search import Outcome, shown
 from hpctrain.autotune.trials import Trial
 from hpctrain.config import to_yaml
+from hpctrain.runs.directory import TUNED_RECIPE
 from hpctrain.units import fmt_bytes
 from hpctrain.writers import write_whole
 
-TUNED_RECIPE = "tuned.yaml"
 RESULTS = "autotune.json"
 
 
@@ -42,28 +42,46 @@ def _numerics_changed(outcome: Outcome) -> list[str]:
 
 
 def _speedup_line(outcome: Outcome) -> str:
-    base, pick = outcome.baseline, outcome.pick
+    """The pick against the recipe: from the confirmation runs where both ran again, else
+    from the trials."""
+    base, pick = _compared(outcome)
+    source = "in the longer runs" if base is not outcome.baseline else "in the trials"
     return (f"{pick.samples_per_second / base.samples_per_second:.2f}x the recipe's samples/s "
-            f"({base.samples_per_second:,.1f} -> {pick.samples_per_second:,.1f}); the run "
-            f"{base.predicted_run_seconds:.0f} s -> {pick.predicted_run_seconds:.0f} s predicted "
-            f"({outcome.total_steps} steps)")
+            f"{source} ({base.samples_per_second:,.1f} -> {pick.samples_per_second:,.1f}); the "
+            f"run {base.predicted_run_seconds:.0f} s -> {pick.predicted_run_seconds:.0f} s "
+            f"predicted ({outcome.total_steps} steps)")
+
+
+def _compared(outcome: Outcome) -> tuple[Trial, Trial]:
+    """(the recipe's figures, the pick's): the confirmation runs where both are measured."""
+    again, confirmation = outcome.recipe_again, outcome.confirmation
+    if again is not None and again.measured and confirmation is not None and \
+            confirmation.measured:
+        return again, confirmation
+    if outcome.pick is outcome.baseline and confirmation is not None and confirmation.measured:
+        return confirmation, confirmation
+    return outcome.baseline, outcome.pick
 
 
 def summary(outcome: Outcome) -> dict:
-    base, pick, confirm = outcome.baseline, outcome.pick, outcome.confirmation
+    pick, confirm = outcome.pick, outcome.confirmation
     deviation = None
     if confirm is not None and confirm.measured:
         deviation = pick.samples_per_second / confirm.samples_per_second - 1
+    base, picked = _compared(outcome)
     return {
         "recipe": outcome.config.name, "folder": str(outcome.folder),
         "tuned_recipe": str(outcome.folder / TUNED_RECIPE),
         "budget_seconds": outcome.budget_seconds, "budget": outcome.budget_note,
         "spent_seconds": round(outcome.spent_seconds, 1), "total_steps": outcome.total_steps,
         "pick": pick.number, "pick_settings": pick.settings,
-        "speedup": pick.samples_per_second / base.samples_per_second,
+        "speedup": picked.samples_per_second / base.samples_per_second,
+        "samples_per_second": {"recipe": base.samples_per_second,
+                               "pick": picked.samples_per_second},
         "run_seconds_predicted": {"recipe": base.predicted_run_seconds,
-                                  "pick": pick.predicted_run_seconds},
+                                  "pick": picked.predicted_run_seconds},
         "confirmation": confirm.to_json() if confirm else None,
+        "recipe_again": outcome.recipe_again.to_json() if outcome.recipe_again else None,
         "trial_against_confirmation": deviation,
         "numerics_changed": _numerics_changed(outcome),
         "notes": outcome.notes, "trials": [t.to_json() for t in outcome.trials]}
@@ -82,9 +100,9 @@ def text(outcome: Outcome, document: dict) -> str:
     deviation = document["trial_against_confirmation"]
     if deviation is not None:
         confirm = outcome.confirmation
-        lines.append(f"  confirmed by a run of {confirm.steps} measured steps: "
-                     f"{confirm.samples_per_second:,.1f} samples/s, the trial read "
-                     f"{deviation:+.1%} from it")
+        lines.append(f"  run again for {confirm.steps} measured steps: "
+                     f"{confirm.samples_per_second:,.1f} samples/s; its trial read "
+                     f"{deviation:+.1%} from that")
     elif outcome.confirmation is not None:
         lines.append(f"  confirmation run: {outcome.confirmation.status}, "
                      f"{outcome.confirmation.why}")

@@ -11,7 +11,10 @@ workers); a micro-batch the prediction says does not fit is tried with activatio
 checkpointing; a choice that failed or hung is not tried again. Candidates are compared by
 the run's predicted time, one-time costs (start-up, compilation) included: a faster step that
 does not pay for its compilation within the run's steps loses, and says from how many steps
-it would pay. Compilation is searched last: its trials cost the most.
+it would pay. Compilation is searched last: its trials cost the most. Last, the recipe as
+given and the pick run again, longer, one after the other: the pick stands only if it is still
+the faster (trials are short, and a shared machine's pace moves between processes), and the
+speed-up reported is theirs.
 """
 
 from __future__ import annotations
@@ -29,12 +32,13 @@ from hpctrain.config import Config, load_config
 from hpctrain.errors import ConfigError, RunFailed, UserError
 from hpctrain.tune.space import override
 
-MIN_BUDGET = 120.0  # seconds: the baseline, a handful of candidates and the confirmation
+MIN_BUDGET = 120.0  # seconds: the baseline, a handful of candidates and the confirmations
 MAX_BUDGET = 900.0
 BUDGET_SHARE = 0.10  # of the run it tunes
 MIN_GAIN = 0.02  # a candidate beats the best only by more than this share of the run's time
 MEASURE_SECONDS = 3.0  # each trial's measured steps last about this long, at the baseline's pace
-CONFIRM_FACTOR = 3  # the confirmation run measures this many times a trial's steps
+CONFIRM_FACTOR = 3  # the confirmation runs measure this many times a trial's steps
+CONFIRMATIONS = 2  # the recipe as given and the pick, run again: the budget keeps room for them
 PASSES = 2
 BROKEN = ("failed", "timed out", "invalid")  # a choice that ended so is not tried again
 DATA_WAIT_FIRST = 0.1  # a share of the step's time: the data knobs are searched first
@@ -48,6 +52,7 @@ class Options:
     measure: int | None = None  # measured steps per trial; None: about MEASURE_SECONDS
     trial_seconds: float | None = None  # the most a trial may take; None: 3x the baseline's
     confirm: bool = True
+    processes: int = 1  # each trial's, one per device: the run's own layout
 
 
 @dataclass
@@ -63,7 +68,8 @@ class Outcome:
     budget_note: str
     spent_seconds: float
     tuned: Config  # the recipe with the pick's settings
-    confirmation: Trial | None = None
+    confirmation: Trial | None = None  # the pick run again, longer
+    recipe_again: Trial | None = None  # the recipe as given run again, beside it
     notes: list[str] = field(default_factory=list)
     interrupted: bool = False  # Ctrl-C ended the search
 
@@ -87,15 +93,17 @@ def fixed_settings(config_of: Callable[[list[str]], Config], fixed: list[str]) \
 
 class Search:
     def __init__(self, recipe: str | None, overrides: list[str], options: Options,
-                 folder: Path, say: Callable[[str], None], processes: int = 1):
-        self.recipe, self.options, self.say, self.processes = recipe, options, say, processes
+                 folder: Path, say: Callable[[str], None]):
+        self.recipe, self.options, self.say = recipe, options, say
+        self.processes = processes = options.processes
         settings, fixed = fixed_settings(lambda extra: load_config(recipe, [*overrides, *extra]),
                                          options.fixed)
         self.overrides = [*overrides, *settings]
         self.config = load_config(recipe, self.overrides)
         self.space = space_of(self.config, fixed, processes)
         self.plan = Plan(recipe, self.overrides, folder, warmup=options.warmup,
-                         log_every=max(d for d in range(1, 6) if options.warmup % d == 0))
+                         log_every=max(d for d in range(1, 6) if options.warmup % d == 0),
+                         launcher=launcher(processes))
         self.trials: list[Trial] = []
         self.chosen: dict[int, dict[str, Choice]] = {}  # trial number -> its choices
         self.tried: set[frozenset] = set()
@@ -119,12 +127,13 @@ class Search:
                        key=lambda t: t.predicted_run_seconds)
             notes.append(f"interrupted (Ctrl-C) after {len(self.trials)} trials: the pick is "
                          "the best measured so far, not confirmed")
-        confirmation = self._confirm(best) if self.options.confirm and not interrupted \
-            else None
+        confirmation = recipe_again = None
+        if self.options.confirm and not interrupted:
+            best, confirmation, recipe_again = self._confirm(best, baseline, notes)
         tuned = load_config(self.recipe, [*self.overrides, *best.settings])
         return Outcome(self.plan.folder, self.config, self.space, self.trials, baseline, best,
                        self.total_steps, self.budget, note, self._spent(), tuned, confirmation,
-                       notes, interrupted)
+                       recipe_again, notes, interrupted)
 
     def _passes(self, baseline: Trial) -> Trial:
         best = baseline
@@ -235,7 +244,7 @@ class Search:
         misfit = predicted_misfit(config, self.processes)
         if misfit is not None:
             return self._record(trial, choices, "pruned", f"does not fit: {misfit}")
-        room = self._left() - self._cost(CONFIRM_FACTOR * self.measure)
+        room = self._left() - CONFIRMATIONS * self._cost(CONFIRM_FACTOR * self.measure)
         if room < self._cost(self.measure):
             self.say(f"  not tried, the budget is spent: {self._shown(trial)}")
             return None
@@ -265,13 +274,28 @@ class Search:
         self.chosen[trial.number] = choices
         return trial
 
-    def _confirm(self, pick: Trial) -> Trial | None:
+    def _confirm(self, pick: Trial, baseline: Trial, notes: list[str]) \
+            -> tuple[Trial, Trial, Trial | None]:
+        """(the pick, its confirmation, the recipe's): the recipe as given and the pick run
+        again, one after the other, longer; the pick stands only if it is still faster."""
+        recipe_again = None if pick is baseline else self._again(baseline)
+        confirmation = self._again(pick)
+        if recipe_again is not None and recipe_again.measured and not (
+                confirmation.measured and confirmation.predicted_run_seconds <
+                recipe_again.predicted_run_seconds):
+            notes.append(f"trial {pick.number} was no faster than the recipe as given when both "
+                         f"ran again ({_pace(confirmation)} against {_pace(recipe_again)}): "
+                         "the recipe as given is kept")
+            return baseline, recipe_again, None
+        return pick, confirmation, recipe_again
+
+    def _again(self, trial: Trial) -> Trial:
         measure = CONFIRM_FACTOR * self.measure
-        self.say(f"confirmation: trial {pick.number} again, {measure} measured steps")
-        trial = Trial(len(self.trials), dict(pick.choices), list(pick.settings))
-        trial.extra["confirms"] = pick.number
-        return self._measure(self.chosen[pick.number], measure,
-                             max(self._left(), self._cost(measure)), trial)
+        self.say(f"confirmation: trial {trial.number} again, {measure} measured steps")
+        again = Trial(len(self.trials), dict(trial.choices), list(trial.settings))
+        again.extra["confirms"] = trial.number
+        slack = 3 * (self._cost(measure) + trial.one_time_seconds)  # a hang's guard, not a cap
+        return self._measure(self.chosen[trial.number], measure, max(self._left(), slack), again)
 
     # ---- figures ----
     def _predict(self, trial: Trial) -> None:
@@ -295,6 +319,15 @@ class Search:
         return shown(trial.choices, self.space)
 
 
+def launcher(processes: int) -> tuple[str, ...]:
+    """What starts a trial's processes: inside a scheduler's job, its launcher (the
+    job's tasks, on the nodes that will train); here, torchrun for several."""
+    from hpctrain.cluster.scheduler import current, in_job
+    from hpctrain.tune.worker import torchrun
+
+    return tuple(current().LAUNCHER) if in_job() else tuple(torchrun(processes))
+
+
 def shown(choices: dict[str, str], space: Space) -> str:
     """The choices that differ from the recipe's, or 'the recipe as given'."""
     changed = [f"{name} {label}" for name, label in choices.items()
@@ -304,6 +337,10 @@ def shown(choices: dict[str, str], space: Space) -> str:
 
 def _labels(choices: dict[str, Choice]) -> dict[str, str]:
     return {name: choice.label for name, choice in choices.items()}
+
+
+def _pace(trial: Trial) -> str:
+    return f"{trial.samples_per_second:,.1f} samples/s" if trial.measured else trial.status
 
 
 def _result(trial: Trial) -> str:

@@ -27,6 +27,7 @@ from hpctrain.tune.worker import hpctrain_run
 TRIALS = "trials"  # in the autotune folder: one run directory per trial
 LOGS = "logs"
 OUT_OF_MEMORY = ("out of memory", "outofmemoryerror")
+KILL_GRACE_SECONDS = 10  # after SIGTERM, before SIGKILL
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class Plan:
     warmup: int = 10
     measure: int = 20
     log_every: int = 5
+    launcher: tuple[str, ...] = ()  # what starts a trial's processes: torchrun, a scheduler's, none
 
 
 @dataclass
@@ -83,8 +85,8 @@ def run_trial(plan: Plan, trial: Trial, measure: int, limit_seconds: float) -> T
     name = f"trial-{trial.number:02d}"
     log_path = plan.folder / LOGS / f"{name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    command = hpctrain_run(plan.recipe, [*plan.overrides, *trial.settings,
-                                         *trial_settings(plan, name, measure)])
+    command = [*plan.launcher, *hpctrain_run(plan.recipe, [
+        *plan.overrides, *trial.settings, *trial_settings(plan, name, measure)])]
     started = time.perf_counter()
     with open(log_path, "w") as log:
         log.write(" ".join(command) + "\n")
@@ -94,10 +96,10 @@ def run_trial(plan: Plan, trial: Trial, measure: int, limit_seconds: float) -> T
         try:
             code = child.wait(timeout=limit_seconds)
         except subprocess.TimeoutExpired:
-            _kill_group(child)
+            _kill_group(child, bool(plan.launcher))
             code = None
         except BaseException:  # Ctrl-C: the trial, in a session of its own, did not get it
-            _kill_group(child)
+            _kill_group(child, bool(plan.launcher))
             raise
     trial.wall_seconds = time.perf_counter() - started
     trial.run_dir, trial.log = str(plan.folder / TRIALS / name), str(log_path)
@@ -113,10 +115,23 @@ def run_trial(plan: Plan, trial: Trial, measure: int, limit_seconds: float) -> T
     return trial
 
 
-def _kill_group(child: subprocess.Popen) -> None:
-    """The trial and its DataLoader workers, all of them: a hung step holds its workers."""
+def _kill_group(child: subprocess.Popen, launched: bool) -> None:
+    """The trial and its DataLoader workers, all of them (a hung step holds its workers);
+    where a launcher started it, SIGTERM first, which a scheduler's launcher passes on to its
+    tasks on every node and torchrun to its processes, then SIGKILL to what is left."""
+    first = (signal.SIGTERM, signal.SIGKILL) if launched else (signal.SIGKILL,)
+    for number, signal_number in enumerate(first):
+        try:
+            os.killpg(child.pid, signal_number)
+        except ProcessLookupError:
+            break
+        try:
+            child.wait(timeout=KILL_GRACE_SECONDS if number < len(first) - 1 else None)
+            break
+        except subprocess.TimeoutExpired:
+            continue
     try:
-        os.killpg(child.pid, signal.SIGKILL)
+        os.killpg(child.pid, signal.SIGKILL)  # workers the launcher left behind
     except ProcessLookupError:
         pass
     child.wait()
@@ -167,6 +182,22 @@ def _read_figures(trial: Trial, run_dir: Path, plan: Plan) -> None:
     trial.one_time_seconds = split.get("startup", 0.0) + max(
         0.0, warm_seconds - warm_steps * trial.step_seconds)
     trial.extra["steps_per_epoch"] = _steps_per_epoch(train)
+    _in_the_task_units(trial, summary)
+
+
+def _in_the_task_units(trial: Trial, summary: dict) -> None:
+    """The measured steps' throughput in the task's own unit (tokens/s) and their MFU where
+    the run's summary gives them: its figures scaled by the measured share of its pace."""
+    whole = summary.get("samples_per_second")
+    if not whole:
+        return
+    scale = trial.samples_per_second / whole
+    for key, value in summary.items():
+        if key.endswith("_per_second") and key != "samples_per_second" and \
+                isinstance(value, (int, float)):
+            trial.extra[key] = value * scale
+    if isinstance(summary.get("mfu"), (int, float)):
+        trial.extra["mfu"] = summary["mfu"] * scale
 
 
 def _with_previous_step(records: list[dict]):

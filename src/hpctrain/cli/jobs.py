@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -34,6 +35,10 @@ def _add_submit(verbs) -> None:
     submit.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2",
                         help="one array job over the values (repeat: cartesian product); "
                         "each element gets its own run directory")
+    submit.add_argument("--autotune", nargs="?", const="", metavar="TIME",
+                        help="first measure the fastest settings on the job's GPUs (hpctrain "
+                        "autotune, its budget TIME: 90s, 10m; default its own), then train "
+                        "them; a continuation does not tune again")
     submit.add_argument("--dry-run", action="store_true", help="print the script only")
     submit.add_argument("--json", action="store_true")
 
@@ -42,7 +47,7 @@ def cmd_submit(args) -> int:
     from hpctrain.cluster import jobs
     from hpctrain.cluster.profiles import get_profile
 
-    options = {**job_options(args), "sweep": args.sweep}
+    options = {**job_options(args), "sweep": args.sweep, "autotune": _autotune(args.autotune)}
     if args.dry_run:
         request, script = jobs.plan(args.recipe, args.overrides, args.gpus, args.time,
                                     args.cluster, **options)
@@ -62,6 +67,20 @@ def cmd_submit(args) -> int:
         print(f"submitted job {job.id}: {job.run_dir}\n  python: {request.python()[1]}\n"
               f"  follow it: hpctrain jobs; hpctrain logs {job.id} --follow")
     return 0
+
+
+def _autotune(budget: str | None) -> list[str] | None:
+    """autotune's arguments in the job (None: no autotune); its budget checked now."""
+    if budget is None:
+        return None
+    if not budget:
+        return []
+    from hpctrain.cli.arguments import duration
+
+    try:
+        return ["--budget", f"{duration(budget):g}"]
+    except argparse.ArgumentTypeError as err:
+        raise ConfigError(f"--autotune: {err}") from None
 
 
 def _add_jobs(verbs) -> None:

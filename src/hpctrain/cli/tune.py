@@ -268,6 +268,9 @@ def _add_autotune(verbs) -> None:
                           "(default: about 3 s of the recipe's steps)")
     autotune.add_argument("--trial-seconds", type=seconds, help="the most one trial may "
                           "take (default 3x the recipe's own trial, at least 60 s)")
+    autotune.add_argument("--processes", type=count(1), default=1, help="processes (one per "
+                          "GPU) each trial trains on: torchrun here, the job's own launcher "
+                          "inside a Slurm job (default 1)")
     autotune.add_argument("--no-confirm", action="store_true", help="no longer run of the "
                           "pick to confirm its figure")
     autotune.add_argument("--json", action="store_true")
@@ -286,7 +289,7 @@ def cmd_autotune(args) -> int:
     folder = Path(args.dir or Path(config.output_dir) / f"{config.name}-autotune-{stamp()}")
     options = Options(budget_seconds=args.budget, fixed=args.fix, warmup=args.warmup_steps,
                       measure=args.measure_steps, trial_seconds=args.trial_seconds,
-                      confirm=not args.no_confirm)
+                      confirm=not args.no_confirm, processes=args.processes)
     say = _say(args.json)
     search = Search(args.recipe, args.overrides, options, folder.absolute(),
                     lambda text: say(f"autotune: {text}"))

@@ -233,6 +233,9 @@ def plan(recipe: str | None, overrides: list[str], gpus: int, time_limit: str,
         load_config(recipe, [*overrides, *element])
     name = options.pop("job_name", None)
     check_places(name, options)
+    if options.get("autotune") is not None and elements:
+        raise ConfigError("--autotune with --sweep: tune once (hpctrain autotune, or a job "
+                          "with --autotune), then sweep over its tuned.yaml")
     run_name = config.run_name or name or new_run_name(config.name)
     run_dir = (Path(config.output_dir).expanduser() / run_name).absolute()
     resume_from = None

@@ -45,6 +45,9 @@ class JobRequest:
     resume_from: str | None = None  # a checkpoint the first start resumes (then: the newest)
     workdir: Path | None = None  # where the job runs: the submit directory
     user_code: bool = False  # the recipe names user code: the workdir goes on PYTHONPATH
+    # `hpctrain autotune` first, with these arguments (--budget), on the job's GPUs; the run
+    # trains its pick. None: no autotune
+    autotune: list[str] | None = None
 
     @property
     def array(self) -> int:

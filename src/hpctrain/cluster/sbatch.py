@@ -17,7 +17,7 @@ from pathlib import Path
 from hpctrain.cluster.profiles import Profile
 from hpctrain.cluster.request import JobRequest, layout, time_seconds
 from hpctrain.errors import ConfigError, ExitCode
-from hpctrain.runs.directory import JOB_LOG, SHELL_LEDGER, RunDir
+from hpctrain.runs.directory import AUTOTUNE, JOB_LOG, SHELL_LEDGER, TUNED_RECIPE, RunDir
 
 # what may stand in an #SBATCH value: no spaces, quotes, newlines or shell syntax
 SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.,:@%+=/-]+$")
@@ -140,7 +140,23 @@ def _command(request: JobRequest, run_dir: Path) -> list[str]:
     python, which = request.python()
     lines, command = _run_command(request, run_dir, python)
     about, launch = _launch(request, python, command)
-    return [f"# python: {which}", *lines, *about, *_continuation(request, run_dir, launch)]
+    return [f"# python: {which}", *lines, *_autotune(request, run_dir, python), *about,
+            *_continuation(request, run_dir, launch)]
+
+
+def _autotune(request: JobRequest, run_dir: Path, python: list[str]) -> list[str]:
+    """`hpctrain autotune` on this job's GPUs (each trial a step of the launcher), once: a
+    continuation trains what it picked."""
+    if request.autotune is None:
+        return []
+    folder = run_dir / AUTOTUNE
+    command = " ".join(shlex.quote(str(a)) for a in [
+        *python, "-m", "hpctrain", "autotune", *([request.recipe] if request.recipe else []),
+        *request.overrides, "--dir", folder, "--processes", request.gpus, *request.autotune])
+    return ["# autotune first: the fastest settings measured on this job's GPUs, each trial a",
+            "# step of its own; the run trains its pick (a continuation does not tune again)",
+            f"if [ ! -f {shlex.quote(str(folder / TUNED_RECIPE))} ]; then",
+            f"    {command} || exit $?", "fi", ""]
 
 
 def _run_command(request: JobRequest, run_dir: Path, python: list[str]) \
@@ -149,6 +165,8 @@ def _run_command(request: JobRequest, run_dir: Path, python: list[str]) \
     the checkpoint of a first start), and the `hpctrain run` command line."""
     arguments = [*python, "-m", "hpctrain", "run", *([request.recipe] if request.recipe else []),
                  *request.overrides]
+    if request.autotune is not None:  # the pick holds the recipe and its settings
+        arguments = [*python, "-m", "hpctrain", "run", run_dir / AUTOTUNE / TUNED_RECIPE]
     where = [f"output_dir={run_dir.parent}", f"run_name={run_dir.name}"]
     lines = []
     if request.user_code and request.workdir:  # package.module:fn from the submit directory

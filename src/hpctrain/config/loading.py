@@ -27,12 +27,13 @@ def shipped_recipes() -> dict[str, Path]:
 
 def _recipe_path(recipe: str) -> Path:
     path = Path(recipe).expanduser()
-    if path.suffix in (".yaml", ".yml") or path.exists():
-        if not path.is_file():
-            raise ConfigError(f"recipe file {recipe!r} does not exist")
-        return path
     shipped = shipped_recipes()
-    if recipe in shipped:
+    if path.is_file():
+        return path
+    if path.suffix in (".yaml", ".yml") or (path.exists() and recipe not in shipped):
+        raise ConfigError(f"recipe file {recipe!r} does not exist" if not path.exists() else
+                          f"recipe {recipe!r} is a folder, not a file: give its .yaml file")
+    if recipe in shipped:  # a folder of that name here (autotune's, a run's) is no recipe
         return shipped[recipe]
     hint = difflib.get_close_matches(recipe, shipped, n=1)
     raise ConfigError(

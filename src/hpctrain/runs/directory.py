@@ -44,6 +44,8 @@ REPORT = "report.html"
 JOB_SCRIPT = "job.sbatch"
 JOB_RECORD = "job.json"
 MEMORY_PREDICTION = "{recipe}-memory.json"  # hpctrain memory --out RUN_DIR writes it there
+AUTOTUNE = "autotune"  # a job submitted with --autotune: its trials, in the run directory
+TUNED_RECIPE = "tuned.yaml"  # in autotune's folder: the pick, as a recipe to train
 JOB_LOG = "slurm-{job}.{stream}"  # stream: out | err; job: the id, or Slurm's %j / %A_%a
 CHECKPOINT_META = "meta.json"  # inside each checkpoint folder, written last
 # beside it: what a LightningModule's on_save_checkpoint added (tensors and plain values)
