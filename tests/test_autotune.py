@@ -21,21 +21,21 @@ def test_a_hang_and_an_out_of_memory_are_recorded_and_the_pick_keeps_the_optimis
     code, out, err = run_cli("autotune", "default", *recipe, "--dir", str(folder),
                              "--fix", "compile", "--fix", "channels_last", "--fix",
                              "data.num_workers", "--warmup-steps", "2", "--measure-steps", "4",
-                             "--trial-seconds", "20", "--budget", "3m")
+                             "--trial-seconds", "14", "--budget", "45s")
     assert code == 0, err
     document = json.loads((folder / "autotune.json").read_text())
     trials = {tuple(sorted(t["settings"])): t for t in document["trials"]}
     hung = trials[("precision=bf16",)]
-    assert hung["status"] == "timed out" and "20 s" in hung["why"]
+    assert hung["status"] == "timed out" and "14 s" in hung["why"]
     whole = trials[("train.global_batch_size=64", "train.grad_accum_steps=1")]
     assert whole["status"] == "out of memory" and "train.batch_size=64" in whole["why"]
-    assert document["spent_seconds"] <= 180 and document["confirmation"]["status"] == "measured"
+    assert document["spent_seconds"] <= 60 and document["confirmation"]["status"] == "measured"
     assert not subprocess.run(["pgrep", "-f", str(folder)], capture_output=True).stdout
     given, tuned = load_config("default", recipe), load_config(str(folder / "tuned.yaml"))
     assert tuned.train.global_batch_size == 64 and tuned.precision == given.precision
     assert tuned.optim == given.optim and tuned.schedule == given.schedule
     assert tuned.train.epochs == given.train.epochs
-    assert "timed out: no end within 20 s" in out and "out of memory: exit 1" in out
+    assert "timed out: no end within 14 s" in out and "out of memory: exit 1" in out
     assert f"tuned recipe: {folder / 'tuned.yaml'}" in out
 
 

@@ -117,11 +117,16 @@ def text(outcome: Outcome, document: dict) -> str:
 def _row(trial: Trial, outcome: Outcome) -> str:
     settings = shown(trial.choices, outcome.space)
     if "confirms" in trial.extra:
-        settings = f"confirmation of trial {trial.extra['confirms']}"
+        settings = f"trial {trial.extra['confirms']} again, longer"
+    if "again" in trial.extra:
+        settings = f"trial {trial.extra['again']} again (run-off)"
     if not trial.measured:
         return f"{trial.number:>3}  {settings:<44} {trial.status}: {trial.why}"
     peak = fmt_bytes(trial.peak_memory_bytes) if trial.peak_memory_bytes else "-"
     verdict = "pick" if trial is outcome.pick else ""
+    if "runs" in trial.extra:
+        verdict += f"{', ' if verdict else ''}median of {trial.extra['runs']}: " \
+            f"{trial.extra['median_run_seconds']:.0f} s"
     if "pays_from_steps" in trial.extra:
         verdict = f"faster steps, pays from {trial.extra['pays_from_steps']:,} steps"
     return (f"{trial.number:>3}  {settings:<44} {trial.samples_per_second:>10,.1f} "

@@ -11,15 +11,18 @@ workers); a micro-batch the prediction says does not fit is tried with activatio
 checkpointing; a choice that failed or hung is not tried again. Candidates are compared by
 the run's predicted time, one-time costs (start-up, compilation) included: a faster step that
 does not pay for its compilation within the run's steps loses, and says from how many steps
-it would pay. Compilation is searched last: its trials cost the most. Last, the recipe as
-given and the pick run again, longer, one after the other: the pick stands only if it is still
-the faster (trials are short, and a shared machine's pace moves between processes), and the
-speed-up reported is theirs.
+it would pay. Compilation is searched last: its trials cost the most. Then the near misses
+(one-knob changes that came within NEAR of the best) are tried together, and what the budget
+leaves goes to a run-off: the closest candidates measured again in turn, judged by their
+median (a shared machine's pace moves by tens of percent between processes). Last, the
+recipe as given and the pick run again, longer, one after the other: the pick stands only if
+it is still the faster, and the speed-up reported is theirs.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +42,9 @@ MIN_GAIN = 0.02  # a candidate beats the best only by more than this share of th
 MEASURE_SECONDS = 3.0  # each trial's measured steps last about this long, at the baseline's pace
 CONFIRM_FACTOR = 3  # the confirmation runs measure this many times a trial's steps
 CONFIRMATIONS = 2  # the recipe as given and the pick, run again: the budget keeps room for them
+NEAR = 0.05  # a one-knob change within this share of the best's time is a near miss
+RUNOFF = 3  # the closest candidates measured again with the budget left
+RUNOFF_ROUNDS = 3
 PASSES = 2
 BROKEN = ("failed", "timed out", "invalid")  # a choice that ended so is not tried again
 DATA_WAIT_FIRST = 0.1  # a share of the step's time: the data knobs are searched first
@@ -120,7 +126,7 @@ class Search:
         note = self._set_budget(baseline)
         best, notes, interrupted = baseline, list(self.space.notes), False
         try:
-            best = self._passes(baseline)
+            best = self._runoff(self._combine(self._passes(baseline)))
         except KeyboardInterrupt:
             interrupted = True
             best = min((t for t in self.trials if t.measured),
@@ -145,6 +151,63 @@ class Search:
                 break
             self.say(f"pass {number + 2}: the knobs again, from {self._shown(best)}")
         return best
+
+    def _combine(self, best: Trial) -> Trial:
+        """The near misses together: each one-knob change from the best whose trial came
+        within NEAR of it, all at once (two small gains, each lost in the noise, may be one
+        real gain)."""
+        mine, changes = self.chosen[best.number], {}
+        for trial in self._searched():
+            theirs = self.chosen[trial.number]
+            differing = [name for name in mine if theirs[name] != mine[name]]
+            if len(differing) == 1 and trial is not best and \
+                    trial.predicted_run_seconds <= best.predicted_run_seconds * (1 + NEAR):
+                name = differing[0]
+                if name not in changes or trial.predicted_run_seconds < changes[name][1]:
+                    changes[name] = (theirs[name], trial.predicted_run_seconds)
+        choices = {**mine, **{name: choice for name, (choice, _) in changes.items()}}
+        if len(changes) < 2 or frozenset(choices.values()) in self.tried:
+            return best
+        self.tried.add(frozenset(choices.values()))
+        self.say(f"the near misses together: {', '.join(sorted(changes))}")
+        trial = self._candidate(choices)
+        return trial if trial is not None and trial.measured and \
+            trial.predicted_run_seconds < best.predicted_run_seconds else best
+
+    def _runoff(self, best: Trial) -> Trial:
+        """With what the budget leaves beside the confirmations, the RUNOFF closest
+        candidates measured again, in turn, up to RUNOFF_ROUNDS times, and judged by their
+        median; the best changes only for a gain past MIN_GAIN."""
+        ranked = sorted(self._searched(), key=lambda t: t.predicted_run_seconds)[:RUNOFF]
+        if best not in ranked:
+            ranked[-1:] = [best]
+        runs = {trial.number: [trial] for trial in ranked}
+        for _ in range(RUNOFF_ROUNDS if len(ranked) > 1 else 0):
+            if self._left() < len(ranked) * self._cost(self.measure) + \
+                    CONFIRMATIONS * self._cost(CONFIRM_FACTOR * self.measure):
+                break
+            self.say(f"run-off: trials {', '.join(str(t.number) for t in ranked)} again")
+            for trial in ranked:
+                again = Trial(len(self.trials), dict(trial.choices), list(trial.settings))
+                again.extra["again"] = trial.number
+                self._measure(self.chosen[trial.number], self.measure, self.limit, again)
+                if again.measured:
+                    runs[trial.number].append(again)
+        if all(len(found) == 1 for found in runs.values()):
+            return best
+        for trial in ranked:
+            trial.extra["median_run_seconds"] = statistics.median(
+                t.predicted_run_seconds for t in runs[trial.number])
+            trial.extra["runs"] = len(runs[trial.number])
+        winner = min(ranked, key=lambda t: t.extra["median_run_seconds"])
+        gained = winner.extra["median_run_seconds"] < \
+            best.extra["median_run_seconds"] * (1 - MIN_GAIN)
+        return winner if gained else best
+
+    def _searched(self) -> list[Trial]:
+        """The candidates measured by the search (not run again)."""
+        return [t for t in self.trials if t.measured and "again" not in t.extra
+                and "confirms" not in t.extra]
 
     def _baseline(self) -> Trial:
         own = {knob.name: knob.own for knob in self.space.knobs}
