@@ -712,20 +712,21 @@ def test_a_job_submitted_with_autotune_tunes_on_its_gpus_once_and_trains_the_pic
     tuned.yaml; the same script again (a continuation) finds the pick and does not tune."""
     job = submit("default", tiny("run_name=tuned", "train.max_steps=6"), gpus=1,
                  time_limit="10", autotune=[
-                     "--budget", "90", "--warmup-steps", "2", "--measure-steps", "4",
+                     "--budget", "30", "--warmup-steps", "2", "--measure-steps", "4",
                      "--no-confirm", "--fix", "compile", "--fix", "precision", "--fix",
                      "data.num_workers", "--fix", "train.grad_accum_steps"])
     assert job.wait(timeout=240, poll=0.2) == "COMPLETED", job.logs(err=True)[-3000:]
     tuned = job.run_dir / "autotune"
     trials = json.loads((tuned / "autotune.json").read_text())["trials"]
-    assert [t["status"] for t in trials] == ["measured", "measured"]  # channels_last both ways
+    assert all(t["status"] == "measured" for t in trials)  # then the run-off, if time left
+    assert [t["settings"] for t in trials[:2]] == [[], ["channels_last=false"]]
     for trial in trials:
         start = json.loads((Path(trial["run_dir"]) / "run.json").read_text())["starts"][0]
         assert (start["launcher"], start["job_id"]) == ("slurm", job.id)
     summary = json.loads((job.run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == 6
     assert "name: default-tuned" in (job.run_dir / "config.yaml").read_text()
-    assert "autotune default: 2 trials" in job.logs()
+    assert f"autotune default: {len(trials)} trials" in job.logs()
     written = (tuned / "autotune.json").stat().st_mtime
     again = Job(slurm.submit(job.run_dir / "job.sbatch"), job.run_dir)
     assert again.wait(timeout=120, poll=0.2) == "COMPLETED"

@@ -183,8 +183,7 @@ class Search:
             ranked[-1:] = [best]
         runs = {trial.number: [trial] for trial in ranked}
         for _ in range(RUNOFF_ROUNDS if len(ranked) > 1 else 0):
-            if self._left() < len(ranked) * self._cost(self.measure) + \
-                    CONFIRMATIONS * self._cost(CONFIRM_FACTOR * self.measure):
+            if self._left() < len(ranked) * self._cost(self.measure) + self._reserve():
                 break
             self.say(f"run-off: trials {', '.join(str(t.number) for t in ranked)} again")
             for trial in ranked:
@@ -307,7 +306,7 @@ class Search:
         misfit = predicted_misfit(config, self.processes)
         if misfit is not None:
             return self._record(trial, choices, "pruned", f"does not fit: {misfit}")
-        room = self._left() - CONFIRMATIONS * self._cost(CONFIRM_FACTOR * self.measure)
+        room = self._left() - self._reserve()
         if room < self._cost(self.measure):
             self.say(f"  not tried, the budget is spent: {self._shown(trial)}")
             return None
@@ -371,6 +370,11 @@ class Search:
         base = self.trials[0]
         overhead = base.wall_seconds - (self.plan.warmup + base.steps) * base.step_seconds
         return overhead + (self.plan.warmup + measure) * base.step_seconds
+
+    def _reserve(self) -> float:
+        """What the confirmation runs will cost: the search leaves it."""
+        confirming = CONFIRMATIONS if self.options.confirm else 0
+        return confirming * self._cost(CONFIRM_FACTOR * self.measure)
 
     def _spent(self) -> float:
         return time.perf_counter() - self.started
