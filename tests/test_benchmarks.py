@@ -125,9 +125,9 @@ CASES = [
                           "train.epochs=20", "--fix", "precision", "--fix", "compile", "--fix",
                           "data.num_workers", "--fix", "train.grad_accum_steps",
                           "--warmup-steps", "2", "--measure-steps", "4", "--rounds", "1",
-                          "--budget", "30s"],
+                          "--budget", "15s"],
      [r"^default .*: 2 candidates \(2 measured\), fixed: precision, compile",
-      r"^exhaustive grid: \d+ s; autotune: \d+ trials in \d+ s \(budget 30 s\)",
+      r"^exhaustive grid: \d+ s; autotune: \d+ trials in \d+ s \(budget 15 s\)",
       r"^the recipe as given\s+[\d,.]+\s+[\d.]+\s+-$",
       r"^autotune's pick\s+[\d,.]+\s+[\d.]+", r"^the grid's best\s+[\d,.]+\s+1\.000"]),
 ]
