@@ -23,11 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from hpctrain.autotune.knobs import space_of
+from hpctrain.autotune.knobs import settings_of, space_of
 from hpctrain.autotune.search import fixed_settings, shown
-from hpctrain.autotune.trials import Plan, Trial, run_trial
+from hpctrain.autotune.trials import Plan, Trial, run_steps, run_trial
 from hpctrain.config import load_config
-from hpctrain.tune.space import override
 
 GRID_BEST = "the grid's best"
 
@@ -41,15 +40,12 @@ def grid(recipe: str, overrides: list[str], fixed: list[str], plan: Plan, measur
     space = space_of(config, kept)
     started, trials = time.perf_counter(), []
     for number, combination in enumerate(itertools.product(*(k.choices for k in space.knobs))):
-        chosen = [override(key, value) for choice in combination
-                  for key, value in choice.settings]
-        trial = Trial(number, {c.knob: c.label for c in combination}, chosen)
+        trial = Trial(number, {c.knob: c.label for c in combination}, settings_of(combination))
         run_trial(plan, trial, measure, limit)
         print(f"grid {number}: {shown(trial.choices, space)}: "
               f"{trial.samples_per_second or trial.status}", file=sys.stderr, flush=True)
         trials.append(trial)
-    steps = config.train.max_steps or round(config.train.epochs * (
-        trials[0].extra.get("steps_per_epoch") or 1))
+    steps = run_steps(config, trials[0])
     for trial in trials:
         if trial.measured:
             trial.predicted_run_seconds = trial.one_time_seconds + steps * trial.step_seconds

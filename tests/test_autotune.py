@@ -7,6 +7,8 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from hpctrain.config import load_config
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -69,7 +71,7 @@ def test_ctrl_c_kills_the_running_trial_and_keeps_the_trials_so_far(tmp_path, ti
 
 
 def test_the_choices_on_this_cpu_keep_the_global_batch_what_you_fix_and_your_loader(
-        tmp_path, tiny_config, run_cli):
+        tmp_path, tiny_config, run_cli, capsys):
     from hpctrain.autotune.knobs import space_of
 
     space = space_of(tiny_config("train.global_batch_size=64"), {})
@@ -84,6 +86,10 @@ def test_the_choices_on_this_cpu_keep_the_global_batch_what_you_fix_and_your_loa
     code, _, err = run_cli("autotune", "default", "--fix", "train.nonsense", "--dir",
                            str(tmp_path / "t"))
     assert code == 2 and "train.nonsense is no setting of the recipe" in err
+    with pytest.raises(SystemExit) as refused:  # argparse's own one line
+        run_cli("autotune", "default", "--budget", "ten")
+    assert refused.value.code == 2
+    assert "'ten' is not a duration: give 90s, 10m or 2h" in capsys.readouterr().err
     tests = Path(__file__).parent
     yours = load_config(None, [f"model.name={tests / 'fixtures' / 'lit_classifier.py'}"
                                ":LitClassifier",

@@ -455,6 +455,18 @@ def test_a_profile_naming_a_scheduler_hpctrain_does_not_speak_to_is_refused(run_
                                         "'pbs'; hpctrain speaks to slurm"]
 
 
+def test_submit_autotune_refuses_a_budget_that_is_no_duration_and_a_sweep(run_cli, tiny, home):
+    code, _, err = run_cli("submit", "default", *tiny(), "--gpus", "1", "--autotune", "ten",
+                           "--dry-run")
+    assert code == 2 and "--autotune: 'ten' is not a duration: give 90s, 10m or 2h" in err
+    code, _, err = run_cli("submit", "default", *tiny(), "--gpus", "1", "--autotune",
+                           "--sweep", "optim.lr=0.1,0.2", "--dry-run")
+    assert code == 2 and "--autotune with --sweep: tune once" in err
+    code, out, _ = run_cli("submit", "default", *tiny(), "--gpus", "1", "--autotune", "5m",
+                           "--dry-run")
+    assert code == 0 and "--processes 1 --budget 300" in out and "tuned.yaml" in out
+
+
 def test_dry_run_prints_the_script_and_submits_nothing(run_cli, tiny, home, tmp_path):
     code, out, _ = run_cli("submit", "default", *tiny("run_name=dry"), "--gpus", "8",
                            "--time", "2:00:00", "--dry-run")

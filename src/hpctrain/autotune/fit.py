@@ -1,45 +1,45 @@
 """Whether a candidate fits, from `hpctrain memory`'s prediction, before it costs a trial.
 
-On a GPU the capacity is the card's; on a CPU, the memory this machine has available now,
-shared by the run's processes. A candidate the prediction cannot tell (a model it cannot
-trace) is run: the trial says.
+On a GPU the capacity is the card's; on a CPU, the memory this machine has available now
+(monitor/host_memory.py), shared by the run's processes. A candidate the prediction cannot
+tell (a model it cannot trace) is run, and why the prediction could not tell is kept with it.
 """
 
 from __future__ import annotations
 
-import os
+from dataclasses import dataclass
 
 from hpctrain.config import Config
 from hpctrain.units import fmt_bytes
 
 
-def available_host_memory() -> int:
-    """MemAvailable of /proc/meminfo (what can be had without swapping), else free pages."""
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+@dataclass(frozen=True)
+class Prediction:
+    misfit: str | None = None  # why it does not fit; None: it fits, or see `untold`
+    untold: str | None = None  # why the prediction could not tell
 
 
-def predicted_misfit(config: Config, processes: int = 1) -> str | None:
-    """Why `config` does not fit this machine's device, by the prediction; None when it
-    fits or the prediction cannot tell."""
+def predict_fit(config: Config, processes: int = 1) -> Prediction:
+    """Whether `config` fits this machine's device, by the prediction."""
     from hpctrain.errors import UserError
     from hpctrain.memory.estimate import estimate, resolve_target
+    from hpctrain.monitor.host_memory import available_bytes
     from hpctrain.train.hardware.system import resolve_device
 
     on_cpu = resolve_device(config.device).type == "cpu"
-    capacity = f"{available_host_memory() // processes}B" if on_cpu else None
+    available = available_bytes() if on_cpu else None
+    if on_cpu and available is None:
+        return Prediction(untold="this machine's available memory cannot be read")
+    capacity = f"{available // processes}B" if on_cpu else None
     try:
         where = config.model_copy(update={"device": "cpu"}) if on_cpu else config
         found = estimate(where, resolve_target(where, capacity, processes))
-    except (UserError, RuntimeError, ValueError, NotImplementedError):
-        return None
+    except (UserError, RuntimeError, ValueError, NotImplementedError) as err:
+        # the model is the user's: what the fake-tensor step cannot run is theirs to have
+        return Prediction(untold=f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+                          if str(err) else type(err).__name__)
     if found.fits:
-        return None
+        return Prediction()
     source = "available on this machine" if on_cpu else found.target.capacity_source
-    return f"predicted {fmt_bytes(found.in_use)} of {fmt_bytes(found.target.capacity)} ({source})"
+    return Prediction(f"predicted {fmt_bytes(found.in_use)} of "
+                      f"{fmt_bytes(found.target.capacity)} ({source})")

@@ -32,6 +32,14 @@ class Choice:
     position: float | None = None  # on an ordered knob's line, the usually faster way up
 
 
+def settings_of(choices) -> list[str]:
+    """The key=value settings that make `choices` (Choice objects), as the command line
+    reads them."""
+    from hpctrain.tune.space import override
+
+    return [override(key, value) for choice in choices for key, value in choice.settings]
+
+
 @dataclass
 class Knob:
     name: str

@@ -28,12 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from hpctrain.autotune.fit import predicted_misfit
-from hpctrain.autotune.knobs import Choice, Knob, Space, space_of, with_checkpointing
-from hpctrain.autotune.trials import Plan, Trial, run_trial
+from hpctrain.autotune.fit import predict_fit
+from hpctrain.autotune.knobs import (Choice, Knob, Space, settings_of, space_of,
+                                     with_checkpointing)
+from hpctrain.autotune.trials import Plan, Trial, run_steps, run_trial
 from hpctrain.config import Config, load_config
 from hpctrain.errors import ConfigError, RunFailed, UserError
-from hpctrain.tune.space import override
 
 MIN_BUDGET = 120.0  # seconds: the baseline, a handful of candidates and the confirmations
 MAX_BUDGET = 900.0
@@ -187,8 +187,7 @@ class Search:
                 break
             self.say(f"run-off: trials {', '.join(str(t.number) for t in ranked)} again")
             for trial in ranked:
-                again = Trial(len(self.trials), dict(trial.choices), list(trial.settings))
-                again.extra["again"] = trial.number
+                again = self._repeat(trial, "again")
                 self._measure(self.chosen[trial.number], self.measure, self.limit, again)
                 if again.measured:
                     runs[trial.number].append(again)
@@ -296,16 +295,17 @@ class Search:
     def _candidate(self, choices: dict[str, Choice]) -> Trial | None:
         """Measure `choices` unless the configuration refuses them, the prediction says
         they do not fit, or the budget cannot pay for them (None: not tried)."""
-        settings = [override(key, value) for choice in choices.values()
-                    for key, value in choice.settings]
-        trial = Trial(len(self.trials), _labels(choices), settings)
+        trial = Trial(len(self.trials), _labels(choices), settings_of(choices.values()))
         try:
-            config = load_config(self.recipe, [*self.overrides, *settings])
+            config = load_config(self.recipe, [*self.overrides, *trial.settings])
         except UserError as err:
             return self._record(trial, choices, "invalid", str(err).splitlines()[0])
-        misfit = predicted_misfit(config, self.processes)
-        if misfit is not None:
-            return self._record(trial, choices, "pruned", f"does not fit: {misfit}")
+        prediction = predict_fit(config, self.processes)
+        if prediction.misfit is not None:
+            return self._record(trial, choices, "pruned", f"does not fit: {prediction.misfit}")
+        if prediction.untold is not None:  # run it: the trial says
+            trial.extra["memory_prediction"] = f"none ({prediction.untold})"
+            self.say(f"  no memory prediction for it ({prediction.untold}): measured instead")
         room = self._left() - self._reserve()
         if room < self._cost(self.measure):
             self.say(f"  not tried, the budget is spent: {self._shown(trial)}")
@@ -314,14 +314,11 @@ class Search:
 
     def _measure(self, choices: dict[str, Choice], measure: int, limit: float,
                  trial: Trial | None = None) -> Trial:
-        settings = [override(key, value) for choice in choices.values()
-                    for key, value in choice.settings]
-        trial = trial or Trial(len(self.trials), _labels(choices), settings)
+        trial = trial or Trial(len(self.trials), _labels(choices), settings_of(choices.values()))
         self.say(f"trial {trial.number}: {self._shown(trial)}")
         run_trial(self.plan, trial, measure, limit)
         if not self.total_steps and trial.measured:  # the baseline says how long the run is
-            self.total_steps = self.config.train.max_steps or math.ceil(
-                self.config.train.epochs * (trial.extra.get("steps_per_epoch") or 1))
+            self.total_steps = run_steps(self.config, trial)
         self._predict(trial)
         self._record(trial, choices)
         self.say(f"  {_result(trial)}")
@@ -354,10 +351,16 @@ class Search:
     def _again(self, trial: Trial) -> Trial:
         measure = CONFIRM_FACTOR * self.measure
         self.say(f"confirmation: trial {trial.number} again, {measure} measured steps")
-        again = Trial(len(self.trials), dict(trial.choices), list(trial.settings))
-        again.extra["confirms"] = trial.number
+        again = self._repeat(trial, "confirms")
         slack = 3 * (self._cost(measure) + trial.one_time_seconds)  # a hang's guard, not a cap
         return self._measure(self.chosen[trial.number], measure, max(self._left(), slack), again)
+
+    def _repeat(self, trial: Trial, why: str) -> Trial:
+        """A new trial of `trial`'s settings, marked with `why` (again: the run-off;
+        confirms: a longer run) and the number it repeats."""
+        repeat = Trial(len(self.trials), dict(trial.choices), list(trial.settings))
+        repeat.extra[why] = trial.number
+        return repeat
 
     # ---- figures ----
     def _predict(self, trial: Trial) -> None:

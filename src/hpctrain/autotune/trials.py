@@ -12,6 +12,7 @@ checkpoint are outside its steps' time, as in every run.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -160,10 +161,9 @@ def _read_figures(trial: Trial, run_dir: Path, plan: Plan) -> None:
     summary = run.read_summary() or {}
     identity, _ = read_identity(run_dir)
     train = [r for r in records if r.get("kind") == "train"]
-    measured = [(r, r["step"] - before) for r, before in _with_previous_step(train)
-                if before >= plan.warmup]
-    warmup = [(r, r["step"] - before) for r, before in _with_previous_step(train)
-              if before < plan.warmup]
+    intervals = [(r, r["step"] - before, before) for r, before in _with_previous_step(train)]
+    measured = [(r, steps) for r, steps, before in intervals if before >= plan.warmup]
+    warmup = [(r, steps) for r, steps, before in intervals if before < plan.warmup]
     if damage or not measured or summary.get("status") != "completed":
         trial.status = "failed"
         trial.why = damage or f"no measured steps (status {summary.get('status')})"
@@ -198,6 +198,13 @@ def _in_the_task_units(trial: Trial, summary: dict) -> None:
             trial.extra[key] = value * scale
     if isinstance(summary.get("mfu"), (int, float)):
         trial.extra["mfu"] = summary["mfu"] * scale
+
+
+def run_steps(config, trial: Trial) -> int:
+    """The optimiser steps of the whole run `config` describes: its max_steps, else its
+    epochs at the steps per epoch the trial's records show."""
+    return config.train.max_steps or math.ceil(
+        config.train.epochs * (trial.extra.get("steps_per_epoch") or 1))
 
 
 def _with_previous_step(records: list[dict]):
