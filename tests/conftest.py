@@ -102,6 +102,23 @@ def restore_torch_globals():
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
 
 
+def child_processes(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def loader_workers(pid: int) -> list[int]:
+    """The loader workers of the run in process `pid`: its children that are neither
+    multiprocessing's resource tracker nor its forkserver, and the forkserver's children (the
+    workers it started, data.worker_start's default)."""
+    workers = []
+    for child in child_processes(pid):
+        command = Path(f"/proc/{child}/cmdline").read_bytes()
+        if b"resource_tracker" in command:
+            continue
+        workers += child_processes(child) if b"forkserver" in command else [child]
+    return workers
+
+
 def write_image_folder(root: Path, classes=("cat", "dog"), per_class=6, size=20,
                        ext="jpg") -> Path:
     rng = np.random.default_rng(0)

@@ -105,8 +105,10 @@ def test_a_signal_to_the_whole_process_group_saves_and_spares_the_workers(tmp_pa
                         "train.log_every=7", "run_name=grouped", f"data.loader={loader}")
     metrics = run / "metrics.jsonl"
     wait_for(lambda: metrics.exists() and metrics.read_text().count('"train"') >= 3, process)
-    helpers = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()
-    assert len(helpers) >= 3, "the run should have DataLoader workers and a resource tracker"
+    from conftest import child_processes, loader_workers
+
+    assert len(loader_workers(process.pid)) >= 2 and len(child_processes(process.pid)) >= 2, \
+        "the run should have DataLoader workers and a resource tracker"
     os.killpg(process.pid, getattr(signal, stop))
     _, err = process.communicate(timeout=120)
     assert process.returncode == 75, err[-2000:]

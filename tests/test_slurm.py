@@ -519,12 +519,20 @@ def final_weights(run_dir: Path) -> dict:
 
 
 @pytest.mark.slurm
-def test_a_preempted_job_requeues_itself_and_finishes_like_an_uninterrupted_one(
-        slurm_cluster, home, tiny):
+def test_a_preempted_job_and_a_hung_one_requeue_themselves_and_finish_like_an_uninterrupted_one(
+        slurm_cluster, home, tiny, tmp_path, monkeypatch):
+    """The hung job: a metric of the task (a hook of the user's, which changes no weight)
+    never returns at its 30th call on one of the two ranks, once."""
     long_run = tiny("train.max_steps=60", "train.log_every=5", "checkpoint.every_steps=1000",
                     "checkpoint.keep_last=5", "data.num_workers=2")
     reference = submit("default", [*long_run, "run_name=straight"], gpus=2, nodes=2,
                        time_limit="10")
+    monkeypatch.setenv("HANGS_STUCK_AT", "30")
+    monkeypatch.setenv("HANGS_ONCE", str(tmp_path / "hung-once"))
+    hooked = f"{Path(__file__).parent / 'fixtures' / 'hangs.py'}:stuck_metric"
+    hung = submit("default", [*long_run, "run_name=hung", f"task.metrics={{hit: {hooked}}}",
+                              "checkpoint.every_steps=20", "monitor.hang_after=3"],
+                  gpus=2, nodes=2, time_limit="10")
     preempted = submit("default", [*long_run, "run_name=preempted"], gpus=2, nodes=2,
                        time_limit="10")
     metrics = preempted.run_dir / "metrics.jsonl"
@@ -548,6 +556,17 @@ def test_a_preempted_job_requeues_itself_and_finishes_like_an_uninterrupted_one(
     started = datetime.fromisoformat(slurm.job_details(second)[0]["StartTime"])
     assert (started - ended).total_seconds() < 30
     ours, theirs = final_weights(preempted.run_dir), final_weights(reference.run_dir)
+    assert max((ours[k] - theirs[k]).abs().max().item() for k in ours) <= 1e-5
+    assert hung.wait(timeout=300, poll=0.2) == "COMPLETED", hung.logs(err=True)[-3000:]
+    first, second = hung.chain()
+    said = hung.logs(err=True)
+    assert "hpctrain: hung in training step" in said and "in stuck_metric" in said
+    assert f"continuing in job {second} once job {first} ends" in said
+    record = json.loads((hung.run_dir / "run.json").read_text())
+    assert "in stuck_metric" in record["starts"][0]["hung"] and "hung" not in \
+        record["starts"][1]
+    assert json.loads((hung.run_dir / "summary.json").read_text())["status"] == "completed"
+    ours = final_weights(hung.run_dir)
     assert max((ours[k] - theirs[k]).abs().max().item() for k in ours) <= 1e-5
 
 

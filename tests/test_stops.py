@@ -123,11 +123,12 @@ def test_ctrl_c_during_the_final_evaluation_is_interrupted_not_completed(tmp_pat
 
 
 def input_worker(process) -> int:
-    """A loader worker of the run `process` (a child that is not the resource tracker)."""
-    for pid in Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split():
-        if b"resource_tracker" not in Path(f"/proc/{pid}/cmdline").read_bytes():
-            return int(pid)
-    raise AssertionError("the run has no loader worker")
+    """A loader worker of the run `process`."""
+    from conftest import loader_workers
+
+    workers = loader_workers(process.pid)
+    assert workers, "the run has no loader worker"
+    return workers[0]
 
 
 @pytest.mark.parametrize("loader", ["buffers", "torch"])

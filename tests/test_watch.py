@@ -2,6 +2,7 @@
 what cannot be followed is exit 2."""
 
 import json
+from pathlib import Path
 
 from hpctrain.runs.watch import sparkline
 
@@ -40,3 +41,22 @@ def test_what_cannot_be_watched_is_exit_2(run_cli, tmp_path, monkeypatch):
     assert code == 2 and "job 424242: not in the job ledger" in err
     code, _, err = run_cli("watch", "no-such-run", "--db", str(tmp_path / "i.sqlite"))
     assert code == 2 and "no run 'no-such-run'" in err
+
+
+def test_watch_ends_on_a_finished_run_whose_summary_is_missing_or_damaged(tiny_config, tmp_path,
+                                                                           monkeypatch):
+    """No process holds the run (its lock is gone): watch says how it stands and ends, where
+    it waited for good before."""
+    from conftest import run_installed
+    from hpctrain.train.loop import train
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    run_dir = Path(train(tiny_config("train.max_steps=4", "run_name=cut"))["run_dir"])
+    summary = run_dir / "summary.json"
+    summary.unlink()
+    done = run_installed("watch", str(run_dir), "--every", "0.2", timeout=120)
+    assert done.returncode == 0 and "ended without a summary, step 4" in done.stdout
+    summary.write_text('{"status": "comp')
+    done = run_installed("watch", str(run_dir), "--every", "0.2", timeout=120)
+    assert done.returncode == 0 and "damaged, step 4" in done.stdout
+    assert "damaged: summary.json" in done.stdout

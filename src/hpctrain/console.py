@@ -18,6 +18,9 @@ def entry() -> None:
 
     catch_early(("SIGINT",))
     from hpctrain.errors import ExitCode
+    from hpctrain.monitor.lifeline import follow_starter
+
+    follow_starter()  # a process hpctrain started ends with its starter
 
     try:
         from hpctrain.cli import main
@@ -28,7 +31,29 @@ def entry() -> None:
         code = ExitCode.INTERRUPTED
     if code == ExitCode.INTERRUPTED:
         _exit_interrupted(code)
+    _exit_within(code, EXIT_SECONDS)
     sys.exit(code)
+
+
+EXIT_SECONDS = 15.0  # from the verb's end to the process's, whatever is left running
+
+
+def _exit_within(code: int, seconds: float) -> None:
+    """The process ends with `code` within `seconds`, whatever the interpreter's shutdown
+    waits for (a thread someone did not make a daemon, a compile worker pool, an exit hook
+    joining a stuck child): the verb's records are written by now."""
+    import os
+    import threading
+
+    def end() -> None:
+        print(f"hpctrain: the process did not end within {seconds:.0f} s of its verb "
+              "(threads or child processes left running): ended", file=sys.__stderr__,
+              flush=True)
+        os._exit(code)
+
+    timer = threading.Timer(seconds, end)
+    timer.daemon = True
+    timer.start()
 
 
 def _exit_interrupted(code: int) -> None:

@@ -13,7 +13,7 @@ import textwrap
 
 class ExitCode(enum.IntEnum):
     """Every exit status of hpctrain; the README's table and each verb's --help come from
-    here (`exit_code_table`). 70, 74 and 75 are sysexits.h's."""
+    here (`exit_code_table`). 70, 74 and 75 are sysexits.h's; 76 is hpctrain's own."""
 
     DONE = 0
     FAILED = 1
@@ -22,6 +22,7 @@ class ExitCode(enum.IntEnum):
     INTERNAL = 70
     DATA_PIPELINE = 74
     STOPPED = 75
+    HUNG = 76
     INTERRUPTED = 130
 
 
@@ -48,6 +49,10 @@ MEANINGS = {
     ExitCode.STOPPED: "stopped to be resumed: a stop signal or the time limit saved a "
                       "checkpoint; run it again with resume=auto (a job from submit "
                       "continues by itself; tune --dir DIR continues a search)",
+    ExitCode.HUNG: "hung, requeue me: no progress past its bound (monitor.hang_after); the "
+                   "stacks and the line naming where are in RUN_DIR/hang/, the last checkpoint "
+                   "kept; resume=auto continues (a job from submit requeues itself, up to "
+                   "monitor.hang_requeues times a run, then ends with 1)",
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C): stopped at once, the last checkpoint kept "
                           "(autotune: its trials so far written, the best unconfirmed)",
 }

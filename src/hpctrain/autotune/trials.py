@@ -20,6 +20,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from hpctrain.monitor import lifeline
 from hpctrain.runs.directory import RunDir
 from hpctrain.runs.identity import read_identity
 from hpctrain.tune.space import override
@@ -93,7 +94,8 @@ def run_trial(plan: Plan, trial: Trial, measure: int, limit_seconds: float) -> T
         log.write(" ".join(command) + "\n")
         log.flush()
         child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, start_new_session=True)
+                                 stdin=subprocess.DEVNULL, start_new_session=True,
+                                 env={**os.environ, **lifeline.environment()})
         try:
             code = child.wait(timeout=limit_seconds)
         except subprocess.TimeoutExpired:

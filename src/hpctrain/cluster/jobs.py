@@ -131,7 +131,8 @@ class Job:
         run = RunDir(self.run_dir).read_summary() if self.run_dir else None
         if run is not None:
             state = {"completed": "COMPLETED", "preempted": "REQUEUED-OR-STOPPED",
-                     "interrupted": "CANCELLED"}.get(run.get("status"), "FAILED")
+                     "hung": "REQUEUED-OR-STOPPED", "interrupted": "CANCELLED"}.get(
+                         run.get("status"), "FAILED")
             return {"id": job_id, "state": state, "run_status": run.get("status"),
                     "steps": run.get("steps"), "restarts": run.get("restarts"),
                     "run_dir": str(self.run_dir), "source": SUMMARY}

@@ -230,12 +230,14 @@ def _continuation(request: JobRequest, run_dir: Path, launch: str) -> list[str]:
         launch,
         "run=$!",
         'while :; do wait "$run"; status=$?; kill -0 "$run" 2>/dev/null || break; done',
-        f"# {int(ExitCode.STOPPED)}: saved and stopped early (preemption signal or time limit). "
-        "Continue in a new job",
+        f"# {int(ExitCode.STOPPED)}: saved and stopped early (preemption signal or time limit); "
+        f"{int(ExitCode.HUNG)}: hung (its",
+        "# stacks kept, the last checkpoint too). Continue in a new job",
         "# that may start as soon as this one ends (a requeued job waits until its credential",
         "# expires, AuthInfo cred_expire, 2 minutes by default), and note it in the job ledger.",
         'restarts=$(( ${SLURM_RESTART_COUNT:-0} + ${HPCTRAIN_RESTARTS:-0} ))',
-        f'if [ "$status" -eq {int(ExitCode.STOPPED)} ] && [ -z "$terminated" ] && '
+        f'if {{ [ "$status" -eq {int(ExitCode.STOPPED)} ] || [ "$status" -eq '
+        f'{int(ExitCode.HUNG)} ]; }} && [ -z "$terminated" ] && '
         f'[ "$restarts" -lt {request.max_requeues} ]; then',
         *this_job,
         "    # this job's variables must not reach the next one (SLURM_CONF, if set, must)",

@@ -80,3 +80,21 @@ class MonitorConfig(Section):
     low_utilization: float = Field(0.5, ge=0, le=1, description="the watchdog warns when GPU "
                                    "utilisation stays under this ...")
     low_intervals: int = Field(3, ge=1, description="... for this many logging intervals")
+    hang_after: float | Literal["auto", "off"] = Field(
+        "auto", description="no progress for this long (seconds) in a step, an evaluation "
+        "batch or a save is a hang: the stacks are kept, its place named, and the job "
+        "requeued (monitor/hangs.py); auto: 20 times the phase's median so far, at least "
+        "hang_floor_seconds; off: never")
+    hang_floor_seconds: float = Field(300, gt=0, description="auto's least bound")
+    hang_startup_seconds: float = Field(
+        1800, gt=0, description="the bound during start-up and for the first of each phase "
+        "(compilation, the workers' start, the first save)")
+    hang_requeues: int = Field(2, ge=0, description="a job that hangs requeues itself this "
+                               "many times a run; the next hang ends it (exit 1)")
+
+    @field_validator("hang_after")
+    @classmethod
+    def _positive(cls, value):
+        if not isinstance(value, str) and value <= 0:
+            raise ValueError(f"{value} is no bound: give seconds above 0, 'auto' or 'off'")
+        return value

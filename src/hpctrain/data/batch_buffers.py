@@ -112,10 +112,11 @@ def render(dataset, batches: SharedBatches, slot: int, keys: list[SampleKey]) ->
         batches.labels[slot, :len(keys)] = torch.as_tensor(labels)
 
 
-def _work(number: int, dataset, batches: SharedBatches, tasks, done, stop_signals) -> None:
+def _work(number: int, dataset, batches: SharedBatches, tasks, done, stop_signals,
+          trainer: int) -> None:
     """A worker: render the batches it is given until told to stop, or until its parent is
     gone (a killed training process leaves no worker behind)."""
-    spare_worker(stop_signals, number)
+    spare_worker(stop_signals, number, trainer=trainer)
     torch.set_num_threads(1)
     parent = os.getppid()
     while True:
@@ -160,7 +161,7 @@ class _Workers:
             self.processes = [ctx.Process(target=_work, daemon=True,
                                           name=f"hpctrain-input-{i}",
                                           args=(i, dataset, batches, self.tasks[i], self.done,
-                                                stop_signals))
+                                                stop_signals, os.getpid()))
                               for i in range(count)]
             for process in self.processes:
                 process.start()

@@ -28,6 +28,7 @@ from hpctrain.data.streams import Stream
 from hpctrain.data.tokens.sequences import LengthBucketSampler
 from hpctrain.data.user_datasets import data_module_of, loader_settings, user_datasets
 from hpctrain.data.worker_signals import SignalSafeLoader
+from hpctrain.data.worker_start import start_method
 from hpctrain.errors import ConfigError, DataError, DeviceError
 
 
@@ -98,7 +99,8 @@ def build_data(data, batch_size: int, seed: int, device: torch.device,
     workers = resolve_num_workers(data.num_workers, processes_per_node)
     common = _loader_options(data, device, workers, seed, stop_signals)
     kind = data.kind_spec
-    own = kind.loaders(data, batch_size, seed, rank, world_size, common)
+    own = kind.loaders(data, batch_size, seed, rank, world_size, {**common, **_started(
+        data, workers, stop_signals)[0]})  # hpctrain's own datasets: they ship to any worker
     if own is not None:
         return own
     train_set, val_set, num_classes = build_datasets(data, seed, rank, scratch)
@@ -109,6 +111,12 @@ def build_data(data, batch_size: int, seed: int, device: torch.device,
         common["worker_init_fn"] = given.worker_init_fn
         if given.start_method and data.worker_start == "auto":
             common["multiprocessing_context"] = given.start_method
+    forked_why = None
+    if "multiprocessing_context" not in common:  # (your DataLoader's own start is kept)
+        started, forked_why = _started(data, workers, stop_signals, train_set, val_set,
+                                       common.get("worker_init_fn"), given and given.collate,
+                                       given_val and given_val.collate)
+        common.update(started)
     shard = dict(rank=rank, world_size=world_size)
     val_size = data.val_image_size or data.image_size
     val_sampler = EpochSampler(len(val_set), val_size, shuffle=False, pad=True, **shard)
@@ -122,7 +130,8 @@ def build_data(data, batch_size: int, seed: int, device: torch.device,
         DataBundle, val_loader=val_loader, val_sampler=val_sampler, num_classes=num_classes,
         num_workers=workers, vocab_size=vocab_size,
         collate=common["collate_fn"] or default_collate,
-        notes=kept_notes(given, given_val, batch_size, val_batch, world_size),
+        notes=kept_notes(given, given_val, batch_size, val_batch, world_size) + (
+            (f"workers start by fork: {forked_why}",) if forked_why else ()),
         data_module=data_module_of(data, seed) if data.from_user_code else None)
     if isinstance(train_set, IterableDataset):  # your own stream (streams.py)
         stream = Stream(train_set, data.dataset, rank, world_size, batch_size, seed)
@@ -149,9 +158,17 @@ def _loader_options(data, device: torch.device, workers: int, seed: int,
     if workers > 0:
         common.update(persistent_workers=data.persistent_workers,
                       prefetch_factor=data.prefetch_factor)
-        if data.worker_start != "auto":
-            common["multiprocessing_context"] = data.worker_start
     return common
+
+
+def _started(data, workers: int, stop_signals: tuple[str, ...], *given) \
+        -> tuple[dict, str | None]:
+    """The loaders' start method (worker_start.py) as their options, for the workers to be
+    handed `given`; and why `auto` forks, where it does."""
+    if workers == 0:
+        return {}, None
+    method, forked_why = start_method(data.worker_start, stop_signals, *given)
+    return {"multiprocessing_context": method}, forked_why
 
 
 def _train_loader(data, train_set: Dataset, batch_size: int, seed: int, shard: dict,

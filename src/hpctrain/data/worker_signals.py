@@ -13,6 +13,8 @@ Ctrl-C in a terminal sends SIGINT to the whole foreground process group: a worke
 (else each prints its own KeyboardInterrupt traceback), and the training process, interrupted,
 shuts the workers down.
 
+A worker ends with the training process, whoever its parent (monitor/lifeline.py).
+
 No signal may reach a worker before that is set up: workers are forked with the stop signals
 blocked; the training process unblocks them right after and then receives whatever came
 meanwhile. multiprocessing's resource tracker (the helper that unlinks the semaphores and
@@ -35,6 +37,8 @@ from torch.utils.data import DataLoader
 
 from hpctrain.data.worker_death import from_torch
 from hpctrain.errors import UserError
+from hpctrain.monitor.lifeline import end_with
+from hpctrain.monitor.stacks import arm_in_worker
 
 
 def quiet_handle_sharing() -> None:
@@ -80,24 +84,32 @@ def start_resource_tracker(names: tuple[str, ...]) -> None:
         resource_tracker.ensure_running()
 
 
-def _take_sigterm_from_parent_only() -> None:
-    parent = os.getppid()
+def _take_sigterm_from_parent_only(parent: int) -> None:
     while True:
         if signal.sigwaitinfo({signal.SIGTERM}).si_pid == parent:
             os._exit(0)
 
 
-def spare_worker(names: tuple[str, ...], worker_id: int, then=None) -> None:
-    """A worker_init_fn: ignore the preemption signal(s) and SIGINT, SIGTERM only from the
-    parent; a parent gone mid-fetch is not reported (quiet_handle_sharing); then your
-    DataLoader's own worker_init_fn (`then`), if it had one. Runs with all still blocked
-    from the fork; SIGTERM stays blocked, for the waiting thread."""
+def spare_worker(names: tuple[str, ...], worker_id: int, then=None,
+                 trainer: int | None = None) -> None:
+    """A worker_init_fn: its stacks readable by the training process's hang watch
+    (monitor/stacks.arm_in_worker); ignore the preemption signal(s) and SIGINT, SIGTERM only
+    from the training process (`trainer`: its pid; the parent where not given: a worker
+    started by a forkserver has the server for parent); a parent gone mid-fetch is not
+    reported (quiet_handle_sharing); then your DataLoader's own worker_init_fn (`then`), if
+    it had one. Runs with all still blocked from the fork; SIGTERM stays blocked, for the
+    waiting thread."""
+    trainer = os.getppid() if trainer is None else trainer
+    arm_in_worker(trainer)
     quiet_handle_sharing()
     for number in _numbers(names) - {signal.SIGTERM}:
         signal.signal(number, signal.SIG_IGN)  # also drops one that came since the fork
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # (not forked: spawned)
-    threading.Thread(target=_take_sigterm_from_parent_only, daemon=True,
+    threading.Thread(target=_take_sigterm_from_parent_only, args=(trainer,), daemon=True,
                      name="sigterm-from-parent").start()
+    # a worker started by a forkserver is the server's child, and the server lives while any
+    # worker holds its pipe: torch's check of the parent would never see the trainer end
+    end_with(trainer, lambda: os._exit(0))
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _numbers(names) - {signal.SIGTERM})
     if then is not None:
         then(worker_id)
@@ -109,8 +121,9 @@ class SignalSafeLoader(DataLoader):
 
     def __init__(self, *args, stop_signals: tuple[str, ...] = ("SIGUSR1",), **kwargs):
         if kwargs.get("num_workers", 0) > 0:
-            kwargs["worker_init_fn"] = functools.partial(spare_worker, tuple(stop_signals),
-                                                         then=kwargs.get("worker_init_fn"))
+            kwargs["worker_init_fn"] = functools.partial(
+                spare_worker, tuple(stop_signals), then=kwargs.get("worker_init_fn"),
+                trainer=os.getpid())
         super().__init__(*args, **kwargs)
         self.stop_signals = tuple(stop_signals)
 

@@ -8,6 +8,7 @@
                         checkpoints/   step_NNNNNNNN/ folders, each with meta.json
                         tb/  profile/  report.html  job.sbatch  job.json  slurm-JOB.out
                         wandb/         W&B's own folder (tracking.sinks=[wandb])
+                        hang/          the latest hang: each rank's stacks and view, the verdict
 
 Train, the cluster verbs, profiling, the runs index and the CLI name these files through this
 module only. Besides the run directories, one file per user: the job ledger
@@ -27,7 +28,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpctrain.readers import (AMOUNT, COUNT, FINITE, GiB, KiB, MiB, TEXT, TIME, Unreadable,
+from hpctrain.readers import (AMOUNT, COUNT, FINITE, MAPPING, GiB, KiB, MiB, TEXT, TIME,
+                              Unreadable,
                               capped_lines, field_problem, json_document, list_of, optional,
                               parse_json, yaml_mapping)
 
@@ -53,6 +55,10 @@ CHECKPOINT_MODULE_STATE = "module.pt"
 # folders another library writes in a run directory, links of its own included (W&B's
 # latest-run, and its log linked to ~/.cache/wandb): hpctrain writes nothing inside
 LIBRARY_FOLDERS = ("wandb",)
+HANG = "hang"  # the latest hang (monitor/hangs.py): each rank's stacks, its view, the verdict
+HANG_STACKS = "rank-{rank}.txt"  # every thread of the rank and of its loader workers
+HANG_VIEW = "rank-{rank}.json"  # where the rank hangs, as it sees it
+HANG_VERDICT = "hang.json"  # the one line that names the hang, and every rank's view
 CHECKPOINT_NAME = re.compile(r"^step_(\d{8,})$")
 SET_ASIDE = "set-aside-{time}"  # in checkpoints/: what a resume took out of the run's history
 # a new run's folder: its recipe's name and when it was made (runs/lock.claim_new adds -2, -3
@@ -66,7 +72,7 @@ SET_ASIDE_REASONS = "why.json"
 # a sparse file of 100 GB); metrics.jsonl at 1 GiB is some ten million intervals
 CAPS = {CONFIG: 4 * MiB, IDENTITY: 64 * MiB, LOCK: 64 * KiB, METRICS: GiB, SUMMARY: 16 * MiB,
         CHECKPOINT_META: 64 * MiB, PROFILE_SUMMARY: 256 * MiB, MEMORY_PREDICTION: 16 * MiB,
-        JOB_RECORD: 64 * KiB}
+        JOB_RECORD: 64 * KiB, HANG_VIEW: MiB, HANG_VERDICT: 16 * MiB}
 RECORD_CAP = MiB  # one metrics.jsonl line
 # what a metrics.jsonl record must hold to be read (train/telemetry.py writes them): a kind,
 # and where there, what places it (step, time, spent) whole and finite; a figure such as a
@@ -79,6 +85,9 @@ METRIC_RULES = {
     "utilization_mean": optional(FINITE), "power_watts_total": optional(FINITE),
     "seconds_per_step": optional(AMOUNT),
 }
+# what a hang's verdict must hold to be read back (monitor/hangs.py writes it)
+VERDICT_RULES = {"line": TEXT, "time": TIME, "step": optional(COUNT), "phase": TEXT,
+                 "silent_seconds": AMOUNT, "bound_seconds": AMOUNT, "ranks": list_of(MAPPING)}
 # the user's state folder ($XDG_STATE_HOME/hpctrain, ~/.local/state/hpctrain by default)
 LEDGER = "jobs.jsonl"
 LEDGER_CAP = 256 * MiB  # a million jobs
@@ -155,6 +164,24 @@ class RunDir:
     @property
     def report(self) -> Path:
         return self.path / REPORT
+
+    @property
+    def hang(self) -> Path:
+        return self.path / HANG
+
+    def hang_file(self, name: str, rank: int | None = None) -> Path:
+        """One of the hang folder's files: HANG_STACKS or HANG_VIEW of `rank`, HANG_VERDICT."""
+        return self.hang / name.format(rank=rank)
+
+    def read_hang(self) -> tuple[dict | None, str | None]:
+        """The latest hang's verdict (hang.json): (verdict, None); (None, why) when damaged;
+        (None, None) when the run never hung."""
+        value, why = json_document(self.hang_file(HANG_VERDICT), CAPS[HANG_VERDICT])
+        if why is None and value is not None and (
+                not isinstance(value, dict) or (why := field_problem(value, VERDICT_RULES,
+                                                                     ("line",)))):
+            why = why if isinstance(value, dict) else "is not a JSON object"
+        return (None, f"{HANG_VERDICT} {why}") if why else (value, None)
 
     def memory_predictions(self) -> list[Path]:
         return sorted(self.path.glob(MEMORY_PREDICTION.format(recipe="*")))

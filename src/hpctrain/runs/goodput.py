@@ -10,7 +10,8 @@ The phases of a job's device-seconds (`PHASES`): productive training steps; the 
 for data; evaluation; the part of checkpoint saves the training waited for (with
 `async_save`, the copy to host memory) and, apart, the steps slowed while such a save wrote
 behind them (bookkeeping.Clock.count_save_dip); start-up
-(imports, the build, a resume's load, up to the training loop); work lost to a stop (the
+(imports, the build, a resume's load, up to the training loop); a hang (the seconds without
+progress before the hang watch ended the job: monitor/hangs.py); work lost to a stop (the
 steps redone: a job killed without a word trained them after its last checkpoint, and the
 start that does them again adds them to its seconds); the rest (shutdown, and the logging
 interval under way at a job's last record). Goodput is productive over allocated. The wall
@@ -35,11 +36,12 @@ import time
 from dataclasses import dataclass, field
 
 PHASES = ("productive", "data_wait", "evaluation", "checkpoint", "save_dip", "startup",
-          "lost_work", "other", "unrecorded")
+          "hung", "lost_work", "other", "unrecorded")
 DESCRIBED = {"productive": "training steps", "data_wait": "steps waiting for data",
              "evaluation": "evaluation", "checkpoint": "checkpoint saves (blocking)",
              "save_dip": "steps slowed by a save writing behind them (async_save)",
              "startup": "start-up (imports, build, resume's load)",
+             "hung": "hung: no progress until the hang watch ended the job",
              "lost_work": "work lost to stops (steps redone)",
              "other": "shutdown, and the rest",
              "unrecorded": "in the job, outside the run's records (script, launch, GPUs "
@@ -182,6 +184,7 @@ def _job_phases(seconds: float, split: dict, redone_seconds: float) -> dict:
     phases = {"productive": training - waited - dip, "data_wait": waited,
               "evaluation": split.get("evaluation") or 0.0,
               "checkpoint": split.get("checkpoint") or 0.0, "save_dip": dip,
-              "startup": split.get("startup") or 0.0, "lost_work": redone_seconds}
+              "startup": split.get("startup") or 0.0, "hung": split.get("hung") or 0.0,
+              "lost_work": redone_seconds}
     phases["other"] = max(0.0, seconds - sum(phases.values()))
     return phases

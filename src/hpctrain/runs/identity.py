@@ -45,7 +45,7 @@ START_RULES = {
     "gpus": optional(COUNT), "output_dir": TEXT, "seconds": optional(AMOUNT),
     "device_hours": optional(AMOUNT), "energy_joules": optional(AMOUNT),
     "claimed": optional(TIME), "lost": optional(TEXT), "redone_steps": optional(COUNT),
-    "redone_seconds": optional(AMOUNT),
+    "redone_seconds": optional(AMOUNT), "hung": optional(TEXT),
     "split": optional(Kind("a mapping of the job's seconds by phase", lambda v: isinstance(
         v, dict) and all(optional(AMOUNT).holds(x) for x in v.values()))),
 }
@@ -149,6 +149,18 @@ def record_job(run_dir: Path, number: int, seconds: float, device_hours: float,
     if split is not None:
         starts[number]["split"] = split
     _write(run, record)
+
+
+def mark_hung(run_dir: Path, number: int, line: str) -> int:
+    """The hang that ends this job (`number`: its place in `starts`), its line kept in its
+    start; how many of the run's jobs hung, this one included."""
+    record, _ = read_identity(run_dir)
+    starts = record["starts"] if record is not None else []
+    if not 0 <= number < len(starts):
+        return 1
+    starts[number]["hung"] = line
+    _write(RunDir(run_dir), record)
+    return sum(1 for start in starts if isinstance(start, dict) and start.get("hung"))
 
 
 def _account_for(starts: list, lost: dict) -> None:

@@ -100,6 +100,15 @@ def gone_why(holder: Holder | None, beat: float | None, me: Holder,
     return None
 
 
+def held(run_dir: Path) -> bool:
+    """Whether a living run may hold `run_dir` (its lock is there, and not known gone)."""
+    lock_path = RunDir(run_dir).lock
+    beat = modified(lock_path)
+    if beat is None:
+        return False
+    return gone_why(Holder.read(lock_path), beat, Holder.this_process(None, -1)) is None
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

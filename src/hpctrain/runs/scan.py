@@ -24,7 +24,8 @@ from hpctrain.runs.identity import config_hash, job_chain, read_identity
 
 # a live run touches run.json every minute (identity.Heartbeat); silence this long is a loss
 LOST_AFTER_SECONDS = 15 * 60
-FINAL = ("completed", "failed", "preempted", "interrupted")
+FINAL = ("completed", "failed", "preempted", "interrupted", "hung")
+RESUMABLE = ("preempted", "hung")  # a job of the run ended, and the run goes on (requeued)
 # the run's figures kept as columns (the rest stays in the summary JSON)
 RUN_FILES = {CONFIG, IDENTITY, METRICS, SUMMARY, JOB_SCRIPT}  # any of them: a run's folder
 BEST_METRICS = (("best_val_accuracy", "max"), ("best_val_loss", "min"),

@@ -12,8 +12,10 @@ from pathlib import Path
 from hpctrain.runs.directory import RunDir, modified
 from hpctrain.runs.identity import read_identity
 from hpctrain.runs.live import tail_reading
-from hpctrain.runs.scan import FINAL
+from hpctrain.runs.lock import held
+from hpctrain.runs.scan import FINAL, RESUMABLE
 
+LOST = "ended without a summary"  # no process holds the run, and no summary.json says why
 BARS = "▁▂▃▄▅▆▇█"
 SPARK_POINTS = 40
 
@@ -31,7 +33,8 @@ def sparkline(values: list[float], width: int = SPARK_POINTS) -> str:
 @dataclass
 class Snapshot:
     run_dir: str
-    status: str  # running | completed | failed | preempted | interrupted | not started
+    status: str  # running | completed | failed | preempted | hung | interrupted | not
+    # started | damaged | LOST
     step: int | None = None
     total_steps: int | None = None
     eta_seconds: float | None = None
@@ -45,10 +48,15 @@ class Snapshot:
     slurm_state: str | None = None
     age_seconds: float | None = None  # since the last record
     damage: str | None = None  # a file of the run that could not be read, and why
+    held: bool = False  # a living process holds the run (its lock)
 
     @property
     def ended(self) -> bool:
-        return self.status in FINAL and self.status != "preempted"
+        """Finished (not to be continued), or left by every process without a summary that
+        says so (killed, lost, its summary damaged)."""
+        if self.status in FINAL:
+            return self.status not in RESUMABLE
+        return not self.held and self.status in ("running", "damaged", LOST)
 
 
 def _total_steps(config: dict, train: dict) -> int | None:
@@ -75,7 +83,10 @@ def snapshot(run_dir: Path) -> Snapshot:
     if summary and trains and trains[-1].get("time", 0) > (modified(run.summary) or 0.0):
         status = "running"  # started again after its last summary (a requeue)
     shot = Snapshot(str(run_dir), status if isinstance(status, str) and not summary_damage
-                    else "damaged", damage=summary_damage or read_identity(run_dir)[1] or damage)
+                    else "damaged", damage=summary_damage or read_identity(run_dir)[1] or damage,
+                    held=held(run_dir))
+    if shot.status == "running" and not shot.held:
+        shot.status = LOST  # no process holds it, and no summary says how it ended
     if not trains:
         return shot
     last = trains[-1]

@@ -43,6 +43,7 @@ class Clock:
     first_step: int = 0  # the step this job's training began at
     save_dip_seconds: float = 0.0  # training slowed by asynchronous saves writing meanwhile
     clean_step_seconds: deque = field(default_factory=lambda: deque(maxlen=DIP_REFERENCE))
+    hung_seconds: float = 0.0  # without progress before the hang watch ended the job
 
     def split(self, step: int) -> dict:
         """This job's seconds by phase so far (run.json's `split`, `hpctrain goodput`):
@@ -51,7 +52,7 @@ class Clock:
         return {"startup": self.startup_seconds, "training": self.train_seconds,
                 "data_wait": self.data_wait_seconds, "evaluation": self.eval_seconds,
                 "checkpoint": self.checkpoint_seconds, "save_dip": self.save_dip_seconds,
-                "steps": step - self.first_step}
+                "hung": self.hung_seconds, "steps": step - self.first_step}
 
     def count_save_dip(self, seconds: float, waited: float, steps: int, saving: int) -> None:
         """An interval read: `seconds` of it, `waited` for data, `steps` trained, `saving` of

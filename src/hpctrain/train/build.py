@@ -31,6 +31,7 @@ from hpctrain.errors import ConfigError, DataError
 from hpctrain.models.checkpointing import enable_activation_checkpointing
 from hpctrain.models.lazy import materialise
 from hpctrain.models.model_names import build_model, check_model_takes
+from hpctrain.monitor.beats import STARTUP, Beats
 from hpctrain.monitor.meter import Meter
 from hpctrain.monitor.start import make_meter
 from hpctrain.parallel import data as data_parallel
@@ -91,6 +92,7 @@ class Parts:
     effective_lr: float
     optimizer_note: str  # the optimiser and its LR, as the banner says them
     model_flops: ModelFlops  # parameters of the whole model, and its FLOPs per token
+    beats: Beats  # this process's progress, which its hang watch reads (monitor/hangs.py)
 
     @property
     def world_size(self) -> int:
@@ -140,18 +142,22 @@ def _decide(config: Config, env: ProcessEnv) -> _Decided:
     return _Decided(layout, plan, device, meter, batch_size, global_batch, micro)
 
 
-def _start(config: Config, env: ProcessEnv, decided: _Decided, held: ExitStack) \
+def _start(config: Config, env: ProcessEnv, decided: _Decided, held: ExitStack,
+           beats: Beats) \
         -> tuple[Config, _Decided, Distributed, RunPlace, float | None, DataBundle]:
     """The process group, the run directory (locked until `held` closes), the job's end, and
     the data (one rank per node fills the dataset cache, or makes your data first: a
     DataModule's prepare_data), with what your DataLoaders set (the configuration and the
     batch as they say, where you did not say otherwise)."""
+    beats.beat(f"{STARTUP}: the process group")
     distributed = processes.start(config, env, decided.layout, decided.device)
     apply_global_switches(decided.plan, config.seed)
+    beats.beat(f"{STARTUP}: the run directory")
     place = _on_rank0(distributed, lambda: resolve_run(config, env.job_id, env.restart_count))
     held.callback(place.lock.release)
     job_end = _on_rank0(distributed, lambda: scheduler().job_end_time(env.job_id, os.environ)
                         if env.job_id and config.preemption.deadline == "auto" else None)
+    beats.beat(f"{STARTUP}: the data")
     with distributed.node_leader_first():
         config, decided = _with_your_loaders(config, decided, env.local_rank == 0)
         data = build_data(config.data, decided.batch_size, config.seed, decided.device,
@@ -438,20 +444,23 @@ def _training_step(config: Config, layout: Layout, distributed: Distributed, pla
 
 
 def build_parts(config: Config, env: ProcessEnv | None = None,
-                held: ExitStack | None = None) -> Parts:
+                held: ExitStack | None = None, beats: Beats | None = None) -> Parts:
     """All parts of a run; `env` defaults to the environment this process was started in.
     What the run holds until it ends (its run directory's lock) is released by `held`'s close,
-    built or not; without `held` (a test or benchmark driving the parts itself), once built."""
+    built or not; without `held` (a test or benchmark driving the parts itself), once built.
+    `beats`: the progress the run's hang watch reads (each stage of the build beats it)."""
+    beats = beats or Beats()
     if held is None:
         with ExitStack() as for_the_build:
-            parts = build_parts(config, env, for_the_build)
+            parts = build_parts(config, env, for_the_build, beats)
             parts.place.lock.keep_folders()  # the caller's steps write into the run directory
             return parts
     env = env or detect()
     trackers.check(config)  # a tracker's missing library, said before anything is built
-    config, decided, distributed, place, job_end, data = _start(config, env,
-                                                                _decide(config, env), held)
+    config, decided, distributed, place, job_end, data = _start(
+        config, env, _decide(config, env), held, beats)
     layout, plan, device, meter, batch_size, global_batch, micro = decided
+    beats.beat(f"{STARTUP}: the model")
 
     # ---- the model, then its distributed wrapper ----
     _ask_for_classes(config, data)
@@ -491,4 +500,4 @@ def build_parts(config: Config, env: ProcessEnv | None = None,
         trial=link(config, distributed),
         steps_per_epoch=steps_per_epoch, total_steps=total_steps, batch_size=batch_size,
         global_batch_size=global_batch, effective_lr=lr, optimizer_note=note,
-        model_flops=flops)
+        model_flops=flops, beats=beats)

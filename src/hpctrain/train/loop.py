@@ -27,6 +27,8 @@ from hpctrain.data.images.kind import image_size_for_epoch
 from hpctrain.data.user_datasets import forget_made
 from hpctrain.data.worker_signals import start_resource_tracker
 from hpctrain.errors import DataError, DataPipelineFailed, OutputError, Preempted, RunFailed
+from hpctrain.monitor.beats import CLOSING, STARTUP, STEP
+from hpctrain.monitor.hangs import HangWatch
 from hpctrain.monitor.watchdog import Watchdog
 from hpctrain.train import run_record, run_summary, stops
 from hpctrain.train.bookkeeping import Clock, Interval, RunningMetrics
@@ -52,6 +54,7 @@ def train(config: Config, env: ProcessEnv | None = None,
     not given."""
     started = time.perf_counter() if started is None else started
     env = env or detect()
+    watch = HangWatch(config.monitor).start()  # a start-up that never ends is a hang too
     # From the very start: a notice during start-up is not lost, and the DataLoader workers,
     # forked later, inherit the harmless handler (Slurm signals every process of a step; a
     # worker killed by SIGUSR1 would crash the run).
@@ -61,12 +64,14 @@ def train(config: Config, env: ProcessEnv | None = None,
         stopper.install(config.preemption.signal)  # a Ctrl-C held meanwhile: interrupted here
         start_resource_tracker((config.preemption.signal,))
         try:
-            parts = build_parts(config, env, held)
+            parts = build_parts(config, env, held, watch.beats)
         except RuntimeError as err:
             stops.raise_readable(err, env, "while starting", config)
+        watch.place(parts.run_dir, parts.distributed.env.rank, parts.world_size)
         stopper.attach(parts.distributed, parts.deadline)
-        return _train(parts, stopper, on_step, Clock(started=started))
+        return _train(parts, stopper, on_step, Clock(started=started), watch)
     finally:
+        watch.stop()
         held.close()
         stopper.close()
         forget_made()  # a next run in this process makes your data again
@@ -75,8 +80,9 @@ def train(config: Config, env: ProcessEnv | None = None,
 
 
 def _train(parts: Parts, stopper: Stopper, on_step: Callable[[Parts, int], None] | None,
-           clock: Clock) -> dict | None:
+           clock: Clock, watch: HangWatch) -> dict | None:
     config, is_main = parts.config, parts.distributed.is_main
+    parts.beats.beat(f"{STARTUP}: the resume")
     progress, changes = restore(parts, parts.resume_from) if parts.resume_from else \
         (Progress(), [])
     if is_complete(progress, parts.total_steps):  # a finished run: touch nothing
@@ -88,11 +94,13 @@ def _train(parts: Parts, stopper: Stopper, on_step: Callable[[Parts, int], None]
                   f"{parts.total_steps}); nothing to train, its summary.json is left as it "
                   f"was. {on}", flush=True)
         return completed_summary(parts, progress) if is_main else None
+    parts.beats.beat(f"{STARTUP}: the run's records")
     moved = set_aside(parts.place) if is_main else None  # only once the resume succeeded
     telemetry = Telemetry(parts.run_dir, parts.total_steps, progress.step, enabled=is_main,
                           saved_bytes=progress.metrics_bytes)
     run_record.tell_start(parts, progress, telemetry, moved, changes)
     heartbeat = run_record.announce(parts, progress, clock, telemetry) if is_main else None
+    watch.on_hang = functools.partial(stops.after_a_hang, parts, progress, clock)
     status, stopped, summary_problem = "failed", None, None
     parts.meter.start()
     try:
@@ -117,6 +125,7 @@ def _train(parts: Parts, stopper: Stopper, on_step: Callable[[Parts, int], None]
     except RuntimeError as err:
         stops.raise_readable(err, parts.distributed.env, f"at step {progress.step}", config)
     finally:
+        parts.beats.beat(CLOSING)
         telemetry.close()
         parts.meter.stop()
         if heartbeat is not None:
@@ -148,6 +157,7 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
         epoch, batches = _start_epoch(parts, progress.step)
         next_batch = functools.partial(_next_batch, batches)
         for _ in range(progress.step % parts.steps_per_epoch, parts.steps_per_epoch):
+            parts.beats.beat(STEP, progress.step + 1)
             saving = parts.checkpointer.pending is not None  # a save writes meanwhile
             clock.data_wait_seconds += take_step(parts.step, next_batch, record=figures)
             interval.saving += saving

@@ -10,12 +10,13 @@ from pathlib import Path
 
 from hpctrain.config import to_yaml
 from hpctrain.errors import cannot_write
+from hpctrain.monitor.beats import CHECKPOINT
 from hpctrain.report import trackers
 from hpctrain.report.page import write_run_report
 from hpctrain.runs.directory import RunDir, remember_output_dir
 from hpctrain.runs.goodput import account
-from hpctrain.runs.identity import (Heartbeat, earlier_jobs, read_identity, record_job,
-                                    record_start)
+from hpctrain.runs.identity import (Heartbeat, earlier_jobs, mark_hung, read_identity,
+                                    record_job, record_start)
 from hpctrain.runs.live_registration import register
 from hpctrain.train import run_summary
 from hpctrain.train.bookkeeping import Clock
@@ -81,6 +82,7 @@ def save_checkpoint(parts: Parts, progress: Progress, clock: Clock,
                     telemetry: Telemetry) -> None:
     """A checkpoint of this step (skipped, and said, when the weights are not finite), and
     this job's figures so far into run.json."""
+    parts.beats.beat(CHECKPOINT, progress.step)
     totals = run_summary.totals(parts, progress, clock)
     began = time.perf_counter()
     if not save(parts, progress, totals["job_seconds"], totals["job_energy_joules"]):
@@ -93,6 +95,8 @@ def save_checkpoint(parts: Parts, progress: Progress, clock: Clock,
 
 def finish_saving(parts: Parts) -> None:
     """Wait for an asynchronous save and let rank 0 publish it before anyone moves on."""
+    if parts.checkpointer.pending is not None:
+        parts.beats.beat(f"{CHECKPOINT}: its write behind the steps")
     parts.checkpointer.wait()
     parts.distributed.barrier()
 
@@ -123,6 +127,21 @@ def close(parts: Parts, progress: Progress, clock: Clock, status: str,
         print(f"hpctrain: warning: {unwritten}", file=sys.stderr, flush=True)
     telemetry.finish(summary, _artifacts(parts.run_dir))
     return summary, problem
+
+
+def record_hang(parts: Parts, progress: Progress, clock: Clock, line: str) -> int:
+    """Rank 0, from the hang watch: this job's figures with its silent seconds apart and the
+    hang's line into its start in run.json, and summary.json saying it hung (nothing else:
+    the trackers and the report may be what hangs). The run's hangs so far, this one's
+    included."""
+    run = run_summary.totals(parts, progress, clock)
+    _record_job(parts, clock, run, progress.step)
+    hangs = mark_hung(parts.run_dir, clock.job_number, line) \
+        if clock.job_number is not None else 1
+    summary = run_summary.summary(parts, progress, clock, "hung", run)
+    summary.update(hang=line, goodput=_goodput(parts.run_dir))
+    write_summary(parts.run_dir, summary)
+    return hangs
 
 
 def _goodput(run_dir: Path) -> float | None:

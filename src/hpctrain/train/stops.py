@@ -1,24 +1,27 @@
 """How a run stops short of its end and what it keeps: a stop agreed by all ranks (a signal or
 the deadline) saves and may requeue the job; a signal during start-up stops before the first
-step; a dead loader worker keeps or saves the last whole step; a lost or silent peer is said
-plainly."""
+step; a dead loader worker keeps or saves the last whole step; a hang (monitor/hangs.py) keeps
+the last checkpoint and requeues the job, up to monitor.hang_requeues times a run; a lost or
+silent peer is said plainly."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import NoReturn
 
 from hpctrain.cluster.records import ProcessEnv
 from hpctrain.cluster.scheduler import current as scheduler
 from hpctrain.config import Config
-from hpctrain.errors import Preempted
+from hpctrain.errors import ExitCode, Preempted
+from hpctrain.monitor.hangs import Hang
 from hpctrain.parallel.processes import collective_failure
 from hpctrain.train.bookkeeping import Clock
 from hpctrain.train.build import Parts
 from hpctrain.train.checkpoints.checkpoint import step_of
 from hpctrain.train.checkpoints.progress_state import Progress
 from hpctrain.train.preemption import Stopper
-from hpctrain.train.run_record import finish_saving, save_checkpoint
+from hpctrain.train.run_record import finish_saving, record_hang, save_checkpoint
 from hpctrain.train.telemetry import Telemetry
 from hpctrain.train.validation.evaluation import owed
 
@@ -95,3 +98,33 @@ def after_a_dead_worker(parts: Parts, progress: Progress, clock: Clock,
     finish_saving(parts)
     return f"Saved {progress.last_good_checkpoint}; run the same command with resume=auto " \
         "to continue"
+
+
+def after_a_hang(parts: Parts, progress: Progress, clock: Clock, hang: Hang) -> int:
+    """From the hang watch, on each rank: the exit code of a hung job. Rank 0 records the hang
+    (run.json, summary.json), says what is kept, and asks for the requeue a stop would (in a
+    scheduler's job, up to preemption.max_requeues restarts); past monitor.hang_requeues
+    hangs in the run it asks for none and ends the job as failed."""
+    if not parts.distributed.is_main:
+        return ExitCode.HUNG
+    clock.hung_seconds = hang.silent
+    hangs = record_hang(parts, progress, clock, hang.line)
+    kept = (f"checkpoint {progress.last_good_checkpoint} is kept" if
+            progress.last_good_checkpoint else "no checkpoint was saved yet")
+    limit = parts.config.monitor.hang_requeues
+    if hangs > limit:
+        print(f"hpctrain: the run hung {hangs} times (monitor.hang_requeues={limit}): not "
+              f"requeued; {kept}. The stacks are in {parts.run_dir}/hang/.", file=sys.stderr,
+              flush=True)
+        return ExitCode.FAILED
+    env, preemption = parts.distributed.env, parts.config.preemption
+    then = ""
+    if env.job_id and preemption.requeue == "auto":
+        then = " " + (scheduler().requeue(env.job_id, env.script_continues)
+                      if env.restart_count < preemption.max_requeues else
+                      f"Not requeued: the job has been restarted {env.restart_count} times "
+                      "(preemption.max_requeues).")
+    print(f"hpctrain: {kept}; the stacks are in {parts.run_dir}/hang/.{then} Run the same "
+          f"command again (resume=auto) to continue; exit status {int(ExitCode.HUNG)} means "
+          "'hung, requeue me'.", file=sys.stderr, flush=True)
+    return ExitCode.HUNG

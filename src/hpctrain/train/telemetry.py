@@ -13,6 +13,7 @@ import math
 import os
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from hpctrain.units import fmt_bytes
 from hpctrain.writers import open_appending, write_whole
 
 KEEP_GOING = "Free space (or set output_dir elsewhere) and run again with resume=auto"
+CLOSE_SECONDS = 10.0  # for each tracker to close at the run's end
 
 
 class Telemetry:
@@ -85,23 +87,38 @@ class Telemetry:
         """The trackers (opened once run.json exists: it holds their run ids)."""
         self.sinks = sinks
 
-    def _to_sinks(self, call: str, *args) -> None:
+    def _to_sinks(self, call: str, *args, only=None) -> None:
         """A tracker that fails (a server gone, a full disk) is said once and dropped: it is
-        never a reason to stop training, and metrics.jsonl keeps everything."""
-        for sink in list(self.sinks):
+        never a reason to stop training, and metrics.jsonl keeps everything. `only`: that
+        tracker alone."""
+        for sink in list(self.sinks) if only is None else [only]:
             try:
                 getattr(sink, call)(*args)
             except Exception as err:
-                self.sinks.remove(sink)
+                if sink in self.sinks:
+                    self.sinks.remove(sink)
                 print(f"hpctrain: warning: {type(sink).__name__.lower()} stopped receiving "
                       f"this run's figures ({type(err).__name__}: {str(err)[:300]}); "
                       "metrics.jsonl has them all", file=sys.stderr, flush=True)
 
     def finish(self, summary: dict, files: list[Path]) -> None:
-        """The trackers get the summary (final metrics) and `files` (artifacts), and close."""
-        if self.enabled:
-            self._to_sinks("finish", summary, files)
-            self.sinks = []
+        """The trackers get the summary (final metrics) and `files` (artifacts), and close,
+        each within CLOSE_SECONDS: a writer that does not (TensorBoard's waited two minutes
+        after a Ctrl-C; a tracking server gone) is said and left behind, on a daemon thread
+        that the process's end takes with it."""
+        if not self.enabled:
+            return
+        for sink in list(self.sinks):
+            closing = threading.Thread(target=self._to_sinks, args=("finish", summary, files),
+                                       kwargs={"only": sink}, daemon=True,
+                                       name="hpctrain-tracker-close")
+            closing.start()
+            closing.join(CLOSE_SECONDS)
+            if closing.is_alive():
+                print(f"hpctrain: warning: {type(sink).__name__.lower()} did not close within "
+                      f"{CLOSE_SECONDS:.0f} s; its last figures may be missing there, "
+                      "metrics.jsonl has them all", file=sys.stderr, flush=True)
+        self.sinks = []
 
     def show(self, step: int, line: str) -> None:
         if not self.enabled:

@@ -14,10 +14,12 @@ beyond one device's: communication and synchronisation.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpctrain.monitor import lifeline
 from hpctrain.errors import ConfigError
 from hpctrain.runs.directory import RunDir, stamp
 from hpctrain.tune.study import read_settings
@@ -107,7 +109,8 @@ def run_locally(folder: Path, study: Study, say=print) -> None:
         with open(log, "w") as out:
             code = subprocess.call([*torchrun(size), *hpctrain_run(study.recipe, overrides)],
                                    stdout=out, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL)
+                                   stdin=subprocess.DEVNULL,
+                                   env={**os.environ, **lifeline.environment()})
         if code != 0:
             say(f"size {size}: failed (exit {code}); see {log}")
 

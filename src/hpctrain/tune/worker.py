@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpctrain.monitor import lifeline
 from hpctrain.errors import ExitCode
 from hpctrain.runs.directory import RunDir
 from hpctrain.runs.identity import Heartbeat
@@ -250,7 +251,8 @@ class Worker:
             with open(log_path, "a") as log:
                 self.child = subprocess.Popen(
                     self.command(claim), stdout=log, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL, env={**os.environ, **self.launch.environment},
+                    stdin=subprocess.DEVNULL, env={**os.environ, **self.launch.environment,
+                                                   **lifeline.environment()},
                     start_new_session=True)  # a terminal's Ctrl-C reaches the worker only
                 if self.launch.cpus:  # before it imports torch: its threads inherit this
                     os.sched_setaffinity(self.child.pid, self.launch.cpus)

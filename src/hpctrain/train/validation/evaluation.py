@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from hpctrain.errors import Preempted
+from hpctrain.monitor.beats import EVALUATION
 from hpctrain.tasks import tensors
 from hpctrain.train import run_summary
 from hpctrain.train.bookkeeping import Clock
@@ -43,6 +44,7 @@ def evaluate(parts, model: nn.Module, stopper=None) -> dict | None:
         if task.moment is not None:
             sums += task.moment("validation_start").to(sums.dtype)
         for host_batch in parts.data.val_loader:
+            parts.beats.beat(EVALUATION)
             if stopper is not None and stopper.check() is not None:
                 return None
             batch = task.to_device(host_batch, training=False)
