@@ -29,26 +29,24 @@ def entry() -> None:
     except KeyboardInterrupt:  # one held, handed back where no verb was left to catch it
         print("hpctrain: interrupted", file=sys.stderr)
         code = ExitCode.INTERRUPTED
-    if code == ExitCode.INTERRUPTED:
-        _exit_interrupted(code)
     _exit_within(code, EXIT_SECONDS)
-    sys.exit(code)
+    _end(code)
 
 
 EXIT_SECONDS = 15.0  # from the verb's end to the process's, whatever is left running
 
 
 def _exit_within(code: int, seconds: float) -> None:
-    """The process ends with `code` within `seconds`, whatever the interpreter's shutdown
-    waits for (a thread someone did not make a daemon, a compile worker pool, an exit hook
-    joining a stuck child): the verb's records are written by now."""
+    """The process ends with `code` within `seconds`, whatever its exit functions wait for (a
+    compile worker pool, a child that does not stop, a hook of the user's): the verb's
+    records are written by now."""
     import os
     import threading
 
     def end() -> None:
         print(f"hpctrain: the process did not end within {seconds:.0f} s of its verb "
-              "(threads or child processes left running): ended", file=sys.__stderr__,
-              flush=True)
+              "(its exit functions waited on threads or child processes): ended",
+              file=sys.__stderr__, flush=True)
         os._exit(code)
 
     timer = threading.Timer(seconds, end)
@@ -56,15 +54,22 @@ def _exit_within(code: int, seconds: float) -> None:
     timer.start()
 
 
-def _exit_interrupted(code: int) -> None:
-    """Exit with `code` after the exit functions. CPython 3.11 marks a KeyboardInterrupt
-    raised inside exec()'d code as unhandled even where hpctrain caught it (a Ctrl-C while
-    torch makes the dataclasses of a module it imports lazily, as torch.optim does with
-    torch._dynamo on its first optimiser), and then ends by SIGINT whatever sys.exit said."""
+def _end(code: int) -> None:
+    """Exit with `code` once the exit functions ran (multiprocessing's stops the loader
+    workers), without the interpreter's teardown of every module: it took a second after
+    a run's last record with torch loaded (0.6 s for torch alone), which no account of the
+    job would count, and it waited for any thread not made a daemon. And CPython 3.11 marks
+    a KeyboardInterrupt raised inside exec()'d code as unhandled even where hpctrain caught
+    it (a Ctrl-C while torch makes the dataclasses of a module it imports lazily, as
+    torch.optim does with torch._dynamo on its first optimiser), and then ends by SIGINT
+    whatever sys.exit said."""
     import atexit
     import os
 
     atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe
+            pass
     os._exit(code)

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from hpctrain.cli import bench, jobs, run, runs, tools, tune
 from hpctrain.cli.arguments import Parser, join_dashed_values
 from hpctrain.errors import ExitCode, Preempted, UserError, exit_code_table
+from hpctrain.monitor import process_clock
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,7 +79,8 @@ def main(argv: list[str] | None = None, own_process: bool = False) -> int:
     exit status as it is."""
     from hpctrain.train.preemption import catch_early, release_early
 
-    started = time.perf_counter()  # a run's time counts from here (importing torch takes s)
+    # a run's time counts from its process's start (the interpreter and its imports: seconds)
+    started = process_clock.started_at() if own_process else time.perf_counter()
     args = _parse(argv)
     args.started = started
     trains = args.verb in ("run", "profile")

@@ -92,6 +92,11 @@ class MonitorConfig(Section):
     hang_requeues: int = Field(2, ge=0, description="a job that hangs requeues itself this "
                                "many times a run; the next hang ends it (exit 1)")
 
+    @field_validator("hang_after", mode="before")
+    @classmethod
+    def _off(cls, value):
+        return "off" if value is False else value  # YAML reads a bare off as false
+
     @field_validator("hang_after")
     @classmethod
     def _positive(cls, value):

@@ -29,8 +29,8 @@ HISTORY = 64  # lengths kept per phase
 
 class Beats:
     """One process's progress: the phase under way (`phase`, e.g. "step" or "start-up: the
-    data"), since when (monotonic seconds), the last step begun, and the lengths of the
-    phases ended so far."""
+    data"), since when (monotonic seconds), the steps trained when it began, and the lengths
+    of the phases ended so far."""
 
     def __init__(self):
         self.phase = STARTUP
@@ -39,7 +39,8 @@ class Beats:
         self._lengths: dict[str, deque] = {}
 
     def beat(self, phase: str, step: int | None = None) -> None:
-        """The phase under way ended; `phase` begins (at `step`, where it says one)."""
+        """The phase under way ended; `phase` begins (`step`: the steps trained by then,
+        where it says)."""
         now = time.monotonic()
         lengths = self._lengths.get(self.phase)
         if lengths is None:

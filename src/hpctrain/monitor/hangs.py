@@ -37,13 +37,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpctrain.errors import ExitCode
-from hpctrain.monitor import stacks
+from hpctrain.monitor import process_clock, stacks
 from hpctrain.monitor.beats import CHECKPOINT, CLOSING, EVALUATION, STEP, Beats
 from hpctrain.runs.directory import (CAPS, HANG_STACKS, HANG_VERDICT, HANG_VIEW, RunDir)
 from hpctrain.readers import json_document
 from hpctrain.writers import fresh_file, own_folder, write_whole
 
 LOOK_SECONDS = 0.5  # between two looks at the beats
+PROGRESS_SECONDS = 1.0  # rank 0's progress.json, rewritten this often (goodput's last beat)
 GATHER_SECONDS = 20.0  # rank 0 waits this long for the other ranks' views
 EXIT_WITHIN = 90.0  # the whole handling, after which the process ends regardless
 NATIVE_SLACK = 60.0  # faulthandler's timer: the bound plus this, where the watch cannot run
@@ -75,17 +76,21 @@ class HangWatch:
         self.on_hang: Callable[[Hang], int] = lambda hang: ExitCode.HUNG
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self._began = process_clock.started_epoch()  # the job's start (place() says)
 
     def start(self) -> HangWatch:
-        if self.settings.hang_after != "off":
-            self._thread = threading.Thread(target=self._run, name="hpctrain-hang-watch",
-                                            daemon=True)
-            self._thread.start()
+        """The watch's thread; it also writes rank 0's progress.json, so it runs with
+        monitor.hang_after=off too (which only ends its looking for hangs)."""
+        self._thread = threading.Thread(target=self._run, name="hpctrain-hang-watch",
+                                        daemon=True)
+        self._thread.start()
         return self
 
-    def place(self, run_dir: Path, rank: int, world_size: int) -> None:
-        """Where the stacks go, and which rank this process is of how many."""
+    def place(self, run_dir: Path, rank: int, world_size: int, began: float) -> None:
+        """Where the stacks and progress go, which rank this process is of how many, and
+        when its job began (Unix seconds)."""
         self.run_dir, self.rank, self.world_size = Path(run_dir), rank, world_size
+        self._began = began
 
     def stop(self) -> None:
         self._stopping.set()
@@ -94,7 +99,12 @@ class HangWatch:
             faulthandler.cancel_dump_traceback_later()
 
     def _run(self) -> None:
+        written = 0.0
         while not self._stopping.wait(LOOK_SECONDS):
+            if self.rank == 0 and self.run_dir is not None and \
+                    time.monotonic() - written >= PROGRESS_SECONDS:
+                self._write_progress()
+                written = time.monotonic()
             bound = self.beats.bound(self.settings)
             silent = self.beats.silent()
             if bound is None:
@@ -126,6 +136,16 @@ class HangWatch:
                   file=sys.stderr, flush=True)
             code = ExitCode.HUNG
         _end(code)
+
+    def _write_progress(self) -> None:
+        """Rank 0's last beat where the next start of the run finds it: a job killed without
+        a word is counted to it, and its steps redone to the last one it trained."""
+        try:
+            write_whole(RunDir(self.run_dir).progress, json.dumps(
+                {"pid": os.getpid(), "host": socket.gethostname(), "began": self._began,
+                 "time": time.time(), "step": self.beats.step, "phase": self.beats.phase}))
+        except OSError:  # a full disk: the run says so where it writes its records
+            pass
 
     # ---- this rank's view ------------------------------------------------------------------
 
@@ -259,14 +279,15 @@ def in_collective(frames: list[stacks.Frame], world_size: int) -> bool:
     return False
 
 
-PHASE_WORDS = {STEP: "training step {step}", EVALUATION: "an evaluation batch (after step "
+PHASE_WORDS = {STEP: "training step {next}", EVALUATION: "an evaluation batch (after step "
                "{step})", CHECKPOINT: "the checkpoint of step {step}", CLOSING: "the run's end"}
 
 
 def compose(views: list[dict], phase: str, step: int | None, silent: float, bound: float,
             world_size: int, setting: str = "monitor.hang_after") -> str:
     """The one line that names a hang from every rank's view."""
-    words = PHASE_WORDS.get(phase.split(":")[0], phase).format(step=step)
+    words = PHASE_WORDS.get(phase.split(":")[0], phase).format(
+        step=step, next=None if step is None else step + 1)
     if phase.startswith(f"{CHECKPOINT}:"):
         words += f" ({phase.split(':', 1)[1].strip()})"
     head = f"hung in {words}: no progress for {silent:.0f} s (bound {bound:.0f} s, {setting})"

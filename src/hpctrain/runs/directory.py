@@ -9,6 +9,7 @@
                         tb/  profile/  report.html  job.sbatch  job.json  slurm-JOB.out
                         wandb/         W&B's own folder (tracking.sinks=[wandb])
                         hang/          the latest hang: each rank's stacks and view, the verdict
+                        progress.json  rank 0's last beat: step and time, every second
 
 Train, the cluster verbs, profiling, the runs index and the CLI name these files through this
 module only. Besides the run directories, one file per user: the job ledger
@@ -55,6 +56,7 @@ CHECKPOINT_MODULE_STATE = "module.pt"
 # folders another library writes in a run directory, links of its own included (W&B's
 # latest-run, and its log linked to ~/.cache/wandb): hpctrain writes nothing inside
 LIBRARY_FOLDERS = ("wandb",)
+PROGRESS = "progress.json"  # rank 0's progress, written every second (monitor/hangs.py)
 HANG = "hang"  # the latest hang (monitor/hangs.py): each rank's stacks, its view, the verdict
 HANG_STACKS = "rank-{rank}.txt"  # every thread of the rank and of its loader workers
 HANG_VIEW = "rank-{rank}.json"  # where the rank hangs, as it sees it
@@ -72,7 +74,7 @@ SET_ASIDE_REASONS = "why.json"
 # a sparse file of 100 GB); metrics.jsonl at 1 GiB is some ten million intervals
 CAPS = {CONFIG: 4 * MiB, IDENTITY: 64 * MiB, LOCK: 64 * KiB, METRICS: GiB, SUMMARY: 16 * MiB,
         CHECKPOINT_META: 64 * MiB, PROFILE_SUMMARY: 256 * MiB, MEMORY_PREDICTION: 16 * MiB,
-        JOB_RECORD: 64 * KiB, HANG_VIEW: MiB, HANG_VERDICT: 16 * MiB}
+        JOB_RECORD: 64 * KiB, HANG_VIEW: MiB, HANG_VERDICT: 16 * MiB, PROGRESS: 64 * KiB}
 RECORD_CAP = MiB  # one metrics.jsonl line
 # what a metrics.jsonl record must hold to be read (train/telemetry.py writes them): a kind,
 # and where there, what places it (step, time, spent) whole and finite; a figure such as a
@@ -85,6 +87,10 @@ METRIC_RULES = {
     "utilization_mean": optional(FINITE), "power_watts_total": optional(FINITE),
     "seconds_per_step": optional(AMOUNT),
 }
+# what progress.json must hold to be read back: whose beat (the process, when it began) and
+# where it stood (the steps trained, the phase) at `time`
+PROGRESS_RULES = {"pid": COUNT, "host": TEXT, "began": TIME, "time": TIME, "step": optional(COUNT),
+                  "phase": TEXT}
 # what a hang's verdict must hold to be read back (monitor/hangs.py writes it)
 VERDICT_RULES = {"line": TEXT, "time": TIME, "step": optional(COUNT), "phase": TEXT,
                  "silent_seconds": AMOUNT, "bound_seconds": AMOUNT, "ranks": list_of(MAPPING)}
@@ -164,6 +170,19 @@ class RunDir:
     @property
     def report(self) -> Path:
         return self.path / REPORT
+
+    @property
+    def progress(self) -> Path:
+        return self.path / PROGRESS
+
+    def read_progress(self) -> dict | None:
+        """progress.json, checked field by field; None when absent or damaged (it is
+        rewritten every second: a crash may leave none)."""
+        value, why = json_document(self.progress, CAPS[PROGRESS])
+        if why is not None or not isinstance(value, dict) or \
+                field_problem(value, PROGRESS_RULES, tuple(PROGRESS_RULES)):
+            return None
+        return value
 
     @property
     def hang(self) -> Path:

@@ -142,9 +142,12 @@ def _matched(starts: list[dict], allocations: list[dict]) -> list[_Job]:
 
 
 def _began(start: dict) -> float:
-    """When a start began: when it claimed the run (its lock), else when it was recorded."""
-    claimed = start.get("claimed")
-    return claimed if claimed is not None else start.get("time") or 0.0
+    """When a start began: its process's start, else when it claimed the run (its lock),
+    else when it was recorded."""
+    for key in ("began", "claimed", "time"):
+        if start.get(key) is not None:
+            return start[key]
+    return 0.0
 
 
 def _count(out: Account, job: _Job, now: float) -> None:
@@ -170,18 +173,22 @@ def _count(out: Account, job: _Job, now: float) -> None:
     out.allocated += total
     if seconds is not None:
         for phase, spent in _job_phases(seconds, start.get("split") or {},
-                                        start.get("redone_seconds") or 0.0).items():
+                                        start.get("redone_seconds") or 0.0,
+                                        bool(start.get("hung"))).items():
             out.phases[phase] += spent * used
 
 
-def _job_phases(seconds: float, split: dict, redone_seconds: float) -> dict:
+def _job_phases(seconds: float, split: dict, redone_seconds: float, hung: bool) -> dict:
     """One job's seconds by phase: its split, the training a later start did again (its
-    `redone_seconds`, added to its seconds when that start was recorded), and the rest of
-    its seconds as `other`."""
+    `redone_seconds`: after its split's last record, or in a hung job's split, whose
+    training it is then taken from), and the rest of its seconds as `other`."""
     training = split.get("training") or 0.0
     waited = min(split.get("data_wait") or 0.0, training)
     dip = min(split.get("save_dip") or 0.0, training - waited)
-    phases = {"productive": training - waited - dip, "data_wait": waited,
+    productive = training - waited - dip
+    if hung:
+        productive = max(0.0, productive - redone_seconds)
+    phases = {"productive": productive, "data_wait": waited,
               "evaluation": split.get("evaluation") or 0.0,
               "checkpoint": split.get("checkpoint") or 0.0, "save_dip": dip,
               "startup": split.get("startup") or 0.0, "hung": split.get("hung") or 0.0,

@@ -44,7 +44,8 @@ START_RULES = {
     "world_size": COUNT, "hosts": list_of(TEXT), "gpu_model": optional(TEXT),
     "gpus": optional(COUNT), "output_dir": TEXT, "seconds": optional(AMOUNT),
     "device_hours": optional(AMOUNT), "energy_joules": optional(AMOUNT),
-    "claimed": optional(TIME), "lost": optional(TEXT), "redone_steps": optional(COUNT),
+    "claimed": optional(TIME), "began": optional(TIME), "lost": optional(TEXT),
+    "redone_steps": optional(COUNT),
     "redone_seconds": optional(AMOUNT), "hung": optional(TEXT),
     "split": optional(Kind("a mapping of the job's seconds by phase", lambda v: isinstance(
         v, dict) and all(optional(AMOUNT).holds(x) for x in v.values()))),
@@ -107,10 +108,10 @@ def record_start(run_dir: Path, config: dict, start: dict, lost: dict | None = N
     start.pop("cluster", None)
     record["config_hash"] = config_hash(config)
     record["starts"] = [*record.get("starts", [])]
-    if start.get("redone_steps") and record["starts"]:
-        _add_redone(record["starts"][-1], start["redone_steps"], redone_seconds)
     if lost is not None:
         _account_for(record["starts"], lost)
+    if start.get("redone_steps") and record["starts"]:
+        _add_redone(record["starts"][-1], start["redone_steps"], redone_seconds)
     record["starts"].append(start)
     _write(run, record)
     return record
@@ -118,10 +119,11 @@ def record_start(run_dir: Path, config: dict, start: dict, lost: dict | None = N
 
 def _add_redone(before: dict, steps: int, seconds: float | None) -> None:
     """The steps the job before trained after its last checkpoint, which this start does
-    again: it died after its last record (a stop saves where it stops), so it held its
-    devices that much longer than its seconds say; added to them (`redone_seconds`), so the
-    run's time and device-hours count them. `seconds`: what they took, from that job's own
-    records; None (records of an older hpctrain): its mean step time."""
+    again (`redone_seconds`). A job killed after it reported at its last checkpoint held its
+    devices that much longer than its seconds say: they are added to them, so the run's time
+    and device-hours count them; one whose seconds already run to its end (it hung, or they
+    were counted to its last beat: `lost`) keeps them. `seconds`: what they took, from that
+    job's own records; None (records of an older hpctrain): its mean step time."""
     split = before.get("split") if isinstance(before.get("split"), dict) else {}
     trained, training = split.get("steps"), split.get("training")
     if _number(before.get("seconds")) is None:
@@ -130,22 +132,28 @@ def _add_redone(before: dict, steps: int, seconds: float | None) -> None:
         if not (COUNT.holds(trained) and trained and AMOUNT.holds(training)):
             return  # a job of an older hpctrain: its step time is not known
         seconds = steps * training / trained
-    before.update(seconds=before["seconds"] + seconds, redone_seconds=seconds)
+    before["redone_seconds"] = seconds
+    if before.get("hung") or before.get("lost"):
+        return
+    before["seconds"] += seconds
     if _number(before.get("device_hours")) is not None and COUNT.holds(before.get("world_size")):
         before["device_hours"] += seconds * before["world_size"] / 3600
 
 
 def record_job(run_dir: Path, number: int, seconds: float, device_hours: float,
-               energy_joules: float | None, split: dict | None = None) -> None:
+               energy_joules: float | None, split: dict | None = None,
+               keep_energy: bool = False) -> None:
     """This job's figures so far into its start (`number`: its place in `starts`); `split`:
-    its seconds by phase (bookkeeping.Clock.split), what `hpctrain goodput` reads."""
+    its seconds by phase (bookkeeping.Clock.split), what `hpctrain goodput` reads;
+    `keep_energy`: the energy recorded before stands (its meter has stopped)."""
     run = RunDir(run_dir)
     record, _ = read_identity(run_dir)
     starts = record["starts"] if record is not None else []
     if not 0 <= number < len(starts):
         return  # run.json damaged or replaced meanwhile: the summary still tells this job
-    starts[number].update(seconds=seconds, device_hours=device_hours,
-                          energy_joules=energy_joules)
+    starts[number].update(seconds=seconds, device_hours=device_hours)
+    if not keep_energy:
+        starts[number]["energy_joules"] = energy_joules
     if split is not None:
         starts[number]["split"] = split
     _write(run, record)
@@ -165,15 +173,17 @@ def mark_hung(run_dir: Path, number: int, line: str) -> int:
 
 def _account_for(starts: list, lost: dict) -> None:
     """The start that died without a word (kill -9, a lost node) and left its lock behind:
-    it lived at least until the lock's last heartbeat (touched every HEARTBEAT_SECONDS). One
-    that never reported (killed during start-up) is added; one that reported fewer seconds
-    (its last checkpoint's, and the steps redone after it) gets those."""
-    lived = max(0.0, lost["last_beat"] - lost["claimed"])
+    it lived from its process's start (`began`; its claim of the run for a lock of an older
+    hpctrain) at least until its last beat (its lock's, every second, or rank 0's
+    progress.json). One that never reported (killed during start-up) is added; one that
+    reported fewer seconds (its last checkpoint's, and the steps after it) gets those."""
+    lived = max(0.0, lost["last_beat"] - (lost.get("began") or lost["claimed"]))
     own = next((s for s in starts if isinstance(s, dict) and
                 s.get("claimed") == lost["claimed"]), None)
     said = "died without a word; seconds: at least, to its lock's last heartbeat"
     if own is None:
         starts.append({"time": lost["claimed"], "claimed": lost["claimed"],
+                       "began": lost.get("began"),
                        "job_id": lost["job_id"], "restart": lost["restart"],
                        "hosts": [lost["host"]], "seconds": lived,
                        "lost": "during start-up, before it reported: " + said})

@@ -28,18 +28,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpctrain.errors import ConfigError, cannot_write
+from hpctrain.monitor import process_clock
 from hpctrain.readers import COUNT, TEXT, TIME, Kind, field_problem, json_document, optional
 from hpctrain.runs.directory import CAPS, LOCK, RunDir, modified
 from hpctrain.runs.identity import HEARTBEAT_SECONDS, Heartbeat
 from hpctrain.writers import fresh_file, refuse_link
 
 STALE_SECONDS = 5 * HEARTBEAT_SECONDS  # a holder silent this long is taken for dead
+# the lock's own beat: a job killed without a word is counted to within this (runs/goodput)
+LOCK_BEAT_SECONDS = 1.0
 ATTEMPTS = 5  # claims tried while other runs take over the same stale lock
 
 
 # what a lock file must hold to name its holder (a time that describe() can print)
 HOLDER_RULES = {"pid": Kind("a process id", lambda v: COUNT.holds(v) and v > 0),
-                "host": TEXT, "job_id": optional(TEXT), "restart": COUNT, "started": TIME}
+                "host": TEXT, "job_id": optional(TEXT), "restart": COUNT, "started": TIME,
+                "began": optional(TIME)}
 
 
 class RunInUse(ConfigError):
@@ -54,11 +58,13 @@ class Holder:
     host: str
     job_id: str | None
     restart: int
-    started: float
+    started: float  # when it claimed the run
+    began: float | None = None  # when its process started (None: a lock of an older hpctrain)
 
     @classmethod
     def this_process(cls, job_id: str | None, restart: int) -> Holder:
-        return cls(os.getpid(), socket.gethostname(), job_id, restart, time.time())
+        return cls(os.getpid(), socket.gethostname(), job_id, restart, time.time(),
+                   process_clock.started_epoch())
 
     @classmethod
     def read(cls, path: Path) -> Holder | None:
@@ -75,7 +81,7 @@ class Holder:
         if why is not None:
             return None, why
         return cls(record["pid"], record["host"], record["job_id"], record["restart"],
-                   float(record["started"])), None
+                   float(record["started"]), record.get("began")), None
 
     def describe(self) -> str:
         job = f", Slurm job {self.job_id}" if self.job_id else ""
@@ -132,6 +138,8 @@ class RunLock:
     # the holder taken over and its last heartbeat: a start that may have died before it
     # reported (runs/identity.record_start adds it to run.json)
     gone: tuple[Holder, float] | None = None
+    # the last progress.json the holder taken over wrote (its last step and beat), if any
+    gone_progress: dict | None = None
     heartbeat: Heartbeat | None = None
     held: bool = True
 
@@ -215,6 +223,7 @@ def claim(run: Path, job_id: str | None, restart: int, setting: str) -> RunLock:
         try:
             lock = _hold(run, made, me)
             lock.taken_over, lock.gone = taken_over, gone
+            lock.gone_progress = _progress_of(run, gone[0]) if gone else None
             return lock
         except FileExistsError:
             pass
@@ -232,6 +241,16 @@ def claim(run: Path, job_id: str | None, restart: int, setting: str) -> RunLock:
             taken_over, gone = why, (holder, beat) if holder is not None else None
     raise RunInUse(f"{setting}: {run}: other runs keep taking its lock ({lock_path}); "
                    "start one run at a time in a run directory")
+
+
+def _progress_of(run: Path, holder: Holder) -> dict | None:
+    """The run's progress.json where `holder` wrote it (read before this run's own replaces
+    it), else None."""
+    progress = RunDir(run).read_progress()
+    if progress is not None and progress["pid"] == holder.pid and \
+            progress["host"] == holder.host and progress["time"] >= holder.started:
+        return progress
+    return None
 
 
 def _hold(run: Path, made: list[Path], me: Holder) -> RunLock:
@@ -253,7 +272,7 @@ def _hold(run: Path, made: list[Path], me: Holder) -> RunLock:
             from None
     finally:
         draft.unlink()
-    heartbeat = Heartbeat(lock_path).start()
+    heartbeat = Heartbeat(lock_path, every=LOCK_BEAT_SECONDS).start()
     return RunLock(lock_path, made, heartbeat=heartbeat, claimed=me.started)
 
 

@@ -45,6 +45,10 @@ class Clock:
     clean_step_seconds: deque = field(default_factory=lambda: deque(maxlen=DIP_REFERENCE))
     hung_seconds: float = 0.0  # without progress before the hang watch ended the job
 
+    def began(self) -> float:
+        """When this job began, in Unix seconds."""
+        return time.time() - (time.perf_counter() - self.started)
+
     def split(self, step: int) -> dict:
         """This job's seconds by phase so far (run.json's `split`, `hpctrain goodput`):
         training (to the last logging interval read, its data wait and its save dip

@@ -67,7 +67,8 @@ def train(config: Config, env: ProcessEnv | None = None,
             parts = build_parts(config, env, held, watch.beats)
         except RuntimeError as err:
             stops.raise_readable(err, env, "while starting", config)
-        watch.place(parts.run_dir, parts.distributed.env.rank, parts.world_size)
+        watch.place(parts.run_dir, parts.distributed.env.rank, parts.world_size,
+                    began=time.time() - (time.perf_counter() - started))
         stopper.attach(parts.distributed, parts.deadline)
         return _train(parts, stopper, on_step, Clock(started=started), watch)
     finally:
@@ -96,8 +97,10 @@ def _train(parts: Parts, stopper: Stopper, on_step: Callable[[Parts, int], None]
         return completed_summary(parts, progress) if is_main else None
     parts.beats.beat(f"{STARTUP}: the run's records")
     moved = set_aside(parts.place) if is_main else None  # only once the resume succeeded
+    lost = run_record.lost_start(parts)  # a job before that died without a word
     telemetry = Telemetry(parts.run_dir, parts.total_steps, progress.step, enabled=is_main,
-                          saved_bytes=progress.metrics_bytes)
+                          saved_bytes=progress.metrics_bytes,
+                          trained_to=lost["trained"] if lost else None)
     run_record.tell_start(parts, progress, telemetry, moved, changes)
     heartbeat = run_record.announce(parts, progress, clock, telemetry) if is_main else None
     watch.on_hang = functools.partial(stops.after_a_hang, parts, progress, clock)
@@ -133,6 +136,7 @@ def _train(parts: Parts, stopper: Stopper, on_step: Callable[[Parts, int], None]
         summary, summary_problem = run_record.close(parts, progress, clock, status, telemetry)
         if heartbeat is not None:
             heartbeat.close()
+        run_record.record_end(parts, clock, progress.step)
     if summary_problem and stopped is None:
         raise OutputError(summary_problem)
     if stopped is not None:
@@ -157,7 +161,7 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
         epoch, batches = _start_epoch(parts, progress.step)
         next_batch = functools.partial(_next_batch, batches)
         for _ in range(progress.step % parts.steps_per_epoch, parts.steps_per_epoch):
-            parts.beats.beat(STEP, progress.step + 1)
+            parts.beats.beat(STEP, progress.step)
             saving = parts.checkpointer.pending is not None  # a save writes meanwhile
             clock.data_wait_seconds += take_step(parts.step, next_batch, record=figures)
             interval.saving += saving

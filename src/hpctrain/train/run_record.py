@@ -52,8 +52,8 @@ def announce(parts: Parts, progress: Progress, clock: Clock, telemetry: Telemetr
     for path, write in ((run.config, lambda: write_whole(run.config, to_yaml(parts.config))),
                         (run.identity, lambda: identity.update(record_start(
                             parts.run_dir, parts.config.model_dump(mode="json"),
-                            {**run_summary.start_record(parts),
-                             "redone_steps": telemetry.redone_steps}, _lost_start(parts),
+                            {**run_summary.start_record(parts), "began": clock.began(),
+                             "redone_steps": telemetry.redone_steps}, lost_start(parts),
                             telemetry.redone_seconds)))):
         try:
             write()
@@ -68,14 +68,19 @@ def announce(parts: Parts, progress: Progress, clock: Clock, telemetry: Telemetr
                                             parts.run_dir)).start()
 
 
-def _lost_start(parts: Parts) -> dict | None:
-    """The start whose lock this one took over: it died without a word (run.json)."""
+def lost_start(parts: Parts) -> dict | None:
+    """The start whose lock this one took over: it died without a word (run.json). Its last
+    beat is its lock's, or the last progress.json it wrote, with the steps it had trained
+    (`trained`; None where it wrote none)."""
     gone = parts.place.lock.gone
     if gone is None:
         return None
     holder, beat = gone
-    return {"claimed": holder.started, "job_id": holder.job_id, "restart": holder.restart,
-            "host": holder.host, "last_beat": beat}
+    progress = parts.place.lock.gone_progress
+    return {"claimed": holder.started, "began": holder.began, "job_id": holder.job_id,
+            "restart": holder.restart, "host": holder.host,
+            "last_beat": max(beat, progress["time"]) if progress else beat,
+            "trained": progress["step"] if progress else None}
 
 
 def save_checkpoint(parts: Parts, progress: Progress, clock: Clock,
@@ -141,7 +146,21 @@ def record_hang(parts: Parts, progress: Progress, clock: Clock, line: str) -> in
     summary = run_summary.summary(parts, progress, clock, "hung", run)
     summary.update(hang=line, goodput=_goodput(parts.run_dir))
     write_summary(parts.run_dir, summary)
+    parts.place.lock.release()  # recorded: the next start need not take it over
     return hangs
+
+
+def record_end(parts: Parts, clock: Clock, step: int) -> None:
+    """Rank 0, last of the run's records: this job's seconds to now, what it took after the
+    summary (the report, the trackers' close) included."""
+    if parts.distributed.is_main and clock.job_number is not None:
+        seconds = time.perf_counter() - clock.started
+        try:
+            record_job(parts.run_dir, clock.job_number, seconds,
+                       seconds * parts.world_size / 3600, None, clock.split(step),
+                       keep_energy=True)
+        except OSError:  # a full disk: the summary said so
+            pass
 
 
 def _goodput(run_dir: Path) -> float | None:

@@ -32,9 +32,11 @@ CLOSE_SECONDS = 10.0  # for each tracker to close at the run's end
 
 class Telemetry:
     def __init__(self, run_dir: Path, total_steps: int, start_step: int, enabled: bool = True,
-                 saved_bytes: int | None = None):
+                 saved_bytes: int | None = None, trained_to: int | None = None):
         """`start_step`, `saved_bytes`: the checkpoint this start resumes from (0: none), and
-        metrics.jsonl's size when it was saved (None: not recorded)."""
+        metrics.jsonl's size when it was saved (None: not recorded); `trained_to`: the steps
+        a job before that died without a word had trained, by its last beat (None: not
+        known)."""
         self.enabled = enabled
         self.sinks = []
         self.progress = None
@@ -46,7 +48,7 @@ class Telemetry:
         try:
             run_dir.mkdir(parents=True, exist_ok=True)  # the run exists once it reports
             self.redone_steps, self.redone_seconds = forget_lost_records(
-                self.metrics, start_step, saved_bytes)
+                self.metrics, start_step, saved_bytes, trained_to)
             self.metrics_file = open_appending(self.metrics)
         except OSError as err:
             raise cannot_write(self.metrics, err, KEEP_GOING) from None
@@ -147,8 +149,8 @@ class Telemetry:
             pass
 
 
-def forget_lost_records(metrics: Path, step: int,
-                        saved_bytes: int | None) -> tuple[int, float | None]:
+def forget_lost_records(metrics: Path, step: int, saved_bytes: int | None,
+                        trained_to: int | None = None) -> tuple[int, float | None]:
     """At a start, forget what was logged after the checkpoint it resumes from: those steps
     and evaluations run again, and metrics.jsonl then tells each once. Where the checkpoint
     recorded the file's size, the file is cut back to it, which is exact: also an evaluation
@@ -156,11 +158,11 @@ def forget_lost_records(metrics: Path, step: int,
     otherwise leave it twice). A start without a checkpoint keeps nothing: what is there was
     logged by a job killed before its first save. A checkpoint of an older hpctrain: every
     record after its step is dropped. Returns the steps trained after the checkpoint that
-    are done again, to the last one a training record forgotten tells (at least that many:
-    the steps after the last record are not known), and the seconds they took: that many
-    steps at the median `seconds_per_step` of the records forgotten (the median: an interval
-    that held a save or a slow first step does not stretch them; None: records of an older
-    hpctrain)."""
+    are done again, to the last one the job before trained (`trained_to`, its last beat's),
+    else to the last one a training record forgotten tells, and the seconds they took: that
+    many steps at the median `seconds_per_step` of the records forgotten, else of the last
+    ones kept (the median: an interval that held a save or a slow first step does not
+    stretch them; None: no record tells)."""
     size = 0 if step == 0 else saved_bytes
     if size is not None and _line_ends_at(metrics, size):
         forgotten = _lines_from(metrics, size)
@@ -175,11 +177,30 @@ def forget_lost_records(metrics: Path, step: int,
         forgotten = []
     trained = [(done, each) for done, each in filter(None, map(_train_record, forgotten))
                if done > step]
-    redone = trained[-1][0] - step if trained else 0
-    times = [each for _, each in trained]
-    if not trained or None in times:
-        return redone, None if trained else 0.0
+    redone = max(trained[-1][0] - step if trained else 0, (trained_to or step) - step)
+    times = [each for _, each in trained] or _kept_step_times(metrics)
+    if not redone:
+        return 0, 0.0
+    if not times or None in times:
+        return redone, None
     return redone, redone * statistics.median(times)
+
+
+KEPT_TAIL = 64 * 1024  # bytes of metrics.jsonl's end read for the step times kept
+
+
+def _kept_step_times(metrics: Path) -> list[float]:
+    """The `seconds_per_step` of the last training records kept (at most 16), read from
+    the file's end."""
+    try:
+        with os.fdopen(os.open(metrics, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") \
+                as handle:
+            handle.seek(max(0, os.fstat(handle.fileno()).st_size - KEPT_TAIL))
+            lines = handle.read(KEPT_TAIL).decode(errors="replace").splitlines()[1:]
+    except OSError:
+        return []
+    times = [each for _, each in filter(None, map(_train_record, lines))]
+    return [each for each in times if each is not None][-16:]
 
 
 def _lines_from(metrics: Path, offset: int) -> list[str]:

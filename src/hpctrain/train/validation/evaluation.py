@@ -91,6 +91,7 @@ def evaluate_and_record(parts, progress: Progress, clock: Clock, telemetry: Tele
     start = time.perf_counter()
     model = parts.fused_eval.module() if parts.fused_eval else parts.step.model
     progress.eval_owed = progress.step  # until recorded: a stop or a failure leaves it owed
+    parts.beats.step = progress.step  # the steps trained, for its batches' beats
     values = evaluate(parts, model, stopper)
     seconds = time.perf_counter() - start  # the sums' read-back waited for the device
     clock.eval_seconds += seconds
