@@ -1,12 +1,17 @@
-"""What goodput's accounting costs a training step (issue 55 asks under 0.5 %): each piece it
-adds to the loop, timed here, at the rate the loop calls it, against a step's time.
+"""What goodput's accounting and the hang watch cost a training step (issues 55 and 65 ask
+under 0.5 %): each piece they add to the loop, timed here, at the rate the loop calls it,
+against a step's time.
 
 Per step: whether an asynchronous save is writing, counted into the interval. Per logging
 interval (`--log-every` steps): the save-dip count, and with checkpoint.every=auto the pacer's
 update. Per checkpoint (`--checkpoint-every` steps): the job's seconds by phase written into
 run.json, which holds `--jobs` starts and is rewritten whole (atomically). Once per job
 (`--job-steps` steps): the records a resume forgets (`--records` lines read) and the new start.
-The lock's heartbeat, a thread that touches run.lock once a minute, does no work in the loop.
+The hang watch (issue 65): per step, the progress beat; twice a second, on the watch's own
+thread, a look at the beats (the phase's bound, faulthandler's native timer re-armed); every
+second rank 0's progress.json rewritten and the lock's beat (a touch of run.lock): these
+take the interpreter's lock from the loop as long as they run, so they count at their rate
+in the step's time.
 
 The step is the default recipe's (resnet_small, 32 px, batch 128, SGD) on this machine, timed
 here, or `--step-ms`. The ratio is the share of the step over the 0.5 % budget.
@@ -18,7 +23,9 @@ here, or `--step-ms`. The ratio is the share of the step over the 0.5 % budget.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -30,7 +37,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 import torch  # noqa: E402
 
+from hpctrain.config.operation_settings import MonitorConfig  # noqa: E402
 from hpctrain.models.model_names import build_model  # noqa: E402
+from hpctrain.monitor.beats import Beats  # noqa: E402
+from hpctrain.monitor.hangs import LOOK_SECONDS, PROGRESS_SECONDS, HangWatch  # noqa: E402
+from hpctrain.runs.lock import LOCK_BEAT_SECONDS  # noqa: E402
 from hpctrain.runs.identity import record_job, record_start  # noqa: E402
 from hpctrain.train.bookkeeping import Clock, Interval  # noqa: E402
 from hpctrain.train.checkpoints.interval import Pacer  # noqa: E402
@@ -61,8 +72,9 @@ def per_call(function, number: int) -> float:
     return statistics.median(timeit.repeat(function, number=number, repeat=5)) / number
 
 
-def pieces(args, folder: Path) -> list[tuple[str, float, float]]:
-    """(what, seconds per call, calls per step) for each piece of the accounting."""
+def pieces(args, folder: Path, step: float) -> list[tuple[str, float, float]]:
+    """(what, seconds per call, calls per step) for each piece of the accounting and of the
+    hang watch (`step`: a step's seconds, for what runs every second)."""
     class Saver:
         pending = None
     saver, interval, clock = Saver(), Interval(), Clock()
@@ -95,7 +107,28 @@ def pieces(args, folder: Path) -> list[tuple[str, float, float]]:
         forget_lost_records(metrics, 0, None)
         record_start(run, {}, {**start, "redone_steps": 0}, None, 0.0)
 
-    return [("per step: a save in flight, counted", per_call(per_step, 100_000), 1.0),
+    beats, settings = Beats(), MonitorConfig()
+    watch = HangWatch(settings, beats)
+    watch.place(folder / "run", 0, 1, time.time())
+    (folder / "run" / "run.lock").write_text("{}")
+
+    def look():
+        faulthandler.dump_traceback_later(beats.bound(settings) - beats.silent() + 60,
+                                          exit=True, file=sys.__stderr__)
+
+    try:
+        watching = [("per step: the progress beat", per_call(lambda: beats.beat("step", 7),
+                                                              100_000), 1.0),
+                    ("per 0.5 s: the watch looks, re-arms faulthandler", per_call(look, 2_000),
+                     step / LOOK_SECONDS),
+                    ("per s: progress.json rewritten", per_call(watch._write_progress, 200),
+                     step / PROGRESS_SECONDS),
+                    ("per s: the lock's beat", per_call(
+                        lambda: os.utime(folder / "run" / "run.lock"), 20_000),
+                     step / LOCK_BEAT_SECONDS)]
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+    return [*watching, ("per step: a save in flight, counted", per_call(per_step, 100_000), 1.0),
             ("per interval: save dip, pacer", per_call(per_interval, 10_000),
              1 / args.log_every),
             (f"per checkpoint: run.json of {args.jobs} jobs", per_call(per_checkpoint, 20),
@@ -120,7 +153,7 @@ def main() -> None:
     args = parser.parse_args()
     step = args.step_ms / 1e3 if args.step_ms else step_seconds(args.batch, args.steps)
     with tempfile.TemporaryDirectory() as folder:
-        rows = pieces(args, Path(folder))
+        rows = pieces(args, Path(folder), step)
     print(f"goodput_overhead: step {step * 1e3:.2f} ms ("
           f"{'given' if args.step_ms else 'the default recipe on this machine'}); log every "
           f"{args.log_every}, a checkpoint every {args.checkpoint_every} steps, a job of "

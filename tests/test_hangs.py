@@ -224,12 +224,24 @@ def test_a_worker_blocked_on_a_read_that_never_returns_is_found(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_hook_of_yours_that_never_returns_is_found(tmp_path):
+def test_a_hook_of_yours_that_never_returns_is_found_and_shown(tmp_path, run_cli):
+    """And the run's report, goodput and the runs index show it."""
     done, run_dir = _run(tmp_path, metric=True)
     line = _hung(done, run_dir)
     assert line.startswith("hung in training step 9: no progress for 2 s (bound 2 s, "
                            "monitor.hang_after); hangs in your code at ")
     assert "hangs.py:" in line and "in stuck_metric" in line
+    code, _, err = run_cli("report", str(run_dir))
+    assert code == 0, err
+    assert "job 1 hung: hung in training step 9" in (run_dir / "report.html").read_text()
+    code, out, err = run_cli("goodput", str(run_dir), "--json")
+    assert code == 0, err
+    assert json.loads(out)["device_seconds"]["hung"] > 2
+    code, out, err = run_cli("runs", "--db", str(tmp_path / "index.sqlite"), "--json",
+                             "--root", str(tmp_path / "runs"))
+    assert code == 0, err
+    assert [row["status"] for row in json.loads(out) if str(tmp_path) in json.dumps(row)] \
+        == ["hung"]
 
 
 @pytest.mark.slow

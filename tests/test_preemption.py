@@ -265,9 +265,9 @@ def test_a_ctrl_c_caught_inside_exec_still_exits_130(tmp_path):
     module run with -m then ends by SIGINT (-2), whatever sys.exit said: hpctrain's exit of
     an interrupted run keeps its 130."""
     (tmp_path / "interrupted_in_exec.py").write_text(
-        "from hpctrain.console import _exit_interrupted\n"
+        "from hpctrain.console import _end\n"
         "try:\n    exec('raise KeyboardInterrupt')\nexcept KeyboardInterrupt:\n    pass\n"
-        "_exit_interrupted(130)\n")
+        "_end(130)\n")
     done = subprocess.run([sys.executable, "-m", "interrupted_in_exec"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 130, done.stderr

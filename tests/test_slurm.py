@@ -297,7 +297,8 @@ def test_a_job_stopped_during_start_up_counts_in_every_figure_after_submit_resum
     assert summary["steps"] == 400 and summary["restarts"] == 2
     assert third.status()["restarts"] == 2 and len(starts) == 3
     jobs = [elapsed(job.id) for job in (first, second, third)]
-    assert summary["wall_seconds"] == pytest.approx(sum(s["seconds"] for s in starts))
+    # run.json's last job also counts its end after the summary (its last record)
+    assert 0 <= sum(s["seconds"] for s in starts) - summary["wall_seconds"] < 2
     assert starts[1]["seconds"] > 0.5  # from the process's start to its stop
     # Slurm ends a cancelled job's time at the cancel, whole seconds; its processes go on
     # until they have saved and exited (`graces`), and hpctrain counts that time too

@@ -28,7 +28,7 @@ from hpctrain.config import Config
 from hpctrain.data.given_loaders import is_loader, is_plain, like, own_collate
 from hpctrain.tasks import lightning
 from hpctrain.errors import ConfigError, Preempted
-from hpctrain.monitor import process_clock
+from hpctrain import process_clock
 
 
 def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),

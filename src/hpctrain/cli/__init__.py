@@ -20,7 +20,7 @@ from collections.abc import Callable
 from hpctrain.cli import bench, jobs, run, runs, tools, tune
 from hpctrain.cli.arguments import Parser, join_dashed_values
 from hpctrain.errors import ExitCode, Preempted, UserError, exit_code_table
-from hpctrain.monitor import process_clock
+from hpctrain import process_clock
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -58,8 +58,9 @@ class _DataSettings(Section):
     prefetch_factor: int = Field(4, ge=1)
     persistent_workers: bool = True
     worker_start: Literal["auto", "fork", "forkserver", "spawn"] = Field(
-        "auto", description="how DataLoader workers start; auto: Python's default (fork on "
-        "Linux before 3.14), spawn or forkserver for code that must not be forked")
+        "auto", description="how DataLoader workers start; auto: from a forkserver, a process "
+        "without threads whose locks a worker could inherit held (data/worker_start.py), "
+        "where the main module is hpctrain's and the data pickles, else fork")
     pin_memory: bool | Auto = "auto"
     loader: Literal["auto", "buffers", "torch"] = Field(
         "auto", description="buffers: workers write each sample straight into batch buffers "

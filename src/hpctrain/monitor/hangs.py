@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpctrain.errors import ExitCode
-from hpctrain.monitor import process_clock, stacks
+from hpctrain import process_clock
+from hpctrain.monitor import stacks
 from hpctrain.monitor.beats import CHECKPOINT, CLOSING, EVALUATION, STEP, Beats
 from hpctrain.runs.directory import (CAPS, HANG_STACKS, HANG_VERDICT, HANG_VIEW, RunDir)
 from hpctrain.readers import json_document

@@ -210,6 +210,7 @@ class WorkerStacks:
     tool: str  # py-spy, faulthandler, or none
     armed: bool  # it ran arm_in_worker: past its fork
     started: str | None = None  # how: fork, forkserver, spawn (multiprocessing's method)
+    waits: str | None = None  # what it waited on before its stacks were read (/proc)
 
     def where(self) -> str:
         """Where the worker hangs, and on what."""
@@ -221,7 +222,7 @@ class WorkerStacks:
                     "process without threads")
         if self.tool == "none":
             return "its stacks cannot be read (install py-spy, or allow ptrace)"
-        waits = waiting_on(self.pid)
+        waits = self.waits or waiting_on(self.pid)
         said = place(self.frames) + (f", {waits}" if waits else "")
         taken_here = self.frames and not self.frames[-1].file.endswith("threading.py")
         if waits == "waiting on a lock" and self.started == "fork" and taken_here:
@@ -238,6 +239,7 @@ def worker_stacks(pid: int, started: str | None = None) -> WorkerStacks:
     """A child worker's stacks: py-spy's, else its own faulthandler's, else none; `started`:
     how it was started (fork, forkserver, spawn)."""
     armed = _memory_file(pid) is not None
+    waits = waiting_on(pid)  # now: reading its stacks interrupts the call it waits in
     tool = shutil.which("py-spy")
     if tool is not None:
         try:
@@ -246,15 +248,15 @@ def worker_stacks(pid: int, started: str | None = None) -> WorkerStacks:
                                   start_new_session=True)
             if done.returncode == 0:
                 return WorkerStacks(pid, _py_spy_text(done.stdout), _py_spy_main(done.stdout),
-                                    "py-spy", armed, started)
+                                    "py-spy", armed, started, waits)
         except (OSError, subprocess.SubprocessError, ValueError):
             pass
     if armed:
         text = _signalled_stacks(pid)
         if text:
             return WorkerStacks(pid, text, _faulthandler_main(text), "faulthandler", armed,
-                                started)
-    return WorkerStacks(pid, "", [], "none", armed, started)
+                                started, waits)
+    return WorkerStacks(pid, "", [], "none", armed, started, waits)
 
 
 def _py_spy_threads(output: str) -> list[dict]:

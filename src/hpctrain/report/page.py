@@ -153,6 +153,9 @@ def _software_and_verdicts(runs: list[RunSeries]) -> str:
                  f"commit {who.get('git_commit') or '-'}",
                  ", ".join(f"{k} {v}" for k, v in software.items() if k != "python") or "-"]
         lines += [f"damaged, left out: {damage}" for damage in run.damage]
+        lines += [f"job {number} hung: {start['hung']}" for number, start in
+                  enumerate(who.get("starts") or [], 1) if isinstance(start, dict) and
+                  start.get("hung")]  # its stacks: RUN_DIR/hang/
         if run.memory:
             lines.append(_memory_line(run.memory, run.summary))
         if run.profile:

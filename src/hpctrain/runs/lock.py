@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpctrain.errors import ConfigError, cannot_write
-from hpctrain.monitor import process_clock
+from hpctrain import process_clock
 from hpctrain.readers import COUNT, TEXT, TIME, Kind, field_problem, json_document, optional
 from hpctrain.runs.directory import CAPS, LOCK, RunDir, modified
 from hpctrain.runs.identity import HEARTBEAT_SECONDS, Heartbeat
@@ -44,6 +44,7 @@ ATTEMPTS = 5  # claims tried while other runs take over the same stale lock
 HOLDER_RULES = {"pid": Kind("a process id", lambda v: COUNT.holds(v) and v > 0),
                 "host": TEXT, "job_id": optional(TEXT), "restart": COUNT, "started": TIME,
                 "began": optional(TIME)}
+HOLDER_REQUIRED = ("pid", "host", "job_id", "restart", "started")  # began: newer locks
 
 
 class RunInUse(ConfigError):
@@ -77,7 +78,7 @@ class Holder:
         record, why = json_document(path, CAPS[LOCK])
         if why is None:
             why = "is not a JSON object" if not isinstance(record, dict) else \
-                field_problem(record, HOLDER_RULES, tuple(HOLDER_RULES))
+                field_problem(record, HOLDER_RULES, HOLDER_REQUIRED)
         if why is not None:
             return None, why
         return cls(record["pid"], record["host"], record["job_id"], record["restart"],
