@@ -365,6 +365,8 @@ def test_every_second_of_a_chain_of_stops_is_counted(tmp_path):
     record = json.loads((run / "run.json").read_text())
     made = account(record)
     assert made.jobs == 5
+    print(f"allocated {made.allocated:.2f} s, wall time from outside {sum(walls):.2f} s "
+          f"({made.allocated / sum(walls):.3f}); lost work {made.phases['lost_work']:.3f} s")
     assert made.allocated == pytest.approx(sum(walls), rel=0.05), (made.allocated, walls)
     assert made.redone_steps == pytest.approx(sum(steps for steps, _ in lost), abs=2)
     assert made.phases["lost_work"] == pytest.approx(
