@@ -177,7 +177,10 @@ class HangWatch:
                          f"for {silent:.1f} s in {phase} (bound {bound:.1f} s), step {step}\n\n")
             stacks.write_own_stacks(handle)
         else:  # before the run directory: stderr, the job's log
-            stacks.write_own_stacks(sys.stderr)
+            try:
+                stacks.write_own_stacks(sys.__stderr__)
+            except (AttributeError, OSError, ValueError):  # no descriptor behind it
+                pass
         deadline = time.monotonic() + WORKER_SECONDS
         for pid, started in _workers(first=waited):
             if time.monotonic() > deadline:

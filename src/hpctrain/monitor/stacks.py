@@ -214,14 +214,15 @@ class WorkerStacks:
 
     def where(self) -> str:
         """Where the worker hangs, and on what."""
-        if not self.armed and (not self.frames or
-                               self.frames[-1].function.rsplit(".", 1)[-1] in _FORKING):
+        forking = not self.frames or self.frames[-1].function.rsplit(".", 1)[-1] == "_launch"
+        if not self.armed and forking and self.started in ("fork", None):
             return ("stuck in its fork before its first line of Python: a lock another "
                     "thread of the training process held when it forked (CPython gh-112275, "
                     "Python before 3.12); data.worker_start=forkserver starts workers from a "
                     "process without threads")
         if self.tool == "none":
-            return "its stacks cannot be read (install py-spy, or allow ptrace)"
+            return "its stacks cannot be read (install py-spy, or allow ptrace)" + (
+                "; it never reached its first line as a worker" if not self.armed else "")
         waits = self.waits or waiting_on(self.pid)
         said = place(self.frames) + (f", {waits}" if waits else "")
         taken_here = self.frames and not self.frames[-1].file.endswith("threading.py")
@@ -230,9 +231,6 @@ class WorkerStacks:
                      "at the fork stays held in the worker for good; data.worker_start="
                      "forkserver starts workers from a process without threads)")
         return said
-
-
-_FORKING = ("_launch", "_Popen", "start", "fork")
 
 
 def worker_stacks(pid: int, started: str | None = None) -> WorkerStacks:
