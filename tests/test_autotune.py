@@ -70,6 +70,60 @@ def test_ctrl_c_kills_the_running_trial_and_keeps_the_trials_so_far(tmp_path, ti
     assert not subprocess.run(["pgrep", "-f", str(folder)], capture_output=True).stdout
 
 
+def test_a_sigkill_of_autotune_ends_its_running_trial(tmp_path, tiny):
+    """The trial's session is its own, so nothing of Slurm's or the terminal's reaches it:
+    before, it trained on for good after its autotune was killed with SIGKILL."""
+    import os
+    import signal
+    import sys
+    import time
+
+    folder = tmp_path / "tune"
+    recipe = tiny(f"model.name={FIXTURES / 'autotune_net.py'}:build", "train.batch_size=16",
+                  "train.epochs=200")
+    tuner = subprocess.Popen(
+        [sys.executable, "-m", "hpctrain", "autotune", "default", *recipe, "--dir", str(folder),
+         "--fix", "compile", "--warmup-steps", "2", "--measure-steps", "100000"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list(folder.glob("trials/*/progress.json")):
+        assert tuner.poll() is None and time.monotonic() < deadline, tuner.stderr.read()
+        time.sleep(0.2)
+    trial = _children(tuner.pid)
+    assert trial, "no trial process under autotune"
+    tuner.kill()
+    tuner.wait()
+    deadline = time.monotonic() + 10  # the trial would train on for minutes
+    try:
+        while any(_alive(pid) for pid in trial):
+            assert time.monotonic() < deadline, "the trial outlived its autotune"
+            time.sleep(0.1)
+    finally:  # not left training beside the suite
+        for pid in filter(_alive, trial):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid`."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """Running, not ended nor a zombie waiting for its new parent to reap it."""
+    try:
+        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+
+
 def test_the_choices_on_this_cpu_keep_the_global_batch_what_you_fix_and_your_loader(
         tmp_path, tiny_config, run_cli, capsys):
     from hpctrain.autotune.knobs import space_of
