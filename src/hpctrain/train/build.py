@@ -36,8 +36,7 @@ from hpctrain.monitor.meter import Meter
 from hpctrain.monitor.start import make_meter
 from hpctrain.parallel import data as data_parallel
 from hpctrain.parallel import pipeline, processes, tensor
-from hpctrain.parallel.layout import Layout, resolve_layout
-from hpctrain.parallel.layout import microbatches as layout_microbatches
+from hpctrain.parallel.layout import Layout, microbatches as layout_microbatches, resolve_layout
 from hpctrain.parallel.processes import Distributed
 from hpctrain.report import trackers
 from hpctrain.runs.directory import RunDir
@@ -74,8 +73,7 @@ class Parts:
     place: RunPlace  # the run directory, the checkpoint resumed from, what leaves its history
     data: DataBundle
     model: nn.Module  # the module whose state checkpoints hold (sharded in place under FSDP)
-    step: Step  # what one training step is made of (train/step.py): the module it calls,
-    # the optimiser, schedule, precision, EMA, this rank's pipeline stage and schedule
+    step: Step  # one training step's module, optimiser, precision, stage... (train/step.py)
     task: Task  # the batch on the device, the loss, the metrics
     fp8: fp8.Fp8Plan | None  # which Linear layers compute in float8, under precision=fp8
     fused_eval: fused_eval.FusedEvaluation | None  # the model evaluated, conv+BN folded
@@ -142,9 +140,8 @@ def _decide(config: Config, env: ProcessEnv) -> _Decided:
     return _Decided(layout, plan, device, meter, batch_size, global_batch, micro)
 
 
-def _start(config: Config, env: ProcessEnv, decided: _Decided, held: ExitStack,
-           beats: Beats) \
-        -> tuple[Config, _Decided, Distributed, RunPlace, float | None, DataBundle]:
+def _start(config: Config, env: ProcessEnv, decided: _Decided, held: ExitStack, beats: Beats
+           ) -> tuple[Config, _Decided, Distributed, RunPlace, float | None, DataBundle]:
     """The process group, the run directory (locked until `held` closes), the job's end, and
     the data (one rank per node fills the dataset cache, or makes your data first: a
     DataModule's prepare_data), with what your DataLoaders set (the configuration and the
