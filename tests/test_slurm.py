@@ -20,7 +20,7 @@ from hpctrain.cluster.profiles import get_profile
 from hpctrain.cluster.request import JobRequest
 from hpctrain.cluster.sbatch import render
 from hpctrain.errors import ConfigError
-from hpctrain.runs.directory import list_checkpoints
+from hpctrain.runs.directory import RunDir, list_checkpoints
 from hpctrain.train.checkpoints.safe_checkpoint import read_meta
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -342,7 +342,8 @@ def test_goodput_explains_what_slurm_allocated_a_chain_stopped_once_and_killed_o
     its allocated device-seconds are sacct's (to within its whole seconds); the run's own
     records explain all but the jobs' scripts and launches; the work lost to the kill is
     the steps redone at the median step time of the killed job's records after its last
-    checkpoint (read here before the resume forgets them); the queue gaps are sacct's. Once
+    checkpoint (read here before the resume forgets them), to the last step it trained (its
+    last record or its last beat, whichever is later); the queue gaps are sacct's. Once
     Slurm has forgotten the jobs, `hpctrain status` tells them from accounting."""
     base = ("data.num_workers=0", "train.max_steps=400", "train.log_every=5",
             "checkpoint.every_steps=60")
@@ -356,7 +357,9 @@ def test_goodput_explains_what_slurm_allocated_a_chain_stopped_once_and_killed_o
     assert second.wait(timeout=60, poll=0.2) == "FAILED"
     resumed_from = max(_saved_steps(first.run_dir))
     killed = [r for r in _train_records(first.run_dir) if r["step"] > resumed_from]
-    redone = killed[-1]["step"] - resumed_from
+    # the steps trained to the kill: its last record's, or the later beat progress.json kept
+    trained = max(killed[-1]["step"], RunDir(first.run_dir).read_progress()["step"])
+    redone = trained - resumed_from
     third = submit("default", tiny(f"resume={first.run_dir}", *base), gpus=1, time_limit="10")
     assert third.wait(timeout=300, poll=0.2) == "COMPLETED", third.logs(err=True)[-3000:]
     _accounted(third)
