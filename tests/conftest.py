@@ -106,6 +106,14 @@ def child_processes(pid: int) -> list[int]:
     return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
+def running(pid: int) -> bool:
+    """Process `pid` runs: it has not ended, nor is it a zombie its parent has yet to reap."""
+    try:
+        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+
+
 def loader_workers(pid: int) -> list[int]:
     """The loader workers of the run in process `pid`: its children that are neither
     multiprocessing's resource tracker nor its forkserver, and the forkserver's children (the

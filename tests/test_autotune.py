@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import child_processes, running
 
 from hpctrain.config import load_config
 
@@ -46,16 +47,10 @@ def test_ctrl_c_kills_the_running_trial_and_keeps_the_trials_so_far(tmp_path, ti
     it kills the trial's whole group (the hang under bf16 here), writes what it measured and
     ends with 130."""
     import signal
-    import sys
     import time
 
     folder = tmp_path / "tune"
-    recipe = tiny(f"model.name={FIXTURES / 'autotune_net.py'}:build", "train.batch_size=16",
-                  "train.epochs=200")
-    child = subprocess.Popen(
-        [sys.executable, "-m", "hpctrain", "autotune", "default", *recipe, "--dir", str(folder),
-         "--fix", "compile", "--warmup-steps", "2", "--measure-steps", "4"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = _autotune(folder, tiny, measure_steps=4)
     deadline = time.monotonic() + 120
     while not (folder / "logs" / "trial-01.log").exists() and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -75,53 +70,40 @@ def test_a_sigkill_of_autotune_ends_its_running_trial(tmp_path, tiny):
     before, it trained on for good after its autotune was killed with SIGKILL."""
     import os
     import signal
-    import sys
     import time
 
     folder = tmp_path / "tune"
-    recipe = tiny(f"model.name={FIXTURES / 'autotune_net.py'}:build", "train.batch_size=16",
-                  "train.epochs=200")
-    tuner = subprocess.Popen(
-        [sys.executable, "-m", "hpctrain", "autotune", "default", *recipe, "--dir", str(folder),
-         "--fix", "compile", "--warmup-steps", "2", "--measure-steps", "100000"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    tuner = _autotune(folder, tiny, measure_steps=100000)
     deadline = time.monotonic() + 120
     while not list(folder.glob("trials/*/progress.json")):
-        assert tuner.poll() is None and time.monotonic() < deadline, tuner.stderr.read()
+        assert tuner.poll() is None, tuner.communicate()[1][-2000:]
+        assert time.monotonic() < deadline, "no trial began within 120 s"
         time.sleep(0.2)
-    trial = _children(tuner.pid)
+    trial = child_processes(tuner.pid)
     assert trial, "no trial process under autotune"
     tuner.kill()
-    tuner.wait()
+    tuner.communicate()
     deadline = time.monotonic() + 10  # the trial would train on for minutes
     try:
-        while any(_alive(pid) for pid in trial):
+        while any(map(running, trial)):
             assert time.monotonic() < deadline, "the trial outlived its autotune"
             time.sleep(0.1)
     finally:  # not left training beside the suite
-        for pid in filter(_alive, trial):
+        for pid in filter(running, trial):
             os.kill(pid, signal.SIGKILL)
 
 
-def _children(pid: int) -> list[int]:
-    """The processes whose parent is `pid`."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found
+def _autotune(folder: Path, tiny, measure_steps: int) -> subprocess.Popen:
+    """`hpctrain autotune` of the tiny recipe on autotune_net (whose bf16 trial hangs),
+    compile fixed, started in the background."""
+    import sys
 
-
-def _alive(pid: int) -> bool:
-    """Running, not ended nor a zombie waiting for its new parent to reap it."""
-    try:
-        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
+    recipe = tiny(f"model.name={FIXTURES / 'autotune_net.py'}:build", "train.batch_size=16",
+                  "train.epochs=200")
+    return subprocess.Popen(
+        [sys.executable, "-m", "hpctrain", "autotune", "default", *recipe, "--dir", str(folder),
+         "--fix", "compile", "--warmup-steps", "2", "--measure-steps", str(measure_steps)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def test_the_choices_on_this_cpu_keep_the_global_batch_what_you_fix_and_your_loader(

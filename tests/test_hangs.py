@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import running
 
 from hpctrain.errors import ExitCode
 from hpctrain.monitor import beats as beats_module
@@ -366,13 +367,6 @@ def test_a_child_hpctrain_started_ends_when_its_starter_is_killed():
     starter.kill()
     starter.wait()
     deadline = time.monotonic() + 30
-    while Path(f"/proc/{child}").exists() and b"zombie" not in _state(child):
+    while running(child):
         assert time.monotonic() < deadline, "the child outlived its starter"
         time.sleep(0.05)
-
-
-def _state(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/status").read_bytes()
-    except OSError:
-        return b"zombie"

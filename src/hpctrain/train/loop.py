@@ -87,14 +87,7 @@ def _train(parts: Parts, stopper: Stopper, on_step: Callable[[Parts, int], None]
     progress, changes = restore(parts, parts.resume_from) if parts.resume_from else \
         (Progress(), [])
     if is_complete(progress, parts.total_steps):  # a finished run: touch nothing
-        if is_main:
-            on = "Raise train.epochs or train.max_steps to train on." \
-                if progress.stopped_early is None else \
-                f"It stopped early {progress.stopped_early}; a new run trains without it."
-            print(f"hpctrain: run {parts.run_dir} is already complete (step {progress.step} of "
-                  f"{parts.total_steps}); nothing to train, its summary.json is left as it "
-                  f"was. {on}", flush=True)
-        return completed_summary(parts, progress) if is_main else None
+        return _already_complete(parts, progress)
     parts.beats.beat(f"{STARTUP}: the run's records")
     moved = set_aside(parts.place) if is_main else None  # only once the resume succeeded
     lost = run_record.lost_start(parts)  # a job before that died without a word
@@ -144,6 +137,19 @@ def _train(parts: Parts, stopper: Stopper, on_step: Callable[[Parts, int], None]
     return summary if is_main else None
 
 
+def _already_complete(parts: Parts, progress: Progress) -> dict | None:
+    """A run resumed at its end: said, and its summary as it was (rank 0; None elsewhere)."""
+    if not parts.distributed.is_main:
+        return None
+    on = "Raise train.epochs or train.max_steps to train on." \
+        if progress.stopped_early is None else \
+        f"It stopped early {progress.stopped_early}; a new run trains without it."
+    print(f"hpctrain: run {parts.run_dir} is already complete (step {progress.step} of "
+          f"{parts.total_steps}); nothing to train, its summary.json is left as it was. {on}",
+          flush=True)
+    return completed_summary(parts, progress)
+
+
 def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Telemetry,
                stopper: Stopper, on_step: Callable[[Parts, int], None] | None = None) -> None:
     cfg = parts.config.train
@@ -156,9 +162,7 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
     interval = Interval()  # after the start-up and an owed evaluation: each counted once
 
     while progress.step < parts.total_steps and progress.stopped_early is None:
-        if progress.step % parts.steps_per_epoch == 0:
-            _moment(parts, metrics, "train_epoch_start")
-        epoch, batches = _start_epoch(parts, progress.step)
+        epoch, batches = _start_epoch(parts, progress.step, metrics)
         next_batch = functools.partial(_next_batch, batches)
         for _ in range(progress.step % parts.steps_per_epoch, parts.steps_per_epoch):
             parts.beats.beat(STEP, progress.step)
@@ -179,8 +183,7 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
                 evaluate_and_record(parts, progress, clock, telemetry, stopper,
                                     -(-progress.step // eval_every))  # its number
             if progress.step % parts.steps_per_epoch == 0:
-                _moment(parts, metrics, "train_epoch_end")
-                _record_epoch(parts, progress, telemetry)
+                _end_epoch(parts, progress, metrics, telemetry)
             if not last and parts.task.stop_asked is not None and parts.task.stop_asked():
                 last = True  # a callback ends the run here (EarlyStopping), as completed
                 _end_early(parts, progress, metrics, interval, clock, epoch, telemetry,
@@ -254,9 +257,12 @@ def _end_early(parts: Parts, progress: Progress, metrics: RunningMetrics, interv
                             -(-progress.step // eval_every))
 
 
-def _record_epoch(parts: Parts, progress: Progress, telemetry: Telemetry) -> None:
-    """The figures of the epoch just ended, where the task reads any (what a LightningModule
-    logged on_epoch): an `epoch` record at its last step, and a line."""
+def _end_epoch(parts: Parts, progress: Progress, metrics: RunningMetrics,
+               telemetry: Telemetry) -> None:
+    """The task's train_epoch_end moment, then the figures of the epoch just ended where the
+    task reads any (what a LightningModule logged on_epoch): an `epoch` record at its last
+    step, and a line."""
+    _moment(parts, metrics, "train_epoch_end")
     figures = parts.task.epoch_figures() if parts.task.epoch_figures is not None else None
     if figures:
         epoch = progress.step // parts.steps_per_epoch - 1  # Lightning's current_epoch
@@ -279,9 +285,12 @@ def _every(parts: Parts) -> tuple[int, int]:
             ckpt.every_steps or max(1, round((ckpt.every_epochs or 1e9) * epoch)))
 
 
-def _start_epoch(parts: Parts, step: int):
-    """Point the sampler at this epoch (and, on resume, at the first unseen batch)."""
+def _start_epoch(parts: Parts, step: int, metrics: RunningMetrics):
+    """The task's train_epoch_start moment where an epoch begins (not at a resume within
+    it), then the sampler pointed at this epoch (and, on resume, at the first unseen batch)."""
     epoch, step_in_epoch = divmod(step, parts.steps_per_epoch)
+    if step_in_epoch == 0:
+        _moment(parts, metrics, "train_epoch_start")
     size = image_size_for_epoch(parts.config.data, epoch)  # images; tokens and points ignore it
     parts.data.train_sampler.set_epoch(epoch, size,
                                        start=step_in_epoch * parts.global_batch_size)
