@@ -51,6 +51,32 @@ def test_a_run_s_account_adds_up_job_by_job(tmp_path):
     assert older.unaccounted_jobs == 1 and older.allocated == 2.0
 
 
+def test_a_redone_estimate_never_takes_a_job_past_its_seconds():
+    """The redone seconds are steps at a median step time: a job counted to its last beat
+    (killed without a word) may have had a little less time after its split than they
+    come to, and a hung one less training; the lost work is then what the job had, and
+    its phases add up to its seconds (CI once saw 15.0148 device-seconds of a 15 s
+    allocation)."""
+    split = {"startup": 2.0, "training": 10.0, "checkpoint": 0.5, "steps": 100}
+    lost = {"claimed": 0.0, "seconds": 13.0, "lost": True, "split": split,
+            "redone_seconds": 0.52}
+    made = account({"starts": [lost]})
+    assert made.phases["lost_work"] == pytest.approx(0.5)  # 13 - 12.5, not the 0.52
+    assert made.phases["other"] == 0.0
+    assert sum(made.phases.values()) == pytest.approx(made.allocated) == 13.0
+    hung = {"claimed": 0.0, "seconds": 20.0, "hung": "step", "redone_seconds": 12.0,
+            "split": {**split, "hung": 6.0}}
+    made = account({"starts": [hung]})
+    assert made.phases["lost_work"] == 10.0 and made.phases["productive"] == 0.0
+    assert sum(made.phases.values()) == pytest.approx(20.0)
+    waited = account({"starts": [{**hung, "redone_seconds": 4.0,
+                                  "split": {**hung["split"], "data_wait": 2.0}}]})
+    assert waited.phases["lost_work"] == 4.0  # of its 10 s of training, 2 s waiting
+    assert waited.phases["productive"] == pytest.approx(8.0 * 0.6)
+    assert waited.phases["data_wait"] == pytest.approx(2.0 * 0.6)
+    assert sum(waited.phases.values()) == pytest.approx(20.0)
+
+
 KILLED = textwrap.dedent("""
     import signal, sys
     sys.path.insert(0, {fixtures!r})

@@ -181,17 +181,24 @@ def _count(out: Account, job: _Job, now: float) -> None:
 def _job_phases(seconds: float, split: dict, redone_seconds: float, hung: bool) -> dict:
     """One job's seconds by phase: its split, the training a later start did again (its
     `redone_seconds`: after its split's last record, or in a hung job's split, whose
-    training it is then taken from), and the rest of its seconds as `other`."""
+    training it is then taken from), and the rest of its seconds as `other`. The redone
+    seconds are an estimate (steps at a median step time): they take at most the seconds
+    the job has beyond its split (its training when it hung, each part of it its share), so
+    the phases add up to its seconds and never past them."""
     training = split.get("training") or 0.0
     waited = min(split.get("data_wait") or 0.0, training)
     dip = min(split.get("save_dip") or 0.0, training - waited)
     productive = training - waited - dip
-    if hung:
-        productive = max(0.0, productive - redone_seconds)
     phases = {"productive": productive, "data_wait": waited,
               "evaluation": split.get("evaluation") or 0.0,
               "checkpoint": split.get("checkpoint") or 0.0, "save_dip": dip,
-              "startup": split.get("startup") or 0.0, "hung": split.get("hung") or 0.0,
-              "lost_work": redone_seconds}
+              "startup": split.get("startup") or 0.0, "hung": split.get("hung") or 0.0}
+    if hung and training:  # the steps redone were part of its training, with their share of each part
+        lost = min(redone_seconds, training)
+        for part in ("productive", "data_wait", "save_dip"):
+            phases[part] *= 1 - lost / training
+    else:
+        lost = min(redone_seconds, max(0.0, seconds - sum(phases.values())))
+    phases["lost_work"] = lost
     phases["other"] = max(0.0, seconds - sum(phases.values()))
     return phases
