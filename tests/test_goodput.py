@@ -77,6 +77,20 @@ def test_a_redone_estimate_never_takes_a_job_past_its_seconds():
     assert sum(waited.phases.values()) == pytest.approx(20.0)
 
 
+def test_the_records_a_resume_forgets_tell_when_the_job_before_was_last_alive(tmp_path):
+    """A job killed without a word beat every second; the records it wrote after its last
+    beat are later evidence that it lived (under load, the redone steps came to 0.94 s where
+    its beats left it 0.61 s after its split): the last one's time is handed to its account."""
+    from hpctrain.train.telemetry import forget_lost_records
+
+    metrics = tmp_path / "metrics.jsonl"
+    rows = [{"kind": "train", "step": step, "time": 100.0 + step, "seconds_per_step": 0.5}
+            for step in range(1, 6)] + [{"kind": "gpu", "step": 5, "time": 105.5}]
+    metrics.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert forget_lost_records(metrics, 2, None) == (3, 1.5, 105.5)
+    assert forget_lost_records(metrics, 2, None) == (0, 0.0, None)  # forgotten already
+
+
 KILLED = textwrap.dedent("""
     import signal, sys
     sys.path.insert(0, {fixtures!r})

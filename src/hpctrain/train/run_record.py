@@ -53,7 +53,8 @@ def announce(parts: Parts, progress: Progress, clock: Clock, telemetry: Telemetr
                         (run.identity, lambda: identity.update(record_start(
                             parts.run_dir, parts.config.model_dump(mode="json"),
                             {**run_summary.start_record(parts), "began": clock.began(),
-                             "redone_steps": telemetry.redone_steps}, lost_start(parts),
+                             "redone_steps": telemetry.redone_steps},
+                            lost_start(parts, telemetry.forgotten_until),
                             telemetry.redone_seconds)))):
         try:
             write()
@@ -68,10 +69,12 @@ def announce(parts: Parts, progress: Progress, clock: Clock, telemetry: Telemetr
                                             parts.run_dir)).start()
 
 
-def lost_start(parts: Parts) -> dict | None:
+def lost_start(parts: Parts, last_record: float | None = None) -> dict | None:
     """The start whose lock this one took over: it died without a word (run.json). Its last
-    beat is its lock's, or the last progress.json it wrote, with the steps it had trained
-    (`trained`; None where it wrote none)."""
+    beat is the latest of its lock's, the last progress.json it wrote (with the steps it had
+    trained: `trained`; None where it wrote none) and its last record (`last_record`, the
+    time of the last one this start forgot: each beat is a second apart, a record is written
+    as a step ends)."""
     gone = parts.place.lock.gone
     if gone is None:
         return None
@@ -79,7 +82,8 @@ def lost_start(parts: Parts) -> dict | None:
     progress = parts.place.lock.gone_progress
     return {"claimed": holder.started, "began": holder.began, "job_id": holder.job_id,
             "restart": holder.restart, "host": holder.host,
-            "last_beat": max(beat, progress["time"]) if progress else beat,
+            "last_beat": max(beat, progress["time"] if progress else beat,
+                             last_record or beat),
             "trained": progress["step"] if progress else None}
 
 

@@ -42,13 +42,14 @@ class Telemetry:
         self.progress = None
         self.redone_steps = 0  # steps a job before this one trained after the checkpoint
         self.redone_seconds: float | None = None  # what they took it, from its records
+        self.forgotten_until: float | None = None  # the time of the last record forgotten
         if not enabled:
             return
         self.metrics = RunDir(run_dir).metrics
         try:
             run_dir.mkdir(parents=True, exist_ok=True)  # the run exists once it reports
-            self.redone_steps, self.redone_seconds = forget_lost_records(
-                self.metrics, start_step, saved_bytes, trained_to)
+            self.redone_steps, self.redone_seconds, self.forgotten_until = \
+                forget_lost_records(self.metrics, start_step, saved_bytes, trained_to)
             self.metrics_file = open_appending(self.metrics)
         except OSError as err:
             raise cannot_write(self.metrics, err, KEEP_GOING) from None
@@ -150,7 +151,8 @@ class Telemetry:
 
 
 def forget_lost_records(metrics: Path, step: int, saved_bytes: int | None,
-                        trained_to: int | None = None) -> tuple[int, float | None]:
+                        trained_to: int | None = None) -> tuple[int, float | None,
+                                                                float | None]:
     """At a start, forget what was logged after the checkpoint it resumes from: those steps
     and evaluations run again, and metrics.jsonl then tells each once. Where the checkpoint
     recorded the file's size, the file is cut back to it, which is exact: also an evaluation
@@ -162,7 +164,8 @@ def forget_lost_records(metrics: Path, step: int, saved_bytes: int | None,
     else to the last one a training record forgotten tells, and the seconds they took: that
     many steps at the median `seconds_per_step` of the records forgotten, else of the last
     ones kept (the median: an interval that held a save or a slow first step does not
-    stretch them; None: no record tells)."""
+    stretch them; None: no record tells); and the time of the last record forgotten (the
+    job before was alive then: its heartbeat may be a second older; None: none)."""
     size = 0 if step == 0 else saved_bytes
     if size is not None and _line_ends_at(metrics, size):
         forgotten = _lines_from(metrics, size)
@@ -179,11 +182,12 @@ def forget_lost_records(metrics: Path, step: int, saved_bytes: int | None,
                if done > step]
     redone = max(trained[-1][0] - step if trained else 0, (trained_to or step) - step)
     times = [each for _, each in trained] or _kept_step_times(metrics)
+    until = max(filter(None, map(_record_time, forgotten)), default=None)
     if not redone:
-        return 0, 0.0
+        return 0, 0.0, until
     if not times or None in times:
-        return redone, None
-    return redone, redone * statistics.median(times)
+        return redone, None, until
+    return redone, redone * statistics.median(times), until
 
 
 KEPT_TAIL = 64 * 1024  # bytes of metrics.jsonl's end read for the step times kept
@@ -223,6 +227,17 @@ def _train_record(line: str) -> tuple[int, float | None] | None:
         return None
     return step, (float(seconds) if isinstance(seconds, (int, float)) and not isinstance(
         seconds, bool) and math.isfinite(seconds) and seconds >= 0 else None)
+
+
+def _record_time(line: str) -> float | None:
+    """A record's `time` (epoch seconds); None where the line holds none."""
+    try:
+        record = parse_json(line)
+    except ValueError:
+        return None
+    moment = record.get("time") if isinstance(record, dict) else None
+    return float(moment) if isinstance(moment, (int, float)) and not isinstance(
+        moment, bool) and math.isfinite(moment) else None
 
 
 def _line_ends_at(metrics: Path, size: int) -> bool:
