@@ -1,6 +1,6 @@
 """The command line, by verb family: run (run, config show, prefetch, recipes), jobs
-(submit, jobs, logs, cancel, status), runs (the runs index, report, watch, top), tune (tune,
-scale), bench (data, node, solve) and the tools (pack, profile, memory); each family's module
+(submit, jobs, logs, cancel, status), runs (the runs index, top), views (one run read back:
+report, watch, goodput), tune (tune, scale), bench (data, node, solve) and the tools (pack, profile, memory); each family's module
 holds one `_add_VERB` (its arguments) beside each `cmd_VERB` (its handler), parsing and
 printing only. Here: the parser of them all, and `main`.
 
@@ -17,7 +17,7 @@ import time
 import traceback
 from collections.abc import Callable
 
-from hpctrain.cli import bench, jobs, run, runs, tools, tune
+from hpctrain.cli import bench, jobs, run, runs, tools, tune, views
 from hpctrain.cli.arguments import Parser, join_dashed_values
 from hpctrain.errors import ExitCode, Preempted, UserError, exit_code_table
 from hpctrain import process_clock
@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="hpctrain's version, and torch's and Python's beside it")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
     verbs.required = True
-    for family in (run, jobs, tools, bench, runs, tune):
+    for family in (run, jobs, tools, bench, runs, views, tune):
         family.add_verbs(verbs)
     return parser
 
