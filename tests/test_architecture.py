@@ -71,10 +71,22 @@ def test_data_kinds_are_spoken_only_by_their_specs():
     """Before, a kind's name was compared in nine modules (an unknown dataset fell into the
     image branch, the model factory took `points: bool`); now every room asks the kind's
     spec (data/kinds.py), and only data/ and tasks/ (a task's `data_kind`) name one."""
-    assert set(kinds.KINDS) == {"images", "tokens", "points", "tensors"}
+    assert set(kinds.KINDS) == {path.parent.name for path in (SOURCE / "data").glob("*/kind.py")}
     found = [f"{path}: {name}" for path, text in sources(outside=("data", "tasks")).items()
              for name in kinds.KINDS if f'"{name}"' in text or f"'{name}'" in text]
     assert not found
+
+
+def test_the_engine_imports_no_data_kind():
+    """What differs by kind (an epoch's sample size, the inputs a task needs) is asked of the
+    kind's spec: no room outside data/ imports a kind's folder, but the tools made for one
+    kind's files (`hpctrain pack`'s writers, `bench data`'s image decoding)."""
+    folders = {path.parent.name for path in (SOURCE / "data").glob("*/kind.py")}
+    assert len(folders) == len(kinds.KINDS)  # each registered kind in a folder of its own
+    pattern = re.compile(r"hpctrain\.data\.(%s)\b" % "|".join(sorted(folders)))
+    importers = {path for path, text in sources(outside="data").items()
+                 if pattern.search(text)}
+    assert importers <= {"cli/tools.py", "bench/data_path.py"}, importers
 
 
 def test_every_task_learns_from_a_registered_data_kind():

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from hpctrain.config import PointsConfig
+from hpctrain.data.points.settings import PointsConfig
 from hpctrain.data.points import shapes3d
 from hpctrain.data.points.modelnet import read_modelnet, read_off
 from hpctrain.data.points.clouds import sample_on_faces

@@ -13,11 +13,13 @@ from hpctrain.config.parallel_settings import Strategy
 from hpctrain.config.recipe import Config
 from hpctrain.config.task_settings import TaskConfig
 from hpctrain.config.training_settings import OptimConfig, ScheduleConfig
-from hpctrain.data.images.settings import AugmentConfig
-from hpctrain.data.points.settings import PointsConfig
+from hpctrain.data.kinds import sections
 from hpctrain.data.settings import DataConfig
 
-__all__ = ["AugmentConfig", "Config", "DataConfig", "OptimConfig", "PointsConfig",
+# the images' augmentation section, which tests and benchmarks build alone
+AugmentConfig = sections()["augment"]
+
+__all__ = ["AugmentConfig", "Config", "DataConfig", "OptimConfig",
            "PreemptionConfig", "ScheduleConfig", "Strategy", "TaskConfig", "code_references",
            "flatten", "from_defaults", "load_config", "parse_override", "plain_name",
            "read_yaml_mapping", "shipped_recipes", "to_yaml", "with_settings"]

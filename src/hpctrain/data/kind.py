@@ -4,6 +4,20 @@ A kind is what the samples are (images, tokens, points, your own tensors). Its s
 when a recipe is (the recipe's data section is made of its kinds' sections, and a dataset's
 name says its kind), so it holds plain values and functions and imports no torch: what
 needs torch (its datasets, its device batcher) is imported by those functions when called.
+
+The contract a kind's built-in datasets honour (`datasets_of` makes them; the loader,
+data/loader.py, reads them):
+- `len(dataset)`: its samples;
+- `dataset[key]` with a `data.sampling.SampleKey` (index, epoch, size), not an int: the
+  sample `index`, drawn for `epoch` (an augmentation seeded by it) at `size` (the kind's
+  `key_size` for that epoch; 0 where samples have one size), as (inputs, target) that the
+  kind's `collate` (None: stacking) makes a batch of; the validation set is indexed by the
+  kind's `sample_key(data, index)`;
+- optionally `row_layout(size)` and `render_rows(keys, rows)` (data/batch_buffers.py): the
+  samples written straight into shared batch buffers;
+- it pickles (loader workers may start from a forkserver: data/worker_start.py) and reads
+  its files in the workers, not when made, where they are large.
+`tests/test_data_kinds.py` holds every registered kind's datasets to it.
 """
 
 from __future__ import annotations
@@ -51,7 +65,12 @@ class DataKind:
     - `batcher(device, data, channels_last) -> fn(inputs, targets) -> (inputs, targets)`:
       a host batch onto the device, ready for the model;
     - `sample_key(data, index)`: what its validation dataset is indexed by;
+    - `key_size(data, epoch)`: the size the sampler's keys carry in `epoch` (None:
+      validation), `SampleKey.size`: the image side for images, which grows under
+      progressive resizing; 0 for kinds whose samples have one size;
     - `image_sizes(data)`: every image size a run feeds the model (none but for images);
+    - `task_facts`: what the kind tells its tasks, by name -> fn(data), asked when a task is
+      built (`TaskSetup.fact`: the axis point clouds turn about, which may read files);
     - `sample_shape(data)`: one sample's shape, for `memory` (None: `any_shape`);
     - `width(data) -> (width, note) | None`: the model's output width (classes or
       vocabulary) from the recipe or the data's index alone, with a note where assumed;
@@ -86,6 +105,8 @@ class DataKind:
     loaders: Callable = _nothing
     collate: Callable = _nothing
     sample_key: Callable = lambda data, index: index
+    key_size: Callable[[object, int | None], int] = lambda data, epoch: 0
+    task_facts: dict[str, Callable] = field(default_factory=dict)
     image_sizes: Callable[[object], tuple[int, ...]] = _no_sizes
     sample_shape: Callable[[object], tuple[int, ...] | None] = _nothing
     width: Callable = _nothing

@@ -118,7 +118,7 @@ def build_data(data, batch_size: int, seed: int, device: torch.device,
                                        given_val and given_val.collate)
         common.update(started)
     shard = dict(rank=rank, world_size=world_size)
-    val_size = data.val_image_size or data.image_size
+    val_size = data.kind_spec.key_size(data, None)
     val_sampler = EpochSampler(len(val_set), val_size, shuffle=False, pad=True, **shard)
     val_batch = val_batch_size(data, batch_size)
     val_loader = sample_loader(
@@ -208,9 +208,9 @@ def _train_loader(data, train_set: Dataset, batch_size: int, seed: int, shard: d
         sampler = SharedSampler(given.sampler, seed, **shard)
         return SignalSafeLoader(train_set, batch_size=batch_size, sampler=sampler,
                                 drop_last=drop_last, **common), sampler, ()
-    sampler = EpochSampler(len(train_set), data.image_size, seed=seed,
+    sampler = EpochSampler(len(train_set), data.kind_spec.key_size(data, 0), seed=seed,
                            shuffle=given.shuffle if given is not None else True, **shard)
-    largest = max(data.kind_spec.image_sizes(data), default=data.image_size)  # images' only
+    largest = max(data.kind_spec.image_sizes(data), default=0)  # images' only
     return sample_loader(data, train_set, sampler, batch_size, drop_last, largest, common,
                          between_passes=True), sampler, ()
 

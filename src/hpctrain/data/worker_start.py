@@ -45,7 +45,7 @@ def start_method(setting: str, stop_signals: tuple[str, ...], *given) \
     if setting == "auto":
         if FORKSERVER not in multiprocessing.get_all_start_methods():
             return multiprocessing.get_start_method(), None
-        why = _main_runs_again() or _not_shippable(given)
+        why = _main_runs_again() or not_shippable(given)
         method = FORK if why is not None else FORKSERVER
     if method == FORKSERVER:
         multiprocessing.set_forkserver_preload(PRELOAD)
@@ -83,7 +83,7 @@ class _Shallow(pickle.Pickler):
         return None
 
 
-def _not_shippable(given) -> str | None:
+def not_shippable(given) -> str | None:
     """Why what the workers are handed cannot reach a forkserver's workers, or None: it does
     not pickle (a lambda, a local class, an open file), or it names the script `__main__`."""
     buffer = io.BytesIO()

@@ -122,7 +122,6 @@ def task_loss(config: Config, num_classes: int | None, device: torch.device):
         width = num_classes or logits_of(outputs).shape[1]
         if width not in built:
             built[width] = config.task_spec.build(TaskSetup(
-                config, device, width, None, 1, image_batcher=lambda: None,
-                up_axis=lambda: 2))
+                config, device, width, None, 1))
         return built[width].loss(outputs, Batch(None, targets, targets))
     return criterion

@@ -47,7 +47,7 @@ def image_classification(batcher, augment, num_classes: int, label_smoothing: fl
 
 def build(setup: TaskSetup):
     config = setup.config
-    return image_classification(setup.image_batcher(), config.data.augment, setup.num_classes,
+    return image_classification(setup.batcher(), config.data.augment, setup.num_classes,
                                 config.train.label_smoothing, setup.batch_size,
                                 config.model.name)
 

@@ -73,7 +73,7 @@ def perturb(points, augment, up_axis: int):
 
 def build(setup: TaskSetup):
     config = setup.config
-    return point_cloud_classification(setup.device, config.data.points, setup.up_axis(),
+    return point_cloud_classification(setup.device, config.data.points, setup.fact("up_axis"),
                                       config.train.label_smoothing, setup.num_classes,
                                       config.model.name)
 

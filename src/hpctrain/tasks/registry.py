@@ -2,7 +2,7 @@
 
 Every other room asks a spec (`spec(name)`, `for_data(kind)`) instead of comparing a task's
 name. To add a task: a module beside these with its `SPEC` (spec.py says what it holds) and
-its line below; a new kind of data also needs its reader in data/loader.py.
+its line below; a new kind of data is a folder of data/ with its line in data/kinds.py.
 """
 
 from __future__ import annotations

@@ -26,20 +26,30 @@ class Curve:
 @dataclass(frozen=True)
 class TaskSetup:
     """What `build` is given by the engine: the recipe, the device, the data's classes or
-    answer marks, the per-device batch, and what only one task needs, made when it asks:
-    `image_batcher()` (uint8 to normalised on the device) and `up_axis()` (the axis point
-    clouds turn about, which may read the dataset's files); `model`: the module the engine
-    steps, before any wrapper (a LightningModule's adapter, whose logged names its task
-    reads)."""
+    answer marks, the per-device batch, whether batches are laid out channels_last;
+    `model`: the module the engine steps, before any wrapper (a LightningModule's adapter,
+    whose logged names its task reads). What differs by data kind a task asks of the kind's
+    spec through `batcher()` and `fact(name)`, made when it asks."""
 
     config: object  # config.Config (not imported: config asks this module)
     device: object  # torch.device
     num_classes: int | None
     answer: tuple[int, int] | None
     batch_size: int
-    image_batcher: Callable[[], Callable]
-    up_axis: Callable[[], int]
+    channels_last: bool = False
     model: object = None  # torch.nn.Module
+
+    def batcher(self) -> Callable:
+        """The data kind's device batcher (`DataKind.batcher`): a host batch onto the
+        device, ready for the model (images: uint8 to normalised)."""
+        data = self.config.data
+        return data.kind_spec.batcher(self.device, data, self.channels_last)
+
+    def fact(self, name: str):
+        """What the data kind tells its tasks by `name` (`DataKind.task_facts`: the axis
+        point clouds turn about, which may read the dataset's files)."""
+        data = self.config.data
+        return data.kind_spec.task_facts[name](data)
 
 
 @dataclass(frozen=True)

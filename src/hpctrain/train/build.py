@@ -24,7 +24,6 @@ from hpctrain.cluster.records import ProcessEnv
 from hpctrain.cluster.scheduler import current as scheduler
 from hpctrain.config import Config, Strategy
 from hpctrain.data.loader import DataBundle, build_data
-from hpctrain.data.points.datasets import up_axis
 from hpctrain.data.streams import Stream
 from hpctrain.data.user_datasets import unknown_classes
 from hpctrain.errors import ConfigError, DataError
@@ -350,11 +349,8 @@ def _fused_evaluation(model: nn.Module, config: Config, layout, plan: SystemPlan
 
 def _task(config: Config, data: DataBundle, device: torch.device, plan: SystemPlan,
           batch_size: int, model: nn.Module | None = None) -> Task:
-    batcher = functools.partial(config.data.kind_spec.batcher, device, config.data,
-                                plan.channels_last)
     return config.task_spec.build(TaskSetup(config, device, data.num_classes, data.answer,
-                                            batch_size, batcher,
-                                            functools.partial(up_axis, config.data), model))
+                                            batch_size, plan.channels_last, model))
 
 
 def _compiled(model: nn.Module, wrapped: nn.Module, config: Config, plan: SystemPlan):

@@ -23,7 +23,6 @@ import torch
 from hpctrain.cluster.environment import detect
 from hpctrain.cluster.records import ProcessEnv
 from hpctrain.config import Config
-from hpctrain.data.images.kind import image_size_for_epoch
 from hpctrain.data.user_datasets import forget_made
 from hpctrain.data.worker_signals import start_resource_tracker
 from hpctrain.errors import DataError, DataPipelineFailed, OutputError, Preempted, RunFailed
@@ -291,7 +290,7 @@ def _start_epoch(parts: Parts, step: int, metrics: RunningMetrics):
     epoch, step_in_epoch = divmod(step, parts.steps_per_epoch)
     if step_in_epoch == 0:
         _moment(parts, metrics, "train_epoch_start")
-    size = image_size_for_epoch(parts.config.data, epoch)  # images; tokens and points ignore it
+    size = parts.config.data.kind_spec.key_size(parts.config.data, epoch)
     parts.data.train_sampler.set_epoch(epoch, size,
                                        start=step_in_epoch * parts.global_batch_size)
     return epoch, iter(parts.data.train_loader)

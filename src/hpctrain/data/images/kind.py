@@ -9,8 +9,11 @@ from hpctrain.data.images.settings import (AugmentConfig, ProgressiveConfig, Sha
 from hpctrain.data.kind import DataKind, own_check, three_quarters
 
 
-def image_size_for_epoch(data, epoch: int) -> int:
-    """The training resolution of `epoch`: fixed, or growing linearly (progressive resizing)."""
+def image_size_for_epoch(data, epoch: int | None) -> int:
+    """The training resolution of `epoch`: fixed, or growing linearly (progressive resizing);
+    None: validation's."""
+    if epoch is None:
+        return data.val_image_size or data.image_size
     p = data.progressive
     if not p.enabled:
         return data.image_size
@@ -24,7 +27,7 @@ def image_sizes(data) -> tuple[int, ...]:
     resizing) and validation."""
     epochs = range(data.progressive.end_epoch + 1) if data.progressive.enabled else [0]
     return tuple(sorted({*(image_size_for_epoch(data, e) for e in epochs),
-                         data.val_image_size or data.image_size}))
+                         image_size_for_epoch(data, None)}))
 
 
 def _sample_shape(data) -> tuple[int, ...]:
@@ -87,7 +90,7 @@ def _sample_key(data, index: int):
         return index
     from hpctrain.data.sampling import SampleKey
 
-    return SampleKey(index, 0, data.val_image_size or data.image_size)
+    return SampleKey(index, 0, image_size_for_epoch(data, None))
 
 
 SPEC = DataKind(
@@ -99,6 +102,7 @@ SPEC = DataKind(
     settings={"augment": AugmentConfig, "progressive": ProgressiveConfig,
               "shapes": ShapesConfig, "synthetic": SyntheticConfig},
     channels_first=True, datasets_of=_datasets_of, collate=_collate, sample_key=_sample_key,
+    key_size=image_size_for_epoch,
     image_sizes=image_sizes, sample_shape=_sample_shape, width=_width,
     smaller_sample=_smaller_sample, stand_in=_stand_in,
     own_sample_problem=own_check("image_sample_problem"),

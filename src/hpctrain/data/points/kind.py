@@ -16,6 +16,12 @@ def _datasets_of(data, seed: int, rank: int, scratch):
     return point_datasets(data)
 
 
+def _up_axis(data) -> int:
+    from hpctrain.data.points.datasets import up_axis
+
+    return up_axis(data)
+
+
 def _width(data):
     """The classes, from the class folders or the built-in list (no cloud read)."""
     from hpctrain.data.points.datasets import point_classes
@@ -44,7 +50,7 @@ SPEC = DataKind(
     models=("pointnet", "pointnet_small"), model_word="a point-cloud model",
     only_its_models=True, datasets_of=_datasets_of,
     sample_shape=lambda data: (data.points.num_points, 3), width=_width,
-    smaller_sample=_smaller_sample,
+    smaller_sample=_smaller_sample, task_facts={"up_axis": _up_axis},
     own_facts=lambda data: {"num_points": data.points.num_points},
     own_sample_problem=own_check("cloud_sample_problem"),
     own_expected=lambda data: "(points, label): float points of shape (N, 3) and an integer "
