@@ -89,6 +89,19 @@ def test_the_engine_imports_no_data_kind():
     assert importers <= {"cli/tools.py", "bench/data_path.py"}, importers
 
 
+def test_the_engine_names_no_task():
+    """What a task changes in the build (a LightningModule's adapter, its optimiser, its
+    hooks) comes through the task's spec: the engine (train/) imports no task's own module,
+    only the tasks' shared ground (the spec, the registry, the steps, the tensors' moves)."""
+    shared = {"spec", "registry", "steps", "tensors"}
+    own = sorted(path.stem for path in (SOURCE / "tasks").glob("*.py")
+                 if path.stem not in shared | {"__init__"})
+    pattern = re.compile(r"hpctrain\.tasks(\.| import .*\b)(%s)\b" % "|".join(own))
+    found = [path for path, text in sources().items()
+             if path.startswith("train/") and pattern.search(text)]
+    assert not found, found
+
+
 def test_every_task_learns_from_a_registered_data_kind():
     assert {task.data_kind for task in registry.SPECS.values()} == set(kinds.KINDS)
 

@@ -39,10 +39,9 @@ from hpctrain.parallel.data import bf16_parameters
 from hpctrain.parallel.layout import (MICROBATCHES_PER_STAGE, Layout, layout_of, model_copy,
                                       split_world)
 from hpctrain.parallel.processes import per_device_batch
-from hpctrain.tasks import lightning, tensors
+from hpctrain.tasks import lightning, lightning_optim, tensors
 from hpctrain.tasks.steps import with_regulariser
 from hpctrain.train.hardware.system import resolve_precision
-from hpctrain.train.optimizers import lightning_optim
 from hpctrain.train.optimizers.optim import build_optimizer, freeze, scaled_lr
 
 CONTEXT_BYTES = 512 * 2**20  # CUDA context, cuBLAS/cuDNN handles, NCCL: outside torch's count

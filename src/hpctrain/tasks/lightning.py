@@ -2,7 +2,7 @@
 
 The module is the task: `training_step` gives the loss, `self.log`/`self.log_dict` in
 `training_step` and `validation_step` give the figures, `configure_optimizers` the optimiser
-and LR schedule (train/optimizers/lightning_optim.py). The engine's loop, DDP/FSDP, precision,
+and LR schedule (tasks/lightning_optim.py). The engine's loop, DDP/FSDP, precision,
 checkpoints, preemption and telemetry stay hpctrain's: the module runs behind an adapter
 (`lightning_step.py`) whose forward calls the step, so the data-parallel wrappers see the
 module's parameters used as in any forward. Batches reach the module as the dataset and the
@@ -23,7 +23,7 @@ import weakref
 from hpctrain import user_code
 from hpctrain.errors import ConfigError
 from hpctrain.tasks import tensors
-from hpctrain.tasks.spec import Measured, TaskSetup, TaskSpec
+from hpctrain.tasks.spec import Measured, OwnSteps, TaskSetup, TaskSpec
 
 LIGHTNING_PACKAGES = ("lightning.pytorch.", "pytorch_lightning.")
 # the module's hooks at each of the loop's moments (Task.moment), in Lightning's order:
@@ -196,8 +196,19 @@ def figures(measured: Measured) -> dict:
             **{f"final_{name}": value for name, value in final.items()}}
 
 
+def _in_build(name: str):
+    """tasks/lightning_build.py's `name`, imported when the build calls it (it needs torch)."""
+    def call(*args):
+        from hpctrain.tasks import lightning_build
+
+        return getattr(lightning_build, name)(*args)
+    return call
+
+
 SPEC = TaskSpec(name="lightning", data_kind=tensors.KIND, unit="samples",
                 objective="best_val_loss:min", default_model="", curves=(),
                 figures=figures, rate_label="samples", sample_size=None, build=build,
                 describe=describe, targets="any", names_figures=True,
-                steps_model=True)
+                own_steps=OwnSteps(word="a LightningModule", claims=is_lightning_module,
+                                   adapt=_in_build("adapted"),
+                                   optimizer=_in_build("own_optimizer")))

@@ -36,6 +36,13 @@ def for_model(reference: str) -> str | None:
     return lightning.SPEC.name if lightning.names_lightning_class(reference) else None
 
 
+def claiming(model) -> TaskSpec | None:
+    """The task whose model brings its own steps that `model` is (a LightningModule's), or
+    None: every other task refuses it."""
+    return next((task for task in SPECS.values()
+                 if task.own_steps is not None and task.own_steps.claims(model)), None)
+
+
 def for_data(kind: str) -> TaskSpec:
     """The task that learns from data of this kind (`task: auto`)."""
     return SPECS[TASK_OF_DATA[kind]]

@@ -69,6 +69,28 @@ class Measured:
     mfu_formula: str
 
 
+@dataclass(frozen=True)
+class OwnSteps:
+    """What a task changes in the engine's build when its model brings its own steps and
+    optimiser (a LightningModule), asked by train/build.py, which names no such task:
+
+    - `word`: what such a model is, in messages ("a LightningModule");
+    - `claims(model)`: the model built is one (every other task refuses it, naming this one);
+    - `adapt(model, device, distributed, data)`: the module the engine steps, after the
+      model's own preparation (once a node: `distributed.node_leader_first`), its figures
+      summed over `distributed`'s ranks, `data`'s data module beside it;
+    - `optimizer(adapted, config, position) -> (optimizer, schedule)`: its own, with its
+      callbacks sorted out (`position`: the run's length, ranks and folder, by name).
+
+    The adapter answers the rest itself: `compile_forward(mode)`, `batch_hooks(optimizer)`,
+    `keep_best`, `checkpoint_state()`."""
+
+    word: str
+    claims: Callable[[object], bool]
+    adapt: Callable
+    optimizer: Callable
+
+
 def _one_unit_per_sample(config) -> int:
     return 1
 
@@ -103,8 +125,8 @@ class TaskSpec:
       take the batch as it is: a LightningModule);
     - `names_figures`: its metrics come named as they are recorded (a LightningModule's
       logged names), not to be prefixed train_ and val_ by the engine;
-    - `steps_model`: the model brings its own steps and optimiser (a LightningModule): the
-      engine steps it behind `lightning_step.adapt` and takes its configure_optimizers.
+    - `own_steps`: the model brings its own steps and optimiser (a LightningModule), and
+      what that changes in the build (`OwnSteps`); None: the engine steps a plain module.
     """
 
     name: str
@@ -124,7 +146,12 @@ class TaskSpec:
     classes_from_output: bool = False
     targets: str = "classes"
     names_figures: bool = False
-    steps_model: bool = False
+    own_steps: OwnSteps | None = None
+
+    @property
+    def steps_model(self) -> bool:
+        """The model brings its own steps (`own_steps`)."""
+        return self.own_steps is not None
 
     def figure_name(self, stage: str, name: str) -> str:
         """One of its metrics as metrics.jsonl records it: `stage`_NAME (train_accuracy,

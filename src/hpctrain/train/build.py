@@ -40,7 +40,7 @@ from hpctrain.parallel.processes import Distributed
 from hpctrain.report import trackers
 from hpctrain.runs.directory import RunDir
 from hpctrain.runs.identity import read_identity
-from hpctrain.tasks import lightning, lightning_callbacks, lightning_trainer, tensors
+from hpctrain.tasks import registry, tensors
 from hpctrain.tasks.spec import TaskSetup
 from hpctrain.tasks.steps import Batch, Task, logits_of
 from hpctrain.train.checkpoints.checkpoint import Checkpointer
@@ -49,7 +49,6 @@ from hpctrain.train.hardware import fp8
 from hpctrain.train.hardware.mfu import ModelFlops, model_flops
 from hpctrain.train.hardware.precision import Precision
 from hpctrain.train.hardware.system import SystemPlan, apply_global_switches, plan_system
-from hpctrain.train.optimizers import lightning_optim
 from hpctrain.train.optimizers.optim import (WeightEma, build_optimizer, build_scheduler, freeze,
                                              scaled_lr)
 from hpctrain.train.checkpoints.interval import Pacer, unwarned_stops
@@ -97,8 +96,8 @@ class Parts:
 
     @property
     def keep_best(self):
-        """A ModelCheckpoint's choice of the best checkpoints (tasks/lightning_callbacks
-        KeepBest) where a LightningModule's callbacks give one; None otherwise."""
+        """The model's own choice of the best checkpoints where a model with its own steps
+        gives one (a LightningModule's ModelCheckpoint); None otherwise."""
         return self.model.keep_best if self.config.task_spec.steps_model else None
 
     @property
@@ -218,15 +217,12 @@ def _model_on_device(config: Config, data: DataBundle, plan: SystemPlan, layout:
         made, _first_input(config, data, torch.device("cpu"))), config.model.name)
     freeze(model, config.model.freeze)
     flops = model_flops(model)  # of the whole model: a pipeline stage holds only its part
-    if config.task_spec.steps_model:  # a LightningModule: the engine steps its own steps
-        with distributed.node_leader_first():  # its downloads: once a node, before setup
-            lightning.prepare_once(model, distributed.env.local_rank == 0)
-        model = lightning.adapt(model, device)
-        model.reduce = distributed.sum_  # its epoch figures, over all ranks
-        model.datamodule = data.data_module  # self.trainer.datamodule
-    elif lightning.is_lightning_module(model):
-        raise ConfigError(f"model.name {config.model.name} made a LightningModule, which "
-                          f"trains on its own steps: set task={lightning.SPEC.name} (task "
+    own, claimed = config.task_spec.own_steps, registry.claiming(model)
+    if own is not None:  # the model brings its own steps: the engine steps its adapter
+        model = own.adapt(model, device, distributed, data)
+    elif claimed is not None:
+        raise ConfigError(f"model.name {config.model.name} made {claimed.own_steps.word}, "
+                          f"which trains on its own steps: set task={claimed.name} (task "
                           f"{config.task_spec.name} trains a plain torch.nn.Module)")
     model = data_parallel.convert_batchnorm(model, config, layout.strategy)
     memory_format = torch.channels_last if plan.channels_last else torch.preserve_format
@@ -354,8 +350,9 @@ def _task(config: Config, data: DataBundle, device: torch.device, plan: SystemPl
 
 
 def _compiled(model: nn.Module, wrapped: nn.Module, config: Config, plan: SystemPlan):
-    """The module the step calls, compiled when compile is on: a LightningModule's own
-    forward only (its steps, with their logging, stay Python, as under Lightning)."""
+    """The module the step calls, compiled when compile is on: a model with its own steps
+    compiles its forward only (a LightningModule's steps, with their logging, stay Python, as
+    under Lightning)."""
     if not plan.compile:
         return wrapped
     if config.task_spec.steps_model:
@@ -369,11 +366,9 @@ def _optimizer(model: nn.Module, config: Config, distributed: Distributed, place
                total_steps: int) -> tuple:
     """(optimiser, schedule, its first LR, the banner's words for them): hpctrain's from
     optim.* and schedule.*, the LR scaled to the global batch; or a LightningModule's own."""
-    if config.task_spec.steps_model:
-        model.position = _position(config, distributed, place, steps_per_epoch, total_steps)
-        optimizer, scheduler = lightning_optim.from_module(model)
-        model.add_callbacks(lightning_callbacks.sorted_out(lightning_callbacks.with_modules(
-            lightning_callbacks.made(config), model.module)))  # set up once its view knows all
+    if config.task_spec.own_steps is not None:
+        optimizer, scheduler = config.task_spec.own_steps.optimizer(
+            model, config, _position(config, distributed, place, steps_per_epoch, total_steps))
         return optimizer, scheduler, optimizer.param_groups[0]["lr"], scheduler.describe()
     lr = scaled_lr(config.optim, global_batch)
     optimizer = build_optimizer(model, config.optim, lr, device)
@@ -383,10 +378,11 @@ def _optimizer(model: nn.Module, config: Config, distributed: Distributed, place
 
 
 def _position(config: Config, distributed: Distributed, place: RunPlace, steps_per_epoch: int,
-              total_steps: int) -> lightning_trainer.Position:
-    """Where a LightningModule's `self.trainer` reads the run's length, ranks and folder."""
+              total_steps: int) -> dict:
+    """The run's length, ranks and folder, by name, where a model with its own steps reads
+    them (a LightningModule's `self.trainer`)."""
     env = distributed.env
-    return lightning_trainer.Position(
+    return dict(
         steps_per_epoch=steps_per_epoch, accumulate=config.train.grad_accum_steps,
         total_steps=total_steps, world_size=env.world_size, rank=env.rank,
         local_rank=env.local_rank, local_world_size=env.local_world_size,

@@ -24,7 +24,6 @@ from hpctrain.profiling.regions import region
 from hpctrain.tasks import tensors
 from hpctrain.tasks.steps import Batch
 from hpctrain.train.hardware.precision import Precision
-from hpctrain.train.optimizers.lightning_optim import LightningSchedules
 from hpctrain.train.optimizers.optim import StepSchedule, WeightEma
 
 Phase = Callable[[str], contextlib.AbstractContextManager]
@@ -64,7 +63,7 @@ class Step:
     optimizer: torch.optim.Optimizer
     clip_norm: float | None = None
     accumulate: int = 1  # micro-batches whose gradients add up to one update
-    scheduler: StepSchedule | LightningSchedules | None = None  # stepped after each update
+    scheduler: StepSchedule | None = None  # stepped after each update (or the task's own)
     ema: WeightEma | None = None  # the averaged weights, updated after each update
     pipeline: Pipeline | None = None  # this rank's stage: its schedule does forward+backward
     # gradient_sync(last micro-batch): DDP and FSDP reduce gradients only on the last

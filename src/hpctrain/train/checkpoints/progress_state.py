@@ -63,7 +63,7 @@ PROGRESS_RULES = {
 GROUP_SETTINGS = Kind("a mapping of finite numbers or lists of them", lambda v: isinstance(
     v, dict) and all(FINITE.holds(x) or list_of(FINITE).holds(x) for x in v.values()))
 # the LR schedule's position (torch's LambdaLR.state_dict): only what hpctrain's schedule
-# holds; a LightningModule's (train/optimizers/lightning_optim.py): the step, its
+# holds; a LightningModule's (tasks/lightning_optim.py): the step, its
 # schedulers' states and its optimiser's groups' settings
 SCHEDULER_RULES = {
     "last_epoch": Kind("a whole number from -1", lambda v: isinstance(v, int) and
