@@ -26,7 +26,7 @@ from hpctrain import config as configuration
 from hpctrain import user_code
 from hpctrain.config import Config
 from hpctrain.data.given_loaders import is_loader, is_plain, like, own_collate
-from hpctrain.tasks import lightning
+from hpctrain.tasks import lightning, lightning_task
 from hpctrain.errors import ConfigError, Preempted
 from hpctrain import process_clock
 
@@ -171,7 +171,7 @@ def _task_from_samples(config: Config, train_data: Dataset, model: nn.Module,
     from hpctrain.tasks.tensors import row, split
 
     if config.task.name == "auto" and lightning.is_lightning_module(model):
-        return configuration.with_settings(config, {"task.name": lightning.SPEC.name})
+        return configuration.with_settings(config, {"task.name": lightning_task.SPEC.name})
     if is_loader(train_data):  # its dataset, batched by its collate
         collate_fn = collate_fn or own_collate(train_data)
         train_data = train_data.dataset

@@ -14,6 +14,8 @@ hooks are not part of fitting and are left alone, as Lightning's `fit` leaves th
 
 Lightning is never imported here: a module is recognised by its classes' names, so a recipe
 is read without it (`spec.py`), from `lightning.pytorch` or `pytorch_lightning` alike.
+Here: a LightningModule recognised, the hooks it may override, and its adapter made; the
+task's spec is lightning_task.py.
 """
 
 from __future__ import annotations
@@ -22,9 +24,8 @@ import weakref
 
 from hpctrain import user_code
 from hpctrain.errors import ConfigError
-from hpctrain.tasks import tensors
-from hpctrain.tasks.spec import Measured, OwnSteps, TaskSetup, TaskSpec
 
+NAME = "lightning"  # the task (lightning_task.py), named in what this module refuses
 LIGHTNING_PACKAGES = ("lightning.pytorch.", "pytorch_lightning.")
 # the module's hooks at each of the loop's moments (Task.moment), in Lightning's order:
 # validation inside the epoch, then on_train_epoch_end
@@ -155,7 +156,7 @@ def adapt(module, device):
     own setup hooks; a module that needs what the engine does not call is refused, naming
     it."""
     if not is_lightning_module(module):
-        raise ConfigError(f"task {SPEC.name}: the model is a {type(module).__name__}, not a "
+        raise ConfigError(f"task {NAME}: the model is a {type(module).__name__}, not a "
                           "LightningModule; use task=auto for your own torch.nn.Module")
     refused = refused_hooks(type(module))
     if refused:
@@ -176,39 +177,3 @@ def adapt(module, device):
     _set_up(module)
     module.configure_model()
     return step
-
-
-def build(setup: TaskSetup):
-    from hpctrain.tasks.lightning_step import task
-
-    return task(setup.device, setup.model, SPEC.name, SPEC.unit,  # Lightning's does nothing
-                evaluates=overrides(type(setup.model.module), "validation_step"))
-
-
-def describe(config, num_classes: int | None, vocab_size: int | None) -> str:
-    return "samples as your LightningModule's steps take them"
-
-
-def figures(measured: Measured) -> dict:
-    final = measured.final_eval or {}
-    return {"images_per_second": None,  # summary.json has the key for every task
-            "best_val_loss": measured.best_val_loss,
-            **{f"final_{name}": value for name, value in final.items()}}
-
-
-def _in_build(name: str):
-    """tasks/lightning_build.py's `name`, imported when the build calls it (it needs torch)."""
-    def call(*args):
-        from hpctrain.tasks import lightning_build
-
-        return getattr(lightning_build, name)(*args)
-    return call
-
-
-SPEC = TaskSpec(name="lightning", data_kind=tensors.KIND, unit="samples",
-                objective="best_val_loss:min", default_model="", curves=(),
-                figures=figures, rate_label="samples", sample_size=None, build=build,
-                describe=describe, targets="any", names_figures=True,
-                own_steps=OwnSteps(word="a LightningModule", claims=is_lightning_module,
-                                   adapt=_in_build("adapted"),
-                                   optimizer=_in_build("own_optimizer")))

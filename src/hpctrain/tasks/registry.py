@@ -8,13 +8,13 @@ its line below; a new kind of data is a folder of data/ with its line in data/ki
 from __future__ import annotations
 
 from hpctrain.tasks import (classification, image_classification, language_modeling,
-                           lightning, multilabel, point_cloud_classification, regression,
-                           segmentation)
+                           lightning, lightning_task, multilabel, point_cloud_classification,
+                           regression, segmentation)
 from hpctrain.tasks.spec import Curve, TaskSpec
 
 SPECS: dict[str, TaskSpec] = {task.SPEC.name: task.SPEC for task in (
     image_classification, language_modeling, point_cloud_classification, classification,
-    multilabel, regression, segmentation, lightning)}
+    multilabel, regression, segmentation, lightning_task)}
 NAMES = tuple(SPECS)
 # `task: auto`: the first task registered for the data's kind (another task on the same kind,
 # a segmentation on images, is named in the recipe)
@@ -33,7 +33,7 @@ def for_model(reference: str) -> str | None:
     """The task a model demands whatever the data (`task: auto`): lightning for a
     LightningModule class; None for any other model, or one that does not import (building
     it says why)."""
-    return lightning.SPEC.name if lightning.names_lightning_class(reference) else None
+    return lightning_task.SPEC.name if lightning.names_lightning_class(reference) else None
 
 
 def claiming(model) -> TaskSpec | None:
