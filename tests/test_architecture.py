@@ -102,6 +102,14 @@ def test_the_engine_names_no_task():
     assert not found, found
 
 
+def test_memory_simulates_the_task_s_own_loss():
+    """Before, `hpctrain memory` stepped image and token recipes with losses of its own; now
+    its criterion is the task's, built by its spec: no loss is written under memory/."""
+    losses = re.compile(r"cross_entropy|CrossEntropyLoss|mse_loss|MSELoss|nll_loss|BCE")
+    assert not [path for path, text in sources().items()
+                if path.startswith("memory/") and losses.search(text)]
+
+
 def test_every_task_learns_from_a_registered_data_kind():
     assert {task.data_kind for task in registry.SPECS.values()} == set(kinds.KINDS)
 

@@ -22,7 +22,6 @@ import math
 from dataclasses import dataclass, field, replace
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from hpctrain.config import Config, Strategy
@@ -30,7 +29,7 @@ from hpctrain.errors import ConfigError, UserError
 from hpctrain.memory.simulate import Footprint, StepSpec, predict, shared_build
 from hpctrain.memory.sizes import gpu_capability, lacks_bf16, parse_memory
 from hpctrain.units import fmt_bytes
-from hpctrain.memory.tensor_batches import batch_of, first_sample, leading_shape, task_loss
+from hpctrain.memory.tensor_batches import batch_of, first_sample, leading_shape
 from hpctrain.models.checkpointing import enable_activation_checkpointing, is_block
 from hpctrain.models.gpt import GPT
 from hpctrain.models.lazy import materialise
@@ -40,7 +39,8 @@ from hpctrain.parallel.layout import (MICROBATCHES_PER_STAGE, Layout, layout_of,
                                       split_world)
 from hpctrain.parallel.processes import per_device_batch
 from hpctrain.tasks import lightning, lightning_optim, tensors
-from hpctrain.tasks.steps import with_regulariser
+from hpctrain.tasks.spec import TaskSetup
+from hpctrain.tasks.steps import Batch, logits_of
 from hpctrain.train.hardware.system import resolve_precision
 from hpctrain.train.optimizers.optim import build_optimizer, freeze, scaled_lr
 
@@ -234,13 +234,24 @@ def input_shape(config: Config) -> tuple[int, ...]:
     return leading_shape(first_sample(config)) if shape is None else shape
 
 
+def task_loss(config: Config, num_classes: int | None, device: torch.device):
+    """criterion(outputs, targets): the task's own loss, as its spec builds it for training
+    (no loss of memory's own); where the data does not say the classes, the outputs do (their
+    second axis, as training reads them: train/build.py)."""
+    built = {}
+
+    def criterion(outputs, targets):
+        width = num_classes or logits_of(outputs).shape[1]
+        if width not in built:
+            built[width] = config.task_spec.build(TaskSetup(
+                config, device, width, None, 1))
+        return built[width].loss(outputs, Batch(None, targets, targets))
+    return criterion
+
+
 def _step_loss(outputs, targets) -> torch.Tensor:
     """The loss a LightningModule's training_step gave (lightning_step.StepOutput)."""
     return outputs.loss
-
-
-def _token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
 def step_spec(config: Config, target: Target, width: int) -> StepSpec:
@@ -278,9 +289,7 @@ def step_spec(config: Config, target: Target, width: int) -> StepSpec:
         return (torch.randn(batch, *shape, device=device),
                 torch.randint(0, width, (batch,), device=device))
 
-    criterion = _step_loss if steps_model else task_loss(config, width, optim_device) if own \
-        else _token_loss if tokens else \
-        with_regulariser(nn.CrossEntropyLoss(label_smoothing=config.train.label_smoothing))
+    criterion = _step_loss if steps_model else task_loss(config, width, optim_device)
     key = json.dumps([config.model.name, config.model.kwargs, width, config.data.kind,
                       kind.image_sizes(config.data), config.model.activation_checkpointing,
                       config.model.freeze],

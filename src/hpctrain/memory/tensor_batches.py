@@ -1,6 +1,6 @@
 """The step `hpctrain memory` simulates, for a recipe of your own tensors: its batches have
 the shapes and dtypes of the training set's first sample (read once, through the recipe's
-factory), and its loss is the task's own.
+factory).
 
 Every tensor of a sample (inputs of any nesting, the target) becomes a batch of zeros of its
 shape and dtype, floating ones in the default dtype as training moves them (tasks/tensors.py);
@@ -17,8 +17,6 @@ import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from hpctrain.config import Config
-from hpctrain.tasks.spec import TaskSetup
-from hpctrain.tasks.steps import Batch, logits_of
 from hpctrain.tasks.tensors import each, row, split
 
 _READ: dict[str, TensorSample] = {}  # data settings -> the sample read for them
@@ -111,17 +109,3 @@ def batch_of(sample: TensorSample, batch: int, device: torch.device) -> tuple[ob
         return each(inputs, lambda value: zeros(torch.as_tensor(value), ())), \
             zeros(torch.as_tensor(target), ())
     return each(sample.inputs, zeros), None if sample.target is None else zeros(sample.target)
-
-
-def task_loss(config: Config, num_classes: int | None, device: torch.device):
-    """criterion(outputs, targets): the task's own loss; where the data does not say the
-    classes, the outputs do (their second axis, as training reads them: train/build.py)."""
-    built = {}
-
-    def criterion(outputs, targets):
-        width = num_classes or logits_of(outputs).shape[1]
-        if width not in built:
-            built[width] = config.task_spec.build(TaskSetup(
-                config, device, width, None, 1))
-        return built[width].loss(outputs, Batch(None, targets, targets))
-    return criterion
