@@ -158,6 +158,25 @@ def test_every_scheduler_answers_every_question_of_the_seam():
         assert module.NAME == name
 
 
+def test_jobs_are_named_in_the_scheduler_s_words(tmp_path):
+    """A job id and a job's log name are the scheduler's (`JOB_ID`, `JOB_LOG`): outside
+    cluster/ no job log is spelled, and a run directory's logs are found by every
+    scheduler's name (an old run's slurm-*.out among them)."""
+    from hpctrain.cluster.jobs import is_job_id
+    from hpctrain.runs.directory import RunDir
+
+    spelled = re.compile(r"slurm-(\{|\*|%)")  # a log's name made, globbed or filled in
+    assert not [path for path, text in sources(outside="cluster").items()
+                if spelled.search(text)]
+    assert is_job_id("123456") and is_job_id("123456_7")
+    assert not is_job_id("runs/default") and not is_job_id("12a") and not is_job_id("")
+    (tmp_path / "slurm-17.out").write_text("")
+    (tmp_path / "slurm-17.err").write_text("")
+    (tmp_path / "notes.out").write_text("")
+    assert [p.name for p in RunDir(tmp_path).job_logs(scheduler.job_logs())] == \
+        ["slurm-17.err", "slurm-17.out"]
+
+
 def test_the_scheduler_is_found_from_the_job_it_runs_in():
     assert scheduler.in_job({"SLURM_JOB_ID": "7"}) and not scheduler.in_job({})
     assert scheduler.current({}).NAME == "slurm"  # the one hpctrain submits to

@@ -21,7 +21,7 @@ SUBMIT_EXAMPLE = """examples:
   hpctrain submit default --gpus 4 --time 30 --dry-run     # print the script, submit nothing
   hpctrain submit default --gpus 1 --sweep optim.lr=0.05,0.1,0.2 --sweep train.epochs=4,8
 
-The script goes to RUN_DIR/job.sbatch; logs to RUN_DIR/slurm-JOBID.out/.err. Profiles: the
+The script goes to RUN_DIR/job.sbatch; logs beside it (Slurm's: slurm-JOBID.out/.err). Profiles: the
 shipped ones (generic, jean-zay-v100/-a100/-h100) and yours in ~/.config/hpctrain/clusters.yaml.
 """
 
@@ -171,12 +171,12 @@ def _add_status(verbs) -> None:
 
 
 def cmd_status(args) -> int:
-    from hpctrain.cluster.jobs import Job, run_status
+    from hpctrain.cluster.jobs import Job, is_job_id, run_status
 
     place = Path(args.job).expanduser()
     if place.is_dir():
         status = run_status(place.absolute())
-    elif not args.job.replace("_", "").isdigit():  # 123456, or an array's 123456_7
+    elif not is_job_id(args.job):
         raise ConfigError(f"hpctrain status {args.job}: neither a run directory nor a job id "
                           "(a number, such as 123456)")
     else:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -102,8 +101,9 @@ def cmd_goodput(args) -> int:
 def _goodput_folder(reference: str, db: str | None) -> Path:
     """The run of `reference`: a folder, a name or id in the runs index, or a job id that
     hpctrain submitted (any job of its chain)."""
-    if re.fullmatch(r"\d+(_\d+)?", reference) and not Path(reference).is_dir():
-        from hpctrain.cluster.jobs import Job
+    from hpctrain.cluster.jobs import Job, is_job_id
+
+    if is_job_id(reference) and not Path(reference).is_dir():
 
         run_dir = Job(reference).run_dir
         if run_dir is None:
@@ -171,8 +171,9 @@ def cmd_report(args) -> int:
 
 def _watched(args):
     """(run directory, Slurm job or None) that RUN|JOB names."""
-    if args.run.isdigit():
-        from hpctrain.cluster.jobs import Job
+    from hpctrain.cluster.jobs import Job, is_job_id
+
+    if is_job_id(args.run) and not Path(args.run).is_dir():
 
         job = Job(args.run)
         if job.run_dir is None:

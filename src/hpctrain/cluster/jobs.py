@@ -171,7 +171,7 @@ class Job:
         if named and "%" not in named:
             return Path(named)
         if self.run_dir is not None:
-            return RunDir(self.run_dir).job_log(job_id, err)
+            return RunDir(self.run_dir).job_log(job.JOB_LOG, job_id, err)
         return None
 
     def logs(self, err: bool = False) -> str:
@@ -371,6 +371,12 @@ def send(request: JobRequest, script: str, profile: Profile) -> Job:
     return Job(job_id, request.run_dir)
 
 
+def is_job_id(text: str) -> bool:
+    """Whether `text` is a job id as the scheduler in use writes one (Slurm's 123456, or an
+    array element's 123456_7)."""
+    return bool(scheduler_of().JOB_ID.fullmatch(text))
+
+
 def queue(name: str | None = None) -> list[dict]:
     """Your jobs in the queue."""
     return scheduler_of().queue(name=name)
@@ -379,13 +385,13 @@ def queue(name: str | None = None) -> list[dict]:
 def find_logs(job_or_text) -> list[Path]:
     """The log files of a job (a Job or an id), or those among your remembered runs' logs
     that contain `text`."""
-    if isinstance(job_or_text, Job) or str(job_or_text).isdigit():
+    if isinstance(job_or_text, Job) or is_job_id(str(job_or_text)):
         job = job_or_text if isinstance(job_or_text, Job) else Job(str(job_or_text))
         return [p for p in (job.log_file(), job.log_file(err=True)) if p and p.is_file()]
     text = str(job_or_text)
     found = []
     for run in sorted({row["run_dir"] for row in read_ledger()}):
-        for log in RunDir(Path(run)).job_logs():
+        for log in RunDir(Path(run)).job_logs(scheduler.job_logs()):
             if text in log.read_text(errors="replace"):
                 found.append(log)
     return found

@@ -17,8 +17,10 @@ from pathlib import Path
 from hpctrain.cluster.profiles import Profile
 from hpctrain.cluster.request import JobRequest, layout, time_seconds
 from hpctrain.errors import ConfigError, ExitCode
-from hpctrain.runs.directory import AUTOTUNE, JOB_LOG, SHELL_LEDGER, TUNED_RECIPE, RunDir
+from hpctrain.runs.directory import AUTOTUNE, SHELL_LEDGER, TUNED_RECIPE, RunDir
 
+JOB_LOG = "slurm-{job}.{stream}"  # a job's log in its run directory (slurm.JOB_LOG); {job}:
+# the id, or what Slurm fills in (%j, %A_%a); {stream}: out | err
 # what may stand in an #SBATCH value: no spaces, quotes, newlines or shell syntax
 SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.,:@%+=/-]+$")
 

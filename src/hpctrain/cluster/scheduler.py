@@ -12,6 +12,7 @@ elements, accounting).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
@@ -31,6 +32,8 @@ class Scheduler(Protocol):
     SCRIPT_EXAMPLE: str  # such a line, for the option's help
     STEP_EXAMPLE: str  # its launcher starting 8 tasks per node, for help texts
     SOURCES: dict[str, str]  # the command that answers `elements` and `accounting` (said)
+    JOB_ID: re.Pattern  # a job id as it writes one (an array element's too)
+    JOB_LOG: str  # its jobs' log in the run directory: {job} the id, {stream} out | err
 
     # inside a job
     def current_job(self, environ: Mapping[str, str]) -> str | None: ...
@@ -73,6 +76,11 @@ def named(name: str | None) -> Scheduler:
         raise ConfigError(f"cluster profile: unknown scheduler {name!r}; hpctrain speaks to "
                           f"{', '.join(sorted(SCHEDULERS))}")
     return SCHEDULERS[name]
+
+
+def job_logs() -> tuple[str, ...]:
+    """Every scheduler's job log name (`JOB_LOG`): a run directory's logs are any of them."""
+    return tuple(dict.fromkeys(s.JOB_LOG for s in SCHEDULERS.values()))
 
 
 def in_job(environ: Mapping[str, str] | None = None) -> bool:

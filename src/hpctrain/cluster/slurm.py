@@ -22,6 +22,7 @@ from pathlib import Path
 
 from hpctrain.cluster.records import (MOST_RESTARTS, UNKNOWN, ClusterError, JobElement,
                                       ProcessEnv, below, whole_number)
+from hpctrain.cluster import sbatch
 from hpctrain.cluster.sbatch import render
 from hpctrain.errors import ConfigError
 
@@ -32,6 +33,8 @@ SCRIPT_OPTION = "--extra-sbatch"
 SCRIPT_EXAMPLE = "--mail-type=END"
 STEP_EXAMPLE = "srun --ntasks-per-node 8"
 SOURCES = {"elements": "scontrol", "accounting": "sacct"}
+JOB_ID = re.compile(r"\d+(_\d+)?")  # 123456, or an array element's 123456_7
+JOB_LOG = sbatch.JOB_LOG  # as its batch script names it
 
 # Slurm's job states in hpctrain's words (scheduler.STATES): those it shares are its own;
 # the passing ones fold into waiting or working; any other is UNKNOWN

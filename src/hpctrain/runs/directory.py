@@ -6,7 +6,8 @@
                         metrics.jsonl  one JSON object per logging interval and evaluation
                         summary.json   the end-of-run figures
                         checkpoints/   step_NNNNNNNN/ folders, each with meta.json
-                        tb/  profile/  report.html  job.sbatch  job.json  slurm-JOB.out
+                        tb/  profile/  report.html  job.sbatch  job.json  (the jobs' logs,
+                        named by their scheduler: cluster/scheduler.py's JOB_LOG)
                         wandb/         W&B's own folder (tracking.sinks=[wandb])
                         hang/          the latest hang: each rank's stacks and view, the verdict
                         progress.json  rank 0's last beat: step and time, every second
@@ -49,7 +50,6 @@ JOB_RECORD = "job.json"
 MEMORY_PREDICTION = "{recipe}-memory.json"  # hpctrain memory --out RUN_DIR writes it there
 AUTOTUNE = "autotune"  # a job submitted with --autotune: its trials, in the run directory
 TUNED_RECIPE = "tuned.yaml"  # in autotune's folder: the pick, as a recipe to train
-JOB_LOG = "slurm-{job}.{stream}"  # stream: out | err; job: the id, or Slurm's %j / %A_%a
 CHECKPOINT_META = "meta.json"  # inside each checkpoint folder, written last
 # beside it: what a LightningModule's on_save_checkpoint added (tensors and plain values)
 CHECKPOINT_MODULE_STATE = "module.pt"
@@ -217,12 +217,15 @@ class RunDir:
     def job_record(self) -> Path:
         return self.path / JOB_RECORD
 
-    def job_log(self, job_id: str, err: bool = False) -> Path:
-        return self.path / JOB_LOG.format(job=job_id, stream="err" if err else "out")
+    def job_log(self, name: str, job_id: str, err: bool = False) -> Path:
+        """A job's log, by its scheduler's log `name` (its `JOB_LOG`)."""
+        return self.path / name.format(job=job_id, stream="err" if err else "out")
 
-    def job_logs(self) -> list[Path]:
-        """Every job log in the folder (all jobs of a chain, both streams)."""
-        return sorted(self.path.glob(JOB_LOG.format(job="*", stream="*")))
+    def job_logs(self, names: tuple[str, ...]) -> list[Path]:
+        """Every job log in the folder named as one of `names` (every scheduler's log name):
+        all jobs of a chain, both streams."""
+        return sorted({path for name in names
+                       for path in self.path.glob(name.format(job="*", stream="*"))})
 
     def read_metrics(self) -> tuple[list[dict], int, str | None]:
         """metrics.jsonl's records; how many lines were not records (cut by a crash, or
