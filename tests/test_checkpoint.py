@@ -12,12 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from training_state import assert_same_training_state, final_state
+
 from hpctrain.cluster.environment import detect
 from hpctrain.errors import OutputError
 from hpctrain.parallel.processes import Distributed
 from hpctrain.runs.directory import list_checkpoints
 from hpctrain.train.checkpoints import checkpoint as ckpt
-from hpctrain.train.checkpoints.checkpoint import Checkpointer, read_checkpoint
+from hpctrain.train.checkpoints.checkpoint import Checkpointer
 
 DETERMINISTIC = ("deterministic=true", "train.epochs=10", "checkpoint.every_steps=5",
                  "checkpoint.keep_last=30", "data.num_workers=1", "optim.ema.enabled=true")
@@ -75,24 +77,6 @@ def test_loading_refuses_arbitrary_objects(tmp_path):
     torch.save({"evil": print}, tmp_path / "step_00000001" / "rng_rank0.pt")
     with pytest.raises(Exception, match="[Ww]eights only"):
         saver.load(tmp_path / "step_00000001", {"w": torch.zeros(1)})
-
-
-def final_state(run_dir):
-    return read_checkpoint(list_checkpoints(run_dir / "checkpoints")[-1])
-
-
-def assert_same_training_state(a, b):
-    assert a["meta"]["step"] == b["meta"]["step"]
-    for part in ("model", "ema"):
-        assert a[part].keys() == b[part].keys()
-        for key in a[part]:
-            assert torch.equal(a[part][key], b[part][key]), f"{part}.{key} differs"
-    # the optimiser's state keyed by parameter name: "state.<parameter>.momentum_buffer"
-    buffers = [key for key in a["optim"] if key.endswith(".momentum_buffer")]
-    assert buffers and a["optim"].keys() == b["optim"].keys()
-    for key in buffers:
-        assert torch.equal(a["optim"][key], b["optim"][key]), f"optim.{key} differs"
-    assert a["meta"]["scheduler"]["last_epoch"] == b["meta"]["scheduler"]["last_epoch"]
 
 
 def test_resume_from_a_mid_epoch_checkpoint_ends_bitwise_equal(tmp_path, run_cli, tiny):

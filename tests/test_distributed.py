@@ -8,13 +8,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch.distributed.checkpoint as dcp
 
 from conftest import write_image_folder
+from launching import launch, records, run_ok, wait_for_step, worker_pid
 from hpctrain.data.images.image_packing import PackOptions, pack
 from hpctrain.data.sampling import EpochSampler
 from hpctrain.models.small import tiny_cnn
@@ -38,29 +38,6 @@ def common(tmp_path_factory, shapes_cache):
         "precision=fp32", "optim.lr=0.05", "train.max_steps=20", "train.eval_every_epochs=1",
         "train.global_batch_size=32",
     ]
-
-
-def launch(nproc: int, overrides: list[str], timeout: float = 240,
-           recipe: str = "default") -> subprocess.CompletedProcess:
-    if nproc == 1:
-        command = [sys.executable, "-m", "hpctrain", "run", recipe, *overrides]
-    else:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   f"--nproc-per-node={nproc}", "-m", "hpctrain", "run", recipe, *overrides]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-
-
-def run_ok(nproc, overrides) -> Path:
-    done = launch(nproc, overrides)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    name = next(o.split("=", 1)[1] for o in overrides if o.startswith("run_name="))
-    return Path(next(o.split("=", 1)[1] for o in overrides if o.startswith("output_dir="))) / name
-
-
-def records(run: Path, kind: str) -> list[dict]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if r["kind"] == kind]
 
 
 def weights(checkpoint: Path) -> dict:
@@ -196,37 +173,6 @@ def test_a_global_batch_that_does_not_divide_fails_before_starting(common):
     assert done.returncode != 0
     assert "does not divide among 3 process(es)" in done.stderr + done.stdout
     assert "Traceback" not in done.stderr.split("does not divide")[0][-2000:]
-
-
-def children(pid: int) -> list[int]:
-    text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    return [int(c) for c in text.split()]
-
-
-def worker_pid(agent: int, rank: int, timeout: float = 60) -> int:
-    """The pid of torchrun's worker with RANK=rank."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for pid in children(agent):
-            try:
-                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if f"RANK={rank}".encode() in environ:
-                return pid
-        time.sleep(0.05)
-    raise AssertionError(f"no worker with RANK={rank}")
-
-
-def wait_for_step(run: Path, step: int, process: subprocess.Popen, timeout: float = 120):
-    deadline = time.monotonic() + timeout
-    metrics = run / "metrics.jsonl"
-    while time.monotonic() < deadline:
-        assert process.poll() is None, "the run ended before it was signalled"
-        if metrics.exists() and any(r["step"] >= step for r in records(run, "train")):
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"step {step} never logged")
 
 
 def test_a_signal_to_one_rank_saves_on_every_rank_and_resumes_exactly(common):

@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 import yaml
 from PIL import Image
-from test_distributed import launch
-from test_preemption import wait_for
+from launching import launch, wait_for
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

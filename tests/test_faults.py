@@ -552,7 +552,7 @@ def test_kill_9_at_random_moments_then_resume_ends_like_an_undisturbed_run(world
     """SIGKILL lands anywhere: in a step, in a save (a checkpoint every step), in a rename.
     After each, the newest checkpoint is whole, resume=auto continues, and the run that was
     killed again and again ends bitwise equal to one that never was."""
-    from test_checkpoint import assert_same_training_state, final_state
+    from training_state import assert_same_training_state, final_state
 
     from hpctrain.runs.directory import list_checkpoints
     from hpctrain.train.checkpoints.safe_checkpoint import problem

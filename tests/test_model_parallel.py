@@ -21,8 +21,8 @@ import pytest
 from hpctrain.cli import main
 from hpctrain.runs.directory import list_checkpoints
 from hpctrain.train.checkpoints.checkpoint import read_checkpoint
-from test_distributed import launch, records, wait_for_step, worker_pid
-from test_distributed import run_ok as run_ok_default
+from launching import launch, records, wait_for_step, worker_pid
+from launching import run_ok as run_ok_default
 
 pytestmark = pytest.mark.distributed
 

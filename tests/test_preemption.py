@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from launching import start_run, wait_for
+
 from hpctrain.cluster.environment import detect
 from hpctrain.config import load_config
 from hpctrain.errors import ConfigError
@@ -75,20 +77,6 @@ def test_the_deadline_saves_and_exits_with_the_requeue_status(tmp_path, run_cli,
         "preemption.deadline=null"))
     assert code == 0 and "resuming" in out
     assert json.loads((run / "summary.json").read_text())["restarts"] == 1
-
-
-def start_run(tiny, *extra: str) -> subprocess.Popen:
-    """`hpctrain run` in a process group of its own (its DataLoader workers in it too)."""
-    return subprocess.Popen([sys.executable, "-m", "hpctrain", "run", "default", *tiny(*extra)],
-                            start_new_session=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-
-
-def wait_for(condition, process, timeout=120):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert process.poll() is None and time.monotonic() < deadline
-        time.sleep(0.01)
 
 
 @pytest.mark.parametrize("stop, loader", [("SIGTERM", "buffers"), ("SIGUSR1", "buffers"),

@@ -136,7 +136,7 @@ def test_a_loader_worker_that_dies_is_one_line_and_its_exit_code_and_the_run_sav
         tmp_path, tiny, loader):
     """Before: torch's loader raised its RuntimeError as a traceback (exit 1), the batch
     buffers a DataError (exit 2, 'bad input'), and nothing was saved."""
-    from test_preemption import start_run, wait_for
+    from launching import start_run, wait_for
 
     run = tmp_path / "runs" / "dying"
     process = start_run(tiny, "data.num_workers=2", "train.max_steps=100000",
@@ -164,7 +164,7 @@ def test_a_loader_worker_that_dies_is_one_line_and_its_exit_code_and_the_run_sav
 def test_stop_signals_after_the_summary_is_written_leave_exit_0(tmp_path, tiny):
     """The run is done once summary.json says so: signals while the process ends (report,
     trackers, the interpreter's exit) changed its status to death by signal."""
-    from test_preemption import start_run
+    from launching import start_run
 
     summary = tmp_path / "runs" / "done" / "summary.json"
     process = start_run(tiny, "train.max_steps=6", "run_name=done")
@@ -217,7 +217,7 @@ def test_every_job_of_a_chain_counts_also_one_stopped_during_start_up(tmp_path, 
     """Three jobs: stopped mid-run, stopped during start-up (it saves nothing), finished.
     Before: the second vanished from the figures (its seconds and its restart), and the
     summary disagreed with the number of starts."""
-    from test_preemption import start_run, wait_for
+    from launching import start_run, wait_for
 
     run = tmp_path / "runs" / "chain"
     args = ("run_name=chain", "resume=auto", "train.max_steps=150", "train.log_every=5",

@@ -1,0 +1,78 @@
+"""Runs in processes of their own, as the tests start and watch them: `hpctrain run` alone or
+under torchrun, its records read back, a torchrun worker found by its rank, a step waited
+for."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def launch(nproc: int, overrides: list[str], timeout: float = 240,
+           recipe: str = "default") -> subprocess.CompletedProcess:
+    if nproc == 1:
+        command = [sys.executable, "-m", "hpctrain", "run", recipe, *overrides]
+    else:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   f"--nproc-per-node={nproc}", "-m", "hpctrain", "run", recipe, *overrides]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def run_ok(nproc, overrides) -> Path:
+    done = launch(nproc, overrides)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    name = next(o.split("=", 1)[1] for o in overrides if o.startswith("run_name="))
+    return Path(next(o.split("=", 1)[1] for o in overrides if o.startswith("output_dir="))) / name
+
+
+def records(run: Path, kind: str) -> list[dict]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if r["kind"] == kind]
+
+
+def children(pid: int) -> list[int]:
+    text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    return [int(c) for c in text.split()]
+
+
+def worker_pid(agent: int, rank: int, timeout: float = 60) -> int:
+    """The pid of torchrun's worker with RANK=rank."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for pid in children(agent):
+            try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if f"RANK={rank}".encode() in environ:
+                return pid
+        time.sleep(0.05)
+    raise AssertionError(f"no worker with RANK={rank}")
+
+
+def wait_for_step(run: Path, step: int, process: subprocess.Popen, timeout: float = 120):
+    deadline = time.monotonic() + timeout
+    metrics = run / "metrics.jsonl"
+    while time.monotonic() < deadline:
+        assert process.poll() is None, "the run ended before it was signalled"
+        if metrics.exists() and any(r["step"] >= step for r in records(run, "train")):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"step {step} never logged")
+
+
+def start_run(tiny, *extra: str) -> subprocess.Popen:
+    """`hpctrain run` in a process group of its own (its DataLoader workers in it too)."""
+    return subprocess.Popen([sys.executable, "-m", "hpctrain", "run", "default", *tiny(*extra)],
+                            start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(condition, process, timeout=120):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert process.poll() is None and time.monotonic() < deadline
+        time.sleep(0.01)
