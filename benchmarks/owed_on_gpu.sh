@@ -59,7 +59,7 @@ step autotune-gpt124m 140 hpctrain autotune tiny-lm model.name=hpctrain:gpt_124m
   --dir /tmp/autotune/gpt
 for name in r50 gpt; do cp "/tmp/autotune/$name/autotune.json" "$OUT/autotune-$name.json" \
   2>/dev/null; done
-step gpu-tests 150 "$PY" -m pytest -m gpu -q -p no:cacheprovider -ra --tb=short tests/test_gpu.py
+step gpu-tests 150 "$PY" -m pytest -m gpu -q -p no:cacheprovider -ra --tb=short tests/gpu/test_gpu.py
 step lm-124m 100 "$PY" benchmarks/lm_overhead.py --model hpctrain:gpt_124m --seq-len 1024 \
   --batch-size 16 --precision bf16 --compile true --rounds 2 --steps 20
 step lightning 120 "$PY" benchmarks/lightning_step.py --model torchvision:resnet50 \

@@ -222,3 +222,55 @@ def slurm_preemption_cluster(tmp_path_factory, monkeypatch):
     yield from _one_test_cluster(tmp_path_factory.mktemp("slurm-preemption"), monkeypatch,
                                  name="preempting", nodes=("p1", "p2"), port=17017,
                                  preemption=True)
+
+
+@pytest.fixture
+def fleet(tmp_path) -> Path:
+    """Five runs whose usage and race the runs-index tests compute by hand (run_fleet.py)."""
+    from run_fleet import write_fleet
+
+    return write_fleet(tmp_path / "runs")
+
+
+@pytest.fixture
+def private_state(tmp_path, monkeypatch):
+    """No output directories remembered but those a test names (other tests' runs stay out)."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request, tmp_path):
+    """A fresh, empty index: an SQLite file, or a new database on the session's server."""
+    if request.param == "sqlite":
+        return str(tmp_path / "index.sqlite")
+    import psycopg
+
+    server = request.getfixturevalue("postgres")
+    name = f"t{os.getpid()}_{abs(hash(tmp_path)) % 10**8}"
+    with psycopg.connect(server.url, autocommit=True) as connection:
+        connection.execute(f"CREATE DATABASE {name}")
+    return server.url.rsplit("/", 1)[0] + f"/{name}"
+
+
+@pytest.fixture
+def forget_user_modules(tmp_path):
+    """Each test's files are fresh modules: undo the imports from tmp_path, and the sys.path
+    entries, that it added."""
+    path = list(sys.path)
+    yield
+    for name, module in list(sys.modules.items()):
+        if str(getattr(module, "__file__", None) or "").startswith(str(tmp_path)):
+            del sys.modules[name]
+    sys.path[:] = path
+
+
+@pytest.fixture
+def nvml(monkeypatch):
+    """install(**options): the simulated NVML (fake_nvml.py) as pynvml, for this test."""
+    from fake_nvml import fake_nvml
+
+    def install(**options):
+        module = fake_nvml(**options)
+        monkeypatch.setitem(sys.modules, "pynvml", module)
+        return module
+    return install

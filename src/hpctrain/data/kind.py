@@ -17,7 +17,7 @@ data/loader.py, reads them):
   samples written straight into shared batch buffers;
 - it pickles (loader workers may start from a forkserver: data/worker_start.py) and reads
   its files in the workers, not when made, where they are large.
-`tests/test_data_kinds.py` holds every registered kind's datasets to it.
+`tests/unit/test_data_kinds.py` holds every registered kind's datasets to it.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ CURVES = [
     ("loss", "train loss", "train", "loss"),
     ("loss", "validation loss", "eval", "val_loss"),
     *((c.panel, c.label, c.kind, c.key) for c in task_curves()),  # each task's own (a key
-    # every run has, val_loss, is drawn once: tests/test_report.py checks)
+    # every run has, val_loss, is drawn once: tests/*/test_report.py checks)
     ("learning rate", "learning rate", "train", "lr"),
     ("throughput (samples/s)", "samples/s", "train", "samples_per_second"),
     ("data wait (share of step time)", "data wait", "train", "data_wait_fraction"),

@@ -1,0 +1,39 @@
+"""`hpctrain autotune`: the tests that need no training run, no process and no server (the
+others are tests/runs/test_autotune.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hpctrain.config import load_config
+
+
+def test_the_choices_on_this_cpu_keep_the_global_batch_what_you_fix_and_your_loader(
+        tmp_path, tiny_config, run_cli, capsys):
+    from hpctrain.autotune.knobs import space_of
+
+    space = space_of(tiny_config("train.global_batch_size=64"), {})
+    precision = space.knob("precision")
+    assert [c.label for c in precision.choices] == ["fp32 (recipe)", "bf16"]
+    assert precision.numerics and "fp16" in precision.note
+    micro = space.knob("micro-batch")
+    assert [c.label for c in micro.choices] == ["64 x 1 (recipe)", "32 x 2", "16 x 4", "8 x 8"]
+    assert all(dict(c.settings)["train.global_batch_size"] == 64 for c in micro.choices[1:])
+    fixed = space_of(tiny_config("precision=bf16"), {"precision": "bf16"})
+    assert fixed.knob("precision") is None and "precision: kept as given" in fixed.notes[0]
+    code, _, err = run_cli("autotune", "default", "--fix", "train.nonsense", "--dir",
+                           str(tmp_path / "t"))
+    assert code == 2 and "train.nonsense is no setting of the recipe" in err
+    with pytest.raises(SystemExit) as refused:  # argparse's own one line
+        run_cli("autotune", "default", "--budget", "ten")
+    assert refused.value.code == 2
+    assert "'ten' is not a duration: give 90s, 10m or 2h" in capsys.readouterr().err
+    tests = Path(__file__).parent.parent
+    yours = load_config(None, [f"model.name={tests / 'fixtures' / 'lit_classifier.py'}"
+                               ":LitClassifier",
+                               f"data.dataset={tests / 'fixtures' / 'lit_classifier.py'}:blob_loaders"])
+    kept = space_of(yours, {})
+    assert kept.knob("workers") is None and kept.knob("micro-batch") is None
+    assert "micro-batch: your DataLoader's batch size is kept" in kept.notes
