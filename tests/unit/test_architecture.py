@@ -177,6 +177,22 @@ def test_jobs_are_named_in_the_scheduler_s_words(tmp_path):
         ["slurm-17.err", "slurm-17.out"]
 
 
+def test_the_batch_script_s_body_is_in_no_scheduler_s_words():
+    """The body every scheduler's script shares (cluster/batch_script.py) says nothing in a
+    scheduler's words: those come in its ScriptWords, so a second scheduler writes its
+    directives and its words, not a copy of the body. Its code is read (its strings and
+    names), not its docstrings, which give Slurm's words as examples."""
+    tree = ast.parse(sources()["cluster/batch_script.py"])
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)}
+    said = [node.value for node in ast.walk(tree) if isinstance(node, ast.Constant)
+            and isinstance(node.value, str) and id(node) not in docstrings]
+    said += [node.id for node in ast.walk(tree) if isinstance(node, ast.Name)]
+    words = re.compile(r"SLURM|SBATCH|srun|sbatch|scancel|scontrol|squeue|sacct|Slurm")
+    assert said and not [text for text in said if words.search(text)]
+
+
 def test_the_scheduler_is_found_from_the_job_it_runs_in():
     assert scheduler.in_job({"SLURM_JOB_ID": "7"}) and not scheduler.in_job({})
     assert scheduler.current({}).NAME == "slurm"  # the one hpctrain submits to
