@@ -170,11 +170,10 @@ def cmd_report(args) -> int:
 
 
 def _watched(args):
-    """(run directory, Slurm job or None) that RUN|JOB names."""
+    """(run directory, the job or None) that RUN|JOB names."""
     from hpctrain.cluster.jobs import Job, is_job_id
 
     if is_job_id(args.run) and not Path(args.run).is_dir():
-
         job = Job(args.run)
         if job.run_dir is None:
             raise ConfigError(f"job {args.run}: not in the job ledger (not submitted with "
@@ -183,11 +182,12 @@ def _watched(args):
     return run_folder(args.run, args.db), None
 
 
-def _watch_view(shot) -> str:
+def _watch_view(shot, scheduler: str) -> str:
+    """The reading as text; `scheduler`: the name the job's state is said in ("Slurm")."""
     done = f"step {shot.step}" + (f"/{shot.total_steps}" if shot.total_steps else "")
     eta = f", ETA {shot.eta_seconds / 60:,.1f} min" if shot.eta_seconds is not None else ""
     lines = [f"{shot.run_dir}",
-             f"  {shot.status}" + (f" (Slurm: {shot.slurm_state})" if shot.slurm_state else "")
+             f"  {shot.status}" + (f" ({scheduler}: {shot.slurm_state})" if shot.slurm_state else "")
              + f", {done}{eta}" + (f", last record {shot.age_seconds:,.0f} s ago"
                                    if shot.age_seconds is not None else "")]
     if shot.loss is not None:
@@ -233,18 +233,21 @@ def cmd_watch(args) -> int:
                 shot.status = "failed"  # the job is over, the run never wrote its end
         return shot
 
+    from hpctrain.cluster.jobs import scheduler_of
+
+    title = scheduler_of().TITLE if job is not None else ""  # a run's folder asks none
     shot = look()
     if args.once or args.json or shot.ended:
-        print(json.dumps(asdict(shot), indent=2) if args.json else _watch_view(shot))
+        print(json.dumps(asdict(shot), indent=2) if args.json else _watch_view(shot, title))
         return 0
     from rich.live import Live
 
-    with Live(_watch_view(shot), refresh_per_second=1) as live:
+    with Live(_watch_view(shot, title), refresh_per_second=1) as live:
         try:
             while not shot.ended:
                 time.sleep(args.every)
                 shot = look()
-                live.update(_watch_view(shot))
+                live.update(_watch_view(shot, title))
         except KeyboardInterrupt:
             pass
     return 0

@@ -26,6 +26,7 @@ class Scheduler(Protocol):
     """What hpctrain asks a scheduler (each a module-level name of its module)."""
 
     NAME: str
+    TITLE: str  # its name in what hpctrain prints ("Slurm")
     SCRATCH_VARIABLE: str  # the job's node-local folder, where the site sets one
     LAUNCHER: tuple[str, ...]  # inside a job: the command that starts a step's tasks
     SCRIPT_OPTION: str  # the command-line option that adds one line to its batch script

@@ -27,6 +27,7 @@ from hpctrain.cluster.sbatch import render
 from hpctrain.errors import ConfigError
 
 NAME = "slurm"
+TITLE = "Slurm"
 SCRATCH_VARIABLE = "SLURM_TMPDIR"  # the job's node-local folder, where the site sets one
 LAUNCHER = ("srun",)
 SCRIPT_OPTION = "--extra-sbatch"
