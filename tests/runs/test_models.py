@@ -14,7 +14,7 @@ def test_a_run_that_feeds_a_fixed_size_model_several_sizes_is_exit_2(run_cli, ti
 
 
 POINT_CLOUD_FACTORY = '''
-from hpctrain.models.pointnet import pointnet_small
+from hpctrain.data.points.pointnet import pointnet_small
 
 
 def forty(width=0.125):

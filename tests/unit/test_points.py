@@ -17,7 +17,7 @@ from hpctrain.data.points import shapes3d
 from hpctrain.data.points.modelnet import read_modelnet, read_off
 from hpctrain.data.points.clouds import sample_on_faces
 from hpctrain.tasks.point_cloud_classification import perturb
-from hpctrain.models.pointnet import orthogonality, pointnet, pointnet_small
+from hpctrain.data.points.pointnet import orthogonality, pointnet, pointnet_small
 from point_files import CUBE_OFF, POINT_RUN, points_cache, write_off_folders
 
 
@@ -87,7 +87,7 @@ def test_pointnet_s_pooling_gives_the_gradients_amax_gives(monkeypatch, copies):
     dropout copied one point over half the cloud (the copies tie)."""
     import copy
 
-    import hpctrain.models.pointnet as module
+    import hpctrain.data.points.pointnet as module
 
     torch.manual_seed(0)
     model = pointnet_small(num_classes=10)

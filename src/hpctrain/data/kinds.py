@@ -38,3 +38,8 @@ def sections() -> dict[str, type]:
 def for_models() -> dict[str, DataKind]:
     """hpctrain's models made for one kind only -> that kind."""
     return {model: kind for kind in KINDS.values() for model in kind.models}
+
+
+def own_models() -> dict:
+    """hpctrain's models made for one kind only, name -> factory (each kind's `models`)."""
+    return {name: make for kind in KINDS.values() for name, make in kind.models.items()}

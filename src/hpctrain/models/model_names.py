@@ -19,13 +19,12 @@ from torch import nn
 from hpctrain import user_code
 from hpctrain.data import kinds
 from hpctrain.errors import ConfigError, UserError
-from hpctrain.models import gpt, huggingface, pointnet, sizing, small
+from hpctrain.models import gpt, huggingface, sizing, small
 from hpctrain.models import pretrained as weights
 from hpctrain.models.vit_attention import split_fused_attention
 
 BUILTIN = {"resnet_small": small.resnet_small, "tiny_cnn": small.tiny_cnn,
-           "pointnet": pointnet.pointnet, "pointnet_small": pointnet.pointnet_small,
-           **gpt.named_sizes()}
+           **gpt.named_sizes(), **kinds.own_models()}  # and each data kind's own
 
 
 def _unknown(source: str, name: str, known: list[str]) -> ConfigError:
