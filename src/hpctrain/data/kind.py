@@ -49,9 +49,10 @@ class DataKind:
       (`data.tokens`, `data.points`, ...), in the order the data section lists them;
     - `samples_word`: its samples in messages ("point clouds"); `model_hint`: the models
       that take them, said when the model named does not;
-    - `models`: hpctrain's models made for this kind only, name -> factory(num_classes,
-      **kwargs) (`hpctrain:NAME`; imported when called: `own_model`), which the model factory
-      refuses on other data; `model_word` what they are in messages ("a point-cloud model");
+    - `models`: hpctrain's models made for this kind only, `hpctrain:NAME` -> where its
+      factory is, "package.module:function" (imported when the model is made: it needs
+      torch), which the model factory refuses on other data; `model_word` what they are in
+      messages ("a point-cloud model");
       `only_its_models`: no other model takes it;
     - `vocabulary`: its samples are token ids, the model's output is a vocabulary (a
       language model), and the model is checked against that vocabulary when built;
@@ -96,7 +97,7 @@ class DataKind:
     datasets: tuple[str, ...] = ()
     needs_path: tuple[str, ...] = ()
     settings: dict[str, type] = field(default_factory=dict)
-    models: dict[str, Callable] = field(default_factory=dict)
+    models: dict[str, str] = field(default_factory=dict)
     model_word: str = ""
     only_its_models: bool = False
     vocabulary: bool = False
@@ -135,16 +136,6 @@ def own_check(name: str):
 
         return getattr(user_datasets, name)(*args)
     return check
-
-
-def own_model(module: str, name: str) -> Callable:
-    """A model of a kind's own (`DataKind.models`): `name` of its module (data/KIND/...),
-    imported when the model is made."""
-    def make(*args, **kwargs):
-        import importlib
-
-        return getattr(importlib.import_module(module), name)(*args, **kwargs)
-    return make
 
 
 def moving_batcher(device, data, channels_last: bool):

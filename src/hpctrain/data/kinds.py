@@ -40,6 +40,7 @@ def for_models() -> dict[str, DataKind]:
     return {model: kind for kind in KINDS.values() for model in kind.models}
 
 
-def own_models() -> dict:
-    """hpctrain's models made for one kind only, name -> factory (each kind's `models`)."""
+def own_models() -> dict[str, str]:
+    """hpctrain's models made for one kind only, name -> where its factory is
+    ("package.module:function": each kind's `models`)."""
     return {name: make for kind in KINDS.values() for name, make in kind.models.items()}

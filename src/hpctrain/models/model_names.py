@@ -12,6 +12,7 @@ tensor parallelism needs.
 from __future__ import annotations
 
 import difflib
+import importlib
 
 import torch
 from torch import nn
@@ -147,6 +148,15 @@ def build_model(name: str, num_classes: int | None, kwargs: dict | None = None,
     return made()
 
 
+def _factory(made_by):
+    """A model factory of hpctrain's, imported where a data kind names it by where it is
+    ("package.module:function")."""
+    if isinstance(made_by, str):
+        module, _, function = made_by.partition(":")
+        return getattr(importlib.import_module(module), function)
+    return made_by
+
+
 def _library_model(name: str, source: str, model_name: str, num_classes: int | None,
                    kwargs: dict, vocab_size: int | None, image_sizes: tuple[int, ...],
                    pretrained: bool) -> nn.Module:
@@ -155,7 +165,7 @@ def _library_model(name: str, source: str, model_name: str, num_classes: int | N
         if source == "hpctrain":
             if model_name not in BUILTIN:
                 raise _unknown(source, model_name, list(BUILTIN))
-            factory = BUILTIN[model_name]
+            factory = _factory(BUILTIN[model_name])
             facts = user_code.facts_taken(factory, {"num_classes": num_classes,
                                                     "vocab_size": vocab_size})
             if vocab_size is not None and "vocab_size" not in facts:

@@ -4,7 +4,7 @@ asked through `SPEC`."""
 
 from __future__ import annotations
 
-from hpctrain.data.kind import DataKind, moving_batcher, own_check, own_model
+from hpctrain.data.kind import DataKind, moving_batcher, own_check
 from hpctrain.data.points.settings import PointsConfig, Shapes3dConfig
 
 ASSUMED_CLASSES = 40  # ModelNet40's: what memory assumes of clouds it cannot read
@@ -47,7 +47,7 @@ SPEC = DataKind(
     unit=lambda data: "cloud", batcher=moving_batcher,
     datasets=("shapes3d", "modelnet"), needs_path=("modelnet",),
     settings={"points": PointsConfig, "shapes3d": Shapes3dConfig},
-    models={name: own_model("hpctrain.data.points.pointnet", name)
+    models={name: f"hpctrain.data.points.pointnet:{name}"
             for name in ("pointnet", "pointnet_small")}, model_word="a point-cloud model",
     only_its_models=True, datasets_of=_datasets_of,
     sample_shape=lambda data: (data.points.num_points, 3), width=_width,
