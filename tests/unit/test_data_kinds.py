@@ -54,3 +54,21 @@ def test_a_kind_s_built_in_datasets_honour_the_dataset_contract(kind_name, datas
     assert batch is not None
     assert val[kind.sample_key(data, 0)] is not None
     assert not_shippable([train, val]) is None  # what a forkserver's workers are handed
+
+
+OWN_MODELS = [(kind.name, name) for kind in kinds.KINDS.values() for name in kind.models]
+
+
+@pytest.mark.parametrize("kind_name,model", OWN_MODELS)
+def test_a_kind_s_own_models_are_made_for_the_data_s_classes(kind_name, model):
+    """A kind names its own models by where they are (`hpctrain:NAME`); each is made with
+    the data's classes (a wrapper that hid the factory's signature once made PointNet with
+    its default 40)."""
+    import torch
+    from torch import nn
+
+    from hpctrain.models.model_names import build_model
+
+    with torch.device("meta"):
+        made = build_model(f"hpctrain:{model}", 7, {}, kind=kind_name)
+    assert [m.out_features for m in made.modules() if isinstance(m, nn.Linear)][-1] == 7
