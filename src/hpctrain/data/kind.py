@@ -8,11 +8,11 @@ needs torch (its datasets, its device batcher) is imported by those functions wh
 The contract a kind's built-in datasets honour (`datasets_of` makes them; the loader,
 data/loader.py, reads them):
 - `len(dataset)`: its samples;
-- `dataset[key]` with a `data.sampling.SampleKey` (index, epoch, size), not an int: the
-  sample `index`, drawn for `epoch` (an augmentation seeded by it) at `size` (the kind's
-  `key_size` for that epoch; 0 where samples have one size), as (inputs, target) that the
-  kind's `collate` (None: stacking) makes a batch of; the validation set is indexed by the
-  kind's `sample_key(data, index)`;
+- `dataset[key]` with a `SampleKey` (index, epoch, size), not an int: the sample `index`,
+  drawn for `epoch` (an augmentation seeded by it) at `size` (the kind's `key_size` for that
+  epoch; 0 where samples have one size), as (inputs, target) that the kind's `collate`
+  (None: stacking) makes a batch of; the validation set alike, at epoch 0 and validation's
+  size (`sample_key`); datasets of your own (data.dataset=file.py:make) are indexed by int;
 - optionally `row_layout(size)` and `render_rows(keys, rows)` (data/batch_buffers.py): the
   samples written straight into shared batch buffers;
 - it pickles (loader workers may start from a forkserver: data/worker_start.py) and reads
@@ -24,10 +24,27 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 # samples a built-in dataset may make (ImageNet has 1.3 M): more is refused before any work,
 # where 10^12 was a MemoryError after a temporary folder was left in the cache
 MOST_SAMPLES = 10_000_000
+
+
+class SampleKey(NamedTuple):
+    """What a kind's datasets are indexed by (data/sampling.py's sampler yields them)."""
+
+    index: int
+    epoch: int
+    size: int
+
+
+def _sample_key(data, index: int):
+    """A validation sample's key: the sampler's at epoch 0 and validation's size; your own
+    datasets' an int."""
+    if data.from_user_code:
+        return index
+    return SampleKey(index, 0, data.kind_spec.key_size(data, None))
 
 
 def _no_sizes(data) -> tuple[int, ...]:
@@ -66,7 +83,7 @@ class DataKind:
     - `collate(data)`: the batch collation its datasets need (None: stacking);
     - `batcher(device, data, channels_last) -> fn(inputs, targets) -> (inputs, targets)`:
       a host batch onto the device, ready for the model;
-    - `sample_key(data, index)`: what its validation dataset is indexed by;
+    - `sample_key(data, index)`: a validation sample's key (the contract above);
     - `key_size(data, epoch)`: the size the sampler's keys carry in `epoch` (None:
       validation), `SampleKey.size`: the image side for images, which grows under
       progressive resizing; 0 for kinds whose samples have one size;
@@ -106,7 +123,7 @@ class DataKind:
     datasets_of: Callable | None = None
     loaders: Callable = _nothing
     collate: Callable = _nothing
-    sample_key: Callable = lambda data, index: index
+    sample_key: Callable = _sample_key
     key_size: Callable[[object, int | None], int] = lambda data, epoch: 0
     task_facts: dict[str, Callable] = field(default_factory=dict)
     image_sizes: Callable[[object], tuple[int, ...]] = _no_sizes

@@ -16,16 +16,10 @@ which of a rank's samples are not repeats.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 from torch.utils.data import Sampler
 
-
-class SampleKey(NamedTuple):
-    index: int
-    epoch: int
-    size: int
+from hpctrain.data.kind import SampleKey
 
 
 class EpochSampler(Sampler[SampleKey]):

@@ -84,15 +84,6 @@ def _batcher(device, data, channels_last: bool):
     return DeviceBatcher(device, data.mean, data.std, channels_last)
 
 
-def _sample_key(data, index: int):
-    """Built-in image datasets are read at a size: validation's."""
-    if data.from_user_code:
-        return index
-    from hpctrain.data.sampling import SampleKey
-
-    return SampleKey(index, 0, image_size_for_epoch(data, None))
-
-
 SPEC = DataKind(
     name="images", samples_word="images",
     model_hint="an image model (hpctrain:resnet_small, timm:NAME, torchvision:NAME)",
@@ -101,7 +92,7 @@ SPEC = DataKind(
     needs_path=("imagefolder", "shards"),
     settings={"augment": AugmentConfig, "progressive": ProgressiveConfig,
               "shapes": ShapesConfig, "synthetic": SyntheticConfig},
-    channels_first=True, datasets_of=_datasets_of, collate=_collate, sample_key=_sample_key,
+    channels_first=True, datasets_of=_datasets_of, collate=_collate,
     key_size=image_size_for_epoch,
     image_sizes=image_sizes, sample_shape=_sample_shape, width=_width,
     smaller_sample=_smaller_sample, stand_in=_stand_in,
