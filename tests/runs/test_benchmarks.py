@@ -12,7 +12,7 @@ import pytest
 
 from conftest import write_image_folder
 
-BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
+BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
 TINY_IMAGES = ["--model", "hpctrain:tiny_cnn", "--image-size", "16"]
 
 # script, tiny arguments, lines the printed table must hold (regular expressions)
