@@ -28,8 +28,9 @@ def run_ok(nproc, overrides) -> Path:
     return Path(next(o.split("=", 1)[1] for o in overrides if o.startswith("output_dir="))) / name
 
 
-def records(run: Path, kind: str) -> list[dict]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+def records(run: str | Path, kind: str) -> list[dict]:
+    """The run's metrics.jsonl records of this kind ("train", "eval", ...)."""
+    rows = [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
     return [r for r in rows if r["kind"] == kind]
 
 
