@@ -63,6 +63,33 @@ def test_a_failed_write_never_replaces_a_good_checkpoint(tmp_path, monkeypatch):
     assert state["w"].item() == 1
 
 
+def test_a_ctrl_c_in_the_middle_of_a_write_stays_an_interrupt(tmp_path, monkeypatch):
+    """torch's zip writer, interrupted by Ctrl-C, raises its own RuntimeError over the
+    KeyboardInterrupt ("unexpected pos 642 vs 598"), which DCP wraps: the run reported an
+    internal error instead of exit 130 (a full suite's Ctrl-C at 3.0 s of start-up met a
+    save). The interrupt comes through; the half-written folder goes."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    saver = checkpointer(tmp_path)
+    saver.save(1, {"w": torch.tensor([1.0])}, {})
+
+    def interrupted(state, checkpoint_id, process_group):
+        (Path(checkpoint_id) / "__0_0.distcp").write_bytes(b"half a shard")
+        try:
+            try:
+                raise KeyboardInterrupt
+            except KeyboardInterrupt:
+                raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected "
+                                   "pos 642 vs 598")
+        except RuntimeError as err:
+            raise CheckpointException("save", {0: (err, None)})
+    monkeypatch.setattr(ckpt.dcp, "save", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        saver.save(2, {"w": torch.tensor([2.0])}, {})
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000001"]
+    assert not list(tmp_path.glob(".*partial"))
+
+
 def test_loading_refuses_arbitrary_objects(tmp_path):
     saver = checkpointer(tmp_path)
     saver.save(1, {"w": torch.tensor([1.0])}, {})

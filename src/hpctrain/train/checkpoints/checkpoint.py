@@ -60,6 +60,17 @@ def first_failure(err: CheckpointException) -> BaseException:
     return failures[min(failures)][0] if failures else err
 
 
+def _interrupted(err: BaseException) -> bool:
+    """A KeyboardInterrupt is `err` or what it was raised over."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, KeyboardInterrupt):
+            return True
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return False
+
+
 class Checkpointer:
     """Saves and loads one run's checkpoints; at most one asynchronous save in flight. Keeps
     the last `keep_last` and those of the `protected` steps (a ModelCheckpoint's best)."""
@@ -121,11 +132,17 @@ class Checkpointer:
     @contextlib.contextmanager
     def _failing_write(self, partial: Path, final: Path):
         """Turn a failed write into an OutputError that names what is kept, after removing
-        the partial folder (which would hold the space a retry needs)."""
+        the partial folder (which would hold the space a retry needs). A Ctrl-C that landed
+        in the write stays a KeyboardInterrupt: torch's zip writer, interrupted, raises its
+        own RuntimeError over it, which the run reported as an internal error."""
         try:
             yield
         except (OSError, CheckpointException) as err:
             cause = first_failure(err) if isinstance(err, CheckpointException) else err
+            if _interrupted(cause):
+                if self.dist.is_main:
+                    shutil.rmtree(partial, ignore_errors=True)
+                raise KeyboardInterrupt from None
             if not isinstance(cause, OSError):
                 raise cause from None
             if self.dist.is_main:
