@@ -33,7 +33,8 @@ def test_the_choices_on_this_cpu_keep_the_global_batch_what_you_fix_and_your_loa
     tests = Path(__file__).parent.parent
     yours = load_config(None, [f"model.name={tests / 'fixtures' / 'lit_classifier.py'}"
                                ":LitClassifier",
-                               f"data.dataset={tests / 'fixtures' / 'lit_classifier.py'}:blob_loaders"])
+                               f"data.dataset={tests / 'fixtures' / 'lit_classifier.py'}"
+                               ":blob_loaders"])
     kept = space_of(yours, {})
     assert kept.knob("workers") is None and kept.knob("micro-batch") is None
     assert "micro-batch: your DataLoader's batch size is kept" in kept.notes

@@ -1,8 +1,8 @@
 """The command line, by verb family: run (run, config show, prefetch, recipes), jobs
 (submit, jobs, logs, cancel, status), runs (the runs index, top), views (one run read back:
-report, watch, goodput), tune (tune, scale), bench (data, node, solve) and the tools (pack, profile, memory); each family's module
-holds one `_add_VERB` (its arguments) beside each `cmd_VERB` (its handler), parsing and
-printing only. Here: the parser of them all, and `main`.
+report, watch, goodput), tune (tune, scale), bench (data, node, solve) and the tools (pack,
+profile, memory); each family's module holds one `_add_VERB` (its arguments) beside each
+`cmd_VERB` (its handler), parsing and printing only. Here: the parser of them all, and `main`.
 
 Exit codes: errors.ExitCode, shown below every verb's --help. A user mistake prints a message
 naming what, where and how to fix, never a traceback; a bug prints its traceback and exits

@@ -21,8 +21,9 @@ SUBMIT_EXAMPLE = """examples:
   hpctrain submit default --gpus 4 --time 30 --dry-run     # print the script, submit nothing
   hpctrain submit default --gpus 1 --sweep optim.lr=0.05,0.1,0.2 --sweep train.epochs=4,8
 
-The script goes to RUN_DIR/job.sbatch; logs beside it (Slurm's: slurm-JOBID.out/.err). Profiles: the
-shipped ones (generic, jean-zay-v100/-a100/-h100) and yours in ~/.config/hpctrain/clusters.yaml.
+The script goes to RUN_DIR/job.sbatch; logs beside it (Slurm's: slurm-JOBID.out/.err).
+Profiles: the shipped ones (generic, jean-zay-v100/-a100/-h100) and yours in
+~/.config/hpctrain/clusters.yaml.
 """
 
 

@@ -187,7 +187,8 @@ def _watch_view(shot, scheduler: str) -> str:
     done = f"step {shot.step}" + (f"/{shot.total_steps}" if shot.total_steps else "")
     eta = f", ETA {shot.eta_seconds / 60:,.1f} min" if shot.eta_seconds is not None else ""
     lines = [f"{shot.run_dir}",
-             f"  {shot.status}" + (f" ({scheduler}: {shot.slurm_state})" if shot.slurm_state else "")
+             f"  {shot.status}"
+             + (f" ({scheduler}: {shot.slurm_state})" if shot.slurm_state else "")
              + f", {done}{eta}" + (f", last record {shot.age_seconds:,.0f} s ago"
                                    if shot.age_seconds is not None else "")]
     if shot.loss is not None:

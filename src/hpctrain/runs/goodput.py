@@ -193,7 +193,7 @@ def _job_phases(seconds: float, split: dict, redone_seconds: float, hung: bool) 
               "evaluation": split.get("evaluation") or 0.0,
               "checkpoint": split.get("checkpoint") or 0.0, "save_dip": dip,
               "startup": split.get("startup") or 0.0, "hung": split.get("hung") or 0.0}
-    if hung and training:  # the steps redone were part of its training, with their share of each part
+    if hung and training:  # the redone steps were in its training: each part its share
         lost = min(redone_seconds, training)
         for part in ("productive", "data_wait", "save_dip"):
             phases[part] *= 1 - lost / training

@@ -178,11 +178,12 @@ def forget_lost_records(metrics: Path, step: int, saved_bytes: int | None,
         forgotten = drop_records_after(metrics, step)
     else:
         forgotten = []
-    trained = [(done, each) for done, each in filter(None, map(_train_record, forgotten))
+    records = [record for record in map(_record, forgotten) if record is not None]
+    trained = [(done, each) for done, each in filter(None, map(_train_record, records))
                if done > step]
     redone = max(trained[-1][0] - step if trained else 0, (trained_to or step) - step)
     times = [each for _, each in trained] or _kept_step_times(metrics)
-    until = max(filter(None, map(_record_time, forgotten)), default=None)
+    until = max(filter(None, map(_record_time, records)), default=None)
     if not redone:
         return 0, 0.0, until
     if not times or None in times:
@@ -203,7 +204,7 @@ def _kept_step_times(metrics: Path) -> list[float]:
             lines = handle.read(KEPT_TAIL).decode(errors="replace").splitlines()[1:]
     except OSError:
         return []
-    times = [each for _, each in filter(None, map(_train_record, lines))]
+    times = [each for _, each in filter(None, map(_train_record, map(_record, lines)))]
     return [each for each in times if each is not None][-16:]
 
 
@@ -214,13 +215,18 @@ def _lines_from(metrics: Path, offset: int) -> list[str]:
         return handle.read(CAPS[METRICS]).decode(errors="replace").splitlines()
 
 
-def _train_record(line: str) -> tuple[int, float | None] | None:
-    """(step, seconds_per_step) of a training record; None for another record, or no record."""
+def _record(line: str) -> dict | None:
+    """A metrics.jsonl line's record; None where the line holds none (cut, or damaged)."""
     try:
         record = parse_json(line)
     except ValueError:
         return None
-    if not isinstance(record, dict) or record.get("kind") != "train":
+    return record if isinstance(record, dict) else None
+
+
+def _train_record(record: dict | None) -> tuple[int, float | None] | None:
+    """(step, seconds_per_step) of a training record; None for another record, or none."""
+    if record is None or record.get("kind") != "train":
         return None
     step, seconds = record.get("step"), record.get("seconds_per_step")
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
@@ -229,13 +235,9 @@ def _train_record(line: str) -> tuple[int, float | None] | None:
         seconds, bool) and math.isfinite(seconds) and seconds >= 0 else None)
 
 
-def _record_time(line: str) -> float | None:
-    """A record's `time` (epoch seconds); None where the line holds none."""
-    try:
-        record = parse_json(line)
-    except ValueError:
-        return None
-    moment = record.get("time") if isinstance(record, dict) else None
+def _record_time(record: dict) -> float | None:
+    """A record's `time` (epoch seconds); None where it holds none."""
+    moment = record.get("time")
     return float(moment) if isinstance(moment, (int, float)) and not isinstance(
         moment, bool) and math.isfinite(moment) else None
 
