@@ -112,7 +112,7 @@ def main() -> None:
         cache = args.cache_dir or str(Path(folder) / "cache")
         base = [f"output_dir={folder}/runs", f"data.shapes.cache_dir={cache}",
                 "data.shapes.num_train=160", "data.shapes.num_val=40",
-                "data.shapes.image_size=16", "data.image_size=16", "data.num_workers=0",
+                "data.shapes.image_size=16", "data.images.image_size=16", "data.num_workers=0",
                 "model.name=hpctrain:tiny_cnn", "train.batch_size=16", "train.epochs=100000",
                 f"train.max_steps={args.steps}", "train.eval_every_epochs=100000",
                 "train.log_every=5", "tensorboard=false", "report=false"]

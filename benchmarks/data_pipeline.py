@@ -151,7 +151,7 @@ def decode_only(packed: Path, workers: int) -> float:
 
 def nvjpeg_rate(packed: Path, batch: int = 256, rounds: int = 5) -> float:
     """Batched nvJPEG decoding (torchvision.io.decode_jpeg on a list, device='cuda') of the
-    packed JPEGs at full size: the GPU's own decode limit, for data.decode=gpu."""
+    packed JPEGs at full size: the GPU's own decode limit, for data.images.decode=gpu."""
     from torchvision.io import ImageReadMode, decode_jpeg
 
     split = Pack(packed).split("train")

@@ -64,7 +64,7 @@ def hidden_fraction(events, steps: list[tuple[float, float]]) -> tuple[float, fl
 
 
 def worker(args) -> None:
-    overrides = [f"model.name={args.model}", f"data.image_size={args.image_size}",
+    overrides = [f"model.name={args.model}", f"data.images.image_size={args.image_size}",
                  f"train.batch_size={args.batch_size}", f"precision={args.precision}",
                  "compile=false", "data.synthetic.num_classes=10", "train.log_every=10"]
     with tempfile.TemporaryDirectory() as tmp:

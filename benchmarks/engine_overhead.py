@@ -61,7 +61,7 @@ def main() -> None:
     parser.add_argument("--verbose", action="store_true", help="print every round")
     args = parser.parse_args()
 
-    overrides = [f"model.name={args.model}", f"data.image_size={args.image_size}",
+    overrides = [f"model.name={args.model}", f"data.images.image_size={args.image_size}",
                  f"train.batch_size={args.batch_size}", f"precision={args.precision}",
                  f"channels_last={args.channels_last}", "compile=false",
                  "data.synthetic.num_classes=10", "train.log_every=20"]

@@ -47,7 +47,7 @@ def main() -> None:
     on_gpu = args.device.startswith("cuda")
     with tempfile.TemporaryDirectory() as tmp:
         parts = hpctrain_parts([f"device={args.device}", f"model.name={args.model}",
-                                f"data.image_size={args.image_size}", "train.fuse_eval=true",
+                                f"data.images.image_size={args.image_size}", "train.fuse_eval=true",
                                 f"train.batch_size={args.batch_size}", f"compile={args.compile}",
                                 "data.synthetic.num_classes=1000"], tmp)
         batches = make_batches(args.batches, args.batch_size, args.image_size, 1000, on_gpu)

@@ -97,7 +97,7 @@ def images(args, tmp: str) -> None:
     base = None
     for label, overrides in chosen:  # each row printed as it is measured: compiling takes long
         parts = hpctrain_parts([f"device={args.device}", f"model.name={args.model}",
-                                f"data.image_size={args.image_size}",
+                                f"data.images.image_size={args.image_size}",
                                 f"train.batch_size={args.batch_size}", "train.log_every=25",
                                 "data.synthetic.num_classes=1000", *overrides], tmp)
         rate = args.batch_size / _timed(with_batches(parts, batches), args)

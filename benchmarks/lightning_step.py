@@ -153,7 +153,7 @@ def main() -> None:
     args = parser.parse_args()
     quiet_lightning()
 
-    overrides = [f"model.name={args.model}", f"data.image_size={args.image_size}",
+    overrides = [f"model.name={args.model}", f"data.images.image_size={args.image_size}",
                  f"train.batch_size={args.batch_size}", f"precision={args.precision}",
                  f"channels_last={args.channels_last}", f"compile={args.compile}",
                  "data.synthetic.num_classes=10", "train.log_every=20"]

@@ -86,8 +86,8 @@ TRACE=$(ls /tmp/prof/*/profile/trace.rank0.json.gz 2>/dev/null | head -1)
 step run-tiny-lm 90 hpctrain run tiny-lm output_dir=/tmp/runs
 step run-pointnet 90 hpctrain run pointnet output_dir=/tmp/runs
 step solve 60 hpctrain bench solve --size 8192 --device cuda --precisions fp16,bf16,tf32,fp32
-step decode-gpu 60 hpctrain bench data default data.decode=gpu --model
-step decode-cpu 60 hpctrain bench data default data.decode=cpu --model
+step decode-gpu 60 hpctrain bench data default data.images.decode=gpu --model
+step decode-cpu 60 hpctrain bench data default data.images.decode=cpu --model
 # issue 40: your own tensors under bf16 and deterministic mode (segmentation counts by sorting)
 TENSORS=tests/fixtures/tensor_data.py
 step tensors-seg 60 hpctrain run default task=segmentation model.name=$TENSORS:pixel_net \

@@ -33,7 +33,7 @@ def _start(widths: str, folder: Path, cache: Path, extra: list[str]) -> subproce
     """A run in its own process group, returned once it has logged two training records."""
     command = [sys.executable, "-m", "hpctrain", "run", "default", f"output_dir={folder}",
                "run_name=run", f"data.shapes.cache_dir={cache}", "data.shapes.num_train=320",
-               "data.shapes.num_val=40", "data.shapes.image_size=16", "data.image_size=16",
+               "data.shapes.num_val=40", "data.shapes.image_size=16", "data.images.image_size=16",
                "data.num_workers=2", "model.name=hpctrain:resnet_small",
                f"model.kwargs={{widths: [{widths}]}}", "train.batch_size=16",
                "train.max_steps=100000", "train.log_every=1", *extra]

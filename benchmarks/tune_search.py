@@ -47,7 +47,7 @@ def stripes(seed: int = 0):
 
 def search(folder: Path, sampler: str, pruner: str, trials: int, seed: int) -> dict:
     recipe = [f"output_dir={folder}", f"data.dataset={Path(__file__).resolve()}:stripes",
-              "data.image_size=8", "data.num_workers=0", "model.name=hpctrain:tiny_cnn",
+              "data.images.image_size=8", "data.num_workers=0", "model.name=hpctrain:tiny_cnn",
               "train.batch_size=32", "train.epochs=3", "train.eval_every_epochs=0.5",
               "train.log_every=5", "tensorboard=false", "report=false"]
     space = [arg for spec in SPACE for arg in ("--space", spec)]

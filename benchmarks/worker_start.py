@@ -59,7 +59,7 @@ CHILD = textwrap.dedent("""\
         recipe, batches, overrides = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
         config = load_config(recipe, overrides)
         data = build_data(config.data, config.train.batch_size, 0, torch.device("cpu"))
-        data.train_sampler.set_epoch(0, config.data.image_size)
+        data.train_sampler.set_epoch(0, config.data.images.image_size)
         marks = {"build": time.perf_counter() - began}
         t = time.perf_counter(); batches_of = iter(data.train_loader); next(batches_of)
         marks["first_batch"] = time.perf_counter() - t
@@ -69,7 +69,7 @@ CHILD = textwrap.dedent("""\
         marks["batches"] = time.perf_counter() - t
         for _ in batches_of:
             pass
-        data.train_sampler.set_epoch(1, config.data.image_size)
+        data.train_sampler.set_epoch(1, config.data.images.image_size)
         t = time.perf_counter(); next(iter(data.train_loader))
         marks["second_epoch_first"] = time.perf_counter() - t
         t = time.perf_counter()

@@ -66,7 +66,7 @@ def tiny(tmp_path, shapes_cache):
             f"output_dir={tmp_path / 'runs'}",
             f"data.shapes.cache_dir={shapes_cache}",
             "data.shapes.num_train=160", "data.shapes.num_val=40", "data.shapes.image_size=16",
-            "data.image_size=16", "data.num_workers=0",
+            "data.images.image_size=16", "data.num_workers=0",
             "model.name=hpctrain:tiny_cnn", "train.batch_size=16", "train.epochs=1",
             "train.log_every=2", "tensorboard=false", "report=false", *extra,
         ]

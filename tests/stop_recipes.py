@@ -16,7 +16,7 @@ CHECKED = 3  # samples drawn from each split by the check before training (user_
 def stripes(tiny, name: str, *extra: str) -> list[str]:
     """A 3-epoch run of the stripes set (an evaluation per epoch: steps 20, 40 and 60)."""
     return [o for o in tiny(f"run_name={name}", "train.epochs=3", "train.log_every=5",
-                            "data.image_size=8", "data.num_workers=0")
+                            "data.images.image_size=8", "data.num_workers=0")
             if not o.startswith("data.shapes")] + [f"data.dataset={SIGNALLING}", *extra]
 
 

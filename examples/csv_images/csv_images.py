@@ -27,6 +27,6 @@ class CsvImages(Dataset):
 
 
 def make(path, image_size):
-    """hpctrain calls this with data.path and data.image_size."""
+    """hpctrain calls this with data.path and data.images.image_size."""
     root = Path(path)
     return CsvImages(root / "train.csv", image_size), CsvImages(root / "val.csv", image_size)

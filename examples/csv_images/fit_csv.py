@@ -23,11 +23,11 @@ def main(data: Path, overrides: list[str]) -> None:
     # The settings of recipe.yaml, written here; key=value from the command line win.
     config = hpctrain.load_config(
         overrides=overrides,
-        data={"image_size": 32},
+        data={"images": {"image_size": 32}},
         optim={"name": "adamw", "lr": 0.003, "weight_decay": 0.05},
         schedule={"name": "cosine"},
         train={"epochs": 10, "global_batch_size": 64})
-    size = config.data.image_size
+    size = config.data.images.image_size
     train, val = CsvImages(data / "train.csv", size), CsvImages(data / "val.csv", size)
     torch.manual_seed(config.seed)  # the same initial weights in every process
     model = SmallNet(num_classes=len(train.classes), width=32)

@@ -29,7 +29,7 @@ torch.save(model.state_dict(), f"{out}/init-{os.environ['RANK']}.pt")
 hpctrain.fit(model, Levels(40, 0), Levels(20, 1), output_dir=out, run_name="fsdp",
              tensorboard=False, parallel={"strategy": "fsdp"},
              optim={"name": "sgd", "lr": 1e-12, "momentum": 0, "weight_decay": 0},
-             data={"image_size": 16, "num_workers": 0},
+             data={"images": {"image_size": 16}, "num_workers": 0},
              train={"max_steps": 1, "global_batch_size": 20})
 '''
 

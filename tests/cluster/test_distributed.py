@@ -33,7 +33,7 @@ def common(tmp_path_factory, shapes_cache):
     return out, [
         f"output_dir={out / 'runs'}", f"data.shapes.cache_dir={shapes_cache}",
         "data.shapes.num_train=160", "data.shapes.num_val=41", "data.shapes.image_size=16",
-        "data.image_size=16", "data.num_workers=0", "model.name=hpctrain:tiny_cnn",
+        "data.images.image_size=16", "data.num_workers=0", "model.name=hpctrain:tiny_cnn",
         "model.kwargs.norm=group", "train.log_every=1", "tensorboard=false",
         "precision=fp32", "optim.lr=0.05", "train.max_steps=20", "train.eval_every_epochs=1",
         "train.global_batch_size=32",
@@ -149,18 +149,18 @@ def test_resuming_with_another_global_batch_says_how_to_keep_it(common, two_proc
 
 
 def test_two_ranks_on_a_node_share_one_cached_pack(common, tmp_path):
-    """data.cache: local rank 0 copies, rank 1 waits at the barrier and reuses the copy."""
+    """data.images.cache: local rank 0 copies, rank 1 waits at the barrier and reuses the copy."""
     out, overrides = common
     source = write_image_folder(tmp_path / "images" / "train", per_class=32, size=16)
     write_image_folder(tmp_path / "images" / "val", per_class=8, size=16)
     pack(source.parent, tmp_path / "packed", PackOptions(shard_bytes=8000), workers=1,
          log=lambda *_: None)
     done = launch(2, [*overrides, "run_name=cached", "data.dataset=shards",
-                      f"data.path={tmp_path / 'packed'}", f"data.cache={tmp_path / 'local'}",
+                      f"data.path={tmp_path / 'packed'}", f"data.images.cache={tmp_path / 'local'}",
                       "train.max_steps=4"])
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stderr.count("data.cache: copying") == 1
-    assert done.stderr.count("data.cache: reusing") == 1
+    assert done.stderr.count("data.images.cache: copying") == 1
+    assert done.stderr.count("data.images.cache: reusing") == 1
     cached = tmp_path / "local" / "hpctrain-cache"
     assert len(list(cached.iterdir())) == 1 and not list(cached.glob(".*partial*"))
     summary = json.loads((out / "runs" / "cached" / "summary.json").read_text())

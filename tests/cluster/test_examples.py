@@ -38,9 +38,9 @@ def csv_data(tmp_path_factory) -> Path:
 
 
 def csv_overrides(data: Path, out: Path, name: str) -> list[str]:
-    return [f"data.path={data}", f"output_dir={out}", f"run_name={name}", "data.image_size=16",
-            "train.global_batch_size=16", "train.epochs=2", "train.log_every=1",
-            "tensorboard=false"]
+    return [f"data.path={data}", f"output_dir={out}", f"run_name={name}",
+            "data.images.image_size=16", "train.global_batch_size=16", "train.epochs=2",
+            "train.log_every=1", "tensorboard=false"]
 
 
 def train_losses(run: Path) -> list[float]:
@@ -87,8 +87,9 @@ def test_a_fit_script_stops_on_a_preemption_signal_with_75_and_resume_auto_finis
         csv_data, tmp_path):
     """Preemption and resume=auto for a script as for `hpctrain run`: the run found again is
     the script's own (named after it), its given model restored from the checkpoint."""
-    overrides = [f"output_dir={tmp_path}", "data.image_size=16", "train.global_batch_size=16",
-                 "tensorboard=false", "data.num_workers=0", "train.log_every=2"]
+    overrides = [f"output_dir={tmp_path}", "data.images.image_size=16",
+                 "train.global_batch_size=16", "tensorboard=false", "data.num_workers=0",
+                 "train.log_every=2"]
     script = str(EXAMPLES / "csv_images" / "fit_csv.py")
     process = subprocess.Popen([sys.executable, script, str(csv_data), *overrides,
                                 "train.max_steps=100000"], stdout=subprocess.PIPE,
@@ -117,7 +118,7 @@ def test_a_fit_script_runs_under_srun_on_two_nodes(slurm_cluster, csv_data, tmp_
     finds its rank and the rendezvous from Slurm's variables."""
     script = EXAMPLES / "csv_images" / "fit_csv.py"
     command = " ".join([sys.executable, str(script), str(csv_data), f"output_dir={tmp_path}",
-                        "run_name=srun", "data.image_size=16", "train.global_batch_size=16",
+                        "run_name=srun", "data.images.image_size=16", "train.global_batch_size=16",
                         "train.max_steps=6", "tensorboard=false", "data.num_workers=0"])
     log = tmp_path / "job.out"
     job = subprocess.run(["sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=1",

@@ -18,7 +18,7 @@ import pytest
 def test_find_batch_size_on_two_ranks_agrees(tmp_path, shapes_cache, strategy):
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node=2", "-m", "hpctrain", "memory", "default", "device=cpu",
-               f"output_dir={tmp_path}", "data.dataset=synthetic", "data.image_size=16",
+               f"output_dir={tmp_path}", "data.dataset=synthetic", "data.images.image_size=16",
                "model.name=hpctrain:tiny_cnn", "train.global_batch_size=128",
                f"parallel.strategy={strategy}", "--gpu-memory", "1MiB", "--find-batch-size",
                "--json"]

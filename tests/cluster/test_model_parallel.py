@@ -258,7 +258,7 @@ def assert_same_losses(a: Path, b: Path, steps: range) -> None:
 # ---- layouts that cannot work: exit 2 before any process group, naming what would -------------
 
 VIT = ["model.name=timm:vit_tiny_patch16_224", "model.kwargs.num_heads=2", "data.dataset=shapes",
-       "data.image_size=32"]
+       "data.images.image_size=32"]
 
 
 @pytest.mark.parametrize("world, local, settings, message", [

@@ -52,7 +52,7 @@ def weights_server(tmp_path, monkeypatch):
 
 def test_pretrained_weights_come_from_the_cache_that_prefetch_fills(weights_server, run_cli,
                                                                     tiny, capsys):
-    model = ["model.name=torchvision:" + TV, "model.pretrained=true", "data.image_size=32",
+    model = ["model.name=torchvision:" + TV, "model.pretrained=true", "data.images.image_size=32",
              "train.max_steps=2"]
     code, _, err = run_cli("run", "default", *tiny(*model))
     assert code == 2 and err.count("\n") == 1
@@ -77,7 +77,7 @@ def test_pretrained_weights_come_from_the_cache_that_prefetch_fills(weights_serv
 
 def test_damaged_weights_and_a_refused_download_are_one_line(weights_server, run_cli, tiny,
                                                              monkeypatch):
-    model = ["model.name=torchvision:" + TV, "model.pretrained=true", "data.image_size=32"]
+    model = ["model.name=torchvision:" + TV, "model.pretrained=true", "data.images.image_size=32"]
     cache: Path = weights_server["cache"]
     cache.parent.mkdir(parents=True)
     cache.write_bytes(weights_server["data"][:1000])
@@ -103,7 +103,7 @@ def test_cached_weights_that_would_run_code_are_refused_and_never_run(weights_se
     plant_hostile_weights(weights_server["cache"], marker, torch_save)
     code, _, err = run_cli("run", "default", *tiny("model.name=torchvision:" + TV,
                                                    "model.pretrained=true",
-                                                   "data.image_size=32"))
+                                                   "data.images.image_size=32"))
     assert code == 2 and err.count("\n") == 1, err
     assert f"the cached weights {weights_server['cache']} cannot be read (a pickle" in err
     assert ("would run posix.system" in err) == torch_save and "refused" in err
@@ -119,7 +119,7 @@ def test_a_frozen_backbone_stays_and_the_pretrained_part_trains_slower(weights_s
     from hpctrain.memory.estimate import estimate, resolve_target
     from hpctrain.train.optimizers.optim import build_optimizer, freeze
 
-    model = ["model.name=torchvision:" + TV, "model.pretrained=true", "data.image_size=32",
+    model = ["model.name=torchvision:" + TV, "model.pretrained=true", "data.images.image_size=32",
              "model.freeze=[conv1.*,stage2.*]", "optim.pretrained_lr_scale=0.1"]
     code, _, err = run_cli("prefetch", "default", *tiny(*model))
     assert code == 0, err

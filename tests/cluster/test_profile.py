@@ -16,7 +16,7 @@ import pytest
 def test_two_torchrun_ranks_each_write_a_trace_and_rank_0_reads_both(tmp_path, shapes_cache):
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node=2", "-m", "hpctrain", "profile", "default",
-               f"output_dir={tmp_path}", "data.dataset=synthetic", "data.image_size=16",
+               f"output_dir={tmp_path}", "data.dataset=synthetic", "data.images.image_size=16",
                "data.num_workers=0", "model.name=hpctrain:tiny_cnn", "train.batch_size=16",
                "tensorboard=false", "--steps", "2", "--json"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=240,

@@ -68,7 +68,7 @@ def test_a_run_decodes_jpegs_on_the_gpu(tmp_path, run_cli, tiny, image_folder):
 
     pack(image_folder, tmp_path / "p", PackOptions(), workers=1, log=lambda *_: None)
     code, _, err = run_cli("run", "default", *tiny(
-        "data.dataset=shards", f"data.path={tmp_path / 'p'}", "data.decode=gpu",
+        "data.dataset=shards", f"data.path={tmp_path / 'p'}", "data.images.decode=gpu",
         "data.num_workers=1", "compile=false", "run_name=nvjpeg"))
     assert code == 0, err
     summary = json.loads((tmp_path / "runs" / "nvjpeg" / "summary.json").read_text())
@@ -95,7 +95,7 @@ def test_the_memory_prediction_is_within_10_percent_of_the_gpu_peak(run_cli, tin
     """hpctrain memory --measure on the GPU: torch.cuda.max_memory_allocated against the
     prediction made on fake tensors."""
     code, out, err = run_cli("memory", "default", *tiny("train.batch_size=256",
-                                                        "data.image_size=64"),
+                                                        "data.images.image_size=64"),
                              "--measure", "--out", str(tmp_path), "--json")
     assert code == 0, err
     measured = json.loads(out)["measured"]
@@ -108,7 +108,7 @@ def test_the_batch_search_meets_real_out_of_memory_errors_on_a_capped_gpu(run_cl
     """--gpu-memory below the card caps the process: the search meets CUDA's own
     out-of-memory error, recovers, and the largest batch it keeps ran within the cap."""
     code, out, err = run_cli("memory", "default", *tiny("model.name=resnet_small",
-                                                        "data.image_size=64"),
+                                                        "data.images.image_size=64"),
                              "--gpu-memory", "2GiB", "--find-batch-size", "--out",
                              str(tmp_path), "--json")
     assert code == 0, err

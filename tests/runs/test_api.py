@@ -27,7 +27,7 @@ def tiny_net() -> nn.Module:
 
 def settings(tmp_path) -> dict:
     return {"output_dir": str(tmp_path / "runs"), "tensorboard": False,
-            "data": {"image_size": 16, "num_workers": 0},
+            "data": {"images": {"image_size": 16}, "num_workers": 0},
             "train": {"epochs": 2, "global_batch_size": 20, "log_every": 3}}
 
 

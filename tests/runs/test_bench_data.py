@@ -55,7 +55,7 @@ def test_bench_data_python_samples_the_workers_or_profiles_in_process(tmp_path, 
     pack(photos, tmp_path / "p", PackOptions(), workers=1, log=lambda *_: None)
     recipe = ["default", *tiny("data.dataset=shards", f"data.path={tmp_path / 'p'}",
                                "data.val_fraction=0.25", "train.batch_size=4",
-                               "data.image_size=64"),
+                               "data.images.image_size=64"),
               "--workers", "2", "--prefetch", "2", "--seconds", "1", "--python"]
     code, out, err = run_cli("bench", "data", *recipe, "--json")
     assert code == 0, err

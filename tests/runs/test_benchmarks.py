@@ -127,7 +127,7 @@ CASES = [
     ("data_stages.py", ["--images", "48", "--count", "20", "--loader", "torch"],
      [r"^into the batch\s+[\d.]+", r"torch loader"]),
     ("autotune_grid.py", ["default", "data.shapes.num_train=160", "data.shapes.num_val=40",
-                          "data.shapes.image_size=16", "data.image_size=16",
+                          "data.shapes.image_size=16", "data.images.image_size=16",
                           "model.name=hpctrain:tiny_cnn", "train.batch_size=16",
                           "train.epochs=20", "--fix", "precision", "--fix", "compile", "--fix",
                           "data.num_workers", "--fix", "train.grad_accum_steps",

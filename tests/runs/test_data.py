@@ -9,7 +9,8 @@ from hpctrain.data.loader import build_data
 
 
 def test_augmentation_is_seeded_per_sample_not_per_worker(image_folder):
-    data = DataConfig(dataset="imagefolder", path=str(image_folder), image_size=12)
+    data = DataConfig(dataset="imagefolder", path=str(image_folder),
+                      images={"image_size": 12})
     batches = {}
     for workers in (0, 2):
         data.num_workers = workers

@@ -1,4 +1,4 @@
-"""data.decode=gpu: the batched device decoding path, run here on the CPU (TorchCodec's and
+"""data.images.decode=gpu: the batched device decoding path, run here on the CPU (TorchCodec's and
 torchvision's decode_jpeg take a list on any device), and its refusal without a GPU.
 
 Here the tests that train, in this process or in an `hpctrain` process of their own; the
@@ -43,11 +43,11 @@ def test_device_decoding_delivers_what_the_cpu_path_delivers(image_folder, tmp_p
 
 
 def test_gpu_decoding_needs_shards_and_a_gpu(run_cli, tiny, image_folder, tmp_path):
-    code, _, err = run_cli("run", "default", *tiny("data.decode=gpu"))
-    assert code == 2 and "data.decode=gpu applies to dataset 'shards' only" in err
+    code, _, err = run_cli("run", "default", *tiny("data.images.decode=gpu"))
+    assert code == 2 and "data.images.decode=gpu applies to dataset 'shards' only" in err
     pack(image_folder, tmp_path / "p", PackOptions(), workers=1, log=lambda *_: None)
     code, _, err = run_cli("run", "default", *tiny("data.dataset=shards",
                                                    f"data.path={tmp_path / 'p'}",
-                                                   "data.decode=gpu", "device=cpu"))
-    assert code == 2 and "data.decode=gpu decodes with nvJPEG on a CUDA device, but this " \
-        "run is on cpu: set data.decode=cpu" in err
+                                                   "data.images.decode=gpu", "device=cpu"))
+    assert code == 2 and "data.images.decode=gpu decodes with nvJPEG on a CUDA device, but this " \
+        "run is on cpu: set data.images.decode=cpu" in err

@@ -55,7 +55,7 @@ class World:
     def tiny(self, *extra: str) -> list[str]:
         return [f"output_dir={self.tmp / 'runs'}", f"data.shapes.cache_dir={self.shapes}",
                 "data.shapes.num_train=160", "data.shapes.num_val=40",
-                "data.shapes.image_size=16", "data.image_size=16", "data.num_workers=0",
+                "data.shapes.image_size=16", "data.images.image_size=16", "data.num_workers=0",
                 "model.name=hpctrain:tiny_cnn", "train.batch_size=16", "train.max_steps=2",
                 "tensorboard=false", *extra]
 
@@ -72,7 +72,7 @@ class World:
 
     def train_on(self, pack: Path) -> list[str]:
         return ["run", "default", *self.tiny("data.dataset=shards", f"data.path={pack}",
-                                             f"data.cache={self.tmp / 'cache'}")]
+                                             f"data.images.cache={self.tmp / 'cache'}")]
 
     def mount(self, name: str, options: str) -> Path:
         """A real file system of its own (tmpfs, needs root), unmounted after the row."""

@@ -9,7 +9,7 @@ import pytest
 
 def test_a_run_that_feeds_a_fixed_size_model_several_sizes_is_exit_2(run_cli, tiny):
     code, _, err = run_cli("run", "default", *tiny(
-        "model.name=timm:swin_tiny_patch4_window7_224", "data.val_image_size=32"))
+        "model.name=timm:swin_tiny_patch4_window7_224", "data.images.val_image_size=32"))
     assert code == 2 and "takes images of one fixed size" in err and "Traceback" not in err
 
 

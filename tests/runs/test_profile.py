@@ -62,7 +62,7 @@ def test_python_sampling_follows_the_run_and_its_loader_worker(tiny, run_cli, sl
 
 def test_a_fast_in_memory_run_is_not_input_bound_and_writes_every_output(tiny, run_cli):
     code, out, err = run_cli("profile", "default", *tiny(
-        "data.dataset=synthetic", "data.image_size=32", "model.name=hpctrain:resnet_small",
+        "data.dataset=synthetic", "data.images.image_size=32", "model.name=hpctrain:resnet_small",
         "train.batch_size=32"), "--steps", "3", "--json")
     assert code == 0, err
     report = json.loads(out)

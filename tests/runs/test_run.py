@@ -167,9 +167,9 @@ def test_unreadable_images_fail_when_asked(tmp_path, run_cli, tiny):
     root = folder_with_a_bad_image(tmp_path, "dog/3.jpg", b"")
     code, _, err = run_cli("run", "default", *tiny("data.dataset=imagefolder",
                                                    f"data.path={root}", "data.num_workers=1",
-                                                   "data.on_bad_image=fail"))
+                                                   "data.images.on_bad_image=fail"))
     assert code == 2 and "unreadable image" in err and "3.jpg" in err
-    assert "data.on_bad_image=skip" in err and "Traceback" not in err
+    assert "data.images.on_bad_image=skip" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("setup, message", [

@@ -252,7 +252,7 @@ def test_the_seed_seeds_random_and_numpy_in_the_run_and_in_each_worker_per_epoch
     same weights too (before, with workers: the resumed run's fresh workers drew epoch 1's
     noise again)."""
     def train(name: str, *extra: str) -> Path:
-        args = [o for o in tiny(f"run_name={name}", "train.epochs=2", "data.image_size=8",
+        args = [o for o in tiny(f"run_name={name}", "train.epochs=2", "data.images.image_size=8",
                                 f"data.num_workers={workers}", "data.persistent_workers=true",
                                 "schedule.name=constant")  # the same LRs when stopped early
                 if not o.startswith("data.shapes")] + [f"data.dataset={AUGMENTING}", *extra]

@@ -26,7 +26,7 @@ def trace_file(tmp_path_factory, shapes_cache):
     config = load_config("default", [
         f"output_dir={out / 'runs'}", f"data.shapes.cache_dir={shapes_cache}",
         "data.shapes.num_train=160", "data.shapes.num_val=40", "data.shapes.image_size=16",
-        "data.image_size=16", "data.num_workers=0", "model.name=hpctrain:tiny_cnn",
+        "data.images.image_size=16", "data.num_workers=0", "model.name=hpctrain:tiny_cnn",
         "train.batch_size=16", "train.max_steps=4", "tensorboard=false"])
     parts = build_parts(config)
     telemetry = Telemetry(parts.run_dir, parts.total_steps, 0)

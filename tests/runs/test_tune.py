@@ -53,7 +53,7 @@ def local_search(tmp_path_factory):
     folder = out / "search"
     result = run_installed(
         "tune", "default", f"output_dir={out}", f"data.dataset={STRIPES}",
-        "data.image_size=8", "data.num_workers=0", "model.name=hpctrain:tiny_cnn",
+        "data.images.image_size=8", "data.num_workers=0", "model.name=hpctrain:tiny_cnn",
         "train.batch_size=32", "train.eval_every_epochs=0.5", "train.log_every=5",
         "tensorboard=false", "report=false", "--reduce", "train.epochs=3", "--space", LR,
         "--trials", "6", "--parallel", "2", "--seed", "1", "--dir", str(folder), "--json")
@@ -235,9 +235,10 @@ STUDIES_OPTIMISE = {"image_classification": "best_val_accuracy:max",
 
 
 @pytest.mark.parametrize("recipe, task, extra", [
-    ("default", "image_classification", ["model.name=hpctrain:tiny_cnn", "data.image_size=16",
-                                         "data.shapes.image_size=16", "data.shapes.num_train=64",
-                                         "data.shapes.num_val=16", "train.batch_size=16"]),
+    ("default", "image_classification", ["model.name=hpctrain:tiny_cnn",
+                                         "data.images.image_size=16", "data.shapes.image_size=16",
+                                         "data.shapes.num_train=64", "data.shapes.num_val=16",
+                                         "train.batch_size=16"]),
     ("tiny-lm", "language_modeling", ["data.dataset=arithmetic",
                                       "data.arithmetic.num_train=200",
                                       "data.arithmetic.num_val=16", "data.tokens.seq_len=32",

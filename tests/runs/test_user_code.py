@@ -433,7 +433,7 @@ def test_a_loss_that_is_not_one_number_is_explained(tmp_path, tiny, run_cli):
 def test_bench_data_and_memory_take_your_own_model_and_data(tmp_path, tiny, run_cli):
     data = write(tmp_path, "verb_data.py", DATA)
     nets = write(tmp_path, "verb_nets.py", NETS)
-    own = [f"data.dataset={data}:make", f"model.name={nets}:SmallNet", "data.image_size=16",
+    own = [f"data.dataset={data}:make", f"model.name={nets}:SmallNet", "data.images.image_size=16",
            "data.num_workers=0"]
     code, out, err = run_cli("bench", "data", "default", *own, "train.batch_size=16",
                              "--workers", "1", "--prefetch", "2", "--seconds", "0.3")

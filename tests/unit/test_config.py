@@ -109,3 +109,48 @@ def test_a_batch_size_override_replaces_the_recipes_global_batch():
     assert (chosen.batch_size, chosen.global_batch_size) == (64, None)
     both = load_config("default", ["train.batch_size=64", "train.global_batch_size=256"]).train
     assert both.global_batch_size == 256
+
+
+def test_an_image_setting_under_its_old_name_is_read_as_the_new_one_and_said_once(
+        tmp_path, capsys, monkeypatch):
+    """Issue 66 moved the images' own settings into data.images: a recipe, an override or a
+    Python setting that still says data.image_size trains as before, and is told the new name
+    once per process."""
+    from hpctrain.config import loading
+
+    monkeypatch.setattr(loading, "_SAID", set())
+    recipe = tmp_path / "old.yaml"
+    recipe.write_text("data:\n  dataset: shapes\n  image_size: 24\n  on_bad_image: fail\n")
+    config = load_config(str(recipe), ["data.mean=[0.5, 0.5, 0.5]"])
+    again = load_config(str(recipe), settings={"data": {"std": [0.2, 0.2, 0.2]}})
+    images = config.data.images
+    assert (images.image_size, images.on_bad_image, images.mean) == (24, "fail", (0.5,) * 3)
+    assert again.data.images.std == (0.2,) * 3 and again.data.images.image_size == 24
+    assert config.told("data.images.image_size") and config.told("data.images.mean")
+    said = capsys.readouterr().err.splitlines()
+    assert said.count("hpctrain: data.image_size is now data.images.image_size (read as "
+                      "data.images.image_size; write it so)") == 1
+    assert sum("data.mean is now data.images.mean" in line for line in said) == 1
+    assert any("data.std is now data.images.std" in line for line in said)
+
+
+def test_an_image_setting_given_under_both_names_is_refused(tmp_path, run_cli):
+    recipe = tmp_path / "both.yaml"
+    recipe.write_text("data:\n  image_size: 24\n  images:\n    image_size: 32\n")
+    code, _, err = run_cli("config", "show", str(recipe))
+    assert code == 2
+    assert "gives both data.image_size and data.images.image_size" in err
+    assert "keep data.images.image_size" in err
+
+
+def test_a_configuration_saved_under_the_old_names_reads_under_the_new_quietly(capsys):
+    """What a checkpoint or an older run's config.yaml holds is compared with today's
+    settings by name: data.image_size there is data.images.image_size here."""
+    from hpctrain.config import current_names, flatten
+
+    saved = {"data": {"dataset": "shapes", "image_size": 32, "decode": "cpu"}}
+    now = flatten(current_names(saved))
+    assert now == {"data.dataset": "shapes", "data.images.image_size": 32,
+                   "data.images.decode": "cpu"}
+    assert saved["data"]["image_size"] == 32  # the caller's own left as it was
+    assert capsys.readouterr().err == ""

@@ -18,9 +18,9 @@ from hpctrain.data.worker_start import not_shippable
 # settings that keep each generated dataset to a few seconds' making
 SMALL = {
     "shapes": ["data.shapes.num_train=32", "data.shapes.num_val=10",
-               "data.shapes.image_size=16", "data.image_size=16"],
+               "data.shapes.image_size=16", "data.images.image_size=16"],
     "synthetic": ["data.synthetic.num_train=8", "data.synthetic.num_val=4",
-                  "data.synthetic.num_classes=3", "data.image_size=16"],
+                  "data.synthetic.num_classes=3", "data.images.image_size=16"],
     "shapes3d": ["data.shapes3d.num_train=10", "data.shapes3d.num_val=10",
                  "data.points.num_points=64"],
     "arithmetic": ["data.arithmetic.num_train=40", "data.arithmetic.num_val=10",

@@ -1,4 +1,4 @@
-"""data.decode=gpu: the tests that need no training run, no process and no server (the others
+"""data.images.decode=gpu: the tests that need no training run, no process and no server (the others
 are tests/runs/test_device_decode.py)."""
 
 import pytest

@@ -232,7 +232,7 @@ def test_a_gpu_target_counts_the_context_and_allocator(run_cli, tiny, tmp_path):
 
 def test_a_model_whose_states_do_not_fit_is_sharded_with_the_smallest_degree(tiny_config):
     config = tiny_config("device=cpu", "optim.name=adamw", "train.batch_size=1",
-                         "data.image_size=8", "model.name=resnet_small",
+                         "data.images.image_size=8", "model.name=resnet_small",
                          "model.kwargs={widths: [512, 512, 512]}")
     probe = estimate(config, resolve_target(config, "64GiB"))
     two, four = (with_layout(probe, config, n, "fsdp").in_use for n in (2, 4))
@@ -364,8 +364,9 @@ def test_tensor_and_pipeline_layouts_split_states_and_activations_as_the_formula
 
 
 def test_a_timm_vit_is_split_by_its_plan_without_sequence_parallelism_and_by_stages():
-    config = load_config("default", ["model.name=timm:vit_tiny_patch16_224", "data.image_size=32",
-                                     "model.kwargs.num_heads=4", "optim.name=adamw"])
+    config = load_config("default", ["model.name=timm:vit_tiny_patch16_224",
+                                     "data.images.image_size=32", "model.kwargs.num_heads=4",
+                                     "optim.name=adamw"])
     base = estimate(config, resolve_target(config, "80GB"))
     info = base.info
     assert 0.8 < info.split_parameters / info.parameters < 1  # the blocks' matrices

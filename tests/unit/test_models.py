@@ -82,7 +82,7 @@ def test_a_timm_model_of_fixed_input_size_is_built_for_the_data():
 @pytest.mark.parametrize("kwargs, sizes, message", [
     ({}, (128, 160), r"takes images of one fixed size \(224 px\), but this recipe feeds it "
                      r"\[128, 160\] px"),
-    ({"img_size": 224}, (128,), "model.kwargs.img_size=224 but data.image_size=128"),
+    ({"img_size": 224}, (128,), "model.kwargs.img_size=224 but data.images.image_size=128"),
 ])
 def test_sizes_a_fixed_size_model_cannot_take_are_refused(kwargs, sizes, message):
     with pytest.raises(ConfigError, match=message):

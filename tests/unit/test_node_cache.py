@@ -1,4 +1,4 @@
-"""data.cache: a verified node-local copy of a pack, made once and reused while valid.
+"""data.images.cache: a verified node-local copy of a pack, made once and reused while valid.
 
 Here the tests that need no training run, no process and no server; the others are
 tests/runs/test_node_cache.py."""
@@ -74,5 +74,5 @@ def test_without_space_auto_reads_in_place_and_a_path_is_refused(packed, tmp_pat
     monkeypatch.setenv("SLURM_TMPDIR", str(tmp_path / "job"))
     assert node_local_pack(packed, "auto", node_local_scratch()) is packed
     assert "has 0.0 GB free; reading" in capsys.readouterr().err
-    with pytest.raises(DataError, match="Free space there, choose another data.cache path"):
+    with pytest.raises(DataError, match="Free space there, choose another data.images.cache path"):
         node_local_pack(packed, str(tmp_path / "job"))

@@ -190,9 +190,9 @@ def _workers(config: Config, plan, processes: int) -> Knob | None:
 def _decode(config: Config, plan, processes: int) -> Knob | None:
     if config.data.dataset != "shards" or not plan.device.startswith("cuda"):
         return None
-    other = "gpu" if config.data.decode == "cpu" else "cpu"
-    return Knob("decode", [own_choice("decode", config.data.decode),
-                           Choice("decode", other, (("data.decode", other),))])
+    other = "gpu" if config.data.images.decode == "cpu" else "cpu"
+    return Knob("decode", [own_choice("decode", config.data.images.decode),
+                           Choice("decode", other, (("data.images.decode", other),))])
 
 
 def _strategy(config: Config, plan, processes: int) -> Knob | None:

@@ -167,7 +167,8 @@ def bench_data(recipe: str | None, overrides: list[str], workers: list[int] | No
     report = DataBench(
         recipe=config.name, dataset=config.data.dataset,
         unit=unit, batch_size=batch,
-        image_size=config.data.image_size, cores=cores, processes_per_node=processes_per_node,
+        image_size=config.data.images.image_size, cores=cores,
+        processes_per_node=processes_per_node,
         decoder=(jpeg_decoder() if isinstance(train_set, ShardDataset) else
                  "pil" if isinstance(train_set, ImageFolderDataset) else None),
         decode_one_core=decode_rate(train_set, min(seconds, 3.0)))
@@ -177,7 +178,7 @@ def bench_data(recipe: str | None, overrides: list[str], workers: list[int] | No
     buffers = uses_buffers(config.data, train_set)
     for count in workers or worker_grid(cores):
         for depth in prefetch:
-            rate = loader_rate(train_set, batch, config.data.image_size, count, depth,
+            rate = loader_rate(train_set, batch, config.data.images.image_size, count, depth,
                                seconds, config.seed, collate, buffers)
             report.settings.append(Setting(count, depth, rate))
     report.best = max(report.settings, key=lambda s: s.samples_per_second)
@@ -192,7 +193,7 @@ def bench_data(recipe: str | None, overrides: list[str], workers: list[int] | No
         chosen = report.recommended
 
         def run(seconds: float, workers: int = chosen.num_workers) -> None:
-            loader_rate(train_set, batch, config.data.image_size, workers,
+            loader_rate(train_set, batch, config.data.images.image_size, workers,
                         chosen.prefetch_factor, seconds, config.seed, collate, buffers)
 
         report.python = python_profile.sample(run, seconds, lambda s: run(s, 0))
@@ -226,9 +227,9 @@ def advise(report: DataBench, config: Config) -> list[str]:
     if config.data.dataset == "imagefolder" and (short or model is None):
         advice.append(f"pack the images into shards (hpctrain pack {config.data.path} DST, "
                       "then data.dataset=shards data.path=DST): no file opens, cheaper decoding")
-    if config.data.decode == "gpu":
-        advice.append("data.decode=gpu: the workers only read bytes, the JPEGs are decoded on "
-                      "the device, so the rates above leave the decoding out")
+    if config.data.images.decode == "gpu":
+        advice.append("data.images.decode=gpu: the workers only read bytes, the JPEGs are "
+                      "decoded on the device, so the rates above leave the decoding out")
     elif report.decoder == "pil" and config.data.dataset == "shards":
         advice.append('install simplejpeg (pip install "hpctrain[jpeg]"): 25 % faster JPEG '
                       "decoding")

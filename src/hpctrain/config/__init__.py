@@ -5,9 +5,9 @@ happens to live in.
 """
 
 from hpctrain.config.base import plain_name
-from hpctrain.config.loading import (code_references, flatten, from_defaults, load_config,
-                                     parse_override, read_yaml_mapping, shipped_recipes, to_yaml,
-                                     with_settings)
+from hpctrain.config.loading import (code_references, current_names, flatten, from_defaults,
+                                     load_config, parse_override, read_yaml_mapping,
+                                     shipped_recipes, to_yaml, with_settings)
 from hpctrain.config.operation_settings import PreemptionConfig
 from hpctrain.config.parallel_settings import Strategy
 from hpctrain.config.recipe import Config
@@ -21,5 +21,5 @@ AugmentConfig = sections()["augment"]
 
 __all__ = ["AugmentConfig", "Config", "DataConfig", "OptimConfig",
            "PreemptionConfig", "ScheduleConfig", "Strategy", "TaskConfig", "code_references",
-           "flatten", "from_defaults", "load_config", "parse_override", "plain_name",
+           "current_names", "flatten", "from_defaults", "load_config", "parse_override", "plain_name",
            "read_yaml_mapping", "shipped_recipes", "to_yaml", "with_settings"]

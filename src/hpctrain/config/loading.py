@@ -4,8 +4,10 @@ value given and what is allowed (a `ConfigError`, exit code 2), and writing it b
 
 from __future__ import annotations
 
+import copy
 import difflib
 import reprlib
+import sys
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -96,6 +98,54 @@ def _set_dotted(tree: dict, keys: list[str], value: Any, text: str) -> None:
                               "not a section")
         node = child
     node[keys[-1]] = value
+
+
+# keys that moved: the old one is still read, as the new one, and said once per process
+RENAMED = {f"data.{name}": f"data.images.{name}" for name in (  # issue 66: images' own
+    "image_size", "val_image_size", "val_resize_ratio", "mean", "std", "decode", "cache",
+    "on_bad_image")}
+_SAID: set[str] = set()
+
+
+def _renamed(keys: list[str]) -> list[str]:
+    """An override's keys, under their new name where RENAMED moved them."""
+    for old, new in RENAMED.items():
+        parts = old.split(".")
+        if keys[:len(parts)] == parts:
+            _say_renamed(old, new)
+            return [*new.split("."), *keys[len(parts):]]
+    return keys
+
+
+def current_names(tree: dict) -> dict:
+    """A configuration saved under RENAMED's old names (a checkpoint's, an older run's
+    config.yaml) under today's, quietly: it was not the user's to write again."""
+    tree = copy.deepcopy(tree)
+    _renamed_tree(tree, "the saved configuration", say=False)
+    return tree
+
+
+def _renamed_tree(tree: dict, source: str, say: bool = True) -> None:
+    """A recipe's RENAMED keys moved to their new place; both given is refused."""
+    for old, new in RENAMED.items():
+        *parents, last = old.split(".")
+        node = tree
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or last not in node:
+            continue
+        if new in flatten(tree) or any(key.startswith(new + ".") for key in flatten(tree)):
+            raise ConfigError(f"{source} gives both {old} and {new}: {old} is the old name "
+                              f"of {new}; keep {new}")
+        if say:
+            _say_renamed(old, new)
+        _set_dotted(tree, new.split("."), node.pop(last), old)
+
+
+def _say_renamed(old: str, new: str) -> None:
+    if old not in _SAID:
+        _SAID.add(old)
+        print(f"hpctrain: {old} is now {new} (read as {new}; write it so)", file=sys.stderr)
 
 
 def _known_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
@@ -216,7 +266,9 @@ def _validated(tree: dict, changes: list[tuple[list[str], Any, str]], source: st
     """`tree` with the changes (keys, value, as told) applied, as a Config. A file path that
     names user code is read from the current directory; a per-device train.batch_size
     replaces the recipe's global one. `told`: the keys the user set (None: the tree's)."""
+    _renamed_tree(tree, source)
     told = set(flatten(tree) if told is None else told)
+    changes = [(_renamed(keys), value, text) for keys, value, text in changes]
     for keys, value, text in changes:
         if isinstance(value, str) and (".".join(keys) in CODE_KEYS or
                                        ".".join(keys[:-1]) + ".*" in CODE_KEYS):

@@ -77,7 +77,7 @@ class DataKind:
     - `channels_first`: batches are (N, C, H, W), which channels_last can lay out;
     - `unit(data)`: what `bench data` counts ("image", "block", "cloud");
     - `datasets_of(data, seed, rank, scratch) -> (train, val, classes or vocabulary)`: its
-      built-in datasets (`scratch`: the node-local folder for data.cache=auto);
+      built-in datasets (`scratch`: the node-local folder for data.images.cache=auto);
     - `loaders(data, batch_size, seed, rank, world_size, common) -> DataBundle | None`: its
       own loaders where the sampled datasets' are not what it needs;
     - `collate(data)`: the batch collation its datasets need (None: stacking);
@@ -97,6 +97,8 @@ class DataKind:
       shrinks a sample, which out-of-memory advice tries;
     - `stand_in(data, batch, batches, num_classes)`: data of the same shape that costs nothing to
       read, for `bench data`'s model rate (None: its own data is cheap enough);
+    - `settings_problem(data)`: what is wrong with its sections for the data the recipe
+      reads (asked of every kind, whichever the data's is: None for nothing);
     - `own_data_problem(data)`: why your own data of this kind cannot take these settings;
     - `own_facts(data)`: what your dataset factory may take by name (`num_points`);
     - `own_sample_problem(sample, num_classes, data)`: what is wrong with one of your own
@@ -131,6 +133,7 @@ class DataKind:
     width: Callable = _nothing
     smaller_sample: Callable = _nothing
     stand_in: Callable = _nothing
+    settings_problem: Callable[[object], str | None] = _nothing
     own_data_problem: Callable[[object], str | None] = _nothing
     own_facts: Callable[[object], dict] = lambda data: {}
     own_sample_problem: Callable = _nothing

@@ -79,7 +79,7 @@ def build_datasets(data, seed: int, rank: int = 0, scratch: Path | None = None) 
         -> tuple[Dataset, Dataset, int]:
     """(train, val, number of classes, or a token kind's vocabulary) of data.dataset; `rank`:
     the data-parallel rank (your own datasets' workers seed from it); `scratch`: the job's
-    node-local folder (data.cache=auto)."""
+    node-local folder (data.images.cache=auto)."""
     if data.from_user_code:
         return user_datasets(data, seed, rank)
     return data.kind_spec.datasets_of(data, seed, rank, scratch)
@@ -92,10 +92,10 @@ def build_data(data, batch_size: int, seed: int, device: torch.device,
     """Loaders for this rank's share of the data (see `EpochSampler`), the kind's own where
     it has them, keeping what your DataLoaders set (given_loaders.py); their workers leave
     SIGTERM and `stop_signals` to the training process (worker_signals.py). `scratch`: the
-    job's node-local folder (data.cache=auto)."""
-    if data.decode == "gpu" and device.type != "cuda":
-        raise DeviceError(f"data.decode=gpu decodes with nvJPEG on a CUDA device, but this "
-                          f"run is on {device}: set data.decode=cpu")
+    job's node-local folder (data.images.cache=auto)."""
+    if data.images.decode == "gpu" and device.type != "cuda":
+        raise DeviceError(f"data.images.decode=gpu decodes with nvJPEG on a CUDA device, but this "
+                          f"run is on {device}: set data.images.decode=cpu")
     workers = resolve_num_workers(data.num_workers, processes_per_node)
     common = _loader_options(data, device, workers, seed, stop_signals)
     kind = data.kind_spec
@@ -226,12 +226,12 @@ def bucketing_note(sampler: LengthBucketSampler) -> str:
 def uses_buffers(data, dataset: Dataset) -> bool:
     """Whether data.loader means batch buffers for this dataset; a ConfigError for
     data.loader=buffers where the dataset cannot render into them."""
-    renders = hasattr(dataset, "render_rows") and data.decode == "cpu"
+    renders = hasattr(dataset, "render_rows") and data.images.decode == "cpu"
     if data.loader == "buffers" and not renders:
         raise ConfigError(f"data.loader=buffers: data.dataset={data.dataset} with "
-                          f"data.decode={data.decode} does not render into batch buffers (packs "
-                          "and image folders decoded on the CPU and the blocks of a token pack "
-                          "do); use data.loader=auto")
+                          f"data.images.decode={data.images.decode} does not render into batch "
+                          "buffers (packs and image folders decoded on the CPU and the blocks of "
+                          "a token pack do); use data.loader=auto")
     return renders and data.loader != "torch"
 
 

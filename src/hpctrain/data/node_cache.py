@@ -1,4 +1,4 @@
-"""`data.cache`: a node-local copy of a pack, made once per node and reused while valid.
+"""`data.images.cache`: a node-local copy of a pack, made once per node and reused while valid.
 
 Random reads of small samples are what parallel file systems (GPFS, Lustre) serve worst; the
 node's own SSD or RAM disk serves them at memory speed. The copy goes to
@@ -87,7 +87,7 @@ def node_local_pack(pack: Pack, setting: str, scratch: Path | None = None) -> Pa
     if pack.root.resolve().is_relative_to(base.resolve()):
         return pack  # already node-local
     if _is_valid(target, pack):
-        _log(f"data.cache: reusing the node-local copy {target}")
+        _log(f"data.images.cache: reusing the node-local copy {target}")
         return Pack(target)
     needed = sum((pack.root / name).stat().st_size for name, _, _ in pack_files(pack))
     try:
@@ -99,12 +99,12 @@ def node_local_pack(pack: Pack, setting: str, scratch: Path | None = None) -> Pa
         return _cannot(setting, pack, f"the pack needs {needed / 1e9:.1f} GB and "
                        f"{target.parent} has {free / 1e9:.1f} GB free")
     if target.exists() or target.is_symlink():  # damaged since it was made: replace it
-        _log(f"data.cache: {target} no longer matches {pack.root}; copying again")
+        _log(f"data.images.cache: {target} no longer matches {pack.root}; copying again")
         if target.is_dir() and not target.is_symlink():
             shutil.rmtree(target)
         else:
             target.unlink()
-    _log(f"data.cache: copying {pack.root} ({needed / 1e9:.2f} GB) to {target}")
+    _log(f"data.images.cache: copying {pack.root} ({needed / 1e9:.2f} GB) to {target}")
     partial = target.parent / f".{pack.pack_id}.partial-{uuid.uuid4().hex[:8]}"
     partial.mkdir()
     try:
@@ -123,7 +123,7 @@ def node_local_pack(pack: Pack, setting: str, scratch: Path | None = None) -> Pa
 
 def _cannot(setting: str, pack: Pack, reason: str) -> Pack:
     if setting == "auto":
-        _log(f"data.cache=auto: {reason}; reading {pack.root} in place")
+        _log(f"data.images.cache=auto: {reason}; reading {pack.root} in place")
         return pack
-    raise DataError(f"data.cache={setting}: {reason}. Free space there, choose another "
-                    "data.cache path, or set data.cache=off")
+    raise DataError(f"data.images.cache={setting}: {reason}. Free space there, choose another "
+                    "data.images.cache path, or set data.images.cache=off")

@@ -31,10 +31,6 @@ class _DataSettings(Section):
                                                "the one written by hpctrain pack --tokens; "
                                                "modelnet: ModelNet's .off class folders or "
                                                "HDF5 files")
-    decode: Literal["cpu", "gpu"] = Field("cpu", description="shards: where JPEGs are "
-                                          "decoded; gpu: batched nvJPEG on the device")
-    cache: str = Field("off", description="shards: copy the pack once per node to local "
-                       "storage: auto (the job's scratch folder, else $TMPDIR), a path, or off")
     num_classes: int | None = Field(None, ge=1, description="expected number of classes, "
                                     "checked against the data (None: take the data's)")
     val_fraction: float | None = Field(None, gt=0, lt=1)
@@ -47,13 +43,6 @@ class _DataSettings(Section):
     bucketing: bool = Field(False, description="your own samples batched by length (their "
                             "inputs' first dimension), padded by your collate: less padding, "
                             "the order still shuffled each epoch (data/tokens/sequences.py)")
-    image_size: int = Field(32, ge=8, le=1024)
-    val_image_size: int | None = Field(None, ge=8, le=1024)
-    val_resize_ratio: float = Field(1.0, gt=0, le=1,
-                                    description="crop fraction for validation (0.875 for "
-                                                "ImageNet; 1 = resize only)")
-    mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
-    std: tuple[float, float, float] = (0.229, 0.224, 0.225)
     num_workers: int | Auto = "auto"
     prefetch_factor: int = Field(4, ge=1)
     persistent_workers: bool = True
@@ -67,7 +56,6 @@ class _DataSettings(Section):
         "in shared memory, reused every step (data/batch_buffers.py); torch: torch's "
         "DataLoader; auto: buffers for packs and image folders decoded on the CPU and for "
         "the blocks of a token pack")
-    on_bad_image: Literal["skip", "fail"] = "skip"
 
     _kind_of_user_data: str = PrivateAttr(kinds.OWN_DATA)  # set by Config, from the task
     _targets_of_user_data: str = PrivateAttr("classes")  # classes|labels|mask|values|any
@@ -116,7 +104,7 @@ class _DataSettings(Section):
         """What your dataset factory may take by name: every kind's facts are offered (None
         where they are not this data's kind's), so a factory written for several kinds
         takes each."""
-        return {"path": self.path, "image_size": self.image_size, "seed": seed,
+        return {"path": self.path, "image_size": self.images.image_size, "seed": seed,
                 **{name: None for other in kinds.KINDS.values()
                    for name in other.own_facts(self)},
                 **self.kind_spec.own_facts(self)}
@@ -126,11 +114,10 @@ class _DataSettings(Section):
         if self.dataset in kinds.NEEDS_PATH and not self.path:
             raise ValueError(f"dataset '{self.dataset}' needs data.path (for example "
                              "data.path=/scratch/imagenet)")
-        for name, value, off in (("decode", self.decode, "cpu"), ("cache", self.cache, "off")):
-            if value != off and self.dataset != "shards":
-                raise ValueError(f"data.{name}={value} applies to dataset 'shards' only (this "
-                                 f"recipe reads '{self.dataset}'); pack it with hpctrain pack, "
-                                 f"or set data.{name}={off}")
+        for kind in kinds.KINDS.values():
+            problem = kind.settings_problem(self)
+            if problem:
+                raise ValueError(problem)
         for name, value in (("collate", self.collate), ("bucketing", self.bucketing)):
             if value and not self.from_user_code:
                 raise ValueError(f"data.{name} applies to your own dataset (data.dataset: "

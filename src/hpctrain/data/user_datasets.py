@@ -17,8 +17,8 @@ mid-epoch sees the same samples in the same batches, but not bitwise the same au
 Samples, checked on a few indices before training (the first bad one is named, with what it
 holds and what the task expects):
 - image classification: (image, label); the image a uint8 (H, W, 3) tensor or array, which
-  hpctrain normalises on the device as for its own data (data.mean, data.std), or a float
-  (3, H, W) tensor already normalised, used as it is;
+  hpctrain normalises on the device as for its own data (data.images.mean, data.images.std),
+  or a float (3, H, W) tensor already normalised, used as it is;
 - point-cloud classification: (points, label), the points a float (N, 3) tensor or array;
 - language modelling: a block of data.tokens.seq_len + 1 integer token ids (1-D), below the
   vocabulary's size: data.tokens.vocab_size, or the training dataset's `vocab_size`;

@@ -77,8 +77,8 @@ def user_model(name: str, num_classes: int | None, kwargs: dict, vocab_size: int
     if image_sizes:
         if len(set(image_sizes)) > 1 and user_code.facts_taken(factory, {"image_size": 0}):
             raise ConfigError(f"model.name {name} takes one image_size, but this recipe feeds "
-                              f"it {sorted(set(image_sizes))} px (data.image_size, "
-                              "data.val_image_size, progressive resizing): use one size")
+                              f"it {sorted(set(image_sizes))} px (data.images.image_size, "
+                              "data.images.val_image_size, progressive resizing): use one size")
         facts["image_size"] = image_sizes[0]
     model = user_code.call_factory(factory, "model.name", name, facts, kwargs)
     if not isinstance(model, nn.Module):
@@ -101,12 +101,12 @@ def _sized_for(model_name: str, kwargs: dict, image_sizes: tuple[int, ...]) -> d
     if len(sizes) > 1:
         raise ConfigError(f"model.name timm:{model_name} takes images of one fixed size "
                           f"({made_for} px), but this recipe feeds it {sizes} px "
-                          "(data.image_size, data.val_image_size, progressive resizing): use "
-                          "one size, or a convolutional model")
+                          "(data.images.image_size, data.images.val_image_size, progressive "
+                          "resizing): use one size, or a convolutional model")
     if sizes[0] == made_for:
         return {}
     if "img_size" in kwargs:
-        raise ConfigError(f"model.kwargs.img_size={made_for} but data.image_size="
+        raise ConfigError(f"model.kwargs.img_size={made_for} but data.images.image_size="
                           f"{sizes[0]}: timm:{model_name} takes one fixed size; make them "
                           "equal")
     return {"img_size": sizes[0]}
@@ -199,6 +199,6 @@ def _library_model(name: str, source: str, model_name: str, num_classes: int | N
                 raise
             raise ConfigError(f"model.name {name} takes images of one fixed size and "
                               f"cannot be built for {sized['img_size']} px ({err}); set "
-                              f"data.image_size to the size it was made for") from None
+                              f"data.images.image_size to the size it was made for") from None
     except (TypeError, ValueError) as err:  # a bad entry in model.kwargs
         raise ConfigError(f"model.kwargs {kwargs} do not fit {name}: {err}") from None

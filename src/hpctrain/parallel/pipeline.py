@@ -175,7 +175,7 @@ def sample_inputs(model: nn.Module, config, microbatch: int, device: torch.devic
         return torch.randint(0, model.embed.num_embeddings,
                              (microbatch, config.data.tokens.seq_len), device=device)
     size = model.patch_embed.img_size if family is VIT_FAMILY else \
-        (config.data.image_size,) * 2
+        (config.data.images.image_size,) * 2
     return torch.randn(microbatch, 3, *size, device=device)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from hpctrain.config import current_names, flatten
 from hpctrain.profiling.analysis import Evidence, analyse
 from hpctrain.profiling.collect import collect
 from hpctrain.profiling.picture import write_html, write_png
@@ -60,7 +61,8 @@ def settings_from_run(run_dir: Path | None, recipe: str | None = None) -> Settin
     system = summary.get("system") if isinstance(summary.get("system"), dict) else {}
     data = config.get("data") if isinstance(config.get("data"), dict) else {}
     settings.recipe = recipe or config.get("name", "RECIPE").removesuffix("-profile")
-    settings.dataset, settings.decode = data.get("dataset"), data.get("decode")
+    settings.dataset = data.get("dataset")
+    settings.decode = flatten(current_names(config)).get("data.images.decode")
     settings.num_workers = resolve_num_workers(data.get("num_workers", "auto"))
     settings.prefetch_factor = data.get("prefetch_factor")
     settings.precision = system.get("precision") or config.get("precision")

@@ -177,7 +177,7 @@ def _input_advice(e: Evidence, gain: float, s: Settings) -> list[Recommendation]
             f"{s.num_workers if s.num_workers is not None else 'few'} loader processes for "
             f"{s.cores} cores", _up_to(gain), gain * 0.99))
     if s.dataset == "shards" and s.decode == "cpu" and e.gpu:
-        out.append(Recommendation("data.decode=gpu", "decode JPEGs with nvJPEG on the GPU, "
+        out.append(Recommendation("data.images.decode=gpu", "decode JPEGs with nvJPEG on the GPU, "
                                   "off the CPU cores", _up_to(gain), gain * 0.98))
     wait = e.regions.get("data_wait", {})
     if wait and wait["max_ms"] > 4 * max(wait["mean_ms"], 1e-3) and (s.prefetch_factor or 4) < 8:

@@ -63,5 +63,5 @@ def figures(measured: Measured) -> dict:
 SPEC = TaskSpec(name="image_classification", data_kind="images", unit="images",
                 objective="best_val_accuracy:max", default_model="hpctrain:resnet_small",
                 curves=ACCURACY_CURVES, figures=figures, rate_label="img",
-                sample_size="data.image_size", build=build, describe=describe,
+                sample_size="data.images.image_size", build=build, describe=describe,
                 classes_from_output=True)

@@ -110,7 +110,7 @@ class TaskSpec:
     - `figures(measured) -> dict`: its own figures in summary.json (`Measured`);
     - `rate_label`: its unit in the progress line ("img" in "1,200 img/s");
     - `sample_size`: the setting that sets a sample's size, which out-of-memory advice
-      names ("data.image_size"; None: your own tensors, sized by your code);
+      names ("data.images.image_size"; None: your own tensors, sized by your code);
     - `units_per_sample(config)`: the throughput units in one sample;
     - `flops_per_unit(model_flops, config)`: the model FLOPs per unit behind its MFU (None:
       no MFU);

@@ -21,7 +21,7 @@ from hpctrain.errors import DataError
 
 def image_datasets(data, seed: int, scratch: Path | None) -> tuple[Dataset, Dataset, int]:
     """(train, val, number of classes) of data.dataset; `scratch`: the node-local folder a
-    pack is copied to under data.cache=auto."""
+    pack is copied to under data.images.cache=auto."""
     if data.dataset == "synthetic":
         s = data.synthetic
         return (SyntheticDataset(s.num_train, s.num_classes, seed),
@@ -38,7 +38,8 @@ def image_datasets(data, seed: int, scratch: Path | None) -> tuple[Dataset, Data
         num_classes, train, val = _image_folder_samples(Path(data.path).expanduser(),
                                                         data.val_fraction, seed)
     make = lambda samples, is_train: ImageFolderDataset(
-        samples, is_train, data.augment, seed, data.val_resize_ratio, data.on_bad_image)
+        samples, is_train, data.augment, seed, data.images.val_resize_ratio,
+        data.images.on_bad_image)
     return check_classes(data, make(train, True), make(val, False), num_classes)
 
 
@@ -58,11 +59,11 @@ def _image_folder_samples(root: Path, val_fraction: float | None, seed: int):
 
 def _shard_datasets(data, seed: int, scratch: Path | None) -> tuple[Dataset, Dataset, int]:
     """A pack's train and val splits; without a val split, data.val_fraction of train."""
-    packed = node_local_pack(Pack(data.path), data.cache, scratch)
+    packed = node_local_pack(Pack(data.path), data.images.cache, scratch)
     train = packed.split("train")
     make = lambda split, rows, is_train: ShardDataset(split, rows, is_train, data.augment, seed,
-                                                      data.val_resize_ratio,
-                                                      encoded=data.decode == "gpu")
+                                                      data.images.val_resize_ratio,
+                                                      encoded=data.images.decode == "gpu")
     if "val" in packed.splits:
         return (make(train, None, True), make(packed.split("val"), None, False),
                 len(packed.classes))

@@ -1,4 +1,4 @@
-"""`data.decode: gpu`: JPEGs decoded on the GPU (nvJPEG), a batch at a time.
+"""`data.images.decode: gpu`: JPEGs decoded on the GPU (nvJPEG), a batch at a time.
 
 Workers then only read bytes and draw each sample's view (crop box and flip, the same draw as on
 the CPU path), so a node with few cores per GPU stops being the limit: batched nvJPEG on one
@@ -25,7 +25,7 @@ from hpctrain.data.images.image_pack import KIND_RAW
 
 
 class EncodedBatch(NamedTuple):
-    """What workers deliver under data.decode=gpu: stored bytes plus each sample's view."""
+    """What workers deliver under data.images.decode=gpu: stored bytes plus each sample's view."""
 
     payloads: list[torch.Tensor]  # uint8 1-D: JPEG bytes, or raw RGB pixels (header removed)
     kinds: torch.Tensor  # KIND_JPEG / KIND_RAW per sample

@@ -185,7 +185,7 @@ class ImageFolderDataset(ImageRows, Dataset):
             except (OSError, ValueError, Image.DecompressionBombError) as err:
                 if self.on_bad_image == "fail":
                     raise DataError(f"unreadable image {path}: {err}. Remove or replace it, "
-                                    "or set data.on_bad_image=skip") from None
+                                    "or set data.images.on_bad_image=skip") from None
                 self._report_skip(path, err)
                 continue
             height, width = pixels.shape[:2]

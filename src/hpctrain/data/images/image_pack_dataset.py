@@ -116,7 +116,7 @@ class ShardDataset(ImageRows, Dataset):
     def __init__(self, split: Split, rows: np.ndarray | None, train: bool,
                  augment: AugmentConfig, seed: int, val_resize_ratio: float = 1.0,
                  encoded: bool = False):
-        self.encoded = encoded  # data.decode=gpu: leave the bytes to device_decode.py
+        self.encoded = encoded  # data.images.decode=gpu: leave the bytes to device_decode.py
         self.index_path = str(split.index.filename)
         self.rows = rows
         self.length = len(rows) if rows is not None else len(split.index)

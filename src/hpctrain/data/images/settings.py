@@ -1,13 +1,34 @@
-"""Images' sections of the recipe's data section (`data.augment`, `data.progressive`,
-`data.shapes`, `data.synthetic`), apart from their spec (kind.py) so that the datasets can
-name them."""
+"""Images' sections of the recipe's data section (`data.images`, `data.augment`,
+`data.progressive`, `data.shapes`, `data.synthetic`), apart from their spec (kind.py) so that
+the datasets can name them."""
 
 from __future__ import annotations
+
+from typing import Literal
 
 from pydantic import Field, model_validator
 
 from hpctrain.data.kind import MOST_SAMPLES
 from hpctrain.sections import Section
+
+
+class ImagesConfig(Section):
+    """What every image dataset shares: the sizes fed to the model, the normalisation, and
+    how a pack is read (`decode`, `cache`: dataset `shards` only). Until issue 66 these were
+    keys of `data` itself (config/loading.py's RENAMED still reads them there)."""
+
+    image_size: int = Field(32, ge=8, le=1024)
+    val_image_size: int | None = Field(None, ge=8, le=1024)
+    val_resize_ratio: float = Field(1.0, gt=0, le=1,
+                                    description="crop fraction for validation (0.875 for "
+                                                "ImageNet; 1 = resize only)")
+    mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
+    std: tuple[float, float, float] = (0.229, 0.224, 0.225)
+    decode: Literal["cpu", "gpu"] = Field("cpu", description="shards: where JPEGs are "
+                                          "decoded; gpu: batched nvJPEG on the device")
+    cache: str = Field("off", description="shards: copy the pack once per node to local "
+                       "storage: auto (the job's scratch folder, else $TMPDIR), a path, or off")
+    on_bad_image: Literal["skip", "fail"] = "skip"
 
 
 class ShapesConfig(Section):

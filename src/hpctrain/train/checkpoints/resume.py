@@ -20,7 +20,7 @@ import torch
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state_dict,
                                                      set_state_dict)
 
-from hpctrain.config import Config, flatten
+from hpctrain.config import Config, current_names, flatten
 from hpctrain.errors import ConfigError
 from hpctrain.monitor.meter import add_energy
 from hpctrain.runs.directory import RunDir, run_of_checkpoint, size_of
@@ -105,9 +105,9 @@ def changed_settings(saved: dict, config: Config) -> dict[str, tuple]:
 def _saved_config(meta: dict, path: Path) -> dict | None:
     """The configuration the checkpoint was trained with: its own record, or (checkpoints of
     older versions) the run's config.yaml."""
-    if isinstance(meta.get("config"), dict):
-        return meta["config"]
-    return RunDir(run_of_checkpoint(path)).read_config()
+    saved = meta["config"] if isinstance(meta.get("config"), dict) else \
+        RunDir(run_of_checkpoint(path)).read_config()
+    return current_names(saved) if saved is not None else None
 
 
 def refuse_state_changes(saved: dict, config: Config, path: Path) -> None:
