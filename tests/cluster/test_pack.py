@@ -7,10 +7,8 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-import pytest
 
 from hpctrain.data.images.image_folders import scan_image_folder
-from hpctrain.data.images.image_packing import PackOptions, pack
 from hpctrain.data.images.image_pack import Pack, ShardReader
 from image_packs import packed
 

@@ -13,7 +13,6 @@ from optuna.trial import TrialState, create_trial
 from hpctrain.runs.directory import RunDir
 from hpctrain.runs.identity import read_identity
 from hpctrain.tune import space
-from hpctrain.tune.search import Options, prepare
 from hpctrain.tune.study import open_study, read_search
 from tune_studies import LR, prepared
 

@@ -9,10 +9,9 @@ import sys
 
 import pytest
 
-from hpctrain.cluster.environment import detect
 from hpctrain.cluster.slurm import expand_hostlist
 from hpctrain.errors import ConfigError
-from step_layouts import SLURM_STEP, layout
+from step_layouts import SLURM_STEP
 
 
 def test_a_rank_past_the_process_count_stops_a_run_at_once_not_in_the_rendezvous(tiny):

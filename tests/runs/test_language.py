@@ -3,7 +3,6 @@ their own (the others are tests/unit/test_language.py)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import resource
@@ -21,7 +20,6 @@ from torch.utils.data import DataLoader
 from hpctrain.data.batch_buffers import BufferedLoader
 from hpctrain.data.sampling import EpochSampler
 from hpctrain.data.tokens.token_pack import TokenBlocks, TokenPack
-from hpctrain.data.tokens.token_packing import TokenPackOptions, pack_tokens
 from hpctrain.errors import DataError
 from hpctrain.models.gpt import gpt
 from token_data import crafted_copy, hf_config, packed, stream_pack

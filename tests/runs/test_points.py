@@ -12,7 +12,6 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from hpctrain.data.points import shapes3d
 from hpctrain.data.points.modelnet import read_modelnet
 from hpctrain.data.points.pointnet import pointnet_small
 from point_files import POINT_RUN, points_cache, write_off_folders

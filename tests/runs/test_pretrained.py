@@ -5,10 +5,8 @@ tests/cluster/test_pretrained.py)."""
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 
 import pytest
-import torch
 
 from hostile import plant_hostile_weights
 from tiny_models import _tiny_gpt2

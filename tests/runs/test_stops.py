@@ -22,7 +22,7 @@ import torch
 from hpctrain.errors import ExitCode
 from hpctrain.runs.directory import list_checkpoints
 from hpctrain.train.checkpoints.checkpoint import read_checkpoint
-from stop_recipes import CHECKED, VAL, evaluations, stripes, trains
+from stop_recipes import CHECKED, VAL, evaluations, stripes
 
 
 def final_weights(run: Path) -> dict:

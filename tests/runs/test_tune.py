@@ -22,7 +22,6 @@ from hpctrain.tasks.registry import TASK_OBJECTIVE, TASK_OF_DATA
 from hpctrain.runs.directory import RunDir
 from hpctrain.runs.identity import read_identity
 from hpctrain.tune import space
-from hpctrain.tune.search import Options, prepare
 from hpctrain.tune.study import OBJECTIVES, open_study, read_search
 from tune_studies import LR, prepared
 

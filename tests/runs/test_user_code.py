@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest

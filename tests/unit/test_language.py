@@ -6,7 +6,6 @@ tests/runs/test_language.py."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import shutil

@@ -1,7 +1,6 @@
 """`hpctrain pack` and `dataset: the tests that need no training run, no process and no server
 (the others are tests/runs/test_pack.py, tests/cluster/test_pack.py)."""
 
-from pathlib import Path
 
 import numpy as np
 import pytest

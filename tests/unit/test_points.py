@@ -6,7 +6,6 @@ tests/runs/test_points.py."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -11,7 +11,6 @@ from optuna.trial import TrialState, create_trial
 
 from hpctrain.errors import ConfigError
 from hpctrain.tune import space
-from hpctrain.tune.search import Options, prepare
 from hpctrain.tune.study import check_storage, open_study
 from hpctrain.tune.worker import (STALE_SECONDS, budget_used, claim_file, fail_stale,
                                   take_trial)

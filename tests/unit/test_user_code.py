@@ -4,9 +4,6 @@ others are tests/runs/test_user_code.py)."""
 from __future__ import annotations
 
 import itertools
-import sys
-import textwrap
-from pathlib import Path
 
 import pytest
 import torch
