@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -182,16 +183,21 @@ def slurm_cluster(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def postgres(tmp_path_factory):
+def postgres():
     """A PostgreSQL server for the session (postgres_server.py): the team's runs index, a
-    search's study."""
+    search's study. Its folder is not under pytest's basetemp: a second pytest started beside
+    this one (the unit lane while the suite runs) sets /tmp/pytest-of-USER back to 0700, and
+    the server, running as the postgres user, lost its own data folder (a PANIC, then every
+    later test of the index refused)."""
     from postgres_server import LocalPostgres
 
-    server = LocalPostgres(tmp_path_factory.mktemp("postgres")).start()
+    root = Path(tempfile.mkdtemp(prefix="hpctrain-tests-postgres-"))
+    server = LocalPostgres(root / "server").start()
     try:
         yield server
     finally:
         server.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _one_test_cluster(folder: Path, monkeypatch, **options):
