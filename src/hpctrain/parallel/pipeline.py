@@ -174,9 +174,10 @@ def sample_inputs(model: nn.Module, config, microbatch: int, device: torch.devic
     if family is GPT_FAMILY:
         return torch.randint(0, model.embed.num_embeddings,
                              (microbatch, config.data.tokens.seq_len), device=device)
-    size = model.patch_embed.img_size if family is VIT_FAMILY else \
-        (config.data.images.image_size,) * 2
-    return torch.randn(microbatch, 3, *size, device=device)
+    if family is VIT_FAMILY:
+        return torch.randn(microbatch, 3, *model.patch_embed.img_size, device=device)
+    shape = config.data.kind_spec.sample_shape(config.data)  # the largest the run feeds
+    return torch.randn(microbatch, *shape, device=device)
 
 
 def cut_to_stage(model: nn.Module, rank_stage: int, stages: int, per_rank: int = 1,
