@@ -148,23 +148,38 @@ def run_locally(folder: Path, parallel: int, say=print) -> int:
                for slot in range(parallel)]
     codes = [ExitCode.FAILED] * parallel  # a worker that raised (its traceback is printed)
 
-    def work(slot: int) -> None:
-        codes[slot] = workers[slot].run()
+    # each worker's end, waited for on events: Python 3.11's Thread.join, interrupted by a
+    # Ctrl-C, releases the lock of a thread still running and marks it ended (bpo-45274's
+    # handling), so tune ended with 75 before its trial had saved
+    ended = [threading.Event() for _ in range(parallel)]
 
-    threads = [threading.Thread(target=work, args=(slot,), name=f"tune-slot-{slot}")
-               for slot in range(parallel)]
-    for thread in threads:
-        thread.start()
+    def work(slot: int) -> None:
+        try:
+            codes[slot] = workers[slot].run()
+        finally:
+            ended[slot].set()
+
+    for slot in range(parallel):
+        threading.Thread(target=work, args=(slot,), name=f"tune-slot-{slot}").start()
         time.sleep(0.2)  # the first takes the lock first: trial numbers follow the slots
     try:
-        while any(t.is_alive() for t in threads):
-            for thread in threads:
-                thread.join(timeout=0.5)
+        _until_set(ended)
     except KeyboardInterrupt:
         said("hpctrain tune: stopping: the running trials save a checkpoint first")
         for worker in workers:
             worker.stop()
-        for thread in threads:
-            thread.join()
+        while True:  # the trials' own bounds end them; a second Ctrl-C does not cut the save
+            try:
+                _until_set(ended)
+                break
+            except KeyboardInterrupt:
+                said("hpctrain tune: still stopping: the running trials finish saving")
         return ExitCode.STOPPED
     return max(codes)  # STOPPED above FAILED above DONE
+
+
+def _until_set(events: list[threading.Event]) -> None:
+    """Every event set; a signal's exception may come out of any wait."""
+    for event in events:
+        while not event.wait(0.5):
+            pass
