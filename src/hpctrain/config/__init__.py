@@ -21,5 +21,5 @@ AugmentConfig = sections()["augment"]
 
 __all__ = ["AugmentConfig", "Config", "DataConfig", "OptimConfig",
            "PreemptionConfig", "ScheduleConfig", "Strategy", "TaskConfig", "code_references",
-           "current_names", "flatten", "from_defaults", "load_config", "parse_override", "plain_name",
-           "read_yaml_mapping", "shipped_recipes", "to_yaml", "with_settings"]
+           "current_names", "flatten", "from_defaults", "load_config", "parse_override",
+           "plain_name", "read_yaml_mapping", "shipped_recipes", "to_yaml", "with_settings"]

@@ -134,7 +134,7 @@ def _renamed_tree(tree: dict, source: str, say: bool = True) -> None:
             node = node.get(part) if isinstance(node, dict) else None
         if not isinstance(node, dict) or last not in node:
             continue
-        if new in flatten(tree) or any(key.startswith(new + ".") for key in flatten(tree)):
+        if any(key == new or key.startswith(new + ".") for key in flatten(tree)):
             raise ConfigError(f"{source} gives both {old} and {new}: {old} is the old name "
                               f"of {new}; keep {new}")
         if say:
