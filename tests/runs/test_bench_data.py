@@ -2,6 +2,8 @@
 their own (the others are tests/unit/test_bench_data.py)."""
 
 import json
+import subprocess
+import sys
 
 from hpctrain.bench.data_path import DataBench, Setting
 from hpctrain.data.images.image_packing import PackOptions, pack
@@ -57,12 +59,20 @@ def test_bench_data_python_samples_the_workers_or_profiles_in_process(tmp_path, 
                                "data.val_fraction=0.25", "train.batch_size=4",
                                "data.images.image_size=64"),
               "--workers", "2", "--prefetch", "2", "--seconds", "1", "--python"]
-    code, out, err = run_cli("bench", "data", *recipe, "--json")
+    # a child started before, as a session fixture's server is under pytest: not a worker
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nwhile True:\n"
+                             " sum(range(200_000)); time.sleep(0.01)"])  # on a CPU 1/4 of it
+    try:
+        code, out, err = run_cli("bench", "data", *recipe, "--json")
+    finally:
+        busy.kill()
+        busy.wait(5)
     assert code == 0, err
     sampled = json.loads(out)["python"]
     assert sampled["tool"] == "py-spy" and sampled["note"] is None
-    roles = [p["role"] for p in sampled["processes"]]
-    assert roles[0] == "training process" and roles.count("worker") == 2
+    roles = {p["pid"]: p["role"] for p in sampled["processes"]}
+    assert list(roles.values())[0] == "training process"
+    assert list(roles.values()).count("worker") == 2 and roles[busy.pid] == "other process"
     workers = [p for p in sampled["processes"] if p["role"] == "worker"]
     assert all(p["stages"]["decoding"] > 0.2 for p in workers), workers
     monkeypatch.setattr(python_profile, "py_spy_available", lambda: None)

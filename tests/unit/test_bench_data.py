@@ -49,11 +49,19 @@ def test_python_sampling_places_each_sample_in_a_stage_by_its_innermost_frame():
     assert stage_of(["_worker_loop (worker.py:300)", "default_collate (collate.py:200)"]) \
         == "transport"
     assert stage_of(["main (x.py:1)", "spin (x.py:9)"]) == "rest"
+    worker_loop = "_bootstrap (multiprocessing/process.py:314);_work (hpctrain/batch_buffers.py:1)"
     raw = ('process 10:"python";decode_jpeg (shard_dataset.py:62) 3\n'
-           'process 10:"python";process 11:"python";_work (b.py:1);decode_jpeg (s.py:62) 6\n'
-           'process 10:"python";process 11:"python";_work (b.py:1);ShardReader.read (s.py:9) 2\n'
+           'process 10:"python";process 12:"python -c import os\nspin()";spin (<string>:2) 1\n'
+           f'process 10:"python";process 11:"python";{worker_loop};decode_jpeg (s.py:62) 6\n'
+           f'process 10:"python";process 11:"python";{worker_loop};ShardReader.read (s.py:9) 2\n'
            'process 10:"python";_Workers.finished (b.py:5);Queue.get (queues.py:103) 1\n')
-    training, worker = parse_py_spy(raw, root=10)
+    training, worker, other = parse_py_spy(raw, root=10)
+    # a child that never ran a loader's loop; its `python -c` script's line break is no stack
+    assert (other.role, other.pid, other.hottest) == ("other process", 12,
+                                                      [("spin (<string>:2)", 1.0)])
+    torch_worker = "_worker_loop (torch/utils/data/_utils/worker.py:300);fetch (f.py:1) 1"
+    assert [p.role for p in parse_py_spy(f'process 10:"p";process 13:"p";{torch_worker}\n',
+                                         root=10)] == ["worker"]
     assert (training.role, training.pid, training.samples) == ("training process", 10, 4)
     assert training.stages["decoding"] == 0.75 and training.stages["transport"] == 0.25
     assert (worker.role, worker.pid, worker.samples) == ("worker", 11, 8)

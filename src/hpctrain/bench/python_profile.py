@@ -40,12 +40,14 @@ _PATTERNS = [  # innermost match wins; checked in this order within a frame
                              r"Queue\.(put|get)|_recv|_send|connection\.py|queues\.py|"
                              r"share_memory|_shared|pin_memory")),
 ]
+# a loader worker's outermost own frame: batch buffers' worker or torch's DataLoader worker
+_WORKER_LOOP = re.compile(r"^(_work \(\S*batch_buffers\.py|_worker_loop \(\S*worker\.py):")
 TOP = 5
 
 
 @dataclass
 class ProcessProfile:
-    role: str  # "training process" or "worker"
+    role: str  # "training process", "worker" or "other process" (a child that is neither)
     pid: int | None
     samples: int
     stages: dict[str, float]  # stage -> share of this process's samples
@@ -98,21 +100,50 @@ def _summarise(role: str, pid: int | None, weighted: list[tuple[list[str], float
                           [(name, count / total) for name, count in leaves.most_common(TOP)])
 
 
-def parse_py_spy(text: str, root: int) -> list[ProcessProfile]:
-    """py-spy's raw output (`process PID:"cmd";...;frame (file:line) COUNT` per line, with
-    --subprocesses) per process: `root` is the training process, the rest its workers."""
-    by_pid: dict[int, list[tuple[list[str], int]]] = defaultdict(list)
-    for line in text.splitlines():
-        stack, _, count = line.rpartition(" ")
+_PROCESS = re.compile(r'process (\d+):"')  # a process's part of a stack, its command quoted
+
+
+def _records(text: str) -> list[tuple[int | None, list[str], int]]:
+    """(the innermost process's pid or None, frames, count) per sampled stack of py-spy's raw
+    output. A stack is one line, but a command line quoted in it may hold line breaks
+    (`python -c` with a script): with --subprocesses, a stack starts at `process PID:`."""
+    if text.startswith("process "):
+        stacks = re.split(r"\n(?=process \d+:\")", text)
+    else:
+        stacks = text.splitlines()
+    found = []
+    for stack in stacks:
+        stack, _, count = stack.strip().rpartition(" ")
         if not stack or not count.isdigit():
             continue
-        parts = stack.split(";")
-        pids = [int(m.group(1)) for p in parts if (m := re.match(r"process (\d+):", p))]
-        frames = [p for p in parts if not p.startswith("process ")]
-        by_pid[pids[-1] if pids else root].append((frames, int(count)))
-    ordered = sorted(by_pid, key=lambda pid: (pid != root, pid))
-    return [_summarise("training process" if pid == root else "worker", pid, by_pid[pid])
-            for pid in ordered]
+        pid, frames = None, stack
+        if (last := list(_PROCESS.finditer(stack))[-1:]):
+            pid, quoted_end = int(last[0].group(1)), stack.find('";', last[0].end())
+            frames = stack[quoted_end + 2:] if quoted_end >= 0 else ""
+        found.append((pid, [f for f in frames.split(";") if f], int(count)))
+    return found
+
+
+def parse_py_spy(text: str, root: int) -> list[ProcessProfile]:
+    """py-spy's raw output (`process PID:"cmd";...;frame (file:line) COUNT` per stack, with
+    --subprocesses) per process: `root` is the training process, a child seen in a loader
+    worker's loop a worker, any other child (a fork server, a resource tracker, what the
+    caller started before) another process."""
+    by_pid: dict[int, list[tuple[list[str], int]]] = defaultdict(list)
+    for pid, frames, count in _records(text):
+        by_pid[root if pid is None else pid].append((frames, count))
+
+    def role(pid: int) -> str:
+        if pid == root:
+            return "training process"
+        seen_working = any(_WORKER_LOOP.match(frame) for frames, _ in by_pid[pid]
+                           for frame in frames)
+        return "worker" if seen_working else "other process"
+
+    order = ("training process", "worker", "other process")
+    roles = {pid: role(pid) for pid in by_pid}
+    return [_summarise(roles[pid], pid, by_pid[pid])
+            for pid in sorted(by_pid, key=lambda pid: (order.index(roles[pid]), pid))]
 
 
 def py_spy_available() -> str | None:
