@@ -21,6 +21,8 @@ def entry() -> None:
     from hpctrain.monitor.lifeline import follow_starter
 
     follow_starter()  # a process hpctrain started ends with its starter
+    if (exit_seconds := _exit_seconds()) is None:
+        _end(ExitCode.BAD_INPUT)
 
     try:
         from hpctrain.cli import main
@@ -29,11 +31,31 @@ def entry() -> None:
     except KeyboardInterrupt:  # one held, handed back where no verb was left to catch it
         print("hpctrain: interrupted", file=sys.stderr)
         code = ExitCode.INTERRUPTED
-    _exit_within(code, EXIT_SECONDS)
+    _exit_within(code, exit_seconds)
     _end(code)
 
 
 EXIT_SECONDS = 15.0  # from the verb's end to the process's, whatever is left running
+EXIT_SECONDS_VARIABLE = "HPCTRAIN_EXIT_SECONDS"  # another bound, for this process
+
+
+def _exit_seconds() -> float | None:
+    """EXIT_SECONDS, or the environment's bound; None (said why) where that is no finite
+    positive number of seconds."""
+    import os
+
+    given = os.environ.get(EXIT_SECONDS_VARIABLE)
+    if given is None:
+        return EXIT_SECONDS
+    try:
+        seconds = float(given)
+    except ValueError:
+        seconds = 0.0
+    if 0 < seconds < float("inf"):  # nothing waits forever
+        return seconds
+    print(f"hpctrain: {EXIT_SECONDS_VARIABLE}={given!r} is not a finite positive number of "
+          f"seconds; unset it for the default, {EXIT_SECONDS:g}", file=sys.stderr)
+    return None
 
 
 def _exit_within(code: int, seconds: float) -> None:
@@ -44,7 +66,7 @@ def _exit_within(code: int, seconds: float) -> None:
     import threading
 
     def end() -> None:
-        print(f"hpctrain: the process did not end within {seconds:.0f} s of its verb "
+        print(f"hpctrain: the process did not end within {seconds:g} s of its verb "
               "(its exit functions waited on threads or child processes): ended",
               file=sys.__stderr__, flush=True)
         os._exit(code)

@@ -225,12 +225,13 @@ def test_an_internal_error_ends_the_process_though_a_thread_is_left_running(tmp_
     (tmp_path / "leftover.py").write_text(LEFT_RUNNING)
     done = subprocess.run([sys.executable, "-m", "hpctrain", "run", str(recipe(tmp_path)),
                            f"model.name={tmp_path / 'leftover.py'}:Net"],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "HPCTRAIN_EXIT_SECONDS": "2"})  # not 15 s here
     assert done.returncode == ExitCode.INTERNAL, done.stderr[-2000:]
     assert "ValueError: a bug in the model's forward" in done.stderr
     assert json.loads(next((tmp_path / "runs").glob("*/summary.json")).read_text())[
         "status"] == "failed"  # its records written first
-    assert "hpctrain: the process did not end within 15 s of its verb (its exit functions " \
+    assert "hpctrain: the process did not end within 2 s of its verb (its exit functions " \
            "waited on threads or child processes): ended" in done.stderr
 
 

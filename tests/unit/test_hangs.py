@@ -108,3 +108,19 @@ def test_a_tracker_that_does_not_close_is_said_and_left_behind(tmp_path, monkeyp
     assert time.monotonic() - began < 5 and closed == [{"status": "interrupted"}]
     assert "stuck did not close within 0 s; its last figures may be missing there, " \
            "metrics.jsonl has them all" in capsys.readouterr().err
+
+
+def test_the_bound_from_a_verb_to_the_process_end_is_15_s_or_the_environments(monkeypatch,
+                                                                               capsys):
+    from hpctrain import console
+
+    monkeypatch.delenv("HPCTRAIN_EXIT_SECONDS", raising=False)
+    assert console._exit_seconds() == 15
+    monkeypatch.setenv("HPCTRAIN_EXIT_SECONDS", "2.5")
+    assert console._exit_seconds() == 2.5
+    for bad in ("soon", "0", "-1", "inf", "nan"):
+        monkeypatch.setenv("HPCTRAIN_EXIT_SECONDS", bad)
+        assert console._exit_seconds() is None
+        assert capsys.readouterr().err == (
+            f"hpctrain: HPCTRAIN_EXIT_SECONDS='{bad}' is not a finite positive number of "
+            "seconds; unset it for the default, 15\n")
