@@ -36,7 +36,7 @@ def entry() -> None:
 
 
 EXIT_SECONDS = 15.0  # from the verb's end to the process's, whatever is left running
-EXIT_SECONDS_VARIABLE = "HPCTRAIN_EXIT_SECONDS"  # another bound, for this process
+EXIT_SECONDS_VARIABLE = "HPCTRAIN_EXIT_SECONDS"  # another bound (children inherit it)
 
 
 def _exit_seconds() -> float | None:
