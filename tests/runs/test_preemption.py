@@ -120,6 +120,7 @@ def test_ctrl_c_twice_is_still_one_line_and_130(tmp_path, tiny):
         assert json.loads((run / "summary.json").read_text())["status"] == "interrupted"
 
 
+@pytest.mark.cold_start  # a stop while torch is imported
 def test_a_signal_during_start_up_stops_the_run_before_its_first_step(tmp_path, tiny):
     """Importing torch alone takes seconds: a signal then must not kill the run unheard."""
     started = time.monotonic()
@@ -136,6 +137,7 @@ def test_a_signal_during_start_up_stops_the_run_before_its_first_step(tmp_path, 
     assert not list_checkpoints(tmp_path / "runs" / "early" / "checkpoints")
 
 
+@pytest.mark.cold_start  # a stop while torch is imported
 @pytest.mark.parametrize("after", [0.3, 1.0, 1.6, 3.0])
 def test_ctrl_c_at_any_moment_of_start_up_is_interrupted_and_130(tmp_path, tiny, after):
     """From the interpreter's first import of hpctrain (about 0.1 s) through torch's import,

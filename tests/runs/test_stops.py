@@ -198,6 +198,7 @@ def test_a_bug_prints_its_traceback_and_exits_internal(tmp_path, tiny, run_cli):
         "hpctrain: internal error")
 
 
+@pytest.mark.cold_start  # a stop while torch is imported
 def test_every_job_of_a_chain_counts_also_one_stopped_during_start_up(tmp_path, tiny,
                                                                        run_cli):
     """Three jobs: stopped mid-run, stopped during start-up (it saves nothing), finished.

@@ -1,0 +1,290 @@
+"""`python -m hpctrain ...` started by the tests, forked from a process that has imported it.
+
+The suite starts a few hundred `hpctrain` processes, and each interpreter spends about 3 s
+importing torch, its checkpointing and its compiler before hpctrain does anything (a tiny run
+is 3.5 s in all here; docs/benchmarks.md). Here a process (a "warm" one) imports what every
+`hpctrain run` imports, then forks one process per start: the same `hpctrain` main
+(console.entry), with the caller's arguments, environment, working folder and standard
+files, in a process of its own that takes signals, has children and ends with its exit
+status like any other. What is shared is the interpreter's start and its imports.
+
+`install()` makes every `subprocess.Popen([sys.executable, "-m", "hpctrain", ...])` of the
+test process start this way (tests/conftest.py); a command it cannot start faithfully (a
+preexec_fn, passed fds, another user, or a variable read while importing that differs from a
+warm process's) starts the usual way. A test of start-up itself asks for a cold start
+(`@pytest.mark.cold_start`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import types
+from pathlib import Path
+
+# What the interpreter, torch and the libraries they load read when they start (and never
+# again): a start that sets one of these otherwise than a warm process did needs its own.
+_READ_AT_START = ("OMP_", "MKL_", "OPENBLAS_", "KMP_", "GOMP_", "MALLOC_", "LD_", "TORCH",
+                  "PYTORCH_", "CUDA_", "TMPDIR", "PYTHON")
+_SET_PER_START = ("PYTHONPATH", "PYTHONUNBUFFERED")  # a forked start applies these itself
+# torch's optimisers import torch._dynamo; checkpoints torch.distributed.checkpoint
+_IMPORTED_BY_EVERY_RUN = ("hpctrain.cli", "hpctrain.console", "hpctrain.train.loop",
+                          "torch._dynamo", "torch.distributed.checkpoint")
+_MOST_WARM = 3  # processes of ~700 MB each, one per distinct start-up environment
+_REAL_POPEN = subprocess.Popen
+_WARM: dict[tuple, tuple[subprocess.Popen, str]] = {}
+
+
+def _start_key(env: dict[str, str]) -> tuple:
+    return tuple(sorted((k, v) for k, v in env.items()
+                        if k.startswith(_READ_AT_START) and k not in _SET_PER_START))
+
+
+def _warm_socket(env: dict[str, str]) -> str | None:
+    """The socket of a warm process for `env` (started now if none yet), or None."""
+    key = _start_key(env)
+    if key in _WARM and _WARM[key][0].poll() is None:
+        return _WARM[key][1]
+    if len(_WARM) >= _MOST_WARM:
+        return None
+    path = os.path.join(tempfile.mkdtemp(prefix="hpctrain-warm-"), "socket")
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(_READ_AT_START) or k in _SET_PER_START}
+    base.pop("PYTHONUNBUFFERED", None)
+    log = open(Path(path).with_name("warm.log"), "wb")
+    server = _REAL_POPEN([sys.executable, __file__, path], env={**base, **dict(key)},
+                         stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                         start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not os.path.exists(path):
+        if server.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the warm process did not start: {log.name}")
+        time.sleep(0.05)
+    _WARM[key] = (server, path)
+    return path
+
+
+def stop_all() -> None:
+    for server, _ in _WARM.values():
+        server.kill()
+        server.wait(timeout=30)
+    _WARM.clear()
+
+
+class WarmPopen(_REAL_POPEN):
+    """subprocess.Popen that forks `python -m hpctrain` from a warm process where it can."""
+
+    cold = False  # set while a test asks for cold starts
+
+    def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env,
+                       startupinfo, creationflags, shell, p2cread, p2cwrite, c2pread,
+                       c2pwrite, errread, errwrite, restore_signals, gid, gids, uid, umask,
+                       start_new_session, process_group):
+        self._warm = None
+        words = [os.fspath(a) for a in args] if isinstance(args, (list, tuple)) else None
+        environ = dict(os.environ if env is None else env)
+        plain = (preexec_fn is None and not pass_fds and not shell and executable is None
+                 and gid is None and not gids and uid is None and umask < 0
+                 and process_group < 0)
+        path = None
+        if (not self.cold and plain and words and words[:3] == [sys.executable, "-m",
+                                                              "hpctrain"]):
+            path = _warm_socket(environ)
+        if path is None:
+            return super()._execute_child(
+                args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo,
+                creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite, errread,
+                errwrite, restore_signals, gid, gids, uid, umask, start_new_session,
+                process_group)
+        request = {"args": words[3:], "env": environ, "new_session": bool(start_new_session),
+                   "cwd": os.path.abspath(os.fspath(cwd) if cwd is not None else ".")}
+        fds = [p2cread if p2cread != -1 else 0, c2pwrite if c2pwrite != -1 else 1,
+               errwrite if errwrite != -1 else 2]
+        self._warm = _Waiter(path, request, fds)
+        started = self._warm.line(timeout=60)
+        if started is None:
+            raise RuntimeError(f"the warm process at {path} forked nothing within 60 s")
+        self.pid = int(started)
+        self._child_created = True
+        self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)
+
+    def _try_wait(self, wait_flags):
+        if self._warm is None:
+            return super()._try_wait(wait_flags)
+        status = self._warm.line(timeout=None if wait_flags == 0 else 0)
+        return (0, 0) if status is None else (self.pid, int(status))
+
+    def _internal_poll(self, _deadstate=None, **kwargs):
+        if getattr(self, "_warm", None) is None:
+            return super()._internal_poll(_deadstate, **kwargs)
+        if self.returncode is None and self._waitpid_lock.acquire(False):
+            try:
+                pid, status = self._try_wait(os.WNOHANG)
+                if pid == self.pid:
+                    self._handle_exitstatus(status)
+            finally:
+                self._waitpid_lock.release()
+        return self.returncode
+
+
+def install() -> None:
+    subprocess.Popen = WarmPopen
+
+
+def uninstall() -> None:
+    subprocess.Popen = _REAL_POPEN
+    stop_all()
+
+
+class _Waiter:
+    """The connection to the process that waits on one forked start: it sends the start's
+    pid, then its wait status, a line each."""
+
+    def __init__(self, path: str, request: dict, fds: list[int]):
+        self.connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.connection.settimeout(60)
+        self.connection.connect(path)
+        body = json.dumps(request).encode()
+        socket.send_fds(self.connection, [struct.pack("!I", len(body))], fds)
+        self.connection.sendall(body)
+        self.connection.settimeout(None)
+        self.buffered = b""
+
+    def line(self, timeout: float | None) -> str | None:
+        """The next line; None where none came within `timeout` (None: no bound)."""
+        while b"\n" not in self.buffered:
+            ready, _, _ = select.select([self.connection], [], [], timeout)
+            if not ready:
+                return None
+            chunk = self.connection.recv(4096)
+            if not chunk:
+                raise RuntimeError("the warm process's waiter went away")
+            self.buffered += chunk
+        line, _, self.buffered = self.buffered.partition(b"\n")
+        return line.decode()
+
+
+# ---- the warm process ---------------------------------------------------------------------
+
+def _serve(path: str) -> None:
+    """Import what every `hpctrain run` imports, then fork a waiter for each request."""
+    for module in _IMPORTED_BY_EVERY_RUN:
+        importlib.import_module(module)
+
+    starter = os.getppid()
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the waiters are reaped without a wait
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path + ".new")
+    listener.listen(64)
+    os.rename(path + ".new", path)
+    listener.settimeout(1.0)
+    while os.getppid() == starter:  # the test session that started it is alive
+        try:
+            connection, _ = listener.accept()
+        except socket.timeout:
+            continue
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if os.fork() == 0:
+            listener.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            _wait_on(connection)
+        connection.close()
+
+
+def _wait_on(connection: socket.socket) -> None:
+    """The waiter: fork the `hpctrain` process, tell its pid, then its wait status."""
+    head, fds, _, _ = socket.recv_fds(connection, 4, 3)
+    size, = struct.unpack("!I", head)
+    body = b""
+    while len(body) < size:
+        body += connection.recv(size - len(body))
+    request = json.loads(body)
+    pid = os.fork()
+    if pid == 0:
+        connection.close()
+        _become(request, fds)
+    for fd in fds:
+        os.close(fd)
+    connection.sendall(f"{pid}\n".encode())
+    _, status = os.waitpid(pid, 0)
+    connection.sendall(f"{status}\n".encode())
+    os._exit(0)
+
+
+def _become(request: dict, fds: list[int]) -> None:
+    """Turn this fork into `python -m hpctrain ARGS` as the request describes it."""
+    if request["new_session"]:
+        os.setsid()
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+    for fd in set(fds) - {0, 1, 2}:
+        os.close(fd)
+    env = request["env"]
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(request["cwd"])
+    extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:] = [request["cwd"], *extra, *_BASE_PATH]
+    if env.get("PYTHONUNBUFFERED"):
+        for stream in (sys.stdout, sys.stderr):
+            stream.reconfigure(write_through=True)
+    _run_entry(request["args"])
+
+
+def _as_hpctrain_main() -> types.ModuleType:
+    """A `__main__` module as `python -m hpctrain` has it (the data workers' start reads it)."""
+    spec = importlib.util.find_spec("hpctrain.__main__")
+    main = types.ModuleType("__main__")
+    main.__file__, main.__spec__ = spec.origin, spec
+    return main
+
+
+def _run_entry(args: list[str]) -> None:
+    """hpctrain's entry, ending as the interpreter would (exit status, exit functions)."""
+    import atexit
+
+    from hpctrain.console import entry
+
+    main = _as_hpctrain_main()
+    sys.modules["__main__"] = main
+    sys.argv = [main.__file__, *args]
+    code = 1
+    try:
+        entry()  # ends the process itself
+        code = 0
+    except SystemExit as stop:  # argparse's --help and usage errors
+        if stop.code is None or isinstance(stop.code, int):
+            code = stop.code or 0
+        else:
+            print(stop.code, file=sys.stderr)
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        atexit._run_exitfuncs()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    except BaseException:
+        traceback.print_exc()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
+
+
+_BASE_PATH: list[str] = []
+
+if __name__ == "__main__":
+    own = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    _BASE_PATH = [p for p in sys.path[1:] if p not in own]
+    _serve(sys.argv[1])
