@@ -1,0 +1,63 @@
+"""The suite's warm starts (tests/warm_starts.py): a `python -m hpctrain` forked from a process
+that imported it ends as one started fresh, with the caller's arguments, folder, environment,
+standard files and signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import warm_starts
+from launching import wait_for
+
+
+def _parent(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines()
+                    if line.startswith("PPid:")))
+
+
+def _ends(cwd: Path, env: dict[str, str], *args: str) -> tuple[int, str, str]:
+    done = subprocess.run([sys.executable, "-m", "hpctrain", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+    return done.returncode, done.stdout, done.stderr
+
+
+def test_a_warm_start_ends_as_a_cold_one(tmp_path, monkeypatch):
+    """Same exit status and output for: a recipe found in the working folder, a variable of
+    the caller's environment that hpctrain reads, argparse's own exit, a bad recipe."""
+    (tmp_path / "mine.yaml").write_text("train:\n  batch_size: 7\n")
+    env = {**os.environ, "HPCTRAIN_EXIT_SECONDS": "nan"}
+    cases = [(os.environ, "config", "show", "mine.yaml"), (env, "config", "show", "default"),
+             (os.environ, "run", "--no-such-flag"), (os.environ, "run", "nosuch")]
+    warm = [_ends(tmp_path, dict(e), *args) for e, *args in cases]
+    monkeypatch.setattr(warm_starts.WarmPopen, "cold", True)
+    cold = [_ends(tmp_path, dict(e), *args) for e, *args in cases]
+    assert warm == cold
+    assert "batch_size: 7" in warm[0][1] and warm[1][0] == 2 and "HPCTRAIN_EXIT_SECONDS" in \
+        warm[1][2] and warm[2][0] == 2 and warm[3][0] == 2
+
+
+def test_a_warm_start_is_a_process_of_its_own_that_takes_signals(tmp_path, tiny):
+    """Forked by the warm process (not the test's child), in a session of its own when asked:
+    a SIGTERM to its group stops the run with the requeue status, as in a cold start."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "hpctrain", "run", "default",
+         *tiny("run_name=warm", "train.epochs=100", "train.log_every=1")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    metrics = tmp_path / "runs" / "warm" / "metrics.jsonl"
+    try:
+        assert _parent(process.pid) != os.getpid()
+        assert os.getpgid(process.pid) == process.pid  # its own session and group
+        wait_for(lambda: metrics.exists() and '"train"' in metrics.read_text(), process)
+        os.killpg(process.pid, signal.SIGTERM)
+        _, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 75, err[-2000:]
+    assert "(SIGTERM received)" in err
+
