@@ -9,7 +9,11 @@ files, in a process of its own that takes signals, has children and ends with it
 status like any other. What is shared is the interpreter's start and its imports.
 
 `install()` makes every `subprocess.Popen([sys.executable, "-m", "hpctrain", ...])` of the
-test process start this way (tests/conftest.py); a command it cannot start faithfully (a
+test process start this way (tests/conftest.py), and so do torchrun's agents (`python -m
+torch.distributed.run`) and the benchmark scripts' smoke runs (`python benchmarks/SCRIPT.py`).
+What those start in turn (torchrun's workers, an autotune's trials, a benchmark's runs)
+starts the usual way, as their children. A command it cannot start
+faithfully (a
 preexec_fn, passed fds, another user, or a variable read while importing that differs from a
 warm process's) starts the usual way. A test of start-up itself asks for a cold start
 (`@pytest.mark.cold_start`).
@@ -18,7 +22,6 @@ warm process's) starts the usual way. A test of start-up itself asks for a cold 
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import json
 import os
 import select
@@ -42,8 +45,24 @@ _SET_PER_START = ("PYTHONPATH", "PYTHONUNBUFFERED")  # a forked start applies th
 _IMPORTED_BY_EVERY_RUN = ("hpctrain.cli", "hpctrain.console", "hpctrain.train.loop",
                           "torch._dynamo", "torch.distributed.checkpoint")
 _MOST_WARM = 3  # processes of ~700 MB each, one per distinct start-up environment
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+WARM_MODULES = ("hpctrain", "torch.distributed.run")
 _REAL_POPEN = subprocess.Popen
 _WARM: dict[tuple, tuple[subprocess.Popen, str]] = {}
+
+
+def _what_starts(words: list[str]) -> dict | None:
+    """`python -m hpctrain ARGS`, `python -m torch.distributed.run ARGS` (torchrun, whose
+    workers start the usual way, as its children) or `python benchmarks/SCRIPT.py ARGS` (their
+    smoke tests), as a request; None for any other command."""
+    if words[0] != sys.executable or len(words) < 2:
+        return None
+    if words[1] == "-m" and len(words) > 2 and words[2] in WARM_MODULES:
+        return {"module": words[2], "script": None, "args": words[3:]}
+    script = Path(words[1]).resolve()
+    if script.suffix == ".py" and script.parent == BENCHMARKS and script.is_file():
+        return {"module": None, "script": str(script), "args": words[2:]}
+    return None
 
 
 def _start_key(env: dict[str, str]) -> tuple:
@@ -98,8 +117,8 @@ class WarmPopen(_REAL_POPEN):
                  and gid is None and not gids and uid is None and umask < 0
                  and process_group < 0)
         path = None
-        if (not self.cold and plain and words and words[:3] == [sys.executable, "-m",
-                                                              "hpctrain"]):
+        what = _what_starts(words) if words and plain and not self.cold else None
+        if what is not None:
             path = _warm_socket(environ)
         if path is None:
             return super()._execute_child(
@@ -107,7 +126,7 @@ class WarmPopen(_REAL_POPEN):
                 creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite, errread,
                 errwrite, restore_signals, gid, gids, uid, umask, start_new_session,
                 process_group)
-        request = {"args": words[3:], "env": environ, "new_session": bool(start_new_session),
+        request = {**what, "env": environ, "new_session": bool(start_new_session),
                    "cwd": os.path.abspath(os.fspath(cwd) if cwd is not None else ".")}
         fds = [p2cread if p2cread != -1 else 0, c2pwrite if c2pwrite != -1 else 1,
                errwrite if errwrite != -1 else 2]
@@ -199,8 +218,17 @@ def _serve(path: str) -> None:
         if os.fork() == 0:
             listener.close()
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            _wait_on(connection)
+            _never_back(_wait_on, connection)
         connection.close()
+
+
+def _never_back(run, *args) -> None:
+    """A fork's work: it ends the process, and never returns into its parent's code."""
+    try:
+        run(*args)
+    except BaseException:
+        traceback.print_exc()
+    os._exit(1)
 
 
 def _wait_on(connection: socket.socket) -> None:
@@ -211,20 +239,26 @@ def _wait_on(connection: socket.socket) -> None:
     while len(body) < size:
         body += connection.recv(size - len(body))
     request = json.loads(body)
+    ready_read, ready_write = os.pipe()
     pid = os.fork()
     if pid == 0:
         connection.close()
-        _become(request, fds)
+        os.close(ready_read)
+        _never_back(_become, request, fds, ready_write)
+    os.close(ready_write)
     for fd in fds:
         os.close(fd)
+    os.read(ready_read, 1)  # in its session, with its files: as a Popen returns after exec
+    os.close(ready_read)
     connection.sendall(f"{pid}\n".encode())
     _, status = os.waitpid(pid, 0)
     connection.sendall(f"{status}\n".encode())
     os._exit(0)
 
 
-def _become(request: dict, fds: list[int]) -> None:
-    """Turn this fork into `python -m hpctrain ARGS` as the request describes it."""
+def _become(request: dict, fds: list[int], ready: int) -> None:
+    """Turn this fork into `python -m hpctrain ARGS` (or `python SCRIPT ARGS`) as the request
+    describes it; say so on `ready` before it runs."""
     if request["new_session"]:
         os.setsid()
     for target, fd in enumerate(fds):
@@ -240,45 +274,60 @@ def _become(request: dict, fds: list[int]) -> None:
     if env.get("PYTHONUNBUFFERED"):
         for stream in (sys.stdout, sys.stderr):
             stream.reconfigure(write_through=True)
-    _run_entry(request["args"])
+    os.write(ready, b"1")
+    os.close(ready)
+    if request["module"] is not None:
+        _run_module(request["module"], request["args"])
+    else:
+        _run_script(request["script"], request["args"])
 
 
-def _as_hpctrain_main() -> types.ModuleType:
-    """A `__main__` module as `python -m hpctrain` has it (the data workers' start reads it)."""
-    spec = importlib.util.find_spec("hpctrain.__main__")
-    main = types.ModuleType("__main__")
-    main.__file__, main.__spec__ = spec.origin, spec
-    return main
+def _run_module(name: str, args: list[str]) -> None:
+    """As `python -m NAME ARGS` runs it: runpy's own path, in a `__main__` of its own (the
+    data workers' start reads its spec)."""
+    import runpy
+
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    sys.argv = ["-m", *args]  # runpy puts the module's file first
+    _end_as_the_interpreter(lambda: runpy._run_module_as_main(name, alter_argv=True))
 
 
-def _run_entry(args: list[str]) -> None:
-    """hpctrain's entry, ending as the interpreter would (exit status, exit functions)."""
+def _run_script(script: str, args: list[str]) -> None:
+    import runpy
+
+    sys.argv = [script, *args]
+    sys.path[0] = os.path.dirname(script)
+    _end_as_the_interpreter(lambda: runpy.run_path(script, run_name="__main__"))
+
+
+def _end_as_the_interpreter(run) -> None:
+    """Call `run`, then end as the interpreter would: its exit status (SystemExit's, 1 after
+    a traceback, SIGINT after an uncaught Ctrl-C), its threads joined, its exit functions."""
     import atexit
+    import threading
 
-    from hpctrain.console import entry
-
-    main = _as_hpctrain_main()
-    sys.modules["__main__"] = main
-    sys.argv = [main.__file__, *args]
-    code = 1
+    code = 0
     try:
-        entry()  # ends the process itself
-        code = 0
-    except SystemExit as stop:  # argparse's --help and usage errors
+        run()
+    except SystemExit as stop:
         if stop.code is None or isinstance(stop.code, int):
             code = stop.code or 0
         else:
             print(stop.code, file=sys.stderr)
+            code = 1
     except KeyboardInterrupt:
         traceback.print_exc()
-        atexit._run_exitfuncs()
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
+        code = -signal.SIGINT
     except BaseException:
         traceback.print_exc()
+        code = 1
+    threading._shutdown()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
+    if code == -signal.SIGINT:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
     os._exit(code)
 
 
