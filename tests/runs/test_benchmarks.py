@@ -137,6 +137,9 @@ CASES = [
       r"^exhaustive grid: \d+ s; autotune: \d+ trials in \d+ s \(budget 15 s\)",
       r"^the recipe as given\s+[\d,.]+\s+[\d.]+\s+-$",
       r"^autotune's pick\s+[\d,.]+\s+[\d.]+", r"^the grid's best\s+[\d,.]+\s+1\.000"]),
+    ("warm_starts.py", ["--rounds", "1"],
+     [r"^cold \(a fresh interpreter\)\s+[\d.]+\s+1\.00$",
+      r"^warm \(forked from it\)\s+[\d.]+\s+[\d.]+$"]),
 ]
 
 
@@ -154,7 +157,7 @@ def test_a_benchmark_runs_at_a_tiny_size(script, arguments, expected, tmp_path):
     if script in ("data_pipeline.py", "data_stages.py", "stop_latency.py", "host_memory.py",
                   "lm_overhead.py", "sequence_padding.py", "runs_index.py", "tune_search.py",
                   "token_loader.py", "pack_growth.py", "tune_workers.py",
-                  "checkpoint_interval_slurm.py"):
+                  "checkpoint_interval_slurm.py", "warm_starts.py"):
         arguments = [*arguments, "--cache-dir", str(tmp_path)]
     if "{tmp}/photos" in arguments:  # a user's own photographs, in ImageFolder layout
         write_image_folder(tmp_path / "photos", per_class=20, size=64)
