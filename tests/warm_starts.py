@@ -3,19 +3,18 @@
 The suite starts a few hundred `hpctrain` processes, and each interpreter spends about 3 s
 importing torch, its checkpointing and its compiler before hpctrain does anything (a tiny run
 is 3.5 s in all here; docs/benchmarks.md). Here a process (a "warm" one) imports what every
-`hpctrain run` imports, then forks one process per start: the same `hpctrain` main
-(console.entry), with the caller's arguments, environment, working folder and standard
-files, in a process of its own that takes signals, has children and ends with its exit
-status like any other. What is shared is the interpreter's start and its imports.
+`hpctrain run` imports, then forks one process per start: the same main (run as `python -m`
+runs it), with the caller's arguments, environment, working folder and standard files, in a
+process of its own that takes signals, has children and ends with its exit status like any
+other. What is shared is the interpreter's start and its imports.
 
 `install()` makes every `subprocess.Popen([sys.executable, "-m", "hpctrain", ...])` of the
 test process start this way (tests/conftest.py), and so do torchrun's agents (`python -m
 torch.distributed.run`) and the benchmark scripts' smoke runs (`python benchmarks/SCRIPT.py`).
 What those start in turn (torchrun's workers, an autotune's trials, a benchmark's runs)
-starts the usual way, as their children. A command it cannot start
-faithfully (a
-preexec_fn, passed fds, another user, or a variable read while importing that differs from a
-warm process's) starts the usual way. A test of start-up itself asks for a cold start
+starts the usual way, as their children. So does a command that cannot be started faithfully
+so: a preexec_fn, passed fds, another user, or a variable read while importing that differs
+from a warm process's. A test of start-up itself asks for cold starts
 (`@pytest.mark.cold_start`).
 """
 
