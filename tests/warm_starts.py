@@ -80,14 +80,15 @@ def _warm_socket(env: dict[str, str]) -> str | None:
     base = {k: v for k, v in os.environ.items()
             if not k.startswith(_READ_AT_START) or k in _SET_PER_START}
     base.pop("PYTHONUNBUFFERED", None)
-    log = open(Path(path).with_name("warm.log"), "wb")
-    server = _REAL_POPEN([sys.executable, __file__, path], env={**base, **dict(key)},
-                         stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                         start_new_session=True)
+    log = Path(path).with_name("warm.log")
+    with open(log, "wb") as output:  # the warm process keeps its own copy
+        server = _REAL_POPEN([sys.executable, __file__, path], env={**base, **dict(key)},
+                             stdin=subprocess.DEVNULL, stdout=output, stderr=output,
+                             start_new_session=True)
     deadline = time.monotonic() + 120
     while not os.path.exists(path):
         if server.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"the warm process did not start: {log.name}")
+            raise RuntimeError(f"the warm process did not start: {log}")
         time.sleep(0.05)
     _WARM[key] = (server, path)
     return path
@@ -104,12 +105,12 @@ class WarmPopen(_REAL_POPEN):
     """subprocess.Popen that forks `python -m hpctrain` from a warm process where it can."""
 
     cold = False  # set while a test asks for cold starts
+    _warm: _Waiter | None = None  # the forked start's waiter; None: started the usual way
 
     def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env,
                        startupinfo, creationflags, shell, p2cread, p2cwrite, c2pread,
                        c2pwrite, errread, errwrite, restore_signals, gid, gids, uid, umask,
                        start_new_session, process_group):
-        self._warm = None
         words = [os.fspath(a) for a in args] if isinstance(args, (list, tuple)) else None
         environ = dict(os.environ if env is None else env)
         plain = (preexec_fn is None and not pass_fds and not shell and executable is None
@@ -144,7 +145,7 @@ class WarmPopen(_REAL_POPEN):
         return (0, 0) if status is None else (self.pid, int(status))
 
     def _internal_poll(self, _deadstate=None, **kwargs):
-        if getattr(self, "_warm", None) is None:
+        if self._warm is None:
             return super()._internal_poll(_deadstate, **kwargs)
         if self.returncode is None and self._waitpid_lock.acquire(False):
             try:

@@ -11,13 +11,8 @@ import sys
 from pathlib import Path
 
 import warm_starts
+from conftest import child_processes
 from launching import wait_for
-
-
-def _parent(pid: int) -> int:
-    status = Path(f"/proc/{pid}/status").read_text()
-    return int(next(line.split()[1] for line in status.splitlines()
-                    if line.startswith("PPid:")))
 
 
 def _ends(cwd: Path, env: dict[str, str], *args: str) -> tuple[int, str, str]:
@@ -50,7 +45,7 @@ def test_a_warm_start_is_a_process_of_its_own_that_takes_signals(tmp_path, tiny)
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     metrics = tmp_path / "runs" / "warm" / "metrics.jsonl"
     try:
-        assert _parent(process.pid) != os.getpid()
+        assert process.pid not in child_processes(os.getpid())
         assert os.getpgid(process.pid) == process.pid  # its own session and group
         wait_for(lambda: metrics.exists() and '"train"' in metrics.read_text(), process)
         os.killpg(process.pid, signal.SIGTERM)
