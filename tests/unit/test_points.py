@@ -107,8 +107,13 @@ def test_pointnet_s_pooling_gives_the_gradients_amax_gives(monkeypatch, copies):
     if not copies:
         assert all(bitwise.values()), [name for name, same in bitwise.items() if not same]
         return
+    # rounding: of sums over 4,096 points, so to the gradients' scale (an element of 5.6e-4,
+    # where they reach 2.0, differed by 1.7e-6 on a Xeon with AMX; a norm's bias, whose
+    # gradient is rounding alone, by 1e-8); a gradient backed into the wrong points differs by
+    # the scale itself
+    scale = max(grad.abs().max().item() for grad in shared.values())
     for name, grad in shared.items():
-        assert torch.allclose(ours[name], grad, rtol=1e-3, atol=1e-6), name
+        assert torch.allclose(ours[name], grad, rtol=1e-3, atol=1e-5 * scale), name
     assert not all(bitwise.values())  # the copies did tie: the two backward passes differ
 
 
