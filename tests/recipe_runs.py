@@ -119,9 +119,8 @@ def _lowest_autogroup(pid: int) -> None:
     """Its own session is its own scheduling group where the kernel groups by session
     (sched_autogroup_enabled): the groups share the CPU evenly, each process's nice counting
     only within its own, so nice 19 alone left the chain half of the CPU beside one busy
-    test (the cluster lane, under 22 minutes alone, had not ended at 26). The group's own
-    nice, 19 too, puts it behind every other; where the kernel has no autogroups, nice alone
-    does."""
+    test (the cluster lane, under 22 minutes alone, had not ended at 26). The group's own nice, 19 too, puts it
+    behind every other; where the kernel has no autogroups, nice alone does."""
     try:
         Path(f"/proc/{pid}/autogroup").write_text("19")
     except OSError:
