@@ -65,10 +65,8 @@ class RecipeChain:
             steps.append(f"{command} >{folder}/stdout 2>{folder}/stderr\n"
                          f"echo $? >{folder}/status.partial && mv {folder}/status.partial "
                          f"{folder}/status")
-        chain = subprocess.Popen(["nice", "-n", "19", "sh", "-c", "\n".join(steps)],
-                                 stdin=subprocess.DEVNULL, start_new_session=True)
-        _lowest_autogroup(chain.pid)
-        return chain
+        return subprocess.Popen(["nice", "-n", "19", "sh", "-c", "\n".join(steps)],
+                                stdin=subprocess.DEVNULL, start_new_session=True)
 
     def result(self, fixture: str) -> subprocess.CompletedProcess:
         """The run's ended process (its exit status, stdout and stderr), once it has ended."""
@@ -113,15 +111,3 @@ def _group_alive(leader: subprocess.Popen) -> bool:
         return True
     except ProcessLookupError:
         return False
-
-
-def _lowest_autogroup(pid: int) -> None:
-    """Its own session is its own scheduling group where the kernel groups by session
-    (sched_autogroup_enabled): the groups share the CPU evenly, each process's nice counting
-    only within its own, so nice 19 alone left the chain half of the CPU beside one busy
-    test (the cluster lane, under 22 minutes alone, had not ended at 26). The group's own nice, 19 too, puts it
-    behind every other; where the kernel has no autogroups, nice alone does."""
-    try:
-        Path(f"/proc/{pid}/autogroup").write_text("19")
-    except OSError:
-        pass
