@@ -18,7 +18,6 @@ from PIL import Image
 
 import warm_starts
 from hpctrain import cli
-from recipe_runs import RecipeChain, RecipeRun, installed_script
 from hpctrain.config import load_config
 
 # The suite's own state and data folders (the job ledger, the output directories runs were
@@ -57,89 +56,30 @@ def shapes_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("shapes-cache")
 
 
-_DEFAULT_SHAPES = pytest.StashKey[Path]()
-_RECIPE_CHAIN = pytest.StashKey[RecipeChain]()
-
-
-def _default_shapes(config) -> Path:
-    """The full-size shapes dataset of the default recipe, generated once for the session
-    (or kept in HPCTRAIN_TEST_CACHE between sessions); asked for before the first test, by
-    the default recipe's training in the background. `config._tmp_path_factory` is the
-    `tmp_path_factory` fixture's own."""
-    if _DEFAULT_SHAPES not in config.stash:
-        kept = os.environ.get("HPCTRAIN_TEST_CACHE")
-        config.stash[_DEFAULT_SHAPES] = (
-            Path(kept) if kept else config._tmp_path_factory.mktemp("default-shapes"))
-    return config.stash[_DEFAULT_SHAPES]
-
-
 @pytest.fixture(scope="session")
-def default_shapes_cache(request) -> Path:
-    return _default_shapes(request.config)
-
-
-def _recipe_runs(config) -> list[RecipeRun]:
-    """The recipes' long trainings (recipe_runs.py), each asked for by the fixture named."""
-    shapes = _default_shapes(config)
-    return [
-        RecipeRun("default_recipe_run", lambda out: [
-            "run", f"output_dir={out / 'runs'}", f"data.shapes.cache_dir={shapes}"]),
-        RecipeRun("tiny_lm_recipe_run", lambda out: [
-            "run", "tiny-lm", f"output_dir={out}", "run_name=recipe",
-            f"data.arithmetic.cache_dir={out / 'cache'}"]),
-        RecipeRun("pointnet_recipe_run", lambda out: [
-            "run", "pointnet", f"output_dir={out}", "run_name=recipe",
-            f"data.shapes3d.cache_dir={out / 'cache'}"]),
-    ]
-
-
-def pytest_collection_finish(session):
-    """The trainings the selected tests ask for start now, in the background."""
-    if session.config.option.collectonly:
-        return
-    factory = session.config._tmp_path_factory
-    session.config.stash[_RECIPE_CHAIN] = RecipeChain(
-        _recipe_runs(session.config), session.items,
-        lambda fixture: factory.mktemp(fixture.removesuffix("_recipe_run")))
-
-
-def pytest_sessionfinish(session):
-    chain = session.config.stash.get(_RECIPE_CHAIN, None)
-    if chain is not None:
-        chain.stop()
-
-
-def _recipe_result(request, fixture: str) -> tuple[subprocess.CompletedProcess, Path]:
-    """A recipe's training in the background, once it has ended: (process, its folder)."""
-    chain = request.config.stash[_RECIPE_CHAIN]
-    return chain.result(fixture), chain.started[fixture].folder
+def default_shapes_cache(tmp_path_factory) -> Path:
+    """The full-size shapes dataset of the default recipe, generated once for the session
+    (or kept in HPCTRAIN_TEST_CACHE between sessions)."""
+    kept = os.environ.get("HPCTRAIN_TEST_CACHE")
+    return Path(kept) if kept else tmp_path_factory.mktemp("default-shapes")
 
 
 def run_installed(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     """`hpctrain ARGS` through the installed console script, as a user runs it."""
-    return subprocess.run([installed_script(), *args], capture_output=True, text=True,
-                          timeout=timeout)
+    script = Path(sys.executable).with_name("hpctrain")
+    return subprocess.run([str(script) if script.exists() else "hpctrain", *args],
+                          capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="session")
-def default_recipe_run(request):
+def default_recipe_run(tmp_path_factory, default_shapes_cache):
     """`hpctrain run` on the built-in default, once per session: (process, summary)."""
-    result, out = _recipe_result(request, "default_recipe_run")
+    out = tmp_path_factory.mktemp("default-run")
+    result = run_installed("run", f"output_dir={out / 'runs'}",
+                           f"data.shapes.cache_dir={default_shapes_cache}")
     assert result.returncode == 0, result.stderr[-2000:]
     summary_file, = (out / "runs").glob("default-*/summary.json")
     return result, json.loads(summary_file.read_text())
-
-
-@pytest.fixture(scope="session")
-def tiny_lm_recipe_run(request):
-    """`hpctrain run tiny-lm`, its data and output in the folder: (process, folder)."""
-    return _recipe_result(request, "tiny_lm_recipe_run")
-
-
-@pytest.fixture(scope="session")
-def pointnet_recipe_run(request):
-    """`hpctrain run pointnet`, its data and output in the folder: (process, folder)."""
-    return _recipe_result(request, "pointnet_recipe_run")
 
 
 @pytest.fixture
