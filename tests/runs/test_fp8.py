@@ -6,6 +6,7 @@ import json
 import pytest
 
 from hpctrain.train.hardware import fp8
+
 # 128 tokens a step and 32 held-out problems: a CPU whose oneDNN has no float8 kernel runs
 # torch._scaled_mm as its reference loop (0.3 s for one 512x64x256 product on a Xeon with AMX),
 # and the recipe's 2,048 tokens a step and 2,000 problems took this test 514 s there. No warmup:
