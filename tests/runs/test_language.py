@@ -130,7 +130,7 @@ def test_a_language_model_resumes_bitwise(tmp_path, run_cli, lm_cache, batching)
 @pytest.mark.slow
 def test_the_tiny_lm_recipe_learns_to_add(tmp_path_factory):
     """The README's promise: `hpctrain run tiny-lm` gets at least 90 % of held-out answers
-    entirely right, with nothing downloaded (about 100 s on two CPU cores)."""
+    entirely right, with nothing downloaded (about 90 s on two CPU cores)."""
     from conftest import run_installed
 
     out = tmp_path_factory.mktemp("tiny-lm")
