@@ -3,11 +3,12 @@ step by step, for the `default` and `small-images` recipes (slow: 20 steps of ea
 folder and from one pack in the source's order that both tests share)."""
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import run_installed
 from hpctrain.data.images.image_packing import PackOptions, pack
 from hpctrain.data.images.shapes import ensure_shapes
 
@@ -29,8 +30,11 @@ STEPS = ["train.max_steps=20", "train.log_every=2"]  # equality shows at any len
 
 
 def trained(out: Path, *args: str) -> dict:
-    """A run's summary and its training losses, step by step."""
-    result = run_installed("run", *args, f"output_dir={out}", "tensorboard=false")
+    """A run's summary and its training losses, step by step (`python -m hpctrain`: started
+    warm, tests/warm_starts.py)."""
+    result = subprocess.run([sys.executable, "-m", "hpctrain", "run", *args,
+                             f"output_dir={out}", "tensorboard=false"],
+                            capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-2000:]
     summary_file, = out.glob("*/summary.json")
     summary = json.loads(summary_file.read_text())
