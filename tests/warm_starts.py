@@ -11,11 +11,13 @@ other. What is shared is the interpreter's start and its imports.
 `install()` makes every `subprocess.Popen([sys.executable, "-m", "hpctrain", ...])` of the
 test process start this way (tests/conftest.py), and so do torchrun's agents (`python -m
 torch.distributed.run`) and the benchmark scripts' smoke runs (`python benchmarks/SCRIPT.py`).
-What those start in turn (torchrun's workers, an autotune's trials, a benchmark's runs)
-starts the usual way, as their children. So does a command that cannot be started faithfully
-so: a preexec_fn, passed fds, another user, or a variable read while importing that differs
-from a warm process's. A test of start-up itself asks for cold starts
-(`@pytest.mark.cold_start`).
+A benchmark script's own starts (its runs, an autotune, a torchrun) are forked by the same
+warm process too: a smoke run proves the script runs, and no benchmark asks whether its runs
+are its children (but `warm_starts.py`, which times cold starts). What hpctrain and torchrun
+start in turn (torchrun's workers, an autotune's trials) starts the usual way, as their
+children: some tests ask that. So does a command that cannot be started faithfully so: a
+preexec_fn, passed fds, another user, or a variable read while importing that differs from a
+warm process's. A test of start-up itself asks for cold starts (`@pytest.mark.cold_start`).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 WARM_MODULES = ("hpctrain", "torch.distributed.run")
 _REAL_POPEN = subprocess.Popen
 _WARM: dict[tuple, tuple[subprocess.Popen, str]] = {}
+_TIMES_COLD_STARTS = BENCHMARKS / "warm_starts.py"
 
 
 def _what_starts(words: list[str]) -> dict | None:
@@ -74,7 +77,7 @@ def _warm_socket(env: dict[str, str]) -> str | None:
     key = _start_key(env)
     if key in _WARM and _WARM[key][0].poll() is None:
         return _WARM[key][1]
-    if len(_WARM) >= _MOST_WARM:
+    if len(_WARM) >= _MOST_WARM or _SERVED:  # a benchmark's own starts: only its warm process
         return None
     path = os.path.join(tempfile.mkdtemp(prefix="hpctrain-warm-"), "socket")
     base = {k: v for k, v in os.environ.items()
@@ -295,6 +298,9 @@ def _run_module(name: str, args: list[str]) -> None:
 def _run_script(script: str, args: list[str]) -> None:
     import runpy
 
+    if Path(script) != _TIMES_COLD_STARTS:  # its starts forked by this warm process too
+        _WARM[_start_key(dict(os.environ))] = (_Serving(), _SERVED)
+        install()
     sys.argv = [script, *args]
     sys.path[0] = os.path.dirname(script)
     _end_as_the_interpreter(lambda: runpy.run_path(script, run_name="__main__"))
@@ -331,9 +337,20 @@ def _end_as_the_interpreter(run) -> None:
     os._exit(code)
 
 
+class _Serving:
+    """The warm process a benchmark script was forked from, as `_WARM` holds one: it serves
+    while the script runs (the test session that started it is alive)."""
+
+    @staticmethod
+    def poll() -> None:
+        return None
+
+
 _BASE_PATH: list[str] = []
+_SERVED = ""  # the socket the warm process serves on; "" in the test process
 
 if __name__ == "__main__":
     own = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     _BASE_PATH = [p for p in sys.path[1:] if p not in own]
-    _serve(sys.argv[1])
+    _SERVED = sys.argv[1]
+    _serve(_SERVED)
