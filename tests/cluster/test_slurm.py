@@ -148,6 +148,12 @@ def _usr1_to_the_batch_shell(job: Job) -> None:
         time.sleep(0.2)
 
 
+# The long chains (800 steps, 10 an epoch on the tiny set) evaluate and save every tenth epoch:
+# every epoch, that took over half of a job's time (48 s, 24 of them evaluating: each
+# evaluation starts its two loader workers again). What is tested, the stops, is unchanged.
+EVERY_TEN_EPOCHS = ("train.eval_every_epochs=10", "checkpoint.every_epochs=10")
+
+
 @pytest.mark.slurm
 def test_usr1_to_the_batch_shell_or_the_steps_continues_the_run_whose_figures_add_up(
         slurm_cluster, home, tiny, run_cli, tmp_path):
@@ -156,7 +162,7 @@ def test_usr1_to_the_batch_shell_or_the_steps_continues_the_run_whose_figures_ad
     restarts, the time and device-hours of all three jobs, and metrics.jsonl the steps just
     before each stop; `hpctrain runs` finds the run with its job chain and device-hours."""
     job = submit("default", tiny("run_name=chained", "data.num_workers=2",  # 11 s of steps
-                                 "train.max_steps=800", "train.log_every=7",
+                                 "train.max_steps=800", "train.log_every=7", *EVERY_TEN_EPOCHS,
                                  "checkpoint.every_steps=100000"), gpus=1, time_limit="10")
     running(job)
     _usr1_to_the_batch_shell(job)
@@ -366,8 +372,8 @@ def test_a_job_slurm_preempts_and_requeues_saves_in_its_grace_time_and_finishes(
     later, and requeues the job itself; the run saves in between and the requeued job
     resumes it (hpctrain's script does not continue it a second time)."""
     job = submit("default", tiny("run_name=preempted", "data.num_workers=2",  # 11 s of steps
-                                 "train.max_steps=800", "train.log_every=7"), gpus=1,
-                 time_limit="10")
+                                 "train.max_steps=800", "train.log_every=7", *EVERY_TEN_EPOCHS),
+                 gpus=1, time_limit="10")
     running(job)
     subprocess.run(["sbatch", "--parsable", "-p", "urgent", "--nodes=2", "--exclusive",
                     "-o", "/dev/null", "--wrap", "sleep 1"], check=True, capture_output=True)
