@@ -75,9 +75,11 @@ def _start_key(env: dict[str, str]) -> tuple:
 def _warm_socket(env: dict[str, str]) -> str | None:
     """The socket of a warm process for `env` (started now if none yet), or None."""
     key = _start_key(env)
+    if _SERVED:  # a benchmark script's own start: only the warm process it was forked from
+        return _SERVED if key == _SERVED_KEY else None
     if key in _WARM and _WARM[key][0].poll() is None:
         return _WARM[key][1]
-    if len(_WARM) >= _MOST_WARM or _SERVED:  # a benchmark's own starts: only its warm process
+    if len(_WARM) >= _MOST_WARM:
         return None
     path = os.path.join(tempfile.mkdtemp(prefix="hpctrain-warm-"), "socket")
     base = {k: v for k, v in os.environ.items()
@@ -299,7 +301,6 @@ def _run_script(script: str, args: list[str]) -> None:
     import runpy
 
     if Path(script) != _TIMES_COLD_STARTS:  # its starts forked by this warm process too
-        _WARM[_start_key(dict(os.environ))] = (_Serving(), _SERVED)
         install()
     sys.argv = [script, *args]
     sys.path[0] = os.path.dirname(script)
@@ -337,20 +338,12 @@ def _end_as_the_interpreter(run) -> None:
     os._exit(code)
 
 
-class _Serving:
-    """The warm process a benchmark script was forked from, as `_WARM` holds one: it serves
-    while the script runs (the test session that started it is alive)."""
-
-    @staticmethod
-    def poll() -> None:
-        return None
-
-
 _BASE_PATH: list[str] = []
 _SERVED = ""  # the socket the warm process serves on; "" in the test process
+_SERVED_KEY: tuple = ()  # the start-up environment it serves (_start_key)
 
 if __name__ == "__main__":
     own = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     _BASE_PATH = [p for p in sys.path[1:] if p not in own]
-    _SERVED = sys.argv[1]
+    _SERVED, _SERVED_KEY = sys.argv[1], _start_key(dict(os.environ))
     _serve(_SERVED)
