@@ -111,3 +111,31 @@ def test_a_stub_scheduler_is_submitted_to_and_followed_without_an_edit_elsewhere
     assert made["source"] == "the scheduler's accounting"
     assert made["scheduler_device_seconds"] == 60.0
     assert made["device_seconds"]["unrecorded"] == 10.0
+
+
+def test_a_job_that_continues_while_its_state_is_asked_reports_its_continuation(stub,
+                                                                               monkeypatch):
+    """The batch script records its continuation, then its job ends: a status that read the
+    ledger before that record and the scheduler after the end must not say FAILED (a tune
+    element stopped with 75 was seen so, once, in the suite)."""
+    from hpctrain.cluster.jobs import Job
+    from hpctrain.runs.directory import ledger_path
+
+    ledger = ledger_path()
+    ledger.parent.mkdir(parents=True, exist_ok=True)
+    ledger.write_text(json.dumps({"job_id": "stub.7", "run_dir": "/runs/seam"}) + "\n")
+
+    def elements(job_id):
+        if job_id == "stub.7":  # it continued and ended just before it was asked
+            with open(ledger, "a") as written:
+                written.write(json.dumps({"job_id": "stub.8", "continues": "stub.7",
+                                          "run_dir": "/runs/seam"}) + "\n")
+            state = "FAILED"
+        else:
+            state = "RUNNING"
+        return [JobElement(state=state, reason=None, restarts=0, element=None, stdout=None,
+                           stderr=None)]
+
+    monkeypatch.setattr(scheduler.SCHEDULERS["stub"], "elements", elements)
+    status = Job("stub.7").status()
+    assert (status["state"], status["chain"]) == ("RUNNING", ["stub.7", "stub.8"])

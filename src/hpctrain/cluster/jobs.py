@@ -84,6 +84,16 @@ class Job:
         early and continues in a new job reports the state of its continuation, with the ids
         in `chain`."""
         continuations = _continuations()
+        for _ in range(3):  # a job that continued while the scheduler was asked: ask again
+            status = self._status_after(continuations)
+            continuations, asked = _continuations(), continuations
+            if continuations == asked:
+                break
+        return status
+
+    def _status_after(self, continuations: dict[str, str]) -> dict:
+        """status() for these continuations: a batch script records its continuation before
+        its job ends, so the record of a job seen ended is among them if read after."""
         ids = _follow(self.id, continuations)
         job = scheduler_of()  # once: each call reads the cluster profiles
         status = self._own_status(ids[-1], job)
