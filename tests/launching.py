@@ -39,19 +39,17 @@ def children(pid: int) -> list[int]:
     return [int(c) for c in text.split()]
 
 
-def worker_pid(agent: int, rank: int, timeout: float = 60) -> int:
-    """The pid of torchrun's worker with RANK=rank."""
+def worker_pid(agent: int, rank: int, nproc: int = 2, timeout: float = 60) -> int:
+    """The pid of the worker with local rank `rank` of a torchrun agent on `nproc` processes:
+    the agent starts them in rank order, so the rank-th pid once all are there (a worker forked
+    from a warm agent shows the warm process's environment in /proc, not its RANK)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for pid in children(agent):
-            try:
-                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if f"RANK={rank}".encode() in environ:
-                return pid
+        workers = sorted(children(agent))
+        if len(workers) == nproc:
+            return workers[rank]
         time.sleep(0.05)
-    raise AssertionError(f"no worker with RANK={rank}")
+    raise AssertionError(f"torchrun's {nproc} workers never all started")
 
 
 def wait_for_step(run: Path, step: int, process: subprocess.Popen, timeout: float = 120):

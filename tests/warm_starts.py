@@ -13,17 +13,22 @@ test process start this way (tests/conftest.py), and so do torchrun's agents (`p
 torch.distributed.run`) and the benchmark scripts' smoke runs (`python benchmarks/SCRIPT.py`).
 A benchmark script's own starts (its runs, an autotune, a torchrun) are forked by the same
 warm process too: a smoke run proves the script runs, and no benchmark asks whether its runs
-are its children (but `warm_starts.py`, which times cold starts). What hpctrain and torchrun
-start in turn (torchrun's workers, an autotune's trials) starts the usual way, as their
-children: some tests ask that. So does a command that cannot be started faithfully so: a
+are its children (but `warm_starts.py`, which times cold starts). A warm torchrun agent forks
+its workers (`python -u -m hpctrain ...`, `python -u SCRIPT.py ...`) from itself, so they stay its children, in sessions
+of their own, as torchrun starts them (`_ForkedHere`); what hpctrain starts in turn (an
+autotune's trials) starts the usual way, as its children, for a process that has trained may
+not fork a process that trains. So does a command that cannot be started faithfully so: a
 preexec_fn, passed fds, another user, or a variable read while importing that differs from a
 warm process's. A test of start-up itself asks for cold starts (`@pytest.mark.cold_start`).
 """
 
 from __future__ import annotations
 
+import atexit
+import faulthandler
 import importlib
 import json
+import logging
 import os
 import select
 import signal
@@ -42,9 +47,14 @@ from pathlib import Path
 _READ_AT_START = ("OMP_", "MKL_", "OPENBLAS_", "KMP_", "GOMP_", "MALLOC_", "LD_", "TORCH",
                   "PYTORCH_", "CUDA_", "TMPDIR", "PYTHON")
 _SET_PER_START = ("PYTHONPATH", "PYTHONUNBUFFERED")  # a forked start applies these itself
+# ... but these, read when asked: Lightning's import sets the first in the test process (torch
+# reads it in each cuda.is_available()), torch.hub reads the second for each download
+_READ_WHEN_ASKED = ("PYTORCH_NVML_BASED_CUDA_CHECK", "TORCH_HOME")
 # torch's optimisers import torch._dynamo; checkpoints torch.distributed.checkpoint
 _IMPORTED_BY_EVERY_RUN = ("hpctrain.cli", "hpctrain.console", "hpctrain.train.loop",
                           "torch._dynamo", "torch.distributed.checkpoint")
+# What torchrun sets for each worker that torch reads when the process group starts
+_PER_WORKER = ("TORCHELASTIC_", "TORCH_NCCL_")
 _MOST_WARM = 3  # processes of ~700 MB each, one per distinct start-up environment
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 WARM_MODULES = ("hpctrain", "torch.distributed.run")
@@ -67,9 +77,12 @@ def _what_starts(words: list[str]) -> dict | None:
     return None
 
 
-def _start_key(env: dict[str, str]) -> tuple:
+def _start_key(env: dict[str, str], also_later: tuple[str, ...] = ()) -> tuple:
+    """The variables of `env` read at start-up; `also_later`: prefixes of some read later."""
     return tuple(sorted((k, v) for k, v in env.items()
-                        if k.startswith(_READ_AT_START) and k not in _SET_PER_START))
+                        if k.startswith(_READ_AT_START)
+                        and k not in _SET_PER_START + _READ_WHEN_ASKED
+                        and not k.startswith(also_later)))
 
 
 def _warm_socket(env: dict[str, str]) -> str | None:
@@ -87,7 +100,8 @@ def _warm_socket(env: dict[str, str]) -> str | None:
     base.pop("PYTHONUNBUFFERED", None)
     log = Path(path).with_name("warm.log")
     with open(log, "wb") as output:  # the warm process keeps its own copy
-        server = _REAL_POPEN([sys.executable, __file__, path], env={**base, **dict(key)},
+        server = _REAL_POPEN([sys.executable, "-c", _SERVER, path, str(Path(__file__).parent)],
+                             env={**base, **dict(key)},
                              stdin=subprocess.DEVNULL, stdout=output, stderr=output,
                              start_new_session=True)
     deadline = time.monotonic() + 120
@@ -118,9 +132,8 @@ class WarmPopen(_REAL_POPEN):
                        start_new_session, process_group):
         words = [os.fspath(a) for a in args] if isinstance(args, (list, tuple)) else None
         environ = dict(os.environ if env is None else env)
-        plain = (preexec_fn is None and not pass_fds and not shell and executable is None
-                 and gid is None and not gids and uid is None and umask < 0
-                 and process_group < 0)
+        plain = _plain(preexec_fn, pass_fds, shell, executable, gid, gids, uid, umask,
+                       process_group)
         path = None
         what = _what_starts(words) if words and plain and not self.cold else None
         if what is not None:
@@ -160,6 +173,72 @@ class WarmPopen(_REAL_POPEN):
             finally:
                 self._waitpid_lock.release()
         return self.returncode
+
+
+def _plain(preexec_fn, pass_fds, shell, executable, gid, gids, uid, umask,
+           process_group) -> bool:
+    """A start that asks nothing of the fork and exec between (a forked start gives none)."""
+    return (preexec_fn is None and not pass_fds and not shell and executable is None
+            and gid is None and not gids and uid is None and umask < 0 and process_group < 0)
+
+
+class _ForkedHere(_REAL_POPEN):
+    """subprocess.Popen in a warm torchrun agent: its workers (`python -u -m hpctrain ...`)
+    are forked from the agent itself, so they are its children as with exec (its waits, its
+    signals to them and their sessions hold) but do not import torch again. The agent has
+    run no tensor operation (a fork after OpenMP's threads started is not safe), and what
+    it set up for itself (signal handlers, exit functions, files, threads) is undone in the
+    fork; a worker whose start-up environment differs from the warm process's starts the
+    usual way."""
+
+    def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env,
+                       startupinfo, creationflags, shell, p2cread, p2cwrite, c2pread,
+                       c2pwrite, errread, errwrite, restore_signals, gid, gids, uid, umask,
+                       start_new_session, process_group):
+        words = [os.fspath(a) for a in args] if isinstance(args, (list, tuple)) else []
+        environ = dict(os.environ if env is None else env)
+        unbuffered = words[1:2] == ["-u"]
+        what = _worker([words[0], *words[2:]] if unbuffered else words) if words else None
+        if (what is None or not close_fds
+                or not _plain(preexec_fn, pass_fds, shell, executable, gid, gids, uid, umask,
+                              process_group)
+                or _start_key(environ, _PER_WORKER) != _start_key(_SERVED_ENV, _PER_WORKER)):
+            return super()._execute_child(
+                args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo,
+                creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite, errread,
+                errwrite, restore_signals, gid, gids, uid, umask, start_new_session,
+                process_group)
+        if unbuffered:
+            environ = {**environ, "PYTHONUNBUFFERED": "1"}  # what -u does to the standard files
+        request = {**what, "env": environ, "new_session": bool(start_new_session),
+                   "cwd": os.path.abspath(os.fspath(cwd) if cwd is not None else ".")}
+        fds = [p2cread if p2cread != -1 else 0, c2pwrite if c2pwrite != -1 else 1,
+               errwrite if errwrite != -1 else 2]
+        ready_read, ready_write = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            os.close(ready_read)
+            _never_back(_become_here, request, fds, ready_write)
+        os.close(ready_write)
+        os.read(ready_read, 1)  # in its session, with its files: as a Popen returns after exec
+        os.close(ready_read)
+        self.pid = pid
+        self._child_created = True
+        self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)
+
+
+def _worker(words: list[str]) -> dict | None:
+    """A torchrun worker's command as a request: `python -m hpctrain ARGS` or `python
+    SCRIPT.py ARGS` (a script of yours, a fit script); None for any other."""
+    if words[0] != sys.executable or len(words) < 2:
+        return None
+    if words[1] == "-m" and words[2:3] == ["hpctrain"]:
+        return {"module": "hpctrain", "script": None, "args": words[3:]}
+    if words[1].endswith(".py") and os.path.isfile(words[1]):
+        return {"module": None, "script": os.path.abspath(words[1]), "args": words[2:]}
+    return None
 
 
 def install() -> None:
@@ -207,6 +286,9 @@ def _serve(path: str) -> None:
         importlib.import_module(module)
 
     starter = os.getppid()
+    _FRESH.update(signals={s: signal.getsignal(s) for s in signal.valid_signals()
+                           if s not in (signal.SIGKILL, signal.SIGSTOP)},
+                  logging=list(logging.root.handlers), faulthandler=faulthandler.is_enabled())
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the waiters are reaped without a wait
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path + ".new")
@@ -287,6 +369,27 @@ def _become(request: dict, fds: list[int], ready: int) -> None:
         _run_script(request["script"], request["args"])
 
 
+def _become_here(request: dict, fds: list[int], ready: int) -> None:
+    """`_become` in a fork of a torchrun agent: first undo what the agent set up for itself,
+    as exec would (its signal handlers, but those it ignores; its exit functions, its log
+    handlers, its files)."""
+    for number, fresh in _FRESH["signals"].items():
+        if fresh is not None and signal.getsignal(number) != signal.SIG_IGN:
+            signal.signal(number, fresh)
+    atexit._clear()
+    logging.root.handlers[:] = _FRESH["logging"]
+    if faulthandler.is_enabled() and not _FRESH["faulthandler"]:
+        faulthandler.disable()
+    keep = {*fds, ready}
+    for fd in map(int, os.listdir("/proc/self/fd")):
+        if fd > 2 and fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # the listing's own fd, closed already
+    _become(request, fds, ready)
+
+
 def _run_module(name: str, args: list[str]) -> None:
     """As `python -m NAME ARGS` runs it: runpy's own path, in a `__main__` of its own (the
     data workers' start reads its spec)."""
@@ -294,14 +397,19 @@ def _run_module(name: str, args: list[str]) -> None:
 
     sys.modules["__main__"] = types.ModuleType("__main__")
     sys.argv = ["-m", *args]  # runpy puts the module's file first
+    if name == "torch.distributed.run":  # its workers forked from it
+        from torch.distributed.elastic.multiprocessing.subprocess_handler import (
+            subprocess_handler)
+
+        subprocess_handler.Popen = _ForkedHere
     _end_as_the_interpreter(lambda: runpy._run_module_as_main(name, alter_argv=True))
 
 
 def _run_script(script: str, args: list[str]) -> None:
     import runpy
 
-    if Path(script) != _TIMES_COLD_STARTS:  # its starts forked by this warm process too
-        install()
+    if Path(script).parent == BENCHMARKS and Path(script) != _TIMES_COLD_STARTS:
+        install()  # a benchmark's starts forked by this warm process too
     sys.argv = [script, *args]
     sys.path[0] = os.path.dirname(script)
     _end_as_the_interpreter(lambda: runpy.run_path(script, run_name="__main__"))
@@ -338,12 +446,32 @@ def _end_as_the_interpreter(run) -> None:
     os._exit(code)
 
 
+def prepare_to_serve() -> None:
+    """The warm process's start (`python -c _SERVER SOCKET TESTS`), before `_serve`: its
+    outermost frame is `<string>`, and the frames below a start's module are named `<warm
+    start>`, where a cold start has the interpreter's own (`<frozen runpy>`): what reads a
+    started process's stacks (hpctrain's hang reports, "your code at ...") finds none of the
+    tests' code there."""
+    global _BASE_PATH, _SERVED, _SERVED_KEY, _SERVED_ENV
+    own = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    _BASE_PATH = [p for p in sys.path if p not in own and p not in ("", sys.argv[2])]
+    _SERVED_ENV = dict(os.environ)
+    _SERVED, _SERVED_KEY = sys.argv[1], _start_key(_SERVED_ENV)
+    for function in (_serve, _never_back, _wait_on, _become, _become_here, _run_module,
+                     _run_script, _end_as_the_interpreter, _ForkedHere._execute_child):
+        function.__code__ = _as_the_interpreters(function.__code__)
+
+
+def _as_the_interpreters(code: types.CodeType) -> types.CodeType:
+    inner = tuple(_as_the_interpreters(c) if isinstance(c, types.CodeType) else c
+                  for c in code.co_consts)  # its lambdas
+    return code.replace(co_filename="<warm start>", co_consts=inner)
+
+
+_SERVER = "import sys; sys.path.insert(0, sys.argv[2]); import warm_starts as w; " \
+    "w.prepare_to_serve(); w._serve(w._SERVED)"
 _BASE_PATH: list[str] = []
 _SERVED = ""  # the socket the warm process serves on; "" in the test process
 _SERVED_KEY: tuple = ()  # the start-up environment it serves (_start_key)
-
-if __name__ == "__main__":
-    own = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    _BASE_PATH = [p for p in sys.path[1:] if p not in own]
-    _SERVED, _SERVED_KEY = sys.argv[1], _start_key(dict(os.environ))
-    _serve(_SERVED)
+_SERVED_ENV: dict[str, str] = {}  # the environment it imported in
+_FRESH: dict = {}  # what a fresh interpreter has set up: signal handlers, log handlers
