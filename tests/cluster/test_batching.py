@@ -4,6 +4,7 @@ tests/runs/test_batching.py)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +29,8 @@ def test_a_recipe_with_data_collate_trains_on_one_process_and_two(tmp_path):
         if processes > 1:
             command[1:3] = ["-m", "torch.distributed.run", "--standalone",
                             f"--nproc-per-node={processes}", "-m", "hpctrain"]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=240)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=240,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})  # as torchrun sets
         assert done.returncode == 0, done.stderr[-2000:]
         figures[processes] = records(tmp_path / "runs" / f"p{processes}", "eval")[-1]
     assert figures[1]["val_accuracy"] > 0.85

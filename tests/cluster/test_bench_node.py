@@ -3,6 +3,7 @@
 tests/unit/test_bench_node.py)."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,8 @@ QUICK = ["--size", "256", "--megabytes", "16", "--seconds", "0.05"]
 def test_under_torchrun_it_measures_the_all_reduce_between_the_processes():
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            "--nproc-per-node", "2", "-m", "hpctrain", "bench", "node", *QUICK,
-                           "--json"], capture_output=True, text=True, timeout=300)
+                           "--json"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads(done.stdout)["rows"]
     (reduce,) = [r for r in rows if r["group"] == "all-reduce"]
@@ -33,6 +35,7 @@ def test_ranks_whose_clocks_disagree_call_the_all_reduce_equally_often(tmp_path)
     all-reduce forever (a suite run hung here for 300 s); the count is agreed first."""
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            "--nproc-per-node", "2", str(FIXTURES / "collective_timing.py"),
-                           str(tmp_path)], capture_output=True, text=True, timeout=120)
+                           str(tmp_path)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     assert all(float((tmp_path / f"rank{r}.txt").read_text()) > 0 for r in (0, 1))
