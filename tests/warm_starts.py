@@ -14,12 +14,13 @@ torch.distributed.run`) and the benchmark scripts' smoke runs (`python benchmark
 A benchmark script's own starts (its runs, an autotune, a torchrun) are forked by the same
 warm process too: a smoke run proves the script runs, and no benchmark asks whether its runs
 are its children (but `warm_starts.py`, which times cold starts). A warm torchrun agent forks
-its workers (`python -u -m hpctrain ...`, `python -u SCRIPT.py ...`) from itself, so they stay its children, in sessions
-of their own, as torchrun starts them (`_ForkedHere`); what hpctrain starts in turn (an
-autotune's trials) starts the usual way, as its children, for a process that has trained may
-not fork a process that trains. So does a command that cannot be started faithfully so: a
-preexec_fn, passed fds, another user, or a variable read while importing that differs from a
-warm process's. A test of start-up itself asks for cold starts (`@pytest.mark.cold_start`).
+its workers (`python -u -m hpctrain ...`, `python -u SCRIPT.py ...`) from itself, so they stay
+its children, in sessions of their own, as torchrun starts them (`_ForkedHere`); what hpctrain
+starts in turn (an autotune's trials) starts the usual way, as its children, for a process
+that has trained may not fork a process that trains. So does a command that cannot be started
+faithfully so: a preexec_fn, passed fds, another user, or a variable read while importing that
+differs from a warm process's. A test of start-up itself asks for cold starts
+(`@pytest.mark.cold_start`).
 """
 
 from __future__ import annotations
@@ -47,8 +48,8 @@ from pathlib import Path
 _READ_AT_START = ("OMP_", "MKL_", "OPENBLAS_", "KMP_", "GOMP_", "MALLOC_", "LD_", "TORCH",
                   "PYTORCH_", "CUDA_", "TMPDIR", "PYTHON")
 _SET_PER_START = ("PYTHONPATH", "PYTHONUNBUFFERED")  # a forked start applies these itself
-# ... but these, read when asked: Lightning's import sets the first in the test process (torch
-# reads it in each cuda.is_available()), torch.hub reads the second for each download
+# Not read at start-up, though their prefixes say so: Lightning's import sets the first in the
+# test process (torch reads it at each cuda.is_available()), torch.hub the second at each call
 _READ_WHEN_ASKED = ("PYTORCH_NVML_BASED_CUDA_CHECK", "TORCH_HOME")
 # torch's optimisers import torch._dynamo; checkpoints torch.distributed.checkpoint
 _IMPORTED_BY_EVERY_RUN = ("hpctrain.cli", "hpctrain.console", "hpctrain.train.loop",
@@ -183,13 +184,13 @@ def _plain(preexec_fn, pass_fds, shell, executable, gid, gids, uid, umask,
 
 
 class _ForkedHere(_REAL_POPEN):
-    """subprocess.Popen in a warm torchrun agent: its workers (`python -u -m hpctrain ...`)
-    are forked from the agent itself, so they are its children as with exec (its waits, its
-    signals to them and their sessions hold) but do not import torch again. The agent has
-    run no tensor operation (a fork after OpenMP's threads started is not safe), and what
-    it set up for itself (signal handlers, exit functions, files, threads) is undone in the
-    fork; a worker whose start-up environment differs from the warm process's starts the
-    usual way."""
+    """subprocess.Popen in a warm torchrun agent: its workers (`python -u -m hpctrain ...`,
+    `python -u SCRIPT.py ...`) are forked from the agent itself, so they are its children as
+    with exec (its waits, its signals to them and their sessions hold) but do not import torch
+    again. The agent has run no tensor operation (a fork after OpenMP's threads started is not
+    safe), and what it set up for itself (signal handlers, exit functions, files, threads) is
+    undone in the fork; a worker whose start-up environment differs from the warm process's
+    starts the usual way."""
 
     def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env,
                        startupinfo, creationflags, shell, p2cread, p2cwrite, c2pread,
