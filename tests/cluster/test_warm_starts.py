@@ -57,13 +57,12 @@ def test_a_warm_start_is_a_process_of_its_own_that_takes_signals(tmp_path, tiny)
     assert "(SIGTERM received)" in err
 
 
-
 def test_a_warm_torchrun_agent_forks_its_workers_which_train_as_cold_started_ones(
         tmp_path, tiny, monkeypatch):
     """torchrun's workers forked from a warm agent: its children, each in a session of its
     own (torchrun asks that), not started by exec; they train as cold-started workers do,
     step by step, and end the agent alike."""
-    def run(name: str) -> tuple[list[int], list[bool], list[bool], str, int]:
+    def run(name: str) -> tuple[list[bool], list[bool], str, int]:
         agent = subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--standalone",
              "--nproc-per-node=2", "-m", "hpctrain", "run", "default",
@@ -79,13 +78,13 @@ def test_a_warm_torchrun_agent_forks_its_workers_which_train_as_cold_started_one
         finally:
             if agent.poll() is None:
                 agent.kill()
-        return workers, own_session, forked, output, agent.returncode
+        return own_session, forked, output, agent.returncode
 
-    workers, own_session, forked, output, code = run("warm")
+    own_session, forked, output, code = run("warm")
     assert code == 0, output[-3000:]
     assert own_session == [True, True] and forked == [True, True]
     monkeypatch.setattr(warm_starts.WarmPopen, "cold", True)
-    _, cold_session, cold_forked, cold_output, cold_code = run("cold")
+    cold_session, cold_forked, cold_output, cold_code = run("cold")
     assert cold_code == 0, cold_output[-3000:]
     assert cold_session == [True, True] and cold_forked == [False, False]
     losses = {name: [(r["step"], r["loss"]) for r in records(tmp_path / "runs" / name, "train")]
