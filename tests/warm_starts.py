@@ -64,18 +64,29 @@ _WARM: dict[tuple, tuple[subprocess.Popen, str]] = {}
 _TIMES_COLD_STARTS = BENCHMARKS / "warm_starts.py"
 
 
-def _what_starts(words: list[str]) -> dict | None:
-    """`python -m hpctrain ARGS`, `python -m torch.distributed.run ARGS` (torchrun, whose
-    workers start the usual way, as its children) or `python benchmarks/SCRIPT.py ARGS` (their
-    smoke tests), as a request; None for any other command."""
+def _what_starts(words: list[str], modules: tuple[str, ...] = WARM_MODULES,
+                 scripts_in: Path | None = BENCHMARKS) -> dict | None:
+    """`python -m MODULE ARGS` for one of `modules` (hpctrain; torchrun, whose workers a warm
+    agent forks) or `python SCRIPT.py ARGS` for a script in `scripts_in` (the benchmarks' smoke
+    tests; None: any script), as a request; None for any other command."""
     if words[0] != sys.executable or len(words) < 2:
         return None
-    if words[1] == "-m" and len(words) > 2 and words[2] in WARM_MODULES:
+    if words[1] == "-m" and len(words) > 2 and words[2] in modules:
         return {"module": words[2], "script": None, "args": words[3:]}
     script = Path(words[1]).resolve()
-    if script.suffix == ".py" and script.parent == BENCHMARKS and script.is_file():
+    if script.suffix == ".py" and scripts_in in (None, script.parent) and script.is_file():
         return {"module": None, "script": str(script), "args": words[2:]}
     return None
+
+
+def _request(what: dict, environ: dict[str, str], new_session: bool, cwd,
+             p2cread: int, c2pwrite: int, errwrite: int) -> tuple[dict, list[int]]:
+    """A forked start's request (what it runs, its environment, session and folder) and its
+    standard files, from what Popen hands `_execute_child` (-1: the caller's own)."""
+    request = {**what, "env": environ, "new_session": bool(new_session),
+               "cwd": os.path.abspath(os.fspath(cwd) if cwd is not None else ".")}
+    return request, [p2cread if p2cread != -1 else 0, c2pwrite if c2pwrite != -1 else 1,
+                     errwrite if errwrite != -1 else 2]
 
 
 def _start_key(env: dict[str, str], also_later: tuple[str, ...] = ()) -> tuple:
@@ -145,10 +156,8 @@ class WarmPopen(_REAL_POPEN):
                 creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite, errread,
                 errwrite, restore_signals, gid, gids, uid, umask, start_new_session,
                 process_group)
-        request = {**what, "env": environ, "new_session": bool(start_new_session),
-                   "cwd": os.path.abspath(os.fspath(cwd) if cwd is not None else ".")}
-        fds = [p2cread if p2cread != -1 else 0, c2pwrite if c2pwrite != -1 else 1,
-               errwrite if errwrite != -1 else 2]
+        request, fds = _request(what, environ, start_new_session, cwd, p2cread, c2pwrite,
+                                errwrite)
         self._warm = _Waiter(path, request, fds)
         started = self._warm.line(timeout=60)
         if started is None:
@@ -199,7 +208,8 @@ class _ForkedHere(_REAL_POPEN):
         words = [os.fspath(a) for a in args] if isinstance(args, (list, tuple)) else []
         environ = dict(os.environ if env is None else env)
         unbuffered = words[1:2] == ["-u"]
-        what = _worker([words[0], *words[2:]] if unbuffered else words) if words else None
+        what = _what_starts([words[0], *words[2:]] if unbuffered else words, ("hpctrain",),
+                            None) if words else None
         if (what is None or not close_fds
                 or not _plain(preexec_fn, pass_fds, shell, executable, gid, gids, uid, umask,
                               process_group)
@@ -211,10 +221,8 @@ class _ForkedHere(_REAL_POPEN):
                 process_group)
         if unbuffered:
             environ = {**environ, "PYTHONUNBUFFERED": "1"}  # what -u does to the standard files
-        request = {**what, "env": environ, "new_session": bool(start_new_session),
-                   "cwd": os.path.abspath(os.fspath(cwd) if cwd is not None else ".")}
-        fds = [p2cread if p2cread != -1 else 0, c2pwrite if c2pwrite != -1 else 1,
-               errwrite if errwrite != -1 else 2]
+        request, fds = _request(what, environ, start_new_session, cwd, p2cread, c2pwrite,
+                                errwrite)
         ready_read, ready_write = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
@@ -228,18 +236,6 @@ class _ForkedHere(_REAL_POPEN):
         self.pid = pid
         self._child_created = True
         self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)
-
-
-def _worker(words: list[str]) -> dict | None:
-    """A torchrun worker's command as a request: `python -m hpctrain ARGS` or `python
-    SCRIPT.py ARGS` (a script of yours, a fit script); None for any other."""
-    if words[0] != sys.executable or len(words) < 2:
-        return None
-    if words[1] == "-m" and words[2:3] == ["hpctrain"]:
-        return {"module": "hpctrain", "script": None, "args": words[3:]}
-    if words[1].endswith(".py") and os.path.isfile(words[1]):
-        return {"module": None, "script": os.path.abspath(words[1]), "args": words[2:]}
-    return None
 
 
 def install() -> None:
