@@ -18,9 +18,9 @@ its workers (`python -u -m hpctrain ...`, `python -u SCRIPT.py ...`) from itself
 its children, in sessions of their own, as torchrun starts them (`_ForkedHere`); what hpctrain
 starts in turn (an autotune's trials) starts the usual way, as its children, for a process
 that has trained may not fork a process that trains. So does a command that cannot be started
-faithfully so: a preexec_fn, passed fds, another user, or a variable read while importing that
-differs from a warm process's. A test of start-up itself asks for cold starts
-(`@pytest.mark.cold_start`).
+faithfully so: a preexec_fn (but an `AddressSpaceLimit`, which the fork sets itself), passed
+fds, another user, or a variable read while importing that differs from a warm process's. A
+test of start-up itself asks for cold starts (`@pytest.mark.cold_start`).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import importlib
 import json
 import logging
 import os
+import resource
 import select
 import signal
 import socket
@@ -64,6 +65,19 @@ _WARM: dict[tuple, tuple[subprocess.Popen, str]] = {}
 _TIMES_COLD_STARTS = BENCHMARKS / "warm_starts.py"
 
 
+class AddressSpaceLimit:
+    """A preexec_fn that limits the child's address space to `size` bytes (RLIMIT_AS): the
+    tests' way to start a process in which a broken defence would allocate without bound. A
+    forked start sets it itself before it runs, over the same imports a cold start makes
+    under the limit."""
+
+    def __init__(self, size: int):
+        self.size = size
+
+    def __call__(self) -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (self.size, self.size))
+
+
 def _what_starts(words: list[str], modules: tuple[str, ...] = WARM_MODULES,
                  scripts_in: Path | None = BENCHMARKS) -> dict | None:
     """`python -m MODULE ARGS` for one of `modules` (hpctrain; torchrun, whose workers a warm
@@ -79,12 +93,14 @@ def _what_starts(words: list[str], modules: tuple[str, ...] = WARM_MODULES,
     return None
 
 
-def _request(what: dict, environ: dict[str, str], new_session: bool, cwd,
+def _request(what: dict, environ: dict[str, str], new_session: bool, cwd, preexec_fn,
              p2cread: int, c2pwrite: int, errwrite: int) -> tuple[dict, list[int]]:
-    """A forked start's request (what it runs, its environment, session and folder) and its
-    standard files, from what Popen hands `_execute_child` (-1: the caller's own)."""
+    """A forked start's request (what it runs, its environment, session, folder and address
+    space limit) and its standard files, from what Popen hands `_execute_child` (-1: the
+    caller's own)."""
     request = {**what, "env": environ, "new_session": bool(new_session),
-               "cwd": os.path.abspath(os.fspath(cwd) if cwd is not None else ".")}
+               "cwd": os.path.abspath(os.fspath(cwd) if cwd is not None else "."),
+               "address_space": preexec_fn.size if preexec_fn is not None else None}
     return request, [p2cread if p2cread != -1 else 0, c2pwrite if c2pwrite != -1 else 1,
                      errwrite if errwrite != -1 else 2]
 
@@ -156,8 +172,8 @@ class WarmPopen(_REAL_POPEN):
                 creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite, errread,
                 errwrite, restore_signals, gid, gids, uid, umask, start_new_session,
                 process_group)
-        request, fds = _request(what, environ, start_new_session, cwd, p2cread, c2pwrite,
-                                errwrite)
+        request, fds = _request(what, environ, start_new_session, cwd, preexec_fn, p2cread,
+                                c2pwrite, errwrite)
         self._warm = _Waiter(path, request, fds)
         started = self._warm.line(timeout=60)
         if started is None:
@@ -187,9 +203,11 @@ class WarmPopen(_REAL_POPEN):
 
 def _plain(preexec_fn, pass_fds, shell, executable, gid, gids, uid, umask,
            process_group) -> bool:
-    """A start that asks nothing of the fork and exec between (a forked start gives none)."""
-    return (preexec_fn is None and not pass_fds and not shell and executable is None
-            and gid is None and not gids and uid is None and umask < 0 and process_group < 0)
+    """A start that asks nothing of the fork and exec between (a forked start gives none) but
+    a limit to its address space."""
+    return ((preexec_fn is None or isinstance(preexec_fn, AddressSpaceLimit)) and not pass_fds
+            and not shell and executable is None and gid is None and not gids and uid is None
+            and umask < 0 and process_group < 0)
 
 
 class _ForkedHere(_REAL_POPEN):
@@ -221,8 +239,8 @@ class _ForkedHere(_REAL_POPEN):
                 process_group)
         if unbuffered:
             environ = {**environ, "PYTHONUNBUFFERED": "1"}  # what -u does to the standard files
-        request, fds = _request(what, environ, start_new_session, cwd, p2cread, c2pwrite,
-                                errwrite)
+        request, fds = _request(what, environ, start_new_session, cwd, preexec_fn, p2cread,
+                                c2pwrite, errwrite)
         ready_read, ready_write = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
@@ -353,6 +371,8 @@ def _become(request: dict, fds: list[int], ready: int) -> None:
     os.environ.clear()
     os.environ.update(env)
     os.chdir(request["cwd"])
+    if request["address_space"] is not None:
+        resource.setrlimit(resource.RLIMIT_AS, (request["address_space"],) * 2)
     extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[:] = [request["cwd"], *extra, *_BASE_PATH]
     if env.get("PYTHONUNBUFFERED"):

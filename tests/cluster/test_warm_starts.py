@@ -69,6 +69,30 @@ def test_a_warm_start_is_a_process_of_its_own_that_takes_signals(tmp_path, tiny)
     assert "(SIGTERM received)" in err
 
 
+def test_a_start_limited_in_address_space_is_forked_and_limited_alike(tmp_path, tiny,
+                                                                     monkeypatch):
+    """The tests' AddressSpaceLimit, the one preexec_fn a forked start takes: the warm start
+    runs under the same RLIMIT_AS as a cold one, which exec's preexec_fn set, from the moment
+    Popen returns."""
+    def limit(expect_forked: bool) -> str:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "hpctrain", "run", "default",
+             *tiny("train.epochs=100", "train.log_every=1")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            preexec_fn=warm_starts.AddressSpaceLimit(6 << 30))
+        try:
+            assert (process.pid not in child_processes(os.getpid())) == expect_forked
+            return next(line for line in Path(f"/proc/{process.pid}/limits").read_text()
+                        .splitlines() if line.startswith("Max address space"))
+        finally:
+            process.kill()
+            process.wait(timeout=60)
+
+    warm = limit(expect_forked=True)
+    monkeypatch.setattr(warm_starts.WarmPopen, "cold", True)
+    assert warm == limit(expect_forked=False) and str(6 << 30) in warm
+
+
 def test_a_warm_torchrun_agent_forks_its_workers_which_train_as_cold_started_ones(
         tmp_path, tiny, monkeypatch):
     """torchrun's workers forked from a warm agent: its children, each in a session of its

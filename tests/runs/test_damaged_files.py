@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from warm_starts import AddressSpaceLimit
+
 FIRST = 1795600000.0  # when the fleet's runs started
 INF = float("inf")
 
@@ -193,14 +195,12 @@ def _limited(*args: str, home: Path) -> tuple[int, str, str]:
     """`hpctrain ARGS` in a child of 4 GiB of address space: an unbounded read fails there,
     not on the machine."""
     import os
-    import resource
     import subprocess
     import sys
 
     done = subprocess.run([sys.executable, "-m", "hpctrain", *args], capture_output=True,
                           text=True, timeout=300, env={**os.environ, "XDG_STATE_HOME": str(home)},
-                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS,
-                                                                (4 << 30, 4 << 30)))
+                          preexec_fn=AddressSpaceLimit(4 << 30))
     return done.returncode, done.stdout, done.stderr
 
 

@@ -3,7 +3,6 @@ process group starts: the tests that train, in this process or in an `hpctrain` 
 their own (the others are tests/unit/test_environment.py)."""
 
 import os
-import resource
 import subprocess
 import sys
 
@@ -12,6 +11,7 @@ import pytest
 from hpctrain.cluster.slurm import expand_hostlist
 from hpctrain.errors import ConfigError
 from step_layouts import SLURM_STEP
+from warm_starts import AddressSpaceLimit
 
 
 def test_a_rank_past_the_process_count_stops_a_run_at_once_not_in_the_rendezvous(tiny):
@@ -42,8 +42,7 @@ def test_a_huge_host_list_or_layout_is_not_expanded_in_full():
     """'n[0-999999999]' expanded in full ran out of memory (23 GB) to find its first host; a
     layout '4(x999999999)' likewise. In a child limited to 1 GiB of address space."""
     done = subprocess.run([sys.executable, "-c", HUGE], capture_output=True, text=True,
-                          timeout=60, preexec_fn=lambda: resource.setrlimit(
-                              resource.RLIMIT_AS, (1 << 30, 1 << 30)))
+                          timeout=60, preexec_fn=AddressSpaceLimit(1 << 30))
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.startswith("n0 cannot read the Slurm task layout '4(x999999999)'")
     with pytest.raises(ConfigError, match="host list 'n\\[a-b\\]'"):

@@ -17,7 +17,6 @@ import json
 import os
 import pickle
 import shutil
-import resource
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ from conftest import write_image_folder
 from hostile import DAMAGE, plant_hostile_index, plant_hostile_value
 from hpctrain import cli
 from hpctrain.data.images.image_packing import PackOptions, pack
+from warm_starts import AddressSpaceLimit
 
 
 @dataclass
@@ -514,8 +514,7 @@ def _run(world: World, arguments: list[str], isolate: bool, capsys) -> tuple[int
     if isolate:  # within 4 GiB of address space: a broken defence must not take the machine
         done = subprocess.run([sys.executable, "-m", "hpctrain", *arguments],
                               capture_output=True, text=True, timeout=300,
-                              preexec_fn=lambda: resource.setrlimit(
-                                  resource.RLIMIT_AS, (4 << 30, 4 << 30)))
+                              preexec_fn=AddressSpaceLimit(4 << 30))
         return done.returncode, done.stdout + done.stderr
     try:
         code = cli.main(arguments)

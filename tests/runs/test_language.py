@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import resource
 import shutil
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from hpctrain.data.tokens.token_pack import TokenBlocks, TokenPack
 from hpctrain.errors import DataError
 from hpctrain.models.gpt import gpt
 from token_data import crafted_copy, hf_config, packed, stream_pack
+from warm_starts import AddressSpaceLimit
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -162,8 +162,7 @@ def test_a_run_on_a_crafted_token_pack_is_exit_2_under_a_memory_limit(tmp_path, 
     crafted = crafted_copy(packed, tmp_path, 2**64 - 2**32, 2**32 - 1)
     done = subprocess.run(
         [sys.executable, "-m", "hpctrain", "run", "tiny-lm", *token_run(tmp_path, crafted)],
-        capture_output=True, text=True, timeout=300, preexec_fn=lambda: resource.setrlimit(
-            resource.RLIMIT_AS, (4 << 30, 4 << 30)))
+        capture_output=True, text=True, timeout=300, preexec_fn=AddressSpaceLimit(4 << 30))
     assert done.returncode == 2, done.stderr[-2000:]
     assert "document 0" in done.stderr and "points outside its shard" in done.stderr
     assert "Traceback" not in done.stderr

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from warm_starts import AddressSpaceLimit
 
 
 def test_a_run_that_feeds_a_fixed_size_model_several_sizes_is_exit_2(run_cli, tiny):
@@ -96,7 +97,6 @@ def test_a_built_in_gpt_of_impossible_or_enormous_shape_is_one_line(tmp_path, ru
     """model.kwargs.layers NaN or heads 0 (a ZeroDivisionError) are refused naming the
     field; 1,000 layers of width 2^20 are counted on the meta device and do not fit
     (exit 3), where building them was an allocation traceback (issue 51)."""
-    import resource
     import subprocess
     import sys
 
@@ -110,7 +110,6 @@ def test_a_built_in_gpt_of_impossible_or_enormous_shape_is_one_line(tmp_path, ru
     done = subprocess.run(
         [sys.executable, "-m", "hpctrain", "run", "tiny-lm", *recipe,
          "model.kwargs.layers=1000", "model.kwargs.width=1048576"],
-        capture_output=True, text=True, timeout=300, preexec_fn=lambda: resource.setrlimit(
-            resource.RLIMIT_AS, (8 << 30, 8 << 30)))
+        capture_output=True, text=True, timeout=300, preexec_fn=AddressSpaceLimit(8 << 30))
     assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert "model.name hpctrain:gpt_tiny: 13,194,144,065,257,472 parameters" in done.stderr

@@ -10,6 +10,7 @@ import pytest
 
 from hostile import plant_hostile_weights
 from tiny_models import _tiny_gpt2
+from warm_starts import AddressSpaceLimit
 
 
 def test_an_hf_folders_pickled_weights_that_would_run_code_are_one_line(tmp_path, run_cli):
@@ -31,12 +32,10 @@ def _limited_run(*args: str) -> subprocess.CompletedProcess:
     """`hpctrain ARGS` in a child of 8 GiB of address space (what `memory` reserves for its
     fake tensors): an allocation of terabytes fails there, should a defence break, not on
     the machine."""
-    import resource
     import sys
 
     return subprocess.run([sys.executable, "-m", "hpctrain", *args], capture_output=True,
-                          text=True, timeout=300, preexec_fn=lambda: resource.setrlimit(
-                              resource.RLIMIT_AS, (8 << 30, 8 << 30)))
+                          text=True, timeout=300, preexec_fn=AddressSpaceLimit(8 << 30))
 
 
 @pytest.mark.parametrize("kwargs, words", [
