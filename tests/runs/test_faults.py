@@ -550,13 +550,14 @@ SOAK = ("deterministic=true", "train.max_steps=150", "checkpoint.every_steps=1",
 def test_kill_9_at_random_moments_then_resume_ends_like_an_undisturbed_run(world):
     """SIGKILL lands anywhere: in a step, in a save (a checkpoint every step), in a rename.
     After each, the newest checkpoint is whole, resume=auto continues, and the run that was
-    killed again and again ends bitwise equal to one that never was."""
+    killed again and again ends bitwise equal to one that never was (and saved only at its
+    end: 150 saves cost 8 s here, and change nothing of the training)."""
     from training_state import assert_same_training_state, final_state
 
     from hpctrain.runs.directory import list_checkpoints
     from hpctrain.train.checkpoints.safe_checkpoint import problem
 
-    reference = world.tiny(*SOAK, "run_name=undisturbed")
+    reference = world.tiny(*SOAK, "run_name=undisturbed", "checkpoint.every_steps=150")
     assert cli.main(["run", "default", *reference]) == 0
     killed = world.tmp / "runs" / "killed"
     metrics, rng, kills = killed / "metrics.jsonl", np.random.default_rng(16), []
