@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
@@ -19,6 +18,7 @@ from PIL import Image
 import warm_starts
 from hpctrain import cli
 from hpctrain.config import load_config
+from shipped_recipes import FIXTURES, console_script, summary_of, train_together, training
 
 # The suite's own state and data folders (the job ledger, the output directories runs were
 # written to, the runs index): the user's stay untouched, and every process the tests start
@@ -66,20 +66,36 @@ def default_shapes_cache(tmp_path_factory) -> Path:
 
 def run_installed(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     """`hpctrain ARGS` through the installed console script, as a user runs it."""
-    script = Path(sys.executable).with_name("hpctrain")
-    return subprocess.run([str(script) if script.exists() else "hpctrain", *args],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([console_script(), *args], capture_output=True, text=True,
+                          timeout=timeout)
 
 
 @pytest.fixture(scope="session")
-def default_recipe_run(tmp_path_factory, default_shapes_cache):
+def shipped_recipe_runs(request, tmp_path_factory, default_shapes_cache) -> dict[str, tuple]:
+    """The shipped recipes' trainings that this session's tests use, trained together once
+    (shipped_recipes.py): {recipe: (process, summary)}."""
+    wanted = {recipe for name, recipe in FIXTURES.items()
+              if any(name in item.fixturenames for item in request.session.items)}
+    return train_together({recipe: training(recipe, tmp_path_factory.mktemp(f"{recipe}-run"),
+                                            default_shapes_cache) for recipe in sorted(wanted)})
+
+
+@pytest.fixture(scope="session")
+def default_recipe_run(shipped_recipe_runs):
     """`hpctrain run` on the built-in default, once per session: (process, summary)."""
-    out = tmp_path_factory.mktemp("default-run")
-    result = run_installed("run", f"output_dir={out / 'runs'}",
-                           f"data.shapes.cache_dir={default_shapes_cache}")
-    assert result.returncode == 0, result.stderr[-2000:]
-    summary_file, = (out / "runs").glob("default-*/summary.json")
-    return result, json.loads(summary_file.read_text())
+    return summary_of(shipped_recipe_runs["default"])
+
+
+@pytest.fixture(scope="session")
+def tiny_lm_recipe_run(shipped_recipe_runs):
+    """`hpctrain run tiny-lm`, once per session: (process, summary)."""
+    return summary_of(shipped_recipe_runs["tiny-lm"])
+
+
+@pytest.fixture(scope="session")
+def pointnet_recipe_run(shipped_recipe_runs):
+    """`hpctrain run pointnet`, once per session: (process, summary)."""
+    return summary_of(shipped_recipe_runs["pointnet"])
 
 
 @pytest.fixture

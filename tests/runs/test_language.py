@@ -128,16 +128,11 @@ def test_a_language_model_resumes_bitwise(tmp_path, run_cli, lm_cache, batching)
 
 
 @pytest.mark.slow
-def test_the_tiny_lm_recipe_learns_to_add(tmp_path_factory):
+def test_the_tiny_lm_recipe_learns_to_add(tiny_lm_recipe_run):
     """The README's promise: `hpctrain run tiny-lm` gets at least 90 % of held-out answers
-    entirely right, with nothing downloaded (about 90 s on two CPU cores)."""
-    from conftest import run_installed
-
-    out = tmp_path_factory.mktemp("tiny-lm")
-    result = run_installed("run", "tiny-lm", f"output_dir={out}", "run_name=recipe",
-                           f"data.arithmetic.cache_dir={out / 'cache'}", timeout=1500)
-    assert result.returncode == 0, result.stderr[-2000:]
-    summary = json.loads((out / "recipe" / "summary.json").read_text())
+    entirely right, with nothing downloaded (about 90 s on two CPU cores; the session trains
+    it beside the other recipes, tests/shipped_recipes.py)."""
+    _, summary = tiny_lm_recipe_run
     assert summary["final_eval"]["val_answer_accuracy"] >= 0.9, summary["final_eval"]
     assert summary["best_val_perplexity"] < 3.5
 
