@@ -4,8 +4,9 @@ installed console script, as the README gives them), whose accuracy the README p
 They are the suite's three longest runs. Those a session needs train together, the cores shared
 out between them (one torch thread each on two cores): on two cores the three took 295 s so, the
 default's images generated first, against 354-382 s one after another at two threads each
-(docs/benchmarks.md, issue 66's eighth session). What they prove is unchanged: the recipe as shipped reaches its accuracy; the
-thread count changes only the order of a sum's terms. One alone trains as a user runs it."""
+(docs/benchmarks.md, issue 66's eighth session). What they prove is unchanged: the recipe as
+shipped reaches its accuracy; the thread count changes only the order of a sum's terms. One
+alone trains as a user runs it."""
 
 from __future__ import annotations
 
