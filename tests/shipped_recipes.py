@@ -57,10 +57,10 @@ def train_together(trainings: dict[str, Training]) -> dict[str, tuple]:
     share = max(1, (os.cpu_count() or 1) // len(trainings)) if len(trainings) > 1 else None
     env = {**os.environ, "OMP_NUM_THREADS": str(share)} if share else None
     started = {}
-    for recipe, training in trainings.items():
-        training.out.mkdir(parents=True, exist_ok=True)
-        command = [console_script(), *training.args]
-        with open(training.out / "stdout", "w") as out, open(training.out / "stderr", "w") as err:
+    for recipe, one in trainings.items():
+        one.out.mkdir(parents=True, exist_ok=True)
+        command = [console_script(), *one.args]
+        with open(one.out / "stdout", "w") as out, open(one.out / "stderr", "w") as err:
             started[recipe] = (command, subprocess.Popen(command, stdout=out, stderr=err,
                                                          stdin=subprocess.DEVNULL, env=env))
     deadline = time.monotonic() + TIMEOUT
