@@ -69,8 +69,7 @@ def test_a_warm_start_is_a_process_of_its_own_that_takes_signals(tmp_path, tiny)
     assert "(SIGTERM received)" in err
 
 
-def test_a_start_limited_in_address_space_is_forked_and_limited_alike(tmp_path, tiny,
-                                                                     monkeypatch):
+def test_a_start_limited_in_address_space_is_forked_and_limited_alike(tiny, monkeypatch):
     """The tests' AddressSpaceLimit, the one preexec_fn a forked start takes: the warm start
     runs under the same RLIMIT_AS as a cold one, which exec's preexec_fn set, from the moment
     Popen returns."""
