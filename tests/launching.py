@@ -10,6 +10,13 @@ import time
 from pathlib import Path
 
 
+def one_thread_env(**extra: str) -> dict[str, str]:
+    """This process's environment with one OpenMP thread per process, as torchrun sets for its
+    workers (two processes of two threads each thrash two cores); a warm torchrun agent forks
+    its workers only where their start-up variables are its own, so set it for the agent too."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", **extra}
+
+
 def launch(nproc: int, overrides: list[str], timeout: float = 240,
            recipe: str = "default") -> subprocess.CompletedProcess:
     if nproc == 1:
@@ -18,7 +25,7 @@ def launch(nproc: int, overrides: list[str], timeout: float = 240,
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                    f"--nproc-per-node={nproc}", "-m", "hpctrain", "run", recipe, *overrides]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          env=one_thread_env())
 
 
 def run_ok(nproc, overrides) -> Path:

@@ -117,7 +117,7 @@ def _warm_socket(env: dict[str, str]) -> str | None:
     """The socket of a warm process for `env` (started now if none yet), or None."""
     key = _start_key(env)
     if _SERVED:  # a benchmark script's own start: only the warm process it was forked from
-        return _SERVED if key == _SERVED_KEY else None
+        return _SERVED if key == _start_key(_SERVED_ENV) else None
     if key in _WARM and _WARM[key][0].poll() is None:
         return _WARM[key][1]
     if len(_WARM) >= _MOST_WARM:
@@ -469,11 +469,11 @@ def prepare_to_serve() -> None:
     start>`, where a cold start has the interpreter's own (`<frozen runpy>`): what reads a
     started process's stacks (hpctrain's hang reports, "your code at ...") finds none of the
     tests' code there."""
-    global _BASE_PATH, _SERVED, _SERVED_KEY, _SERVED_ENV
+    global _BASE_PATH, _SERVED, _SERVED_ENV
     own = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     _BASE_PATH = [p for p in sys.path if p not in own and p not in ("", sys.argv[2])]
     _SERVED_ENV = dict(os.environ)
-    _SERVED, _SERVED_KEY = sys.argv[1], _start_key(_SERVED_ENV)
+    _SERVED = sys.argv[1]
     for function in (_serve, _never_back, _wait_on, _become, _become_here, _run_module,
                      _run_script, _end_as_the_interpreter, _ForkedHere._execute_child):
         function.__code__ = _as_the_interpreters(function.__code__)
@@ -489,6 +489,5 @@ _SERVER = "import sys; sys.path.insert(0, sys.argv[2]); import warm_starts as w;
     "w.prepare_to_serve(); w._serve(w._SERVED)"
 _BASE_PATH: list[str] = []
 _SERVED = ""  # the socket the warm process serves on; "" in the test process
-_SERVED_KEY: tuple = ()  # the start-up environment it serves (_start_key)
 _SERVED_ENV: dict[str, str] = {}  # the environment it imported in
 _FRESH: dict = {}  # what a fresh interpreter has set up: signal handlers, log handlers

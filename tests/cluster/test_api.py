@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from launching import one_thread_env
+
 
 
 RANK_SEEDED = '''
@@ -47,9 +49,8 @@ def test_under_fsdp_every_process_trains_rank_0_s_initial_weights(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
          str(script), str(tmp_path)], capture_output=True, text=True, timeout=240,
-        env={**os.environ, "OMP_NUM_THREADS": "1",
-             "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent.parent),
-                                            os.environ.get("PYTHONPATH", "")])})
+        env=one_thread_env(PYTHONPATH=os.pathsep.join([str(Path(__file__).parent.parent),
+                                                       os.environ.get("PYTHONPATH", "")])))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     first, second = (torch.load(tmp_path / f"init-{rank}.pt") for rank in (0, 1))
     assert any(not torch.equal(first[k], second[k]) for k in first)

@@ -4,7 +4,6 @@ tests/runs/test_batching.py)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ import pytest
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "text_data.py"
 sys.path.insert(0, str(FIXTURE.parent))
 from recipes import text_recipe
-from launching import records
+from launching import one_thread_env, records
 
 
 @pytest.mark.distributed
@@ -30,7 +29,7 @@ def test_a_recipe_with_data_collate_trains_on_one_process_and_two(tmp_path):
             command[1:3] = ["-m", "torch.distributed.run", "--standalone",
                             f"--nproc-per-node={processes}", "-m", "hpctrain"]
         done = subprocess.run(command, capture_output=True, text=True, timeout=240,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})  # as torchrun sets
+                              env=one_thread_env())  # as torchrun sets
         assert done.returncode == 0, done.stderr[-2000:]
         figures[processes] = records(tmp_path / "runs" / f"p{processes}", "eval")[-1]
     assert figures[1]["val_accuracy"] > 0.85

@@ -3,12 +3,13 @@
 tests/unit/test_bench_node.py)."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from launching import one_thread_env
 
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
@@ -21,7 +22,7 @@ def test_under_torchrun_it_measures_the_all_reduce_between_the_processes():
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            "--nproc-per-node", "2", "-m", "hpctrain", "bench", "node", *QUICK,
                            "--json"], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          env=one_thread_env())
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads(done.stdout)["rows"]
     (reduce,) = [r for r in rows if r["group"] == "all-reduce"]
@@ -36,6 +37,6 @@ def test_ranks_whose_clocks_disagree_call_the_all_reduce_equally_often(tmp_path)
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            "--nproc-per-node", "2", str(FIXTURES / "collective_timing.py"),
                            str(tmp_path)], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          env=one_thread_env())
     assert done.returncode == 0, done.stderr[-3000:]
     assert all(float((tmp_path / f"rank{r}.txt").read_text()) > 0 for r in (0, 1))

@@ -14,7 +14,7 @@ import pytest
 import torch.distributed.checkpoint as dcp
 
 from conftest import write_image_folder
-from launching import launch, records, run_ok, wait_for_step, worker_pid
+from launching import launch, one_thread_env, records, run_ok, wait_for_step, worker_pid
 from hpctrain.data.images.image_packing import PackOptions, pack
 from hpctrain.data.sampling import EpochSampler
 from hpctrain.models.small import tiny_cnn
@@ -185,7 +185,7 @@ def test_a_signal_to_one_rank_saves_on_every_rank_and_resumes_exactly(common):
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
          "-m", "hpctrain", "run", "default", *long_run, "run_name=signalled"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"})
+        env=one_thread_env())
     rank1 = worker_pid(agent.pid, 1)
     wait_for_step(run, 3, agent)
     os.kill(rank1, signal.SIGUSR1)
@@ -221,9 +221,9 @@ def test_a_hung_rank_gives_a_timeout_naming_rank_host_and_step(common):
     port = free_port()
     ranks = []
     for rank in (0, 1):
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "RANK": str(rank), "WORLD_SIZE": "2",
-               "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(port)}
+        env = one_thread_env(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
+                             LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                             MASTER_PORT=str(port))
         ranks.append(subprocess.Popen(
             [sys.executable, "-m", "hpctrain", "run", "default", *overrides, "run_name=hung",
              "train.max_steps=100000", "parallel.timeout_seconds=5"],

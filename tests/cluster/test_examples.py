@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -14,7 +13,7 @@ import numpy as np
 import pytest
 import yaml
 from PIL import Image
-from launching import launch, wait_for
+from launching import launch, one_thread_env, wait_for
 
 EXAMPLES = Path(__file__).resolve().parent.parent.parent / "examples"
 
@@ -55,7 +54,7 @@ def run_fit_script(nproc: int, data: Path, overrides: list[str], timeout: float 
     launcher = [sys.executable] if nproc == 1 else [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
     return subprocess.run([*launcher, script, str(data), *overrides], capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          text=True, timeout=timeout, env=one_thread_env())
 
 
 @pytest.mark.distributed

@@ -3,12 +3,13 @@ PostgreSQL, the browser, the model hub) (the others are tests/unit/test_fp8.py,
 tests/runs/test_fp8.py)."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from launching import one_thread_env
 
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
@@ -22,7 +23,7 @@ def test_fsdp_gathers_float8_weights_and_learns_what_one_process_learns(tmp_path
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            "--nproc-per-node", "2", str(FIXTURES / "fsdp_fp8.py"),
                            str(tmp_path)], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          env=one_thread_env())
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["gathered_in_float8"] == ["0", "2"]  # the output layer stays bf16

@@ -5,12 +5,13 @@ others are tests/unit/test_given_loaders.py, tests/runs/test_given_loaders.py)."
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from launching import one_thread_env
 
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "lit_classifier.py"
@@ -44,7 +45,7 @@ def test_two_processes_split_a_shuffled_loader_as_lightning_does(tmp_path):
     script.write_text(SCRIPT.format(folder=str(FIXTURE.parent), runs=str(tmp_path / "runs")))
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            "--nproc-per-node=2", str(script)], capture_output=True, text=True,
-                          timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          timeout=240, env=one_thread_env())
     assert done.returncode == 0, done.stderr[-2000:]
     assert "your DataLoader's order split over 2 processes: each takes one sample in 2 of " \
            "one epoch-seeded order (as Lightning's DistributedSampler)" in done.stdout

@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from launching import one_thread_env
+
 
 
 @pytest.mark.distributed
@@ -18,14 +20,13 @@ def test_two_processes_pace_their_saves_alike(tiny, tmp_path):
     both must choose the same steps; they do, from figures gathered from both: the first
     save at the first epoch's end, the next (the measured save's Daly interval being far
     longer than the run) at its last step."""
-    import os
 
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
          "-m", "hpctrain", "run", "default",
          *tiny("run_name=paced", "train.global_batch_size=32", "train.epochs=3",
                "checkpoint.every=auto", "preemption.deadline=null")],
-        capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        capture_output=True, text=True, timeout=240, env=one_thread_env())
     assert done.returncode == 0, done.stderr[-3000:]
     run = tmp_path / "runs" / "paced"
     assert sorted(path.name for path in (run / "checkpoints").iterdir()) == [

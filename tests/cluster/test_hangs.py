@@ -6,7 +6,6 @@ tests/runs/test_hangs.py)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.errors import ExitCode
+from launching import one_thread_env
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 sys.path.insert(0, str(FIXTURES))
@@ -27,7 +27,7 @@ def test_one_of_two_ranks_stuck_before_a_collective_is_named_by_rank(tmp_path):
                "--nproc-per-node=2", "-m", "hpctrain", "run", str(recipe(tmp_path)),
                "model.kwargs.hang_at=6", "model.kwargs.rank=1", "monitor.hang_after=4"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=240,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          env=one_thread_env())
     run_dir, = (tmp_path / "runs").iterdir()
     assert done.stderr.count(f"exitcode  : {int(ExitCode.HUNG)}") == 2, done.stderr[-3000:]
     line = json.loads((run_dir / "hang" / "hang.json").read_text())["line"]

@@ -5,7 +5,6 @@ are tests/runs/test_lightning.py)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ import pytest
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "lit_classifier.py"
 sys.path.insert(0, str(FIXTURE.parent))
 from recipes import lit_recipe
+from launching import one_thread_env
 from launching import records as records_of
 
 
@@ -31,7 +31,7 @@ def _gathers_run(folder: Path, processes: int, strategy: str) -> tuple:
         command[1:3] = ["-m", "torch.distributed.run", "--standalone",
                         f"--nproc-per-node={processes}", "-m", "hpctrain"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=240,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          env=one_thread_env())
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     run = folder / "runs" / f"p{processes}"
     return ([r["loss"] for r in records_of(run, "train")], records_of(run, "eval")[-1],

@@ -5,11 +5,12 @@ tests/runs/test_memory.py)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
+
+from launching import one_thread_env
 
 
 
@@ -23,7 +24,7 @@ def test_find_batch_size_on_two_ranks_agrees(tmp_path, shapes_cache, strategy):
                f"parallel.strategy={strategy}", "--gpu-memory", "1MiB", "--find-batch-size",
                "--json"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=240,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          env=one_thread_env())
     assert done.returncode == 0, done.stderr[-3000:]
     search = json.loads(done.stdout)["search"]  # printed once, by rank 0
     assert search["world_size"] == 2 and search["strategy"] == strategy

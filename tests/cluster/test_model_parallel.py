@@ -21,7 +21,7 @@ import pytest
 from hpctrain.cli import main
 from hpctrain.runs.directory import list_checkpoints
 from hpctrain.train.checkpoints.checkpoint import read_checkpoint
-from launching import launch, records, wait_for_step, worker_pid
+from launching import launch, one_thread_env, records, wait_for_step, worker_pid
 from launching import run_ok as run_ok_default
 
 pytestmark = pytest.mark.distributed
@@ -102,7 +102,7 @@ def test_two_processes_train_as_one_through_a_preemption(lm, one, name, layout, 
                "--nproc-per-node=2", "-m", "hpctrain", "run", "tiny-lm", *overrides,
                f"run_name={name}", *layout]
     agent = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                             text=True, env=one_thread_env())
     rank1 = worker_pid(agent.pid, 1)
     wait_for_step(run, 3, agent)
     os.kill(rank1, signal.SIGUSR1)

@@ -3,12 +3,13 @@ PostgreSQL, the browser, the model hub) (the others are tests/unit/test_profile.
 tests/runs/test_profile.py)."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from launching import one_thread_env
 
 
 
@@ -20,7 +21,7 @@ def test_two_torchrun_ranks_each_write_a_trace_and_rank_0_reads_both(tmp_path, s
                "data.num_workers=0", "model.name=hpctrain:tiny_cnn", "train.batch_size=16",
                "tensorboard=false", "--steps", "2", "--json"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=240,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          env=one_thread_env())
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)  # printed once, by rank 0
     assert [Path(t).name for t in report["traces"]] == ["trace.rank0.json.gz",

@@ -2,13 +2,13 @@
 PostgreSQL, the browser, the model hub) (the others are tests/runs/test_stops.py)."""
 
 import json
-import os
 import re
 from pathlib import Path
 
 import pytest
 
 from hpctrain.runs.directory import list_checkpoints
+from launching import one_thread_env
 from stop_recipes import CHECKED, VAL, evaluations, stripes, trains
 
 
@@ -31,7 +31,7 @@ def launch(nproc: int, args: list[str], timeout: float = 300,
          f"--nproc-per-node={nproc}", *(program if script else ["-m", "hpctrain"]), "run",
          "default", *args]
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          env=one_thread_env())
     said = done.stdout + done.stderr
     if nproc == 1 or done.returncode == 0:
         return {done.returncode}, said

@@ -4,7 +4,6 @@ hub) (the others are tests/runs/test_tensors.py)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ import pytest
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "tensor_data.py"
 sys.path.insert(0, str(FIXTURE.parent))
 from recipes import tensor_recipe
-from launching import records
+from launching import one_thread_env, records
 
 
 @pytest.mark.distributed
@@ -32,7 +31,7 @@ def test_two_processes_train_a_regression_as_one(tmp_path):
             command[1:3] = ["-m", "torch.distributed.run", "--standalone",
                             f"--nproc-per-node={processes}", "-m", "hpctrain"]
         done = subprocess.run(command, capture_output=True, text=True, timeout=240,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})  # as torchrun sets
+                              env=one_thread_env())  # as torchrun sets
         assert done.returncode == 0, done.stderr[-2000:]
         figures[processes] = records(str(tmp_path / "runs" / f"p{processes}"), "eval")[-1]
     for key in ("val_mse", "val_mae", "val_r2"):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import warm_starts
 from conftest import child_processes
-from launching import records, wait_for, worker_pid
+from launching import one_thread_env, records, wait_for, worker_pid
 
 
 def _ends(cwd: Path, env: dict[str, str], *args: str) -> tuple[int, str, str]:
@@ -103,7 +103,7 @@ def test_a_warm_torchrun_agent_forks_its_workers_which_train_as_cold_started_one
              "--nproc-per-node=2", "-m", "hpctrain", "run", "default",
              *tiny(f"run_name={name}", "train.epochs=4")],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env={**os.environ, "OMP_NUM_THREADS": "1"})
+            env=one_thread_env())
         try:
             workers = [worker_pid(agent.pid, rank) for rank in (0, 1)]
             own_session = [_leads_a_session(pid) for pid in workers]
