@@ -15,12 +15,15 @@ from hpctrain.tasks.image_classification import ACCURACY_CURVES
 from hpctrain.tasks.spec import Measured, TaskSetup, TaskSpec
 
 
-def classification(device, num_classes: int, label_smoothing: float, model_name: str):
+def classification(device, num_classes: int, label_smoothing: float, model_name: str,
+                   labels_keyword: str | None = None):
+    """`labels_keyword`: the keyword the model takes the labels under to compute its own loss
+    (tensors.labels_keyword), or None."""
     import torch
     from torch import nn
 
-    from hpctrain.tasks.steps import (TOP1_SUMS, Batch, Task, logits_of, top1_accuracy,
-                                      top1_sums)
+    from hpctrain.tasks.steps import (TOP1_SUMS, Batch, Task, logits_of,
+                                      preferring_model_loss, top1_accuracy, top1_sums)
 
     criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
     top1 = top1_sums(num_classes, model_name)
@@ -28,8 +31,10 @@ def classification(device, num_classes: int, label_smoothing: float, model_name:
     def to_device(batch, training: bool) -> Batch:
         inputs, labels = tensors.split(batch)
         labels = torch.as_tensor(labels).to(device, torch.long, non_blocking=True)
-        return Batch(tensors.moved(inputs, device), labels, labels)
+        inputs = tensors.with_labels(tensors.moved(inputs, device), labels, labels_keyword)
+        return Batch(inputs, labels, labels)
 
+    @preferring_model_loss
     def loss(outputs, batch: Batch):
         return criterion(logits_of(outputs), batch.targets)
 
@@ -41,9 +46,12 @@ def classification(device, num_classes: int, label_smoothing: float, model_name:
 
 
 def build(setup: TaskSetup):
+    """A model that computes its own loss is not given the labels under label smoothing (its
+    loss would not smooth them), as Hugging Face's Trainer."""
     config = setup.config
-    return classification(setup.device, setup.num_classes, config.train.label_smoothing,
-                          config.model.name)
+    smoothing = config.train.label_smoothing
+    return classification(setup.device, setup.num_classes, smoothing, config.model.name,
+                          None if smoothing else tensors.labels_keyword(setup.model))
 
 
 def describe(config, num_classes: int | None, vocab_size: int | None) -> str:

@@ -19,18 +19,20 @@ SUMS = ("loss_sum", "decisions", "true_positives", "false_positives", "false_neg
         "exact", "samples")
 
 
-def multilabel(device, model_name: str):
+def multilabel(device, model_name: str, labels_keyword: str | None = None):
     import torch
     import torch.nn.functional as F
 
-    from hpctrain.tasks.steps import Batch, Task, logits_of
+    from hpctrain.tasks.steps import Batch, Task, logits_of, preferring_model_loss
 
     def to_device(batch, training: bool) -> Batch:
         inputs, targets = tensors.split(batch)
         targets = torch.as_tensor(targets).to(device, torch.get_default_dtype(),
                                               non_blocking=True)
-        return Batch(tensors.moved(inputs, device), targets, targets)
+        inputs = tensors.with_labels(tensors.moved(inputs, device), targets, labels_keyword)
+        return Batch(inputs, targets, targets)
 
+    @preferring_model_loss
     def loss(outputs, batch: Batch):
         logits = aligned(logits_of(outputs), batch.targets, model_name)
         return F.binary_cross_entropy_with_logits(logits.float(), batch.targets.float())
@@ -59,7 +61,8 @@ def multilabel(device, model_name: str):
 
 
 def build(setup: TaskSetup):
-    return multilabel(setup.device, setup.config.model.name)
+    return multilabel(setup.device, setup.config.model.name,
+                      tensors.labels_keyword(setup.model))
 
 
 def describe(config, num_classes: int | None, vocab_size: int | None) -> str:

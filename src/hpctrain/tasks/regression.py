@@ -34,17 +34,19 @@ def aligned(outputs, targets, model_name: str):
                       "to give one output per target value")
 
 
-def regression(device, model_name: str):
+def regression(device, model_name: str, labels_keyword: str | None = None):
     import torch
     import torch.nn.functional as F
 
-    from hpctrain.tasks.steps import Batch, Task, logits_of
+    from hpctrain.tasks.steps import Batch, Task, logits_of, preferring_model_loss
 
     def to_device(batch, training: bool) -> Batch:
         inputs, targets = tensors.split(batch)
         targets = tensors.moved(torch.as_tensor(targets).to(torch.get_default_dtype()), device)
-        return Batch(tensors.moved(inputs, device), targets, targets)
+        inputs = tensors.with_labels(tensors.moved(inputs, device), targets, labels_keyword)
+        return Batch(inputs, targets, targets)
 
+    @preferring_model_loss
     def loss(outputs, batch: Batch):
         predicted = aligned(logits_of(outputs), batch.targets, model_name)
         return F.mse_loss(predicted.float(), batch.targets.float())
@@ -68,7 +70,8 @@ def regression(device, model_name: str):
 
 
 def build(setup: TaskSetup):
-    return regression(setup.device, setup.config.model.name)
+    return regression(setup.device, setup.config.model.name,
+                      tensors.labels_keyword(setup.model))
 
 
 def describe(config, num_classes: int | None, vocab_size: int | None) -> str:

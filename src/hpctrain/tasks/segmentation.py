@@ -19,17 +19,18 @@ IGNORED = -100  # torch.nn.CrossEntropyLoss's ignore_index
 CURVES = (Curve("mean IoU", "validation mIoU", "eval", "val_miou"), *ACCURACY_CURVES[:2])
 
 
-def segmentation(device, num_classes: int, model_name: str):
+def segmentation(device, num_classes: int, model_name: str, labels_keyword: str | None = None):
     import torch
     import torch.nn.functional as F
 
     from hpctrain.errors import ConfigError
-    from hpctrain.tasks.steps import Batch, Task, logits_of
+    from hpctrain.tasks.steps import Batch, Task, logits_of, preferring_model_loss
 
     def to_device(batch, training: bool) -> Batch:
         inputs, masks = tensors.split(batch)
         masks = torch.as_tensor(masks).to(device, torch.long, non_blocking=True)
-        return Batch(tensors.moved(inputs, device), masks, masks)
+        inputs = tensors.with_labels(tensors.moved(inputs, device), masks, labels_keyword)
+        return Batch(inputs, masks, masks)
 
     def checked(outputs, masks):
         logits = logits_of(outputs)
@@ -41,6 +42,7 @@ def segmentation(device, num_classes: int, model_name: str):
                 f"gives (batch, {num_classes} classes, *the mask's shape)")
         return logits
 
+    @preferring_model_loss
     def loss(outputs, batch: Batch):
         """The mean over the elements kept, summed here: torch's own mean over a mask adds
         with atomics on CUDA (nll_loss2d's forward), which `deterministic=true` refuses."""
@@ -78,7 +80,8 @@ def segmentation(device, num_classes: int, model_name: str):
 
 
 def build(setup: TaskSetup):
-    return segmentation(setup.device, setup.num_classes, setup.config.model.name)
+    return segmentation(setup.device, setup.num_classes, setup.config.model.name,
+                        tensors.labels_keyword(setup.model))
 
 
 def describe(config, num_classes: int | None, vocab_size: int | None) -> str:

@@ -16,7 +16,7 @@ also act at the loop's moments (`moment`: an epoch's start and end, an evaluatio
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -96,8 +96,60 @@ def top1_accuracy(sums: dict) -> dict:
 
 
 def logits_of(outputs) -> torch.Tensor:
-    """The logits of a model that returns them alone or as (logits, regulariser)."""
-    return outputs[0] if isinstance(outputs, tuple) else outputs
+    """The logits of a model that returns them alone, as (logits, regulariser), or among
+    named outputs: a mapping or an object with `logits` (a Hugging Face ModelOutput, which is
+    both). Named outputs without them are refused, naming what they hold."""
+    if isinstance(outputs, torch.Tensor):
+        return outputs
+    if isinstance(outputs, tuple):
+        return outputs[0]
+    logits = _named(outputs, "logits")
+    if logits is None:
+        held = list(outputs) if isinstance(outputs, Mapping) else \
+            [name for name in getattr(outputs, "__dict__", {}) if not name.startswith("_")]
+        raise ConfigError(f"the model returned a {type(outputs).__name__} holding "
+                          f"{', '.join(held) or 'nothing'}: hpctrain reads its `logits` (and "
+                          "its `loss`, where it computes one); return a tensor, or name "
+                          "them so")
+    return logits
+
+
+def model_loss(outputs) -> torch.Tensor | None:
+    """The loss a model computed itself (a Hugging Face model given its `labels`: its
+    output's `loss`), or None."""
+    if isinstance(outputs, (torch.Tensor, tuple)):
+        return None
+    return _named(outputs, "loss")
+
+
+def first_outputs(outputs, keep: int, rows: int):
+    """The outputs of a batch's first `keep` of its `rows` (evaluation leaves out the
+    sampler's padding repeats): all of them where it keeps every row; else named outputs as a
+    dict of their rows kept, without the model's own loss, which counted every row (the
+    task's loss is taken on the rows kept instead)."""
+    if keep == rows:
+        return outputs
+    if isinstance(outputs, (torch.Tensor, tuple)):
+        return outputs[:keep]
+    named = outputs.items() if isinstance(outputs, Mapping) else vars(outputs).items()
+    return {name: value[:keep] if isinstance(value, torch.Tensor) and value.dim() and
+            value.shape[0] == rows else value for name, value in named if name != "loss"}
+
+
+def preferring_model_loss(criterion: Callable) -> Callable:
+    """A task's loss(outputs, batch): the model's own where it computed one (model_loss),
+    `criterion`'s otherwise."""
+    def loss(outputs, batch: Batch) -> torch.Tensor:
+        own = model_loss(outputs)
+        return criterion(outputs, batch) if own is None else own
+    return loss
+
+
+def _named(outputs, name: str):
+    """The output called `name` of a mapping or an object holding named outputs, or None."""
+    if isinstance(outputs, Mapping):
+        return outputs.get(name)
+    return getattr(outputs, name, None)
 
 
 def with_regulariser(criterion: Callable) -> Callable:

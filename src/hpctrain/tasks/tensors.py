@@ -1,8 +1,11 @@
 """Samples that are neither images, token blocks nor point clouds: your own tensors.
 
 A sample is (inputs, target). The inputs are a tensor (or array) of any shape, or a tuple or
-dict of them: the model is called as model(x), model(*x) or model(**x). The target is what
-the task learns: a class index (classification), a number or a float tensor (regression).
+mapping of them (a dict, Hugging Face's BatchEncoding): the model is called as model(x),
+model(*x) or model(**x). The target is what the task learns: a class index (classification),
+a number or a float tensor (regression). A model whose forward takes `labels` (Hugging Face's)
+is given them among its keyword inputs and computes its own loss, which the task then uses
+(`steps.model_loss`).
 Nothing is normalised or laid out: the tensors reach the model as the dataset made them,
 floating ones in torch's default dtype (NumPy's float64 arrays would not meet float32
 weights).
@@ -12,6 +15,9 @@ torch is imported when a batch is moved, never when a recipe is read (`spec.py`)
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Mapping
+
 KIND = "tensors"  # the data kind of these tasks (TaskSpec.data_kind)
 # the keys of a dict batch that hold its target (Hugging Face's collators say "labels")
 TARGET_KEYS = ("labels", "label", "targets", "target")
@@ -19,9 +25,11 @@ TARGET_KEYS = ("labels", "label", "targets", "target")
 
 def each(value, fn):
     """`value` with `fn` applied to every tensor (or array) in it, however nested in tuples,
-    lists and dicts."""
-    if isinstance(value, dict):
-        return {key: each(item, fn) for key, item in value.items()}
+    lists and mappings (a mapping of another type than dict kept as its type where it is made
+    of a dict: Hugging Face's BatchEncoding)."""
+    if isinstance(value, Mapping):
+        mapped = {key: each(item, fn) for key, item in value.items()}
+        return mapped if type(value) is dict else _same_kind(value, mapped)
     if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple
         return type(value)(*(each(item, fn) for item in value))
     if isinstance(value, (tuple, list)):
@@ -43,6 +51,15 @@ def moved(value, device):
     return each(value, move)
 
 
+def _same_kind(mapping: Mapping, items: dict) -> Mapping:
+    """`items` as a mapping of `mapping`'s type, or as a dict where that type is not made of
+    one."""
+    try:
+        return type(mapping)(items)
+    except TypeError:
+        return items
+
+
 def first_rows(value, rows: int):
     """The first `rows` samples of a batch's inputs, however they are nested."""
     return each(value, lambda tensor: tensor[:rows])
@@ -50,8 +67,8 @@ def first_rows(value, rows: int):
 
 def call(model, inputs):
     """The model on a batch's inputs: model(x), model(*x) for a tuple or list, model(**x) for
-    a dict."""
-    if isinstance(inputs, dict):
+    a mapping."""
+    if isinstance(inputs, Mapping):
         return model(**inputs)
     if isinstance(inputs, (tuple, list)):
         return model(*inputs)
@@ -60,14 +77,14 @@ def call(model, inputs):
 
 def split(batch) -> tuple[object, object]:
     """(inputs, target) of a batch as your collate function made it: a pair; a tuple or list
-    of more, whose last is the target and the others the inputs (model(*inputs)); a dict
-    holding one of TARGET_KEYS, the rest its inputs (model(**rest)). A ValueError names
-    what else it is."""
-    if isinstance(batch, dict):
+    of more, whose last is the target and the others the inputs (model(*inputs)); a mapping
+    (a dict, a BatchEncoding) holding one of TARGET_KEYS, the rest its inputs
+    (model(**rest)). A ValueError names what else it is."""
+    if isinstance(batch, Mapping):
         keys = [key for key in TARGET_KEYS if key in batch]
         if len(keys) == 1 and len(batch) > 1:
             return {k: v for k, v in batch.items() if k != keys[0]}, batch[keys[0]]
-        raise ValueError(f"a dict with the keys {', '.join(map(repr, batch))}: its target "
+        raise ValueError(f"a {type(batch).__name__} with the keys {', '.join(map(repr, batch))}: its target "
                          f"needs one of the keys {', '.join(TARGET_KEYS)}")
     if isinstance(batch, (tuple, list)) and len(batch) >= 2:
         return (batch[0] if len(batch) == 2 else tuple(batch[:-1])), batch[-1]
@@ -78,3 +95,25 @@ def split(batch) -> tuple[object, object]:
 def row(inputs, target, index: int) -> tuple[object, object]:
     """Sample `index` of a batch's (inputs, target), as a sample of (inputs, target)."""
     return each(inputs, lambda tensor: tensor[index]), target[index]
+
+
+LABELS = "labels"  # the keyword Hugging Face's models take their target under
+
+
+def labels_keyword(model) -> str | None:
+    """The keyword `model`'s forward takes its target under, so that it computes its own loss
+    (Hugging Face's models: `labels`), or None for a model that takes none."""
+    try:
+        parameters = inspect.signature(model.forward).parameters
+    except (AttributeError, TypeError, ValueError):  # no forward, or a builtin's
+        return None
+    return LABELS if LABELS in parameters else None
+
+
+def with_labels(inputs, target, keyword: str | None):
+    """The model's inputs with the target under `keyword` (labels_keyword), where the inputs
+    are keyword inputs (a mapping) and the model takes one; the inputs as they are
+    otherwise."""
+    if keyword is None or not isinstance(inputs, Mapping):
+        return inputs
+    return {**inputs, keyword: target}

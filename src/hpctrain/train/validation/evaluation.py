@@ -20,6 +20,7 @@ from torch import nn
 from hpctrain.errors import Preempted
 from hpctrain.monitor.beats import EVALUATION
 from hpctrain.tasks import tensors
+from hpctrain.tasks.steps import first_outputs
 from hpctrain.train import run_summary
 from hpctrain.train.bookkeeping import Clock
 from hpctrain.train.checkpoints.checkpoint import capture_rng, restore_rng
@@ -55,10 +56,10 @@ def evaluate(parts, model: nn.Module, stopper=None) -> dict | None:
                 outputs = tensors.call(model, batch.inputs) if parts.step.pipeline is None else \
                     parts.step.pipeline.forward(batch.inputs)
             if keep and outputs is not None:  # a pipeline's output is on its last stage
-                kept = batch.first(keep)
+                kept, outputs = batch.first(keep), first_outputs(outputs, keep, rows)
                 with parts.step.loss_context():
-                    loss = task.loss(outputs[:keep], kept)
-                    sums += task.sums(outputs[:keep], kept, loss, False).to(sums.dtype)
+                    loss = task.loss(outputs, kept)
+                    sums += task.sums(outputs, kept, loss, False).to(sums.dtype)
         if task.moment is not None:
             sums += task.moment("validation_end").to(sums.dtype)
     finally:
