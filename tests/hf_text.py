@@ -19,7 +19,7 @@ def reviews(count: int, seed: int) -> list[tuple[str, int]]:
     made = []
     for _ in range(count):
         label = rng.randrange(2)
-        words = rng.choices(FILL, k=rng.randrange(3, 20)) + [rng.choice(GOOD if label else BAD)]
+        words = rng.choices(FILL, k=rng.randrange(2, 8)) + [rng.choice(GOOD if label else BAD)]
         rng.shuffle(words)
         made.append((" ".join(words), label))
     return made

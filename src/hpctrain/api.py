@@ -23,7 +23,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from hpctrain import config as configuration
-from hpctrain import user_code
+from hpctrain import hf_trainer, user_code
 from hpctrain.config import Config
 from hpctrain.data.given_loaders import is_loader, is_plain, like, own_collate
 from hpctrain.tasks import lightning, lightning_task
@@ -57,7 +57,10 @@ def _script_name() -> str:
 def fit(model: nn.Module, train_data: Dataset | DataLoader | None = None,
         val_data: Dataset | DataLoader | None = None,
         config: Config | str | Path | None = None, collate_fn: Callable | None = None,
-        callbacks: list | None = None, **overrides) -> dict | None:
+        callbacks: list | None = None, *, args=None, train_dataset: Dataset | None = None,
+        eval_dataset: Dataset | None = None, data_collator: Callable | None = None,
+        processing_class=None, compute_metrics: Callable | None = None,
+        **overrides) -> dict | None:
     """Train `model` on `train_data`, evaluating on `val_data`; the run's summary (as in
     summary.json) on rank 0, None on the other ranks.
 
@@ -79,22 +82,27 @@ def fit(model: nn.Module, train_data: Dataset | DataLoader | None = None,
     LightningModule's Lightning callbacks, as Lightning's Trainer takes them, after the
     recipe's lightning.callbacks (tasks/lightning_callbacks.py says what each becomes).
 
+    What Hugging Face's Trainer is given, by its names (hf_trainer.py): `args`
+    (TrainingArguments), `train_dataset`, `eval_dataset`, `data_collator`, `processing_class`,
+    `compute_metrics` (on the whole validation set: task.compute_metrics).
+
     Raises a UserError (ConfigError, DataError, ...; `.exit_code` as the command line's) for
     bad input, and SystemExit(75) when a stop signal or the time limit saved the run early.
     """
     started = _job_start()
     if not isinstance(model, nn.Module):
         raise ConfigError(f"fit(model=...): a torch.nn.Module, not a {type(model).__name__}")
-    if collate_fn is not None and not callable(collate_fn):
-        raise ConfigError(f"fit(collate_fn=...): a function of a list of samples, not a "
-                          f"{type(collate_fn).__name__}")
+    train_data, val_data, collate_fn, overrides = hf_trainer.from_trainer(
+        model, args, {"train_data": train_data, "train_dataset": train_dataset,
+                      "val_data": val_data, "eval_dataset": eval_dataset,
+                      "collate_fn": collate_fn, "data_collator": data_collator,
+                      "processing_class": processing_class}, overrides)
     brings_val = _check_data(model, train_data, val_data)
     references = {"model.name": user_code.given(type(model).__name__),
                   "data.dataset": user_code.given(_data_name(model, train_data)),
-                  "model.kwargs": {}, "data.kwargs": {}}  # nothing to pass them to
-    if collate_fn is not None:
-        references["data.collate"] = user_code.given(_name_of(collate_fn))
-        user_code.give(references["data.collate"], collate_fn)
+                  "model.kwargs": {}, "data.kwargs": {},  # nothing to pass them to
+                  **_given_functions({"collate_fn": collate_fn,
+                                      "compute_metrics": compute_metrics})}
     settings = {**overrides, **references}
     config = configuration.with_settings(config, settings) if isinstance(config, Config) \
         else load_config(config, **settings)
@@ -104,14 +112,40 @@ def fit(model: nn.Module, train_data: Dataset | DataLoader | None = None,
     if val_data is None and not brings_val:
         train_data, val_data = _held_out(train_data, config) if _evaluates(model) else \
             (train_data, _dataset_of(train_data))  # never read: nothing is held out
-    user_code.give(references["model.name"], lambda: model)
+    _hand_over(model, train_data, val_data, references)
+    return _train(config, started)
+
+
+def _hand_over(model: nn.Module, train_data, val_data, references: dict) -> None:
+    """The model and the data, given to user_code under the names the settings give them."""
     from hpctrain.cluster.environment import detect
 
+    user_code.give(references["model.name"], lambda: model)
     leader = detect().local_rank == 0  # a LightningModule's prepare_data: once a node
     user_code.give(references["data.dataset"], lambda: lightning.own_loaders(model, leader)
                    if train_data is None else train_data if val_data is None else
                    (train_data, val_data))
-    return _train(config, started)
+
+
+# fit's function arguments -> the setting naming each, and what it is a function of
+FUNCTIONS = {"collate_fn": ("data.collate", "a list of samples"),
+             "compute_metrics": ("task.compute_metrics", "the predictions and labels")}
+
+
+def _given_functions(functions: dict) -> dict:
+    """The settings naming the functions given to fit (FUNCTIONS), each handed to user_code
+    under its name; a ConfigError for what is no function."""
+    references = {}
+    for argument, function in functions.items():
+        key, of = FUNCTIONS[argument]
+        if function is None:
+            continue
+        if not callable(function):
+            raise ConfigError(f"fit({argument}=...): a function of {of}, not a "
+                              f"{type(function).__name__}")
+        references[key] = user_code.given(_name_of(function))
+        user_code.give(references[key], function)
+    return references
 
 
 def _with_callbacks(config: Config, callbacks) -> Config:

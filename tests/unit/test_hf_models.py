@@ -12,7 +12,7 @@ from hpctrain.errors import ConfigError
 from hpctrain.tasks import registry, tensors
 from hpctrain.tasks.spec import TaskSetup
 from hpctrain.tasks.steps import first_outputs, logits_of, model_loss
-from tests.hf_text import text_task
+from hf_text import text_task
 
 
 @pytest.fixture(scope="module")

@@ -189,7 +189,7 @@ SHOWN.maxlevel, SHOWN.maxlist, SHOWN.maxdict, SHOWN.maxstring, SHOWN.maxother = 
 SHOWN.maxlong = 40
 
 CODE_KEYS = ("model.name", "data.dataset", "data.collate", "task.loss",  # may name user code
-             "task.metrics.*", "lightning.callbacks.*.name")
+             "task.metrics.*", "task.compute_metrics", "lightning.callbacks.*.name")
 
 
 def _code_slots(tree: dict):

@@ -30,7 +30,12 @@ class TaskConfig(Section):
                                     "name -> module:fn, fn(outputs, labels) -> the batch's "
                                     "sum; reported per sample as name and val_name")
 
-    @field_validator("loss")
+    compute_metrics: str | None = Field(
+        None, description="your function of the whole validation set, as Hugging Face's "
+        "Trainer calls it: fn(EvalPrediction(predictions, label_ids)) -> {name: number}, "
+        "reported as val_NAME (module:fn or path/to/file.py:fn; fit(compute_metrics=fn))")
+
+    @field_validator("loss", "compute_metrics")
     @classmethod
     def _loss_is_code(cls, value):
         if value is not None and not user_code.is_code_reference(value):

@@ -22,6 +22,10 @@ class OptimConfig(Section):
     momentum: float = Field(0.9, ge=0, lt=1)
     nesterov: bool = False
     betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0, description="adamw: the term added to the denominator")
+    fused: bool | Auto = Field("auto", description="sgd and adamw in torch's fused kernel "
+                               "(on the CPU too: Hugging Face's adamw_torch_fused) or its "
+                               "foreach one; auto: fused on a GPU, foreach elsewhere")
     weight_decay: float = Field(5e-5, ge=0)
     no_decay_norm_bias: bool = True
     lr_scaling: Literal["none", "linear", "sqrt"] = "none"
@@ -35,11 +39,17 @@ class OptimConfig(Section):
 
 
 class ScheduleConfig(Section):
-    name: Literal["cosine", "step", "onecycle", "constant"] = "cosine"
+    name: Literal["cosine", "linear", "step", "onecycle", "constant"] = Field(
+        "cosine", description="after the warmup: half a cosine or a straight line down to "
+        "min_lr_ratio at the last step, steps at milestones, one cycle, or constant")
     warmup_epochs: float = Field(0.0, ge=0, description="epochs the LR rises linearly to "
                                  "its peak over")
     warmup_steps: int | None = Field(None, ge=0, description="the same in optimiser steps "
                                      "(instead of warmup_epochs)")
+    warmup_from_zero: bool = Field(False, description="the warmup's first step at LR 0, the "
+                                   "peak one step later, as Hugging Face's schedules (fit "
+                                   "with TrainingArguments sets it); false: the first step at "
+                                   "peak / warmup steps")
     min_lr_ratio: float = Field(0.0, ge=0, le=1)
     milestones: list[float] = Field(default_factory=lambda: [30, 60, 80],
                                     description="epochs at which 'step' multiplies by gamma")
@@ -74,6 +84,8 @@ class TrainConfig(Section):
     label_smoothing: float = Field(0.0, ge=0, lt=1)
     log_every: int = Field(20, ge=1, description="optimiser steps between metric read-backs")
     eval_every_epochs: float = Field(1, gt=0)
+    eval_every_steps: int | None = Field(None, ge=1, description="optimiser steps between "
+                                         "evaluations, in place of eval_every_epochs")
     fuse_eval: bool | Auto = Field(
         "auto", description="evaluate with each batch-norm folded into the convolution before "
         "it (train/validation/fused_eval.py); auto: where the model has such pairs, traces "

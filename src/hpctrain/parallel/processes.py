@@ -117,6 +117,14 @@ class Distributed:
         dist.all_gather(out, mine, group=self.control)
         return [t.tolist() for t in out]
 
+    def gather_objects(self, obj) -> list:
+        """Every rank's picklable `obj`, in rank order (CPU side, gloo)."""
+        if not self.active:
+            return [obj]
+        out = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self.control)
+        return out
+
     def broadcast(self, obj):
         """Rank 0's `obj` on every rank."""
         if not self.active:

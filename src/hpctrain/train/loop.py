@@ -280,7 +280,8 @@ def _every(parts: Parts) -> tuple[int, int]:
     """(steps between evaluations, steps between checkpoints)."""
     epoch = parts.steps_per_epoch
     ckpt = parts.config.checkpoint
-    return (max(1, round(parts.config.train.eval_every_epochs * epoch)),
+    train = parts.config.train
+    return (train.eval_every_steps or max(1, round(train.eval_every_epochs * epoch)),
             ckpt.every_steps or max(1, round((ckpt.every_epochs or 1e9) * epoch)))
 
 

@@ -72,10 +72,13 @@ def build_optimizer(model: nn.Module, optim: OptimConfig, lr: float,
     others). Fused SGD's momentum starts as zeros, not on its first step: torch's kernel (2.11
     to 2.14 at least) allocates it there uninitialised and, when the scaler skips that step
     (the usual first fp16 step), never fills it, and the weights blew up a step later on an
-    H200. Zeros are what the first step would have made of it (buffer = 0 x momentum + grad)."""
+    H200. Zeros are what the first step would have made of it (buffer = 0 x momentum + grad).
+    optim.fused chooses otherwise (a Trainer's adamw_torch_fused on the CPU: the same
+    rounding as the Trainer's run)."""
     groups = param_groups(model, optim.weight_decay, optim.no_decay_norm_bias, lr,
                           optim.pretrained_lr_scale)
-    fast = {"fused": True} if device.type == "cuda" else {"foreach": True}
+    fused = device.type == "cuda" if optim.fused == "auto" else optim.fused
+    fast = {"fused": True} if fused else {"foreach": True}
     if optim.name == "sgd":
         sgd = torch.optim.SGD(groups, lr=lr, momentum=optim.momentum,
                               nesterov=optim.nesterov and optim.momentum > 0, **fast)
@@ -84,7 +87,7 @@ def build_optimizer(model: nn.Module, optim: OptimConfig, lr: float,
                 sgd.state[param]["momentum_buffer"] = torch.zeros_like(param)
         return sgd
     if optim.name == "adamw":
-        return torch.optim.AdamW(groups, lr=lr, betas=optim.betas, **fast)
+        return torch.optim.AdamW(groups, lr=lr, betas=optim.betas, eps=optim.eps, **fast)
     from timm.optim import Lamb, Lars
 
     if optim.name == "lars":
@@ -103,10 +106,12 @@ def lr_multiplier(schedule: ScheduleConfig, step: int, total_steps: int,
         return _cosine(t, schedule.min_lr_ratio)
     warmup = schedule.warmup(steps_per_epoch)
     if step < warmup:
-        return (step + 1) / warmup
-    if schedule.name == "cosine":
+        return (step if schedule.warmup_from_zero else step + 1) / warmup
+    if schedule.name in ("cosine", "linear"):
         t = (step - warmup) / max(1, total_steps - warmup)
-        return _cosine(t, schedule.min_lr_ratio)
+        floor = schedule.min_lr_ratio
+        return _cosine(t, floor) if schedule.name == "cosine" else \
+            max(floor, floor + (1 - floor) * (1 - t))
     if schedule.name == "step":
         epoch = step / steps_per_epoch
         return schedule.gamma ** sum(epoch >= m for m in schedule.milestones)

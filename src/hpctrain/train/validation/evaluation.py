@@ -29,6 +29,7 @@ from hpctrain.train.preemption import Stopper
 from hpctrain.train.run_record import finish_saving, save_checkpoint
 from hpctrain.train.telemetry import Telemetry
 from hpctrain.train.trial import TrialPruned
+from hpctrain.train.validation.predictions import Predictions
 
 
 @torch.no_grad()
@@ -40,6 +41,8 @@ def evaluate(parts, model: nn.Module, stopper=None) -> dict | None:
     sums = torch.zeros(len(task.sum_names), device=parts.device, dtype=torch.float64)
     real = parts.data.val_sampler.real_count
     seen = 0
+    compute = parts.config.task.compute_metrics
+    predictions = Predictions(compute) if compute else None
     streams = capture_rng()
     try:
         if task.moment is not None:
@@ -60,6 +63,8 @@ def evaluate(parts, model: nn.Module, stopper=None) -> dict | None:
                 with parts.step.loss_context():
                     loss = task.loss(outputs, kept)
                     sums += task.sums(outputs, kept, loss, False).to(sums.dtype)
+                if predictions is not None:
+                    predictions.add(outputs, kept)
         if task.moment is not None:
             sums += task.moment("validation_end").to(sums.dtype)
     finally:
@@ -68,8 +73,11 @@ def evaluate(parts, model: nn.Module, stopper=None) -> dict | None:
     totals = parts.distributed.sum_(sums).tolist()
     values = (task.eval_values or task.values)(dict(zip(task.sum_names, totals)))
     spec = parts.config.task_spec
-    return {spec.figure_name("val", name): value for name, value in values.items()
-            if name != "padding_fraction"}
+    figures = {spec.figure_name("val", name): value for name, value in values.items()
+               if name != "padding_fraction"}
+    if predictions is not None:
+        figures.update(predictions.figures(parts.distributed))
+    return figures
 
 
 def keep_best(progress: Progress, values: dict) -> None:

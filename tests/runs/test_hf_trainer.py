@@ -1,0 +1,72 @@
+"""A Hugging Face Trainer script moved to hpctrain.fit (issue 67): the same model, data,
+collator, TrainingArguments and compute_metrics give, against `Trainer.train()` itself, the
+same loss at every step, the same learning rate and the same evaluation figures."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+import hpctrain
+from hf_text import text_task
+from launching import records
+
+# the sampler's order is the one thing a script does not say the same way in both: in order
+COMMON = dict(logging_steps=1, report_to="none", use_cpu=True, save_strategy="no",
+              train_sampling_strategy="sequential", dataloader_num_workers=0)
+ARGUMENTS = {
+    # 300 samples in batches of 16: a last batch of 12, kept as the Trainer keeps it
+    "linear warmup, weight decay, fused AdamW, evaluation each epoch": dict(
+        per_device_train_batch_size=16, num_train_epochs=3, learning_rate=5e-3,
+        warmup_steps=3, weight_decay=0.01, eval_strategy="epoch"),
+    "cosine warmup ratio, accumulation, clipping, label smoothing, evaluation by steps": dict(
+        per_device_train_batch_size=10, gradient_accumulation_steps=2, max_steps=25,
+        learning_rate=4e-3, lr_scheduler_type="cosine", warmup_steps=0.2, max_grad_norm=0.5,
+        label_smoothing_factor=0.1, optim="adamw_torch", eval_strategy="steps", eval_steps=10,
+        per_device_eval_batch_size=7, dataloader_drop_last=True),
+}
+
+
+def accuracy(prediction) -> dict:
+    """A compute_metrics as Trainer scripts write it."""
+    return {"accuracy": float((prediction.predictions.argmax(-1) ==
+                               prediction.label_ids).mean()),
+            "rows": len(prediction.label_ids)}
+
+
+@pytest.fixture(scope="module")
+def text():
+    return text_task()
+
+
+@pytest.mark.parametrize("name", ARGUMENTS)
+def test_fit_with_the_trainer_s_arguments_trains_as_the_trainer(text, tmp_path, name):
+    from transformers import Trainer, TrainingArguments
+
+    model, train, val, collate = text
+    first = copy.deepcopy(model.state_dict())
+    settings = {**COMMON, **ARGUMENTS[name]}
+    trainer = Trainer(model=model, args=TrainingArguments(str(tmp_path / "hf"), **settings),
+                      train_dataset=train, eval_dataset=val, data_collator=collate,
+                      compute_metrics=accuracy)
+    trainer.train()
+    theirs = [entry for entry in trainer.state.log_history if "loss" in entry]
+    their_evals = [entry for entry in trainer.state.log_history if "eval_loss" in entry]
+    model.load_state_dict(first)
+
+    summary = hpctrain.fit(model, args=TrainingArguments(str(tmp_path / "mine"), **settings),
+                           train_dataset=train, eval_dataset=val, data_collator=collate,
+                           compute_metrics=accuracy, report=False)
+    mine, my_evals = records(summary["run_dir"], "train"), records(summary["run_dir"], "eval")
+    assert [r["step"] for r in mine] == [entry["step"] for entry in theirs]
+    assert [r["loss"] for r in mine] == pytest.approx([e["loss"] for e in theirs], rel=1e-6)
+    # hpctrain's lr is the rate after the step, the Trainer's the rate the step used
+    assert [r["lr"] for r in mine[:-1]] == pytest.approx(
+        [e["learning_rate"] for e in theirs[1:]], rel=1e-9, abs=1e-15)
+    assert [r["step"] for r in my_evals][:len(their_evals)] == \
+        [e["step"] for e in their_evals]
+    for r, e in zip(my_evals, their_evals):
+        assert r["val_loss"] == pytest.approx(e["eval_loss"], rel=1e-6)
+        assert (r["val_accuracy"], r["val_rows"]) == (e["eval_accuracy"], e["eval_rows"])
+    assert summary["final_val_accuracy"] > 0.9  # it learned (the first evaluation: 0.5)
