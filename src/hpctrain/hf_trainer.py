@@ -118,6 +118,9 @@ def _length(args, steps_per_epoch: int) -> dict:
             "train.max_steps": args.max_steps if args.max_steps > 0 else None,
             "train.grad_accum_steps": args.gradient_accumulation_steps,
             "data.val_batch_size": args.per_device_eval_batch_size,
+            # the Trainer's 0 (batches made in the training process) is its default, not a
+            # choice: hpctrain's own count then, which changes nothing but the speed
+            "data.num_workers": args.dataloader_num_workers or "auto",
             "deterministic": args.full_determinism}
 
 

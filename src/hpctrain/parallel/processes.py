@@ -263,6 +263,31 @@ def check_layout(config: Config, layout: Layout, device: torch.device, precision
                               f"its whole norm, which {named} splits; use adamw or sgd")
 
 
+_OWN: list = []  # the process groups hpctrain started in this process (None: the default)
+
+
+def _adopt(env: ProcessEnv, backend: str) -> None:
+    """Train in the default process group the script started before fit (Hugging Face's
+    TrainingArguments starts one under torchrun), where it is the launcher's and its backend
+    the device's; a ConfigError names what differs."""
+    theirs = (dist.get_world_size(), dist.get_rank(), dist.get_backend())
+    if theirs[:2] != (env.world_size, env.rank) or backend not in theirs[2]:
+        raise ConfigError(f"your script started a process group of {theirs[0]} processes "
+                          f"(rank {theirs[1]}, backend {theirs[2]}) before hpctrain, where "
+                          f"the launcher says {env.world_size} (rank {env.rank}) and the "
+                          f"device takes {backend}: let hpctrain start it (leave out "
+                          "init_process_group)")
+
+
+def leave() -> None:
+    """End the process groups hpctrain started (the default one where it started it; one
+    your script started is left to it)."""
+    while _OWN:
+        group = _OWN.pop()
+        if dist.is_initialized():
+            dist.destroy_process_group(group)
+
+
 def start(config: Config, env: ProcessEnv, layout: Layout, device: torch.device) -> Distributed:
     """Join the process group (nothing to do for one process), and lay the ranks out on a
     DeviceMesh when one model copy spans several of them."""
@@ -282,10 +307,15 @@ def start(config: Config, env: ProcessEnv, layout: Layout, device: torch.device)
     # tasks meet at the address derived from the node list.
     init = "env://" if env.launcher == "torchrun" else \
         f"tcp://{env.master_addr}:{env.master_port}"
-    dist.init_process_group(backend, init_method=init, rank=env.rank,
-                            world_size=env.world_size, timeout=timeout)
+    if dist.is_initialized():
+        _adopt(env, backend)
+    else:
+        dist.init_process_group(backend, init_method=init, rank=env.rank,
+                                world_size=env.world_size, timeout=timeout)
+        _OWN.append(None)  # the default group: leave() ends it
     control = dist.new_group(backend="gloo", timeout=timeout)
     checkpoints = dist.new_group(backend="gloo", timeout=timeout)
+    _OWN.extend((control, checkpoints))
     hosts: list = [None] * env.world_size
     dist.all_gather_object(hosts, env.hostname, group=control)
     mesh = None

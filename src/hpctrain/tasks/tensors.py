@@ -84,8 +84,9 @@ def split(batch) -> tuple[object, object]:
         keys = [key for key in TARGET_KEYS if key in batch]
         if len(keys) == 1 and len(batch) > 1:
             return {k: v for k, v in batch.items() if k != keys[0]}, batch[keys[0]]
-        raise ValueError(f"a {type(batch).__name__} with the keys {', '.join(map(repr, batch))}: its target "
-                         f"needs one of the keys {', '.join(TARGET_KEYS)}")
+        raise ValueError(f"a {type(batch).__name__} with the keys "
+                         f"{', '.join(map(repr, batch))}: its target needs one of the keys "
+                         f"{', '.join(TARGET_KEYS)}")
     if isinstance(batch, (tuple, list)) and len(batch) >= 2:
         return (batch[0] if len(batch) == 2 else tuple(batch[:-1])), batch[-1]
     raise ValueError(f"a {type(batch).__name__}, not (inputs, target) nor a dict with one of "

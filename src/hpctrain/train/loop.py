@@ -29,6 +29,7 @@ from hpctrain.errors import DataError, DataPipelineFailed, OutputError, Preempte
 from hpctrain.monitor.beats import CLOSING, STARTUP, STEP
 from hpctrain.monitor.hangs import HangWatch
 from hpctrain.monitor.watchdog import Watchdog
+from hpctrain.parallel import processes
 from hpctrain.train import run_record, run_summary, stops
 from hpctrain.train.bookkeeping import Clock, Interval, RunningMetrics
 from hpctrain.train.build import Parts, build_parts
@@ -75,8 +76,7 @@ def train(config: Config, env: ProcessEnv | None = None,
         held.close()
         stopper.close()
         forget_made()  # a next run in this process makes your data again
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+        processes.leave()
 
 
 def _train(parts: Parts, stopper: Stopper, on_step: Callable[[Parts, int], None] | None,
