@@ -103,10 +103,12 @@ def fit(model: nn.Module, train_data: Dataset | DataLoader | None = None,
                   "model.kwargs": {}, "data.kwargs": {},  # nothing to pass them to
                   **_given_functions({"collate_fn": collate_fn,
                                       "compute_metrics": compute_metrics})}
-    settings = {**overrides, **references}
+    settings, own_defaults = {**overrides, **references}, config is None and args is None
     config = configuration.with_settings(config, settings) if isinstance(config, Config) \
         else load_config(config, **settings)
     config = _task_from_samples(config, train_data, model, collate_fn)
+    if own_defaults:  # neither a recipe nor TrainingArguments: the task's (and said)
+        config = _with_fit_defaults(config, model)
     if callbacks:
         config = _with_callbacks(config, callbacks)
     if val_data is None and not brings_val:
@@ -225,6 +227,25 @@ def _task_from_samples(config: Config, train_data: Dataset, model: nn.Module,
         print(f"hpctrain: task {picked[0]}: the first training sample has {picked[1]} (set "
               "task=... to choose another)", flush=True)
     return configuration.with_settings(config, {"task.name": picked[0]})
+
+
+def _with_fit_defaults(config: Config, model: nn.Module) -> Config:
+    """`config` with the task's fit defaults (a Hugging Face model: the Trainer's) where you
+    did not set them, said once; hpctrain's own defaults are the images'."""
+    from hpctrain.cluster.environment import detect
+
+    hf = hf_trainer.is_hf_model(model)
+    defaults = hf_trainer.TRAINER_DEFAULTS if hf else config.task_spec.fit_defaults
+    chosen = {key: value for key, value in defaults.items() if not config.told(key)}
+    if not chosen:
+        return config
+    if detect().rank == 0:
+        whose = "a Hugging Face model (the Trainer's)" if hf else \
+            f"task {config.task_spec.name}'s"
+        print(f"hpctrain: fit's defaults for {whose}: "
+              + " ".join(f"{key}={value}" for key, value in chosen.items())
+              + " (set any to choose)", flush=True)
+    return configuration.with_settings(config, chosen)
 
 
 class _Part(Dataset):

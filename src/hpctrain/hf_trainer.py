@@ -31,6 +31,14 @@ SCHEDULES = {"linear": "linear", "cosine": "cosine", "constant": "constant",
 OPTIMIZERS = ("adamw_torch", "adamw_torch_fused")
 SINKS = {"tensorboard": "tensorboard", "mlflow": "mlflow", "wandb": "wandb"}
 
+# fit's settings for a Hugging Face model given without TrainingArguments: the Trainer's
+# defaults that shape the training (its logging, saving and seed stay hpctrain's, and so does
+# the precision: bf16 where the device has it)
+TRAINER_DEFAULTS = {"optim.name": "adamw", "optim.lr": 5e-5, "optim.weight_decay": 0.0,
+                    "optim.grad_clip_norm": 1.0, "schedule.name": "linear",
+                    "schedule.warmup_from_zero": True, "train.epochs": 3,
+                    "train.batch_size": 8, "train.label_smoothing": 0.0}
+
 # what Trainer takes besides its arguments and data that fit has no place for
 TRAINER_ONLY = {
     "model_init": "build the model before calling fit",
@@ -56,6 +64,12 @@ NO_EFFECT = frozenset({
     "lr_scheduler_kwargs", "save_safetensors", "past_index", "use_mps_device", "no_cuda",
     "accelerator_config", "dataloader_in_order", "average_tokens_across_devices",
 })
+
+
+def is_hf_model(model) -> bool:
+    """Whether `model` is a transformers PreTrainedModel (transformers is not imported)."""
+    return any(cls.__name__ == "PreTrainedModel" and cls.__module__.startswith("transformers")
+               for cls in type(model).__mro__)
 
 
 def translate(args, steps_per_epoch: int) -> dict:

@@ -115,3 +115,16 @@ def test_the_trainer_s_arguments_as_a_recipe_train_alike_from_the_command_line(t
     run = next(Path(args.output_dir).glob("text-*"))
     theirs = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     assert [r["loss"] for r in records(run, "train")] == pytest.approx(theirs, rel=1e-6)
+
+
+def test_a_hugging_face_model_trains_through_fit_as_it_is(text, tmp_path, capsys):
+    """Without TrainingArguments: its padding collator's BatchEncoding and its own loss, the
+    Trainer's defaults said, and the samples each epoch leaves out said."""
+    model, train, val, collate = text
+    summary = hpctrain.fit(model, train, val, collate_fn=collate, output_dir=str(tmp_path),
+                           train={"epochs": 2}, data={"num_workers": 0}, report=False)
+    said = capsys.readouterr().out
+    assert "fit's defaults for a Hugging Face model (the Trainer's): optim.name=adamw" in said
+    assert "each epoch trains on 296 of the 300 samples: the last 4 make no whole step of 8" \
+        in said
+    assert summary["status"] == "completed" and summary["steps"] == 74

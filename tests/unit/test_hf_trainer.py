@@ -98,3 +98,22 @@ def test_the_columns_the_model_does_not_take_are_left_out_before_your_collator()
 def test_predictions_of_different_lengths_are_padded_as_the_trainer_pads_them():
     joined = _joined([torch.zeros(2, 3), torch.ones(1, 5)])
     assert joined.shape == (3, 5) and joined[0, 3:].tolist() == [-100, -100]
+
+
+def test_fit_without_a_recipe_trains_a_hugging_face_model_with_the_trainer_s_defaults(capsys):
+    """Before, a text model got the images' defaults (SGD at 0.1, batch 128), unsaid."""
+    from hpctrain.api import _with_fit_defaults, load_config
+
+    model = text_task(train=8, val=4)[0]
+    mine = {"data.dataset": "given:Reviews", "model.name": "given:Bert"}
+    config = _with_fit_defaults(load_config(None, task="classification", train={"epochs": 1},
+                                            **mine), model)
+    said = capsys.readouterr().out
+    assert "fit's defaults for a Hugging Face model (the Trainer's): optim.name=adamw " \
+           "optim.lr=5e-05" in said and "train.epochs" not in said  # yours stays yours
+    assert (config.optim.name, config.optim.lr, config.schedule.name, config.train.batch_size,
+            config.optim.grad_clip_norm, config.train.epochs) == \
+        ("adamw", 5e-5, "linear", 8, 1.0, 1)
+    plain = _with_fit_defaults(load_config(None, task="regression", **mine), nn.Linear(2, 1))
+    assert "task regression's: optim.name=adamw optim.lr=0.001" in capsys.readouterr().out
+    assert (plain.optim.name, plain.optim.lr) == ("adamw", 1e-3)

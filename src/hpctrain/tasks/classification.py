@@ -65,4 +65,5 @@ def figures(measured: Measured) -> dict:
 SPEC = TaskSpec(name="classification", data_kind=tensors.KIND, unit="samples",
                 objective="best_val_accuracy:max", default_model="", curves=ACCURACY_CURVES,
                 figures=figures, rate_label="samples", sample_size=None, build=build,
-                describe=describe, classes_from_output=True)
+                describe=describe, classes_from_output=True,
+                fit_defaults=tensors.FIT_DEFAULTS)

@@ -165,4 +165,7 @@ SPEC = TaskSpec(name="language_modeling", data_kind="tokens", unit="tokens",
                 curves=(Curve("perplexity", "validation perplexity", "eval", "val_perplexity"),),
                 figures=figures, rate_label="tok", sample_size="data.tokens.seq_len",
                 build=build, describe=describe, check_model=check_vocabulary,
-                units_per_sample=tokens_per_sample, flops_per_unit=flops_per_token)
+                units_per_sample=tokens_per_sample, flops_per_unit=flops_per_token,
+                fit_defaults={"optim.name": "adamw", "optim.lr": 3e-4,
+                              "optim.betas": [0.9, 0.95], "optim.weight_decay": 0.1,
+                              "optim.grad_clip_norm": 1.0})

@@ -81,4 +81,5 @@ def figures(measured: Measured) -> dict:
 SPEC = TaskSpec(name="multilabel_classification", data_kind=tensors.KIND, unit="samples",
                 objective="best_val_loss:min", default_model="", curves=CURVES,
                 figures=figures, rate_label="samples", sample_size=None, build=build,
-                describe=describe, targets="labels")
+                describe=describe, targets="labels",
+                fit_defaults=tensors.FIT_DEFAULTS)

@@ -89,4 +89,6 @@ def figures(measured: Measured) -> dict:
 SPEC = TaskSpec(name="point_cloud_classification", data_kind="points", unit="clouds",
                 objective="best_val_accuracy:max", default_model="hpctrain:pointnet_small",
                 curves=ACCURACY_CURVES, figures=figures, rate_label="clouds",
-                sample_size="data.points.num_points", build=build, describe=describe)
+                sample_size="data.points.num_points", build=build, describe=describe,
+                fit_defaults={"optim.name": "adamw", "optim.lr": 2e-3,
+                              "optim.weight_decay": 1e-4, "train.batch_size": 32})

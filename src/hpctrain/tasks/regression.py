@@ -88,4 +88,5 @@ def figures(measured: Measured) -> dict:
 SPEC = TaskSpec(name="regression", data_kind=tensors.KIND, unit="samples",
                 objective="best_val_loss:min", default_model="", curves=CURVES,
                 figures=figures, rate_label="samples", sample_size=None, build=build,
-                describe=describe, targets="values")
+                describe=describe, targets="values",
+                fit_defaults=tensors.FIT_DEFAULTS)

@@ -97,4 +97,5 @@ def figures(measured: Measured) -> dict:
 SPEC = TaskSpec(name="segmentation", data_kind=tensors.KIND, unit="samples",
                 objective="best_val_accuracy:max", default_model="", curves=CURVES,
                 figures=figures, rate_label="samples", sample_size=None, build=build,
-                describe=describe, classes_from_output=True, targets="mask")
+                describe=describe, classes_from_output=True, targets="mask",
+                fit_defaults=tensors.FIT_DEFAULTS)

@@ -8,8 +8,8 @@ side of a task (its batches, loss and metrics on the device, `steps.Task`) is ma
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,10 @@ class TaskSpec:
     - `names_figures`: its metrics come named as they are recorded (a LightningModule's
       logged names), not to be prefixed train_ and val_ by the engine;
     - `own_steps`: the model brings its own steps and optimiser (a LightningModule), and
-      what that changes in the build (`OwnSteps`); None: the engine steps a plain module.
+      what that changes in the build (`OwnSteps`); None: the engine steps a plain module;
+    - `fit_defaults`: the settings (dotted keys) `hpctrain.fit` trains this task with where
+      neither a recipe nor you set them (hpctrain's own defaults are the images'), said in its
+      banner.
     """
 
     name: str
@@ -147,6 +150,7 @@ class TaskSpec:
     targets: str = "classes"
     names_figures: bool = False
     own_steps: OwnSteps | None = None
+    fit_defaults: Mapping[str, object] = field(default_factory=dict)
 
     @property
     def steps_model(self) -> bool:

@@ -19,6 +19,9 @@ import inspect
 from collections.abc import Mapping
 
 KIND = "tensors"  # the data kind of these tasks (TaskSpec.data_kind)
+# hpctrain.fit's settings for the tasks on your own tensors (TaskSpec.fit_defaults): AdamW,
+# which trains an MLP, a 1-D network or a transformer where images' SGD at 0.1 may not
+FIT_DEFAULTS = {"optim.name": "adamw", "optim.lr": 1e-3, "optim.weight_decay": 0.01}
 # the keys of a dict batch that hold its target (Hugging Face's collators say "labels")
 TARGET_KEYS = ("labels", "label", "targets", "target")
 

@@ -41,6 +41,8 @@ def banner(parts, resume_from: Path | None) -> str:
         f"{c.train.grad_accum_steps}), "
         f"{parts.total_steps} steps, {parts.optimizer_note}",
     ]
+    if dropped := _left_out(parts):
+        lines.append(f"  {dropped}")
     lines += [f"  {note}" for note in parts.data.notes]
     if c.task_spec.steps_model:  # what its callbacks become
         lines += [f"  {note}" for note in parts.model.notes]
@@ -76,6 +78,22 @@ def banner(parts, resume_from: Path | None) -> str:
         lines.append("  will save and stop at " + time.strftime(
             "%Y-%m-%d %H:%M:%S", time.localtime(parts.deadline)) + " (before the time limit)")
     return "\n".join(lines)
+
+
+def _left_out(parts) -> str | None:
+    """What each epoch leaves out of the training set (the last partial batch, or micro-batches
+    short of a whole step), said; None where it trains on every sample."""
+    try:
+        samples = len(parts.data.train_loader.dataset)
+    except TypeError:  # a stream: its epochs are its own
+        return None
+    trained = parts.steps_per_epoch * parts.global_batch_size
+    if trained >= samples:
+        return None
+    return (f"each epoch trains on {trained} of the {samples} samples: the last "
+            f"{samples - trained} make no whole step of {parts.global_batch_size} and are left "
+            "out (drop_last; a shuffled order leaves out others each epoch; a DataLoader "
+            "with drop_last=False keeps a last smaller batch)")
 
 
 def start_record(parts) -> dict:
