@@ -103,12 +103,8 @@ def fit(model: nn.Module, train_data: Dataset | DataLoader | None = None,
                   "model.kwargs": {}, "data.kwargs": {},  # nothing to pass them to
                   **_given_functions({"collate_fn": collate_fn,
                                       "compute_metrics": compute_metrics})}
-    settings, own_defaults = {**overrides, **references}, config is None and args is None
-    config = configuration.with_settings(config, settings) if isinstance(config, Config) \
-        else load_config(config, **settings)
-    config = _task_from_samples(config, train_data, model, collate_fn)
-    if own_defaults:  # neither a recipe nor TrainingArguments: the task's (and said)
-        config = _with_fit_defaults(config, model)
+    config = _configured(config, {**overrides, **references}, model, train_data, collate_fn,
+                         own_defaults=config is None and args is None)
     if callbacks:
         config = _with_callbacks(config, callbacks)
     if val_data is None and not brings_val:
@@ -227,6 +223,17 @@ def _task_from_samples(config: Config, train_data: Dataset, model: nn.Module,
         print(f"hpctrain: task {picked[0]}: the first training sample has {picked[1]} (set "
               "task=... to choose another)", flush=True)
     return configuration.with_settings(config, {"task.name": picked[0]})
+
+
+def _configured(config: Config | str | Path | None, settings: dict, model: nn.Module,
+                train_data, collate_fn: Callable | None, own_defaults: bool) -> Config:
+    """The run's Config: `config` (a Config, a recipe, or hpctrain's defaults) with fit's
+    `settings`, its task picked from the samples, and where neither a recipe nor
+    TrainingArguments said them (`own_defaults`), the task's fit defaults."""
+    config = configuration.with_settings(config, settings) if isinstance(config, Config) \
+        else load_config(config, **settings)
+    config = _task_from_samples(config, train_data, model, collate_fn)
+    return _with_fit_defaults(config, model) if own_defaults else config
 
 
 def _with_fit_defaults(config: Config, model: nn.Module) -> Config:

@@ -128,3 +128,7 @@ def test_a_hugging_face_model_trains_through_fit_as_it_is(text, tmp_path, capsys
     assert "each epoch trains on 296 of the 300 samples: the last 4 make no whole step of 8" \
         in said
     assert summary["status"] == "completed" and summary["steps"] == 74
+    # DataCollatorWithPadding pads each batch to its longest review (5 to 11 tokens)
+    assert 0.05 < summary["padding_fraction"] < 0.5
+    trained = records(summary["run_dir"], "train")
+    assert all(0 < r["padding_fraction"] < 1 for r in trained)

@@ -42,8 +42,12 @@ def test_a_padding_collator_s_batch_encoding_trains_with_the_model_s_own_loss(te
     assert task.loss(outputs, moved) is outputs.loss  # the model's own, not recomputed
     expected = nn.functional.cross_entropy(outputs.logits, moved.labels)
     torch.testing.assert_close(outputs.loss, expected)
-    correct, samples, _ = task.sums(outputs, moved, outputs.loss, True).tolist()
-    assert samples == 4 and correct == (outputs.logits.argmax(1) == moved.labels).sum()
+    sums = dict(zip(task.sum_names, task.sums(outputs, moved, outputs.loss, True).tolist()))
+    assert sums["samples"] == 4
+    assert sums["correct"] == (outputs.logits.argmax(1) == moved.labels).sum()
+    mask = batch["attention_mask"]  # padded to the longest: the share of zeros is padding
+    assert (sums["real_positions"], sums["positions"]) == (mask.sum(), mask.numel())
+    assert task.values(sums)["padding_fraction"] == pytest.approx(1 - mask.float().mean())
 
 
 def test_label_smoothing_keeps_the_labels_from_the_model_and_smooths_them(text):

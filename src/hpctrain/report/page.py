@@ -23,11 +23,11 @@ from hpctrain.writers import write_whole
 MAIN_PANELS = ("loss", "accuracy", "perplexity", "throughput (samples/s)")
 SUMMARY_KEYS = ("status", "best_val_accuracy", "final_val_accuracy", "best_val_loss",
                 "best_val_perplexity", "images_per_second", "tokens_per_second",
-                "samples_per_second", "data_wait_fraction", "mfu", "wall_seconds", "steps",
-                "epochs", "global_batch_size", "effective_lr", "device", "world_size",
-                "strategy", "precision", "device_hours", "goodput", "gpu_utilization_mean",
-                "gpu_power_mean_watts", "energy_kwh", "samples_per_joule", "energy_source",
-                "restarts", "peak_memory_bytes")
+                "samples_per_second", "data_wait_fraction", "padding_fraction", "mfu",
+                "wall_seconds", "steps", "epochs", "global_batch_size", "effective_lr",
+                "device", "world_size", "strategy", "precision", "device_hours", "goodput",
+                "gpu_utilization_mean", "gpu_power_mean_watts", "energy_kwh",
+                "samples_per_joule", "energy_source", "restarts", "peak_memory_bytes")
 
 STYLE = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #222; }

@@ -23,7 +23,8 @@ def classification(device, num_classes: int, label_smoothing: float, model_name:
     from torch import nn
 
     from hpctrain.tasks.steps import (TOP1_SUMS, Batch, Task, logits_of,
-                                      preferring_model_loss, top1_accuracy, top1_sums)
+                                      padding_counted, preferring_model_loss, top1_accuracy,
+                                      top1_sums)
 
     criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
     top1 = top1_sums(num_classes, model_name)
@@ -41,8 +42,8 @@ def classification(device, num_classes: int, label_smoothing: float, model_name:
     def sums(outputs, batch: Batch, loss, training: bool):
         return top1(logits_of(outputs), batch, loss, training)
 
-    return Task(SPEC.name, SPEC.unit, TOP1_SUMS, None, to_device, loss, sums,
-                top1_accuracy)
+    return padding_counted(Task(SPEC.name, SPEC.unit, TOP1_SUMS, None, to_device, loss, sums,
+                                top1_accuracy))
 
 
 def build(setup: TaskSetup):
@@ -59,7 +60,8 @@ def describe(config, num_classes: int | None, vocab_size: int | None) -> str:
 
 
 def figures(measured: Measured) -> dict:
-    return {"images_per_second": None}  # summary.json has the key for every task
+    return {"images_per_second": None,  # summary.json has the key for every task
+            "padding_fraction": measured.padding_fraction}
 
 
 SPEC = TaskSpec(name="classification", data_kind=tensors.KIND, unit="samples",

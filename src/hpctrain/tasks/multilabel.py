@@ -23,7 +23,8 @@ def multilabel(device, model_name: str, labels_keyword: str | None = None):
     import torch
     import torch.nn.functional as F
 
-    from hpctrain.tasks.steps import Batch, Task, logits_of, preferring_model_loss
+    from hpctrain.tasks.steps import (Batch, Task, logits_of, padding_counted,
+                                      preferring_model_loss)
 
     def to_device(batch, training: bool) -> Batch:
         inputs, targets = tensors.split(batch)
@@ -57,7 +58,8 @@ def multilabel(device, model_name: str, labels_keyword: str | None = None):
                 "recall": hits / real if real else 0.0,
                 "exact_match": s["exact"] / max(s["samples"], 1)}
 
-    return Task(SPEC.name, SPEC.unit, SUMS, None, to_device, loss, sums, values)
+    return padding_counted(Task(SPEC.name, SPEC.unit, SUMS, None, to_device, loss, sums,
+                                values))
 
 
 def build(setup: TaskSetup):
@@ -72,6 +74,7 @@ def describe(config, num_classes: int | None, vocab_size: int | None) -> str:
 def figures(measured: Measured) -> dict:
     final = measured.final_eval or {}
     return {"images_per_second": None,  # summary.json has the key for every task
+            "padding_fraction": measured.padding_fraction,
             "best_val_loss": measured.best_val_loss, "final_val_f1": final.get("val_f1"),
             "final_val_precision": final.get("val_precision"),
             "final_val_recall": final.get("val_recall"),

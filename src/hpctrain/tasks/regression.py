@@ -38,7 +38,8 @@ def regression(device, model_name: str, labels_keyword: str | None = None):
     import torch
     import torch.nn.functional as F
 
-    from hpctrain.tasks.steps import Batch, Task, logits_of, preferring_model_loss
+    from hpctrain.tasks.steps import (Batch, Task, logits_of, padding_counted,
+                                      preferring_model_loss)
 
     def to_device(batch, training: bool) -> Batch:
         inputs, targets = tensors.split(batch)
@@ -66,7 +67,8 @@ def regression(device, model_name: str, labels_keyword: str | None = None):
                 "mse": s["squared_error"] / count, "mae": s["absolute_error"] / count,
                 "r2": 1 - s["squared_error"] / spread if spread > 0 else None}  # one value
 
-    return Task(SPEC.name, SPEC.unit, SUMS, None, to_device, loss, sums, values)
+    return padding_counted(Task(SPEC.name, SPEC.unit, SUMS, None, to_device, loss, sums,
+                                values))
 
 
 def build(setup: TaskSetup):
@@ -81,6 +83,7 @@ def describe(config, num_classes: int | None, vocab_size: int | None) -> str:
 def figures(measured: Measured) -> dict:
     final = measured.final_eval or {}
     return {"images_per_second": None,  # summary.json has the key for every task
+            "padding_fraction": measured.padding_fraction,
             "best_val_loss": measured.best_val_loss, "final_val_mse": final.get("val_mse"),
             "final_val_mae": final.get("val_mae"), "final_val_r2": final.get("val_r2")}
 

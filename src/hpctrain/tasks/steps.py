@@ -16,6 +16,7 @@ also act at the loop's moments (`moment`: an epoch's start and end, an evaluatio
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -67,6 +68,28 @@ class Task:
     # why the run is to end after this step, as completed (a Lightning callback's
     # trainer.should_stop: EarlyStopping), or None; None: a task that never asks
     stop_asked: Callable[[], str | None] | None = None
+
+
+MASK = "attention_mask"  # where your batches say which positions are real (Hugging Face's)
+
+
+def padding_counted(task: Task) -> Task:
+    """`task` with the share of padded positions of batches that carry an attention_mask
+    (your collate padded them: DataCollatorWithPadding), as `padding_fraction`; batches
+    without one count none, and the figure is left out."""
+    def sums(outputs, batch: Batch, loss, training: bool) -> torch.Tensor:
+        own = task.sums(outputs, batch, loss, training)
+        mask = batch.inputs.get(MASK) if isinstance(batch.inputs, Mapping) else None
+        counts = torch.zeros(2, dtype=own.dtype, device=own.device) if mask is None else \
+            torch.stack([mask.sum(), own.new_tensor(mask.numel())]).to(own.dtype)
+        return torch.cat([own, counts])
+
+    def values(s: dict) -> dict:
+        positions = s["positions"]
+        return {**task.values(s), **({"padding_fraction": 1 - s["real_positions"] / positions}
+                                     if positions else {})}
+    return dataclasses.replace(task, sum_names=(*task.sum_names, "real_positions",
+                                                "positions"), sums=sums, values=values)
 
 
 def top1_sums(num_classes: int, model_name: str) -> Callable:

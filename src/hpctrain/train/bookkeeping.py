@@ -33,7 +33,8 @@ class Clock:
     rank_seconds: list[float] = field(default_factory=list)  # steady time per rank (rank 0)
     rank_steps: int = 0
     stop_seconds: float | None = None  # from a stop signal to its checkpoint, when one came
-    padding_fraction: float | None = None  # of the last interval, when the task pads
+    padded_samples: float = 0.0  # the padding shares of the task's intervals x their samples
+    padding_samples: int = 0  # the samples of the intervals whose padding was measured
     monitor_rows: list = field(default_factory=list)  # every rank's last sampler row (rank 0)
     job_number: int | None = None  # this job's place among run.json's starts (rank 0)
     startup_seconds: float | None = None  # from the job's start to its training loop
@@ -44,6 +45,18 @@ class Clock:
     save_dip_seconds: float = 0.0  # training slowed by asynchronous saves writing meanwhile
     clean_step_seconds: deque = field(default_factory=lambda: deque(maxlen=DIP_REFERENCE))
     hung_seconds: float = 0.0  # without progress before the hang watch ended the job
+
+    def add_padding(self, fraction: float, samples: int) -> None:
+        """An interval's share of padded positions (a task that pads: token sequences, your
+        batches with an attention_mask), over its `samples`."""
+        self.padded_samples += fraction * samples
+        self.padding_samples += samples
+
+    @property
+    def padding_fraction(self) -> float | None:
+        """The share of padded positions in this job's batches (each logging interval's,
+        weighted by its samples); None where the task measured none."""
+        return self.padded_samples / self.padding_samples if self.padding_samples else None
 
     def began(self) -> float:
         """When this job began, in Unix seconds."""

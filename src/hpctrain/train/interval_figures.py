@@ -61,11 +61,11 @@ def report_interval(parts: Parts, progress: Progress, metrics: RunningMetrics,
     rates = {"samples_per_second": interval.samples / seconds,
              f"{unit}_per_second": values["units"] / seconds}
     data_wait = waited / seconds
+    if values.get("padding_fraction") is not None:
+        clock.add_padding(values["padding_fraction"], interval.samples)
     interval.start, interval.samples, interval.first = time.perf_counter(), 0, False
     interval.saving = 0
     interval.wait_mark = clock.data_wait_seconds
-    if "padding_fraction" in values:
-        clock.padding_fraction = values["padding_fraction"]
 
     lr = parts.step.optimizer.param_groups[0]["lr"]
     _stop_if_nan_too_long(parts, progress, values.pop("all_nonfinite"), steps, lr)
@@ -76,7 +76,7 @@ def report_interval(parts: Parts, progress: Progress, metrics: RunningMetrics,
               **{spec.figure_name("train", name): value  # the task's own
                  for name, value in values.items()
                  if name not in ("loss", "units", "padding_fraction")}}
-    if "padding_fraction" in values:
+    if values.get("padding_fraction") is not None:
         record["padding_fraction"] = values["padding_fraction"]
     if len(per_rank) > 1:
         record["rank_step_seconds"] = [r[0] / steps for r in per_rank]
