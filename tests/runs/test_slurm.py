@@ -47,12 +47,18 @@ def test_submit_autotune_refuses_a_budget_that_is_no_duration_and_a_sweep(run_cl
     assert code == 0 and "--processes 1 --budget 300" in out and "tuned.yaml" in out
 
 
-def test_dry_run_prints_the_script_and_submits_nothing(run_cli, tiny, home, tmp_path):
-    code, out, _ = run_cli("submit", "default", *tiny("run_name=dry"), "--gpus", "8",
-                           "--time", "2:00:00", "--dry-run")
+def test_dry_run_writes_the_script_it_names_and_submits_nothing(run_cli, tiny, home, tmp_path):
+    """Before, the preview said "Submit it again with: sbatch RUN/job.sbatch", a file it never
+    wrote; now that file holds the script printed, and nothing else was made or sent."""
+    code, out, err = run_cli("submit", "default", *tiny("run_name=dry"), "--gpus", "8",
+                             "--time", "2:00:00", "--dry-run")
     assert code == 0 and out.startswith("#!/bin/bash")
     assert "#SBATCH --nodes=2" in out and "#SBATCH --ntasks-per-node=4" in out
-    assert "resume=auto" in out and not (tmp_path / "runs" / "dry").exists()
+    script = tmp_path / "runs" / "dry" / "job.sbatch"
+    assert "resume=auto" in out and script.read_text() == out
+    assert f"Submit it again with: sbatch {script}" in out
+    assert f"nothing submitted; the script is written to {script}" in err
+    assert [path.name for path in script.parent.iterdir()] == ["job.sbatch"]  # no job record
     assert plan("default", tiny("run_name=dry"), 8, "2:00:00")[0].run_dir.name == "dry"
 
 

@@ -18,7 +18,7 @@ from hpctrain.errors import ConfigError
 SUBMIT_EXAMPLE = """examples:
   hpctrain submit imagenet-resnet50 data.path=/scratch/imagenet --gpus 16 --time 20:00:00 \\
       --cluster jean-zay-a100 --account abc          # 2 nodes x 8 GPUs, requeued until done
-  hpctrain submit default --gpus 4 --time 30 --dry-run     # print the script, submit nothing
+  hpctrain submit default --gpus 4 --time 30 --dry-run     # write the script, submit nothing
   hpctrain submit default --gpus 1 --sweep optim.lr=0.05,0.1,0.2 --sweep train.epochs=4,8
 
 The script goes to RUN_DIR/job.sbatch; logs beside it (Slurm's: slurm-JOBID.out/.err).
@@ -40,7 +40,8 @@ def _add_submit(verbs) -> None:
                         help="first measure the fastest settings on the job's GPUs (hpctrain "
                         "autotune, its budget TIME: 90s, 10m; default its own), then train "
                         "them; a continuation does not tune again")
-    submit.add_argument("--dry-run", action="store_true", help="print the script only")
+    submit.add_argument("--dry-run", action="store_true", help="write and print the script, "
+                        "submit nothing")
     submit.add_argument("--json", action="store_true")
 
 
@@ -57,6 +58,9 @@ def cmd_submit(args) -> int:
             jobs.check_fits(request, get_profile(args.cluster))
         except jobs.ClusterError as error:  # a preview: say it, still show the script
             print(f"hpctrain: warning: {error}", file=sys.stderr)
+        path = jobs.write_script(request, script)
+        print(f"hpctrain: dry run: nothing submitted; the script is written to {path} "
+              f"(sbatch {path} submits it as it is)", file=sys.stderr)
         return 0
     request, script = jobs.plan(args.recipe, args.overrides, args.gpus, args.time,
                                 args.cluster, **options)

@@ -372,13 +372,20 @@ def send(request: JobRequest, script: str, profile: Profile) -> Job:
     """Check that the job can start, write its script into its folder, submit it, remember
     it in the job ledger."""
     check_fits(request, profile)
-    request.run_dir.mkdir(parents=True, exist_ok=True)
     run = RunDir(request.run_dir)
-    write_whole(run.job_script, script)
-    job_id = scheduler_of(profile).submit(run.job_script)
+    job_id = scheduler_of(profile).submit(write_script(request, script))
     remember_job(job_id, request.run_dir)
     write_whole(run.job_record, json.dumps({"job_id": job_id}) + "\n")
     return Job(job_id, request.run_dir)
+
+
+def write_script(request: JobRequest, script: str) -> Path:
+    """The job's script written into its run directory (made for it), where the script's own
+    continuation and its logs expect it; its path."""
+    request.run_dir.mkdir(parents=True, exist_ok=True)
+    path = RunDir(request.run_dir).job_script
+    write_whole(path, script)
+    return path
 
 
 def is_job_id(text: str) -> bool:
