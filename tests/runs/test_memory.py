@@ -4,7 +4,7 @@ own (the others are tests/unit/test_memory.py, tests/cluster/test_memory.py)."""
 from __future__ import annotations
 
 import json
-
+from pathlib import Path
 
 from hpctrain.config import load_config
 from hpctrain.memory.advice import advise
@@ -64,3 +64,20 @@ def test_advice_for_a_gpt_that_does_not_fit_names_a_layout_with_its_peak():
                         tensor=2 if "parallel.tensor=2" in layouts[0].settings else 1,
                         pipeline=2 if "parallel.pipeline=2" in layouts[0].settings else 1)
     assert layouts[0].in_use == named.in_use
+
+
+def test_the_largest_batch_named_is_one_the_training_set_fills(tmp_path, run_cli):
+    """Issue 67: a Hugging Face classifier on 300 reviews was told a batch of 44,920; the
+    batch named now makes at least one whole step of the training set, and says so."""
+    fixture = Path(__file__).parents[1] / "fixtures" / "hf_recipe.py"
+    recipe = tmp_path / "text.yaml"
+    recipe.write_text(f"name: text\ntask: classification\nmodel: {{name: '{fixture}:classifier'}}"
+                      f"\ndata: {{dataset: '{fixture}:reviews', num_workers: 0}}\n")
+    code, out, err = run_cli("memory", str(recipe), "--gpu-memory", "80GiB", "--json",
+                             "--out", str(tmp_path))
+    assert code == 0, err
+    advice = json.loads(out)["advice"]
+    assert advice["decision"] == "fits" and advice["largest_batch"] == 300
+    option, = advice["options"]
+    assert option["settings"] == ["train.batch_size=296"]
+    assert "its 300 samples make one step of at most 300 per device" in option["effect"]

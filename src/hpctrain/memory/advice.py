@@ -89,11 +89,34 @@ def largest_batch(base: Estimate, config: Config) -> tuple[int, Estimate | None]
     second = estimate(config, base.target, other)
     fitting = max((e for e in (base, second) if e.fits), key=lambda e: e.batch_size,
                   default=None)
-    top = _on_the_line(base, second)
+    top = min(_on_the_line(base, second), data_bound(base, config) or MAX_BATCH)
     if fitting is None or round_batch(top) <= fitting.batch_size or top >= MAX_BATCH:
         return top, None
     guess = estimate(config, base.target, round_batch(top))
     return (top, guess) if guess.fits else (_on_the_line(fitting, guess), None)
+
+
+def data_bound(base: Estimate, config: Config) -> int | None:
+    """The largest per-device batch the training set fills for one whole step (its samples
+    over the data devices and the accumulation), or None where its size is unknown."""
+    from hpctrain.memory.tensor_batches import training_samples
+
+    samples = training_samples(config)
+    if samples is None:
+        return None
+    return max(1, samples // (base.target.data * config.train.grad_accum_steps))
+
+
+def _filled(bound: int, base: Estimate, config: Config) -> str:
+    """Why `bound` (data_bound) is the largest batch worth naming."""
+    from hpctrain.memory.tensor_batches import training_samples
+
+    devices, micro = base.target.data, config.train.grad_accum_steps
+    return (f"the largest per-device batch the training set fills, in multiples of 8: its "
+            f"{training_samples(config):,} samples make one step of at most {bound:,} per "
+            "device" + (f" on {devices} devices" if devices > 1 else "")
+            + (f" x {micro} micro-batches" if micro > 1 else "")
+            + " (a larger batch would have no whole step)")
 
 
 def _on_the_line(a: Estimate, b: Estimate) -> int:
@@ -140,10 +163,12 @@ def advise(base: Estimate, config: Config, counterpart: Estimate | None = None) 
                         largest_batch=top)
         if round_batch(top) > base.batch_size:
             bigger = rounded or estimate(config, base.target, round_batch(top))
+            bound = data_bound(base, config)
             advice.options.append(_option(
                 [f"train.batch_size={round_batch(top)}"], bigger,
                 f"the largest per-device batch that fits in multiples of 8 (the peak meets "
-                f"the limit near {top})"))
+                f"the limit near {top})" if top != bound else
+                _filled(bound, base, config)))
         return advice
     if not _states_fit(base):
         extra: list[str] = []

@@ -20,6 +20,7 @@ from hpctrain.config import Config
 from hpctrain.tasks.tensors import each, row, split
 
 _READ: dict[str, TensorSample] = {}  # data settings -> the sample read for them
+_SIZES: dict[str, int | None] = {}  # data settings -> the training set's samples
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,22 @@ class TensorSample:
     collate: Callable | None = None  # your data.collate: a batch is its batch of `raw`s
     raw: object = None  # the sample a batch repeats, as your dataset made it
     note: str | None = None  # which sample that is, for the estimate's notes
+
+
+def training_samples(config: Config) -> int | None:
+    """How many samples the training set holds, read once per data settings; None for a
+    stream or data that cannot be read here (the estimate goes on without the bound)."""
+    from hpctrain.data.loader import build_datasets
+    from hpctrain.errors import UserError
+
+    key = json.dumps([config.data.model_dump(mode="json"), config.task.name, config.seed],
+                     sort_keys=True)
+    if key not in _SIZES:
+        try:
+            _SIZES[key] = len(build_datasets(config.data, config.seed)[0])
+        except (UserError, TypeError):  # unreadable here, or a stream without a length
+            _SIZES[key] = None
+    return _SIZES[key]
 
 
 def first_sample(config: Config) -> TensorSample:
