@@ -255,3 +255,25 @@ def test_a_host_read_in_hpctrains_own_code_is_no_advice_to_the_user():
     advice = _sync_advice(SimpleNamespace(sync={"sites": sites}), 0.3, Settings(log_every=20))
     assert [a.setting for a in advice] == ["remove the host read at model.py(12): forward",
                                            "train.log_every=50"]
+
+
+def test_a_host_read_inside_a_library_names_the_library_s_frame_and_its_caller():
+    """Issue 67: a read inside torch's AdamW was laid at hpctrain's precision.py, and its
+    advice was hpctrain's metric read-back; now the frame that reads is named, with the line
+    that called the library, and only a call from your code is advice."""
+    from types import SimpleNamespace
+
+    from hpctrain.profiling.analysis import is_library_frame
+    from hpctrain.profiling.verdict import Settings, _sync_advice
+
+    assert is_library_frame("torch/optim/optimizer.py(97): _get_value")
+    assert is_library_frame("transformers/masking_utils.py(332): _ignore_mask")
+    assert not is_library_frame("hpctrain/train/hardware/precision.py(40): step")
+    assert not is_library_frame("train.py(63): training_step")
+    sites = [{"call_site": "torch/optim/optimizer.py(97): _get_value", "op": "aten::item",
+              "called_from": called_from, "calls": 4, "ms": 2.0, "call": "cudaMemcpy"}
+             for called_from in ("hpctrain/train/hardware/precision.py(40): step",
+                                 "nn.Module: BertModel_0", "train.py(20): main")]
+    advice = _sync_advice(SimpleNamespace(sync={"sites": sites}), 0.3, Settings(log_every=20))
+    assert [a.setting for a in advice] == ["remove the host read at train.py(20): main"]
+    assert "(in torch/optim/optimizer.py(97): _get_value)" in advice[0].why

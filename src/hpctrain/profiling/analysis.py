@@ -17,6 +17,7 @@ host-wait rest, launch overhead; these are the losses the verdict ranks.
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
@@ -30,8 +31,10 @@ from hpctrain.profiling.names import REGIONS
 KERNEL_WAIT_US = 30.0
 TOP = 10
 SYNC_SITES_SCANNED = 500
-_LIBRARY_FRAMES = ("torch/", "<built-in", "<frozen", "threading.py", "contextlib.py",
-                   "hpctrain/profiling/", "functools.py", "typing.py")
+# frames that only pass a call on (decorators, the standard library's plumbing, the profiler)
+_PLUMBING = ("<built-in", "<frozen", "threading.py", "contextlib.py", "hpctrain/profiling/",
+             "functools.py", "typing.py", "torch/utils/_contextlib.py", "torch/profiler/",
+             "torch/autograd/profiler")
 
 
 @dataclass
@@ -195,18 +198,46 @@ def _innermost(starts, ends, tids, tid: int, start: float, end: float) -> int | 
     return int(enclosing[np.argmax(starts[enclosing])]) if len(enclosing) else None
 
 
-def _call_site(trace: RankTrace, tid: int, start: float, end: float) -> str | None:
-    """The innermost Python frame of user code (not torch, not the standard library)."""
+def _call_site(trace: RankTrace, tid: int, start: float,
+               end: float) -> tuple[str | None, str | None]:
+    """(the innermost Python frame that reads, the frame outside its library that called
+    it, or None where the read is not in a library's code): a read inside torch's AdamW is
+    torch's, called from hpctrain's optimiser step, not hpctrain's own."""
     py = trace.python
     if len(py) == 0:
-        return None
+        return None, None
     enclosing = np.flatnonzero((py.tid == tid) & (py.start <= start) & (py.end >= end))
-    for row in enclosing[np.argsort(-py.start[enclosing])]:
-        name = trace.names[py.name[row]]
-        if not name.startswith(_LIBRARY_FRAMES) and "/site-packages/" not in name \
-                and not name.startswith("python"):
-            return name
-    return None
+    frames = [trace.names[py.name[row]] for row in enclosing[np.argsort(-py.start[enclosing])]]
+    frames = [name for name in frames if not name.startswith(_PLUMBING)
+              and not name.startswith("python")]
+    if not frames:
+        return None, None
+    if not is_library_frame(frames[0]):
+        return frames[0], None
+    return frames[0], next((name for name in frames if not is_library_frame(name)), None)
+
+
+def is_library_frame(name: str) -> bool:
+    """Whether a frame (as the profiler names it: `package/module.py(line): function`, or a
+    whole path) is an installed library's: torch's, or a package under site-packages; not
+    hpctrain's, nor your script's."""
+    if "/site-packages/" in name or "/dist-packages/" in name:
+        return "/hpctrain/" not in name
+    top = name.split("/", 1)[0] if "/" in name else ""
+    return bool(top) and top != "hpctrain" and _installed(top)
+
+
+@functools.lru_cache(maxsize=256)
+def _installed(package: str) -> bool:
+    """Whether `package` imports from site-packages (an installed library)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return False
+    origin = (spec.origin or "") if spec else ""
+    return "site-packages" in origin or "dist-packages" in origin
 
 
 def _sync(trace: RankTrace, window: tuple[float, float], steps: int, step_us: float) -> dict:
@@ -228,7 +259,7 @@ def _sync(trace: RankTrace, window: tuple[float, float], steps: int, step_us: fl
         op_row = _innermost(ops.start, ops.end, ops.tid, tid, start, end) if trace.is_gpu \
             else row
         op = trace.names[ops.name[op_row]] if op_row is not None else None
-        site = sites[(_call_site(trace, tid, start, end), op)]
+        site = sites[(*_call_site(trace, tid, start, end), op)]
         site[0].add(op_row if op_row is not None else -row)  # a read counts once per call
         site[1] += end - start
         site[2].add(trace.names[table.name[row]])
@@ -236,9 +267,9 @@ def _sync(trace: RankTrace, window: tuple[float, float], steps: int, step_us: fl
     return {"calls_per_step": len(rows) / steps,
             "ms_per_step": _ms(waited / steps),
             "share": waited / steps / step_us if step_us else 0.0,
-            "sites": [{"call_site": site, "op": op, "calls": len(reads), "ms": _ms(us),
-                       "call": ", ".join(sorted(calls))}
-                      for (site, op), (reads, us, calls)
+            "sites": [{"call_site": site, "called_from": caller, "op": op,
+                       "calls": len(reads), "ms": _ms(us), "call": ", ".join(sorted(calls))}
+                      for (site, caller, op), (reads, us, calls)
                       in sorted(sites.items(), key=lambda kv: -kv[1][1])[:TOP]]}
 
 

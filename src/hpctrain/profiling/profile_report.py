@@ -153,8 +153,10 @@ def _sync_and_shape_lines(e: Evidence) -> list[str]:
             lines.append(f"host reads of tensors (.item() and the like; each waits for the "
                          f"device on a GPU): {sync['calls_per_step']:.1f} per step")
         for site in sync["sites"][:3]:
+            caller = site.get("called_from")
             lines.append(f"  {site['call_site'] or '(no Python stack)'}  {site['op']}  "
-                         f"x{site['calls']}  {site['ms']:.2f} ms")
+                         f"x{site['calls']}  {site['ms']:.2f} ms"
+                         + (f"  (a library's read, called from {caller})" if caller else ""))
     dims = e.matrix_dims
     if dims["offenders"]:
         lines.append(f"matrix operands not multiples of 8: {dims['share_of_matrix_time']:.0%} "

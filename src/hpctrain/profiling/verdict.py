@@ -207,13 +207,18 @@ def _launch_advice(e: Evidence, gain: float, s: Settings) -> list[Recommendation
 
 
 def _sync_advice(e: Evidence, gain: float, s: Settings) -> list[Recommendation]:
-    """A host read in your code: remove it; hpctrain's metric read-back: read less often;
-    another of hpctrain's own reads (its tasks, its data) is no advice for you to act on."""
+    """A host read in your code (or in a library your code calls): remove it; hpctrain's
+    metric read-back: read less often; another of hpctrain's own reads (its tasks, its data),
+    or a library's read that hpctrain's code calls (torch's optimiser), is no advice for you
+    to act on."""
     out = []
     for site in e.sync["sites"][:3]:
-        where = site["call_site"] or f"the caller of {site['op']}"
+        where = site.get("called_from") or site["call_site"] or f"the caller of {site['op']}"
         share = gain * site["ms"] / max(sum(x["ms"] for x in e.sync["sites"]), 1e-9)
-        if where.startswith(HPCTRAIN_FRAMES) and not where.startswith("hpctrain/train/"):
+        inside = site.get("called_from") is not None  # a library's read, called from `where`
+        if where.startswith(HPCTRAIN_FRAMES) and (inside or
+                                                  not where.startswith("hpctrain/train/")) \
+                or inside and ".py(" not in where:  # called from a module, not a line
             continue  # listed among the evidence, not yours to change
         if where.startswith("hpctrain/train/"):
             out.append(Recommendation(
@@ -223,7 +228,9 @@ def _sync_advice(e: Evidence, gain: float, s: Settings) -> list[Recommendation]:
         else:
             out.append(Recommendation(
                 f"remove the host read at {where}",
-                f"{site['op'] or site['call']} waits for the GPU {site['calls']} times "
+                f"{site['op'] or site['call']}"
+                + (f" (in {site['call_site']})" if inside else "")
+                + f" waits for the GPU {site['calls']} times "
                 f"({site['ms']:.1f} ms); keep values on the device and read them every "
                 "train.log_every steps", _up_to(share), share))
     return out
