@@ -100,3 +100,22 @@ def test_a_fast_in_memory_run_is_not_input_bound_and_writes_every_output(tiny, r
 
     profiled = read_run(trace.parent.parent)  # what the run's report prints: the verdict whole
     assert profiled.profile == report["verdict"] and not profiled.damage
+
+
+def test_a_hugging_face_model_s_profile_lays_each_host_read_at_the_frame_that_reads(
+        run_cli, tmp_path):
+    """Issue 67: torch's AdamW reads its step counts on the host (foreach, on the CPU); the
+    profile names torch's frame and the optimiser step of hpctrain's that called it, not
+    hpctrain's precision.py as the reader."""
+    fixture = FIXTURES.parent / "hf_recipe.py"
+    recipe = tmp_path / "text.yaml"
+    recipe.write_text(f"name: text\ntask: classification\nmodel: {{name: '{fixture}:classifier'}}"
+                      f"\ndata: {{dataset: '{fixture}:reviews', num_workers: 0}}\n"
+                      f"optim: {{name: adamw}}\noutput_dir: {tmp_path}\n")
+    code, out, err = run_cli("profile", str(recipe), "--steps", "3", "--json")
+    assert code == 0, err
+    sites = json.loads(out)["ranks"][0]["sync"]["sites"]
+    adamw = next(site for site in sites if site["call_site"].startswith("torch/optim/"))
+    assert adamw["called_from"].startswith("hpctrain/train/")
+    assert not any(site["call_site"].startswith("hpctrain/") and site["called_from"] is None
+                   and "precision" in site["call_site"] for site in sites)
