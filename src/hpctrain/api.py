@@ -284,7 +284,8 @@ def _dataset_of(data: Dataset | DataLoader) -> Dataset:
 
 def _held_out(train_data: Dataset | DataLoader, config: Config) -> tuple:
     """(train, val): data.val_fraction of the training set held out; of a DataLoader's
-    dataset, the training part in a DataLoader set as it was."""
+    dataset, both parts in DataLoaders set as it was (its collate batching the validation
+    part too, in order)."""
     from hpctrain.data.splits import hold_out
 
     if is_loader(train_data):
@@ -294,7 +295,7 @@ def _held_out(train_data: Dataset | DataLoader, config: Config) -> tuple:
                               "whole dataset: give val_data, as hpctrain would hold some of "
                               "it out")
         train, val = _held_out(train_data.dataset, config)
-        return like(train_data, train), val
+        return like(train_data, train), like(train_data, val, validation=True)
     if isinstance(train_data, IterableDataset):
         raise ConfigError("fit(): train_data is a stream (an IterableDataset), which has no "
                           "samples to hold out: give val_data, a map-style Dataset")

@@ -132,3 +132,17 @@ def test_a_hugging_face_model_trains_through_fit_as_it_is(text, tmp_path, capsys
     assert 0.05 < summary["padding_fraction"] < 0.5
     trained = records(summary["run_dir"], "train")
     assert all(0 < r["padding_fraction"] < 1 for r in trained)
+
+
+def test_a_padding_dataloader_without_validation_data_holds_out_a_part_it_batches_too(
+        text, tmp_path):
+    """Before, the part held out for validation left the DataLoader's collate behind, and
+    torch's default collation refused samples of different lengths."""
+    from torch.utils.data import DataLoader
+
+    model, train, _, collate = text
+    summary = hpctrain.fit(model, DataLoader(train, batch_size=16, collate_fn=collate,
+                                             shuffle=True), output_dir=str(tmp_path),
+                           train={"epochs": 1}, data={"num_workers": 0}, report=False)
+    assert summary["status"] == "completed"
+    assert records(summary["run_dir"], "eval")[-1]["val_loss"] > 0  # 30 reviews held out

@@ -75,11 +75,13 @@ def is_plain(loader: DataLoader) -> bool:
             sampler._num_samples is None)
 
 
-def like(loader: DataLoader, dataset: Dataset) -> DataLoader:
-    """A DataLoader of `dataset` set as `loader` is (its order plain: `is_plain`)."""
+def like(loader: DataLoader, dataset: Dataset, validation: bool = False) -> DataLoader:
+    """A DataLoader of `dataset` set as `loader` is (its order plain: `is_plain`); for
+    `validation`, in order and keeping a last smaller batch (every sample counts once)."""
     return DataLoader(dataset, batch_size=loader.batch_size,
-                      shuffle=type(loader.sampler) is RandomSampler,
-                      collate_fn=loader.collate_fn, drop_last=loader.drop_last,
+                      shuffle=not validation and type(loader.sampler) is RandomSampler,
+                      collate_fn=loader.collate_fn,
+                      drop_last=not validation and loader.drop_last,
                       num_workers=loader.num_workers, worker_init_fn=loader.worker_init_fn,
                       multiprocessing_context=loader.multiprocessing_context)
 
