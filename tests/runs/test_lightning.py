@@ -787,12 +787,6 @@ class LogsAVector(LitClassifier):
         return super().training_step(batch, batch_idx)
 
 
-class LogsItsLr(LitClassifier):
-    def training_step(self, batch, batch_idx):
-        self.log("lr", 0.1)
-        return super().training_step(batch, batch_idx)
-
-
 class MovesItsBatches(LitClassifier):
     def on_before_batch_transfer(self, batch, dataloader_idx):
         return batch
@@ -881,7 +875,6 @@ class ClipsItself(LitClassifier):
     (Skipping, "training_step returned None at batch 0"),
     (LogsAVector, "self.log('scores', ...) was given a tensor of shape (3,): hpctrain's "
                   "engine logs one number per name (or a torchmetrics Metric giving one)"),
-    (LogsItsLr, "self.log('lr', ...): hpctrain records 'lr' itself in metrics.jsonl"),
     (MovesItsBatches, "overrides on_before_batch_transfer, which hpctrain's engine does not "
                       "call (docs/lightning.md lists what it calls): move that work into the "
                       "steps or the epoch hooks, or train it with Lightning's Trainer"),
@@ -905,9 +898,9 @@ class ClipsItself(LitClassifier):
                     "skip the rest of an epoch"),
     (AsksTooEarly, "self.optimizers() (reached from test_lightning.py:NNN: self.optimizers()) "
                    "before configure_optimizers ran"),
-    (ClipsItself, "self.trainer.gradient_clip_val (reached from test_lightning.py:NNN: "
-                  "self.clip_gradients(optimizer)): hpctrain's engine stands in for "
-                  "Lightning's Trainer with current_epoch, global_step"),
+    (ClipsItself, "self.clip_gradients (reached from test_lightning.py:NNN: "
+                  "self.clip_gradients(optimizer)): hpctrain's engine clips the gradients "
+                  "itself: set optim.grad_clip_norm and take the call out"),
     (AsksTheTrainer, "self.trainer.profiler (reached from test_lightning.py:NNN: self.log("
                      "\"profiled\", float(self.trainer.profiler is None))): hpctrain's "
                      "engine stands in for Lightning's "
@@ -919,6 +912,34 @@ def test_what_the_engine_does_not_do_is_refused_by_name(tmp_path, module_class, 
     said = re.sub(r"test_lightning\.py:\d+", "test_lightning.py:NNN", str(refused.value))
     assert message in said
     assert refused.value.exit_code == 2
+    if module_class is ClipsItself:  # issue 67: one line, not the 628 characters before
+        assert "\n" not in said and len(said) < 250
+
+
+class LogsItsLrAndAFlag(LitClassifier):
+    """Issue 67: both were refused; Lightning logs them (a boolean as 1.0 or 0.0)."""
+
+    logged: list = []
+
+    def training_step(self, batch, batch_idx):
+        self.logged.append(self.optimizers().param_groups[0]["lr"] / 2)
+        self.log("lr", self.logged[-1])
+        self.log("odd_step", self.global_step % 2 == 1)
+        return super().training_step(batch, batch_idx)
+
+    def on_train_epoch_end(self):
+        self.seen = dict(self.trainer.callback_metrics)
+
+
+def test_a_module_logs_its_lr_and_booleans_as_lightning_keeps_them(tmp_path):
+    module = LogsItsLrAndAFlag()
+    module.logged = []
+    train, val = blobs()
+    summary = hpctrain.fit(module, train, val, output_dir=str(tmp_path), **QUICK)
+    steps = records_of(summary["run_dir"], "train")
+    assert [r["lr"] for r in steps] == pytest.approx(module.logged)  # yours, not the engine's
+    assert [r["odd_step"] for r in steps] == [float(r["step"] % 2 == 0) for r in steps]
+    assert set(module.seen) >= {"lr", "odd_step"}
 
 
 class OnException(L.Callback):

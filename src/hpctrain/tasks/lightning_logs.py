@@ -38,9 +38,10 @@ INTERVAL, EPOCH, EVALUATION = READS = ("interval", "epoch", "evaluation")
 EPOCH_HOOKS = ("on_fit_start", "on_train_start", "on_train_epoch_start", "on_train_epoch_end",
                "on_validation_start", "on_validation_epoch_start", "on_validation_epoch_end",
                "on_validation_end")
-RESERVED = ("step", "kind", "time", "epoch", "lr", "samples_per_second",
-            "data_wait_fraction", "eval_seconds", "elapsed_seconds", "device_hours",
-            "energy_joules")
+# the record's own keys in metrics.jsonl, which a logged figure may not replace; `lr` may be
+# logged (a common idiom, which Lightning keeps): the figure logged is the record's `lr` then
+RESERVED = ("step", "kind", "time", "epoch", "samples_per_second", "data_wait_fraction",
+            "eval_seconds", "elapsed_seconds", "device_hours", "energy_joules")
 
 
 @dataclass(frozen=True)
@@ -296,10 +297,12 @@ def _computed(name: str, metric) -> float:
 
 
 def _number(name: str, value) -> torch.Tensor:
-    """A logged value as a 0-d tensor (detached), or a ConfigError saying what it was."""
+    """A logged value as a 0-d tensor (detached; a boolean as 1.0 or 0.0, as Lightning logs
+    it), or a ConfigError saying what it was."""
     if isinstance(value, torch.Tensor) and value.numel() == 1:
-        return value.detach().reshape(())
-    if _is_real(value):
+        return value.detach().reshape(()).to(torch.get_default_dtype()) \
+            if value.dtype == torch.bool else value.detach().reshape(())
+    if _is_real(value) or isinstance(value, bool):
         return torch.tensor(float(value))
     what = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else \
         f"a {type(value).__name__}"

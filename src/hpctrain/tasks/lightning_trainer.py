@@ -73,6 +73,9 @@ def your_line() -> str:
     return ""
 
 
+CLIPPING = ("gradient_clip_val", "gradient_clip_algorithm")  # the Trainer's clipping settings
+
+
 class NotGiven(ConfigError, AttributeError):
     """What the engine's `self.trainer` does not give: a refusal (exit 2) that `hasattr`
     and `getattr(trainer, name, default)` still read as a missing attribute."""
@@ -95,6 +98,9 @@ class EngineView:
         self._step = step  # the lightning_step.LightningStep whose module asks
 
     def __getattr__(self, name: str):
+        if name in CLIPPING:  # self.clip_gradients(...) asks these first
+            raise NotGiven(f"self.clip_gradients{your_line()}: hpctrain's engine clips the "
+                           "gradients itself: set optim.grad_clip_norm and take the call out")
         raise NotGiven(f"self.trainer.{name}{your_line()}: hpctrain's engine stands in for "
                        f"Lightning's Trainer with {', '.join(self.GIVEN)}")
 
