@@ -931,14 +931,31 @@ class LogsItsLrAndAFlag(LitClassifier):
         self.seen = dict(self.trainer.callback_metrics)
 
 
+class Logged(L.Callback):
+    """What Lightning's Trainer holds of two logged figures after every step."""
+
+    def __init__(self, names: tuple[str, ...]):
+        self.names, self.rows = names, []
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.rows.append([float(trainer.callback_metrics[name]) for name in self.names])
+
+
 def test_a_module_logs_its_lr_and_booleans_as_lightning_keeps_them(tmp_path):
     module = LogsItsLrAndAFlag()
-    module.logged = []
+    module.logged, theirs = [], copy.deepcopy(module)
     train, val = blobs()
+    logged = Logged(("lr", "odd_step"))
+    L.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False,
+              enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+              num_sanity_val_steps=0, callbacks=[logged]).fit(
+        theirs, DataLoader(train, batch_size=32, sampler=HpctrainOrder(len(train), 0)),
+        DataLoader(val, batch_size=32))
     summary = hpctrain.fit(module, train, val, output_dir=str(tmp_path), **QUICK)
     steps = records_of(summary["run_dir"], "train")
     assert [r["lr"] for r in steps] == pytest.approx(module.logged)  # yours, not the engine's
-    assert [r["odd_step"] for r in steps] == [float(r["step"] % 2 == 0) for r in steps]
+    assert [r["lr"] for r in steps] == pytest.approx([row[0] for row in logged.rows])
+    assert [r["odd_step"] for r in steps] == [row[1] for row in logged.rows]
     assert set(module.seen) >= {"lr", "odd_step"}
 
 
