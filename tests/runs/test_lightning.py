@@ -1069,3 +1069,24 @@ def test_profile_memory_and_submit_take_the_module_s_recipe(tmp_path, run_cli):
     rows = report["estimate"]["breakdown_bytes"]
     assert rows["optimizer states"] == rows["parameters"] == 387 * 4
     assert abs(report["measured"]["relative_error"]) < 0.01
+
+
+@pytest.mark.parametrize("checkpoint, epochs, said, ranked", [
+    ({"every_epochs": 5}, 2, "the 2 best by val_loss (min) besides the last ones "
+     "(checkpoint.keep_last), of the 1 checkpoint this run saves at an epoch's end "
+     "(checkpoint.every_epochs=5)", 1),
+    ({"every_steps": 7, "every_epochs": None}, 1.5, "but none of this run's checkpoints falls "
+     "at an epoch's end (checkpoint.every_steps=7): only the last ones are kept", 0)])
+def test_model_checkpoint_s_banner_says_how_many_checkpoints_it_can_rank(
+        tmp_path, capsys, checkpoint, epochs, said, ranked):
+    """Issue 67: the banner said "keep the 2 best" where the run saved at no epoch's end
+    before its last step, and only the last checkpoint was kept."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    train, val = blobs()
+    summary = hpctrain.fit(LitClassifier(), train, val, output_dir=str(tmp_path),
+                           callbacks=[ModelCheckpoint(monitor="val_loss", save_top_k=2)],
+                           **{**QUICK, "train": {**QUICK["train"], "epochs": epochs}},
+                           checkpoint=checkpoint)
+    assert said in capsys.readouterr().out
+    assert len(summary["best_checkpoints"] or []) == ranked

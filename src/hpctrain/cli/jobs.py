@@ -60,7 +60,7 @@ def cmd_submit(args) -> int:
             print(f"hpctrain: warning: {error}", file=sys.stderr)
         path = jobs.write_script(request, script)
         print(f"hpctrain: dry run: nothing submitted; the script is written to {path} "
-              f"(sbatch {path} submits it as it is)", file=sys.stderr)
+              "(its first lines say how to submit it as it is)", file=sys.stderr)
         return 0
     request, script = jobs.plan(args.recipe, args.overrides, args.gpus, args.time,
                                 args.cluster, **options)

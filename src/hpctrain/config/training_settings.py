@@ -109,6 +109,11 @@ class CheckpointConfig(Section):
     async_save: bool = Field(False, description="write in the background while training "
                                                 "goes on (the state is copied to host first)")
 
+    def steps_between(self, steps_per_epoch: int) -> int:
+        """The optimiser steps between saves: every_steps, else every_epochs' steps (none:
+        only at the end and at a stop); checkpoint.every=auto's pacer decides otherwise."""
+        return self.every_steps or max(1, round((self.every_epochs or 1e9) * steps_per_epoch))
+
     @model_validator(mode="after")
     def _one_interval(self):
         if self.every == "auto" and self.every_steps is not None:

@@ -30,5 +30,20 @@ def own_optimizer(step: LightningStep, config, position: dict) \
     step.position = Position(**position)
     optimizer, schedules = from_module(step)
     step.add_callbacks(lightning_callbacks.sorted_out(lightning_callbacks.with_modules(
-        lightning_callbacks.made(config), step.module)))
+        lightning_callbacks.made(config), step.module), _epoch_end_saves(config, step.position)))
     return optimizer, schedules
+
+
+def _epoch_end_saves(config, position: Position) -> tuple[int, str] | None:
+    """(how many of the run's saves fall at an epoch's end, where a ModelCheckpoint ranks
+    them; the setting that says when it saves), or None where checkpoint.every=auto's pacer
+    decides as the run goes."""
+    checkpoint = config.checkpoint
+    if checkpoint.every == "auto":
+        return None
+    every, epoch, total = (checkpoint.steps_between(position.steps_per_epoch),
+                           position.steps_per_epoch, position.total_steps)
+    saves = sum(1 for end in range(epoch, total + 1, epoch) if end % every == 0 or end == total)
+    setting = f"checkpoint.every_steps={checkpoint.every_steps}" if checkpoint.every_steps \
+        else f"checkpoint.every_epochs={checkpoint.every_epochs:g}"
+    return saves, setting

@@ -154,9 +154,10 @@ def with_modules(given: list, module) -> list:
     return [callback for callback in given if type(callback) not in kinds] + own
 
 
-def sorted_out(callbacks: list) -> Callbacks:
+def sorted_out(callbacks: list, epoch_end_saves: tuple[int, str] | None = None) -> Callbacks:
     """What the engine does with each callback, or a ConfigError naming one it cannot
-    honour (what, why, what to do)."""
+    honour (what, why, what to do). `epoch_end_saves`: how many of the run's saves fall at an
+    epoch's end, where a ModelCheckpoint ranks them, and the setting that says so."""
     out = Callbacks()
     for index, callback in enumerate(callbacks):
         name = type(callback).__name__
@@ -170,7 +171,7 @@ def sorted_out(callbacks: list) -> Callbacks:
             out.run.append(callback)
         elif name == "ModelCheckpoint":
             out.keep_best = _keep_best(callback, out.keep_best)
-            out.notes.append(_checkpoint_note(callback, out.keep_best))
+            out.notes.append(_checkpoint_note(callback, out.keep_best, epoch_end_saves))
         elif name == "LearningRateMonitor":
             if callback.logging_interval == "epoch":
                 raise ConfigError(f"{KEY}: LearningRateMonitor(logging_interval='epoch'): "
@@ -230,12 +231,22 @@ def _keep_best(callback, kept: KeepBest | None) -> KeepBest | None:
     return KeepBest(callback.monitor, callback.mode, callback.save_top_k)
 
 
-def _checkpoint_note(callback, kept: KeepBest | None) -> str:
+def _checkpoint_note(callback, kept: KeepBest | None,
+                     epoch_end_saves: tuple[int, str] | None) -> str:
+    """The banner's words for a ModelCheckpoint: what is kept, and how many checkpoints this
+    run has to rank where it saves at fewer epoch ends than the best it keeps."""
     unused = [name for name, value in (("dirpath", callback.dirpath),
                                        ("filename", callback.filename)) if value]
     what = ("its last checkpoints (checkpoint.keep_last)" if kept is None else
             f"the {'all' if kept.top_k < 0 else kept.top_k} best by {kept.monitor} "
             f"({kept.mode}) besides the last ones (checkpoint.keep_last)")
+    if kept is not None and epoch_end_saves is not None and \
+            (kept.top_k < 0 or epoch_end_saves[0] < kept.top_k):
+        saves, setting = epoch_end_saves
+        what += (f", of the {saves} checkpoint{'s' if saves != 1 else ''} this run saves at an "
+                 f"epoch's end ({setting})" if saves else
+                 f"; but none of this run's checkpoints falls at an epoch's end ({setting}): "
+                 "only the last ones are kept")
     return (f"ModelCheckpoint: hpctrain's checkpoints, which a resume reads, keep {what}"
             + (f"; its {' and '.join(unused)} are not used: they are in the run's "
                "checkpoints/ folder" if unused else ""))

@@ -279,10 +279,9 @@ def _checkpoint_due(parts: Parts, step: int, every: int) -> bool:
 def _every(parts: Parts) -> tuple[int, int]:
     """(steps between evaluations, steps between checkpoints)."""
     epoch = parts.steps_per_epoch
-    ckpt = parts.config.checkpoint
     train = parts.config.train
     return (train.eval_every_steps or max(1, round(train.eval_every_epochs * epoch)),
-            ckpt.every_steps or max(1, round((ckpt.every_epochs or 1e9) * epoch)))
+            parts.config.checkpoint.steps_between(epoch))
 
 
 def _start_epoch(parts: Parts, step: int, metrics: RunningMetrics):
