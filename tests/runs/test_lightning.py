@@ -1090,3 +1090,39 @@ def test_model_checkpoint_s_banner_says_how_many_checkpoints_it_can_rank(
                            checkpoint=checkpoint)
     assert said in capsys.readouterr().out
     assert len(summary["best_checkpoints"] or []) == ranked
+
+
+class Reads(L.Callback):
+    """callback_metrics at the hooks a "best so far" or pruning callback reads them."""
+
+    def __init__(self):
+        self.seen = []
+
+    def _read(self, hook, trainer):
+        self.seen.append((hook, {name: round(float(value), 4)
+                                 for name, value in sorted(trainer.callback_metrics.items())}))
+
+    def on_validation_epoch_end(self, trainer, module):
+        self._read("on_validation_epoch_end", trainer)
+
+    def on_validation_end(self, trainer, module):
+        self._read("on_validation_end", trainer)
+
+    def on_train_epoch_end(self, trainer, module):
+        self._read("on_train_epoch_end", trainer)
+
+
+def test_callback_metrics_at_each_hook_are_lightning_s(tmp_path):
+    """Issue 67: they held nothing at the first evaluation and then the previous one's
+    values (val_loss 1.1257 where Lightning had 1.0469), and train_loss_epoch was missing
+    at the first on_train_epoch_end."""
+    module = LogsBothWays()
+    theirs, ours, read_theirs, read_ours = copy.deepcopy(module), module, Reads(), Reads()
+    train, val = blobs()
+    L.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False,
+              enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+              num_sanity_val_steps=0, callbacks=[read_theirs]).fit(
+        theirs, DataLoader(train, batch_size=32, sampler=HpctrainOrder(len(train), 0)),
+        DataLoader(val, batch_size=32))
+    hpctrain.fit(ours, train, val, output_dir=str(tmp_path), callbacks=[read_ours], **QUICK)
+    assert read_ours.seen == read_theirs.seen

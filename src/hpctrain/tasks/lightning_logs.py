@@ -193,18 +193,19 @@ class Logs:
         self.slots.append(Slot(stage, name, reduction, on_step, on_epoch))
         return len(self.slots) - 1
 
-    def values(self, sums: dict, read: str) -> dict:
+    def values(self, sums: dict, read: str, reset: bool = True) -> dict:
         """The figures of `read` (READS) with a weight in `sums` (read back, over all ranks),
         under their records' names: means (or sums); a Metric's compute() over what it
         gathered since, then reset (on every rank alike, in slot order: its compute syncs
-        the ranks). callback_metrics (`latest`) sees them under their plain names too."""
+        the ranks) unless this is a look before the read (`reset` false). callback_metrics
+        (`latest`) sees them under their plain names too."""
         read_back = {}
         for index, slot in enumerate(self.slots):
             total, weight = sums[f"{index}:sum"], sums[f"{index}:weight"]
             if weight <= 0 or not slot.read_at(read):
                 continue
             if slot.reduction == METRIC and not (slot.forked and read == INTERVAL):
-                value = _computed(slot.name, self.metrics[index])
+                value = _computed(slot.name, self.metrics[index], reset)
             else:
                 value = total if slot.reduction == "sum" else total / weight
             read_back[slot.named(read)] = value
@@ -289,10 +290,12 @@ def _is_metric(value) -> bool:
                for c in type(value).__mro__)
 
 
-def _computed(name: str, metric) -> float:
-    """A logged Metric's value over what it gathered, the Metric reset for the next read."""
+def _computed(name: str, metric, reset: bool = True) -> float:
+    """A logged Metric's value over what it gathered, the Metric reset for the next read
+    (`reset`)."""
     value = metric.compute()
-    metric.reset()
+    if reset:
+        metric.reset()
     return float(_number(name, value))
 
 

@@ -193,12 +193,15 @@ class LightningStep(nn.Module):
         self.module.forward = torch.compile(self.module.forward, mode=mode)
         return self
 
-    def at(self, moment: str) -> torch.Tensor:
+    def at(self, moment: str, so_far: torch.Tensor | None = None) -> torch.Tensor:
         """The module's hooks at `moment`, then what the engine added there (a monitored LR
         schedule); what they logged, as a step's sums. At the training epoch's end the
         epoch's figures are read over all ranks first (`epoch_figures`), as Lightning reads
         them before it steps a monitored schedule. After the last read (train_end) nothing
-        is recorded: self.log there is refused, as Lightning refuses it."""
+        is recorded: self.log there is refused, as Lightning refuses it. At the ends of an
+        epoch and of an evaluation (`so_far`: its sums on this rank), each hook's
+        `trainer.callback_metrics` holds the figures so far, as Lightning's computes them
+        when asked (`_look`)."""
         window = moment != "train_end"
         if window:
             self.logs.begin(1)
@@ -207,6 +210,7 @@ class LightningStep(nn.Module):
         if moment in ("train_start", "train_epoch_start"):  # a resume's too
             self.position.epoch = self.position.steps // self.position.steps_per_epoch
         for hook in self.hooks[moment]:
+            self._look(moment, so_far)
             self._call(hook)
         logged = self.logs.take() if window else \
             torch.zeros(2 * CAPACITY, device=self.logs.device, dtype=torch.float64)
@@ -221,6 +225,19 @@ class LightningStep(nn.Module):
         if moment == "train_epoch_end":
             self.position.epoch += 1
         return logged
+
+    def _look(self, moment: str, so_far: torch.Tensor | None) -> None:
+        """The figures of the evaluation or the training epoch so far (what the moment's
+        hooks logged before included), over all ranks, into callback_metrics without
+        reading them (a Metric is computed, not reset): a collective on every rank alike."""
+        if moment == "validation_end" and so_far is not None:
+            sums, read = so_far.to(self.logs.pending.dtype), EVALUATION
+        elif moment == "train_epoch_end" and self.logs.reads_epochs():
+            sums, read = self.epoch_sums, EPOCH
+        else:
+            return
+        total = self.reduce(sums + self.logs.pending)
+        self.logs.values(dict(zip(SUM_NAMES, total.tolist())), read, reset=False)
 
     def _read_epoch(self) -> dict:
         """The epoch's on_epoch figures, summed over ranks (a collective, once an epoch, only

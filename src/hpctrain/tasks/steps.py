@@ -49,9 +49,10 @@ class Task:
     values: Callable[[dict], dict]
     own_metrics: tuple[str, ...] = ()  # the recipe's task.metrics, recorded in training too
     # the task's own code at the loop's moments (train_start, train_epoch_start/end,
-    # validation_start/end, train_end: a LightningModule's hooks, lightning.HOOKS): the sums
-    # it logged there, added to the interval's or the evaluation's; None: a task without any
-    moment: Callable[[str], torch.Tensor] | None = None
+    # validation_start/end, train_end: a LightningModule's hooks, lightning.HOOKS), given the
+    # evaluation's sums so far on this rank (None in training): the sums it logged there,
+    # added to the interval's or the evaluation's; None: a task without any
+    moment: Callable[[str, torch.Tensor | None], torch.Tensor] | None = None
     # whether the run evaluates: not a LightningModule without a validation_step (as
     # Lightning's Trainer runs no validation loop for it)
     evaluates: bool = True

@@ -236,7 +236,7 @@ def _moment(parts: Parts, metrics: RunningMetrics, moment: str) -> None:
     """The task's own code at one of the loop's moments (a LightningModule's hooks); what it
     logs joins the interval under way."""
     if parts.task.moment is not None:
-        metrics.add_sums(parts.task.moment(moment))
+        metrics.add_sums(parts.task.moment(moment, None))
 
 
 def _end_early(parts: Parts, progress: Progress, metrics: RunningMetrics, interval: Interval,

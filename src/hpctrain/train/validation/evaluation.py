@@ -46,7 +46,7 @@ def evaluate(parts, model: nn.Module, stopper=None) -> dict | None:
     streams = capture_rng()
     try:
         if task.moment is not None:
-            sums += task.moment("validation_start").to(sums.dtype)
+            sums += task.moment("validation_start", None).to(sums.dtype)
         for host_batch in parts.data.val_loader:
             parts.beats.beat(EVALUATION)
             if stopper is not None and stopper.check() is not None:
@@ -66,7 +66,7 @@ def evaluate(parts, model: nn.Module, stopper=None) -> dict | None:
                 if predictions is not None:
                     predictions.add(outputs, kept)
         if task.moment is not None:
-            sums += task.moment("validation_end").to(sums.dtype)
+            sums += task.moment("validation_end", sums).to(sums.dtype)
     finally:
         model.train()
         restore_rng(streams)
