@@ -1126,3 +1126,46 @@ def test_callback_metrics_at_each_hook_are_lightning_s(tmp_path):
         DataLoader(val, batch_size=32))
     hpctrain.fit(ours, train, val, output_dir=str(tmp_path), callbacks=[read_ours], **QUICK)
     assert read_ours.seen == read_theirs.seen
+
+
+class KeepsBest(L.Callback):
+    """A "best so far" callback with its state in the checkpoint, as Lightning's docs write
+    one: its best val_loss from callback_metrics at each evaluation's end."""
+
+    def __init__(self):
+        self.best, self.loaded = float("inf"), None
+
+    def on_validation_end(self, trainer, module):
+        self.best = min(self.best, float(trainer.callback_metrics["val_loss"]))
+
+    def state_dict(self):
+        return {"best": self.best}
+
+    def load_state_dict(self, state):
+        self.loaded, self.best = state["best"], state["best"]
+
+
+def test_a_callback_s_state_survives_sigterm_and_resume_as_under_lightning(tmp_path):
+    """Issue 67: its best value restarted after SIGTERM and resume=auto (it had saved the
+    stale figure of callback_metrics); stopped in epoch 2 and resumed, it ends with the best
+    Lightning's uninterrupted Trainer ends with."""
+    import signal
+
+    module, theirs = LitClassifier(), KeepsBest()
+    train, val = blobs()
+    L.Trainer(max_epochs=3, accelerator="cpu", devices=1, logger=False,
+              enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+              num_sanity_val_steps=0, callbacks=[theirs]).fit(
+        copy.deepcopy(module), DataLoader(train, batch_size=32,
+                                          sampler=HpctrainOrder(len(train), 0)),
+        DataLoader(val, batch_size=32))
+    settings = dict(output_dir=str(tmp_path), run_name="cut",
+                    **{**QUICK, "train": {**QUICK["train"], "epochs": 3}})
+    first = KeepsBest()
+    with pytest.raises(SystemExit):
+        hpctrain.fit(copy.deepcopy(module), StopAt(train, 20 * 32 + 5, signal.SIGTERM), val,
+                     callbacks=[first], **settings)
+    ours = KeepsBest()
+    hpctrain.fit(module, train, val, callbacks=[ours], resume="auto", **settings)
+    assert ours.loaded == first.best < float("inf")  # the first epoch's, kept through the stop
+    assert ours.best == pytest.approx(theirs.best, rel=1e-6)
