@@ -84,3 +84,16 @@ def alternate(rounds: int, *runs) -> list[list[float]]:
 
 def median_ms(samples: list[float]) -> float:
     return statistics.median(samples) * 1e3
+
+
+def print_ratios(sides: list[tuple[str, list[float]]], unit: str, per_step: float,
+                 decimals: int = 1) -> None:
+    """The comparison table: each side's median ms per step, `unit`s per second (`per_step`
+    of them a step) and its time as a ratio to the first side's."""
+    width = max(24, max(len(label) for label, _ in sides) + 2)
+    reference = median_ms(sides[0][1])
+    print(f"{'loop':<{width}}{'median ms/step':>16}{unit + '/s':>11}{'time ratio':>12}")
+    for label, samples in sides:
+        med = median_ms(samples)
+        print(f"{label:<{width}}{med:>16.{decimals}f}{per_step / med * 1e3:>11.0f}"
+              f"{med / reference:>12.3f}")

@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))  # hf_text: the tests' texts
 
-from harness import alternate, median_ms  # noqa: E402
+from harness import alternate, print_ratios  # noqa: E402
 from hf_text import Encoded, reviews, tokenizer  # noqa: E402
 
 import hpctrain  # noqa: E402
@@ -121,11 +121,8 @@ def main() -> None:
           f"{args.batch_size}, {'bf16' if args.bf16 else 'fp32'}, device {device}, "
           f"transformers {__version__}, {args.rounds} rounds x {args.steps} steps"
           + "".join(f", {setting}" for setting in args.set))
-    print(f"{'loop':<28}{'median ms/step':>16}{'samples/s':>11}{'time ratio':>12}")
-    for label, samples in (("Hugging Face Trainer", theirs), ("hpctrain.fit", ours)):
-        med = median_ms(samples)
-        print(f"{label:<28}{med:>16.1f}{args.batch_size / med * 1e3:>11.0f}"
-              f"{med / median_ms(theirs):>12.3f}")
+    print_ratios([("Hugging Face Trainer", theirs), ("hpctrain.fit", ours)], "samples",
+                 args.batch_size)
 
 
 if __name__ == "__main__":

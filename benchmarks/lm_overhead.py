@@ -22,7 +22,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from harness import alternate, median_ms, recipe_parts, time_hpctrain, with_batches
+from harness import alternate, print_ratios, recipe_parts, time_hpctrain, with_batches
 
 VOCAB = 257  # the byte-level vocabulary of the built-in corpus
 
@@ -99,11 +99,8 @@ def main() -> None:
     print(f"lm_overhead: {args.model}, {args.seq_len} tokens x batch {args.batch_size}, "
           f"{precision}, compile {parts.plan.compile}, device {parts.plan.device_name}, "
           f"{args.rounds} rounds x {args.steps} steps")
-    print(f"{'loop':<24}{'median ms/step':>16}{'tokens/s':>10}{'time ratio':>12}")
-    for label, samples in (("hand-written nanoGPT", hand), ("hpctrain", ours)):
-        med = median_ms(samples)
-        print(f"{label:<24}{med:>16.2f}{tokens / med * 1e3:>10.0f}"
-              f"{med / median_ms(hand):>12.3f}")
+    print_ratios([("hand-written nanoGPT", hand), ("hpctrain", ours)], "tokens", tokens,
+                 decimals=2)
 
 
 if __name__ == "__main__":
