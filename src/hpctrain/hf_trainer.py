@@ -57,12 +57,10 @@ NO_EFFECT = frozenset({
     "dataloader_pin_memory", "dataloader_persistent_workers", "dataloader_prefetch_factor",
     "local_rank", "ddp_timeout", "ddp_backend", "project", "trackio_space_id",
     "trackio_bucket_id", "trackio_static_space_id", "include_num_input_tokens_seen",
-    "eval_do_concat_batches", "prediction_loss_only", "use_cache", "length_column_name",
-    "hub_token", "hub_private_repo", "hub_model_id", "hub_strategy", "hub_always_push",
-    "hub_revision", "push_to_hub_model_id", "push_to_hub_organization", "push_to_hub_token",
-    "half_precision_backend", "logging_strategy", "eval_steps", "save_steps", "warmup_ratio",
-    "lr_scheduler_kwargs", "save_safetensors", "past_index", "use_mps_device", "no_cuda",
-    "accelerator_config", "dataloader_in_order", "average_tokens_across_devices",
+    "use_cache", "length_column_name", "hub_token", "hub_private_repo", "hub_model_id",
+    "hub_strategy", "hub_always_push", "hub_revision", "push_to_hub_model_id",
+    "push_to_hub_organization", "push_to_hub_token", "half_precision_backend",
+    "save_safetensors",
 })
 
 
@@ -120,9 +118,8 @@ def _schedule(args, steps_per_epoch: int) -> dict:
     if extra:
         raise ConfigError(f"TrainingArguments(lr_scheduler_kwargs={args.lr_scheduler_kwargs!r})"
                           f": hpctrain has no meaning for {', '.join(extra)} of {kind}")
-    total = args.max_steps if args.max_steps > 0 else \
-        math.ceil(args.num_train_epochs * steps_per_epoch)
-    warmup = 0 if kind == "constant" else args.get_warmup_steps(total)
+    warmup = 0 if kind == "constant" else \
+        args.get_warmup_steps(_total_steps(args, steps_per_epoch))
     return {"schedule.name": SCHEDULES[kind], "schedule.warmup_steps": warmup,
             "schedule.warmup_from_zero": True, "schedule.min_lr_ratio": floor}
 
@@ -147,7 +144,7 @@ def _precision(args, steps_per_epoch: int) -> dict:
                 "model.activation_checkpointing": bool(args.gradient_checkpointing)}
     if args.torch_compile_mode:
         settings["compile_mode"] = args.torch_compile_mode
-    if args.use_cpu:
+    if args.use_cpu or getattr(args, "no_cuda", False):  # (no_cuda: transformers 4's)
         settings["device"] = "cpu"
     return settings
 
@@ -181,9 +178,13 @@ def _steps(value: float, args, steps_per_epoch: int) -> int:
     """An interval of TrainingArguments in steps: below 1, a share of the run's steps."""
     if value >= 1:
         return int(value)
-    total = args.max_steps if args.max_steps > 0 else \
+    return max(1, math.ceil(_total_steps(args, steps_per_epoch) * value))
+
+
+def _total_steps(args, steps_per_epoch: int) -> int:
+    """The run's optimiser steps as the Trainer counts them: max_steps, else the epochs'."""
+    return args.max_steps if args.max_steps > 0 else \
         math.ceil(args.num_train_epochs * steps_per_epoch)
-    return max(1, math.ceil(total * value))
 
 
 def _run(args, steps_per_epoch: int) -> dict:
@@ -214,8 +215,9 @@ TRANSLATED = frozenset({
     "lr_scheduler_type", "warmup_steps", "num_train_epochs", "max_steps", "seed",
     "gradient_accumulation_steps", "per_device_train_batch_size", "per_device_eval_batch_size",
     "full_determinism", "bf16", "fp16", "tf32", "torch_compile", "torch_compile_mode",
-    "gradient_checkpointing", "use_cpu", "logging_steps", "eval_strategy",
-    "evaluation_strategy", "save_strategy", "save_total_limit", "dataloader_drop_last",
+    "gradient_checkpointing", "use_cpu", "no_cuda", "logging_strategy", "logging_steps",
+    "eval_strategy", "evaluation_strategy", "eval_steps", "save_strategy", "save_steps",
+    "save_total_limit", "warmup_ratio", "lr_scheduler_kwargs", "dataloader_drop_last",
     "dataloader_num_workers", "train_sampling_strategy", "group_by_length",
     "remove_unused_columns", "label_names",
 })
