@@ -159,8 +159,7 @@ def find_batch_size(config: Config, target: Target, start: int, steps: int = 3,
     finally:  # a process group left to the interpreter's exit can abort in gloo's threads
         if runner.capped:  # the whole device back to a process that goes on (a notebook)
             torch.cuda.set_per_process_memory_fraction(1.0, runner.device)
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+        processes.leave()
 
 
 def _search(runner: _Runner, batch: int) -> Search:

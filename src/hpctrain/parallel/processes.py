@@ -282,8 +282,9 @@ def _adopt(env: ProcessEnv, backend: str) -> None:
 def leave() -> None:
     """End the process groups hpctrain started (the default one where it started it; one
     your script started is left to it)."""
-    while _OWN:
-        group = _OWN.pop()
+    groups = _OWN[::-1]  # the default group, where it is hpctrain's, last
+    _OWN.clear()
+    for group in groups:
         if dist.is_initialized():
             dist.destroy_process_group(group)
 
