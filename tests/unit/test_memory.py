@@ -442,3 +442,16 @@ def test_memory_predicts_the_fused_attention_the_gpu_runs_not_math_attention():
     # a V100 in fp16: memory-efficient attention, whose statistics are padded to 32 rows
     per_layer, notes = _gpt_layer_bytes("v100-32gb", "precision=fp16")
     assert per_layer == pytest.approx(36, abs=0.5) and any("efficient (sm70" in n for n in notes)
+
+
+def test_a_device_smaller_than_cuda_s_context_is_said_so_not_split_over_0_devices():
+    """Noticed in issue 67: --gpu-memory 100MiB advised "split the layers over at least 0
+    devices" (the step's room, capacity less the CUDA context, was below zero)."""
+    from hpctrain.memory.advice import advise
+
+    config = load_config("default", ["device=cuda", "precision=bf16"])
+    base = estimate(config, resolve_target(config, "100MiB"))
+    advice = advise(base, config)
+    assert advice.decision == "model-parallel" and not advice.options
+    assert "nothing fits on 100 MiB devices: the CUDA context alone takes 512 MiB" in \
+        advice.summary

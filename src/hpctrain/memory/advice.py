@@ -277,6 +277,10 @@ def _settings_of(small: Estimate, config: Config) -> list[str]:
 def _model_parallel(base: Estimate, config: Config) -> Advice:
     """Even FSDP over 1024 devices does not fit: the layout that splits the layers, or how
     many devices a split would need."""
+    if base.target.usable() <= 0:  # no layout helps: the device holds less than CUDA's own
+        return Advice("model-parallel", f"nothing fits on {fmt_bytes(base.target.capacity)} "
+                      f"devices: the CUDA context alone takes {fmt_bytes(base.target.context)}"
+                      " of each; check --gpu-memory")
     split = split_layouts(base, config)
     if split and split[0].fits:
         return _split_advice(base, split)
