@@ -447,8 +447,6 @@ def test_memory_predicts_the_fused_attention_the_gpu_runs_not_math_attention():
 def test_a_device_smaller_than_cuda_s_context_is_said_so_not_split_over_0_devices():
     """Noticed in issue 67: --gpu-memory 100MiB advised "split the layers over at least 0
     devices" (the step's room, capacity less the CUDA context, was below zero)."""
-    from hpctrain.memory.advice import advise
-
     config = load_config("default", ["device=cuda", "precision=bf16"])
     base = estimate(config, resolve_target(config, "100MiB"))
     advice = advise(base, config)
