@@ -227,7 +227,7 @@ def loaders(args, model, train_dataset, eval_dataset, collate: Callable | None):
     """(train loader, validation loader or None, whether batches go by length) as the
     Trainer makes them: its batch sizes, order, drop_last, workers and collator, the samples'
     keys its model does not take left out (remove_unused_columns)."""
-    from torch.utils.data import DataLoader
+    from torch.utils.data import DataLoader, IterableDataset
 
     labels = list(args.label_names or ["labels"])
     if labels != ["labels"]:
@@ -242,8 +242,9 @@ def loaders(args, model, train_dataset, eval_dataset, collate: Callable | None):
                           "draws random, sequential or group_by_length batches")
     common = {"collate_fn": collate, "num_workers": args.dataloader_num_workers,
               "drop_last": args.dataloader_drop_last}
+    stream = isinstance(train_dataset, IterableDataset)  # its own order, as the Trainer's
     train = DataLoader(train_dataset, batch_size=args.per_device_train_batch_size,
-                       shuffle=strategy != "sequential", **common)
+                       shuffle=strategy != "sequential" and not stream, **common)
     val = None if eval_dataset is None else DataLoader(
         eval_dataset, batch_size=args.per_device_eval_batch_size, shuffle=False, **common)
     return train, val, by_length

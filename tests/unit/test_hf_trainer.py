@@ -117,3 +117,19 @@ def test_fit_without_a_recipe_trains_a_hugging_face_model_with_the_trainer_s_def
     plain = _with_fit_defaults(load_config(None, task="regression", **mine), nn.Linear(2, 1))
     assert "task regression's: optim.name=adamw optim.lr=0.001" in capsys.readouterr().out
     assert (plain.optim.name, plain.optim.lr) == ("adamw", 1e-3)
+
+
+def test_a_stream_keeps_its_own_order_as_the_trainer_keeps_it():
+    """A DataLoader refuses to shuffle an IterableDataset: the Trainer's random order
+    leaves a stream as it comes."""
+    from torch.utils.data import IterableDataset
+
+    from hpctrain.hf_trainer import loaders
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            yield from ({"x": torch.zeros(2), "labels": 0} for _ in range(4))
+
+    train, val, by_length = loaders(_arguments(), nn.Linear(2, 2), Stream(), None, None)
+    assert type(train.sampler).__name__ == "_InfiniteConstantSampler" and val is None
+    assert not by_length
