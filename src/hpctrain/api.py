@@ -233,17 +233,19 @@ def _configured(config: Config | str | Path | None, settings: dict, model: nn.Mo
     config = configuration.with_settings(config, settings) if isinstance(config, Config) \
         else load_config(config, **settings)
     config = _task_from_samples(config, train_data, model, collate_fn)
-    return _with_fit_defaults(config, model) if own_defaults else config
+    return _with_fit_defaults(config, model, is_loader(train_data)) if own_defaults else config
 
 
-def _with_fit_defaults(config: Config, model: nn.Module) -> Config:
+def _with_fit_defaults(config: Config, model: nn.Module, loader: bool = False) -> Config:
     """`config` with the task's fit defaults (a Hugging Face model: the Trainer's) where you
-    did not set them, said once; hpctrain's own defaults are the images'."""
+    did not set them, said once; hpctrain's own defaults are the images'. Your DataLoader's
+    batch size (`loader`) stays yours."""
     from hpctrain.cluster.environment import detect
 
     hf = hf_trainer.is_hf_model(model)
     defaults = hf_trainer.TRAINER_DEFAULTS if hf else config.task_spec.fit_defaults
-    chosen = {key: value for key, value in defaults.items() if not config.told(key)}
+    chosen = {key: value for key, value in defaults.items() if not config.told(key)
+              and not (loader and key == "train.batch_size")}
     if not chosen:
         return config
     if detect().rank == 0:

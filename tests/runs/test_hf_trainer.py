@@ -146,3 +146,4 @@ def test_a_padding_dataloader_without_validation_data_holds_out_a_part_it_batche
                            train={"epochs": 1}, data={"num_workers": 0}, report=False)
     assert summary["status"] == "completed"
     assert records(summary["run_dir"], "eval")[-1]["val_loss"] > 0  # 30 reviews held out
+    assert summary["batch_size_per_device"] == 16  # the loader's, not the Trainer's default 8
