@@ -18,11 +18,11 @@ Trainer names them by module and name (the same set in the library's models).
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
 from collections.abc import Callable, Mapping
 
 from hpctrain.errors import ConfigError
+from hpctrain.tasks.tensors import LABELS, forward_keywords
 
 # schedules as Trainer names them (lr_scheduler_type) -> hpctrain's schedule.name; HF's
 # "constant" has no warmup, whatever warmup_steps says
@@ -229,8 +229,8 @@ def loaders(args, model, train_dataset, eval_dataset, collate: Callable | None):
     keys its model does not take left out (remove_unused_columns)."""
     from torch.utils.data import DataLoader, IterableDataset
 
-    labels = list(args.label_names or ["labels"])
-    if labels != ["labels"]:
+    labels = list(args.label_names or [LABELS])
+    if labels != [LABELS]:
         raise ConfigError(f"TrainingArguments(label_names={args.label_names!r}): hpctrain "
                           "reads the target under `labels` (or label, targets, target)")
     if collate is not None and args.remove_unused_columns:
@@ -253,8 +253,7 @@ def loaders(args, model, train_dataset, eval_dataset, collate: Callable | None):
 def taken_keys(model) -> frozenset[str]:
     """The keywords the model's forward takes, and the names the Trainer's collators read
     the target under."""
-    return frozenset(inspect.signature(model.forward).parameters) | \
-        {"labels", "label", "label_ids"}
+    return forward_keywords(model) | {LABELS, "label", "label_ids"}
 
 
 class ColumnsTaken:

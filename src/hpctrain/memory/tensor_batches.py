@@ -33,14 +33,19 @@ class TensorSample:
     note: str | None = None  # which sample that is, for the estimate's notes
 
 
+def _data_key(config: Config) -> str:
+    """What the data read for a configuration depends on: its data settings, task and seed."""
+    return json.dumps([config.data.model_dump(mode="json"), config.task.name, config.seed],
+                      sort_keys=True)
+
+
 def training_samples(config: Config) -> int | None:
     """How many samples the training set holds, read once per data settings; None for a
     stream or data that cannot be read here (the estimate goes on without the bound)."""
     from hpctrain.data.loader import build_datasets
     from hpctrain.errors import UserError
 
-    key = json.dumps([config.data.model_dump(mode="json"), config.task.name, config.seed],
-                     sort_keys=True)
+    key = _data_key(config)
     if key not in _SIZES:
         try:
             _SIZES[key] = len(build_datasets(config.data, config.seed)[0])
@@ -57,8 +62,7 @@ def first_sample(config: Config) -> TensorSample:
     from hpctrain.data.loader import build_datasets
     from hpctrain.data.user_datasets import loader_settings
 
-    key = json.dumps([config.data.model_dump(mode="json"), config.task.name, config.seed],
-                     sort_keys=True)
+    key = _data_key(config)
     if key not in _READ:
         train, _, num_classes = build_datasets(config.data, config.seed)
         given = loader_settings(config.data, config.seed)[0] if \

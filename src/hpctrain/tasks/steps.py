@@ -81,8 +81,8 @@ def padding_counted(task: Task) -> Task:
     def sums(outputs, batch: Batch, loss, training: bool) -> torch.Tensor:
         own = task.sums(outputs, batch, loss, training)
         mask = batch.inputs.get(MASK) if isinstance(batch.inputs, Mapping) else None
-        counts = torch.zeros(2, dtype=own.dtype, device=own.device) if mask is None else \
-            torch.stack([mask.sum(), own.new_tensor(mask.numel())]).to(own.dtype)
+        counts = own.new_zeros(2) if mask is None else \
+            torch.stack([mask.sum().to(own.dtype), own.new_full((), mask.numel())])
         return torch.cat([own, counts])
 
     def values(s: dict) -> dict:

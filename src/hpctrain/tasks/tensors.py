@@ -104,14 +104,19 @@ def row(inputs, target, index: int) -> tuple[object, object]:
 LABELS = "labels"  # the keyword Hugging Face's models take their target under
 
 
+def forward_keywords(model) -> frozenset[str]:
+    """The keywords `model`'s forward takes (none where it has no forward, or a builtin's
+    without a signature)."""
+    try:
+        return frozenset(inspect.signature(model.forward).parameters)
+    except (AttributeError, TypeError, ValueError):
+        return frozenset()
+
+
 def labels_keyword(model) -> str | None:
     """The keyword `model`'s forward takes its target under, so that it computes its own loss
     (Hugging Face's models: `labels`), or None for a model that takes none."""
-    try:
-        parameters = inspect.signature(model.forward).parameters
-    except (AttributeError, TypeError, ValueError):  # no forward, or a builtin's
-        return None
-    return LABELS if LABELS in parameters else None
+    return LABELS if LABELS in forward_keywords(model) else None
 
 
 def with_labels(inputs, target, keyword: str | None):
