@@ -1,8 +1,8 @@
 """hpctrain.fit against Hugging Face's Trainer on the same model, data and TrainingArguments.
 
 A BERT classifier built from its config (no download), reviews tokenised by a WordPiece
-tokenizer trained here, DataCollatorWithPadding, and one TrainingArguments given to both:
-`Trainer(...).train()` and `hpctrain.fit(model, args=..., ...)`, each from the same initial
+tokenizer over the reviews' words, DataCollatorWithPadding, and one TrainingArguments given to
+both: `Trainer(...).train()` and `hpctrain.fit(model, args=..., ...)`, each from the same initial
 weights. The step time is the median of each logging interval's mean after the first
 (warm-up): the Trainer's from a callback's clock at every step end, hpctrain's from
 metrics.jsonl's seconds_per_step. The sides alternate round by round, forwards then

@@ -1,6 +1,6 @@
 """Text classification as a Hugging Face user brings it, with no network: a WordPiece
-tokenizer trained here, a BERT-like classifier built from its config, the samples as the
-tokenizer encodes them (a dict of lists and `labels`), DataCollatorWithPadding."""
+tokenizer over the reviews' words, a BERT-like classifier built from its config, the samples
+as the tokenizer encodes them (a dict of lists and `labels`), DataCollatorWithPadding."""
 
 from __future__ import annotations
 
@@ -26,18 +26,21 @@ def reviews(count: int, seed: int) -> list[tuple[str, int]]:
 
 
 def tokenizer(corpus: list[str]):
-    """A WordPiece tokenizer trained on `corpus`, as transformers' fast tokenizer."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+    """A WordPiece tokenizer over the words of `corpus`, as transformers' fast tokenizer. Its
+    vocabulary is written out, not trained: tokenizers' trainer breaks ties between equally
+    frequent pieces in a per-process hash order, so two processes would number them apart."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
     from tokenizers.processors import TemplateProcessing
     from transformers import PreTrainedTokenizerFast
 
-    made = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"]
+    words = sorted({word for text in corpus for word in text.lower().split()})
+    vocab = {piece: number for number, piece in enumerate(specials + words)}
+    made = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
     made.normalizer = normalizers.BertNormalizer()
     made.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    made.train_from_iterator(corpus, trainers.WordPieceTrainer(
-        vocab_size=200, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]"]))
     made.post_processor = TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[
-        (token, made.token_to_id(token)) for token in ("[CLS]", "[SEP]")])
+        (token, vocab[token]) for token in ("[CLS]", "[SEP]")])
     return PreTrainedTokenizerFast(tokenizer_object=made, pad_token="[PAD]", unk_token="[UNK]",
                                    cls_token="[CLS]", sep_token="[SEP]")
 
