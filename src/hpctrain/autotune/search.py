@@ -34,6 +34,7 @@ from hpctrain.autotune.knobs import (Choice, Knob, Space, settings_of, space_of,
 from hpctrain.autotune.trials import Plan, Trial, run_steps, run_trial
 from hpctrain.config import Config, load_config
 from hpctrain.errors import ConfigError, RunFailed, UserError
+from hpctrain.runs.directory import COMPILE_CACHE
 
 MIN_BUDGET = 120.0  # seconds: the baseline, a handful of candidates and the confirmations
 MAX_BUDGET = 900.0
@@ -106,6 +107,8 @@ class Search:
                                          options.fixed)
         self.overrides = [*overrides, *settings]
         self.config = load_config(recipe, self.overrides)
+        if self.config.compile_cache == "run":  # one folder for every trial and the pick's run
+            self.overrides.append(f"compile_cache={folder.resolve() / COMPILE_CACHE}")
         self.space = space_of(self.config, fixed, processes)
         self.plan = Plan(recipe, self.overrides, folder, warmup=options.warmup,
                          log_every=max(d for d in range(1, 6) if options.warmup % d == 0),

@@ -83,6 +83,8 @@ def cmd_goodput(args) -> int:
         table.add_row(DESCRIBED[phase], f"{seconds:,.1f}",
                       f"{seconds / made.allocated:.1%}" if made.allocated else "-")
     Console(width=100).print(table)
+    if made.startups:
+        _print_startups(made.startups)
     print(f"goodput {made.goodput:.1%}" if made.goodput is not None else "goodput -",
           f"(training steps over allocated); {made.redone_steps} steps redone after stops;",
           f"{made.between_jobs:,.1f} s between jobs (queue, requeue: no device held)")
@@ -96,6 +98,23 @@ def cmd_goodput(args) -> int:
         print(f"  {made.unaccounted_jobs} job(s) left no seconds (written by an older "
               "hpctrain): not in the figures")
     return 0
+
+
+def _print_startups(startups: list[dict]) -> None:
+    """Each job's way to its first step, by part: what a requeue costs, and what a kept
+    compile cache saves it."""
+    from hpctrain.runs.goodput import STARTUP_PARTS
+
+    table = Table(title="each job's way to its first step (seconds)")
+    columns = {"job_id": "job", **STARTUP_PARTS, "rest": "records",
+               "compilation": "compilation", "first_step": "first step ended at"}
+    for name, title in columns.items():
+        table.add_column(title, justify="left" if name == "job_id" else "right")
+    for number, startup in enumerate(startups, 1):
+        table.add_row(*(str(startup["job_id"] or f"#{number}") if name == "job_id" else
+                        "-" if startup[name] is None else f"{startup[name]:,.1f}"
+                        for name in columns))
+    Console(width=100).print(table)
 
 
 def _goodput_folder(reference: str, db: str | None) -> Path:

@@ -33,6 +33,11 @@ class Config(Section):
     compile: bool | Auto = "auto"
     compile_mode: Literal["default", "reduce-overhead", "max-autotune",
                           "max-autotune-no-cudagraphs"] = "default"
+    compile_cache: str = Field(
+        "run", min_length=1, description="where torch keeps what compile made, so that a "
+        "requeued or resumed job loads it instead of compiling again: 'run' (in the run "
+        "directory), a folder your runs share (a subfolder per torch, Triton and device), or "
+        "'none' (torch's own, the node's temporary folder)")
     cudnn_benchmark: bool | Auto = "auto"
     deterministic: bool = False
     report: bool = Field(True, description="write report.html (and its PNGs) into the run "

@@ -41,6 +41,9 @@ LOCK = "run.lock"
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 CHECKPOINTS = "checkpoints"
+# torch's compiled kernels (compile_cache: run), a folder per torch, Triton and device:
+# written by torch's compiler, whose files hpctrain neither writes nor reads
+COMPILE_CACHE = "compile-cache"
 TENSORBOARD = "tb"
 PROFILE = "profile"
 PROFILE_SUMMARY = "profile.json"  # in profile/: hpctrain profile's verdict and figures
@@ -158,6 +161,10 @@ class RunDir:
     @property
     def checkpoints(self) -> Path:
         return self.path / CHECKPOINTS
+
+    @property
+    def compile_cache(self) -> Path:
+        return self.path / COMPILE_CACHE
 
     @property
     def tensorboard(self) -> Path:

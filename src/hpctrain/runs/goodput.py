@@ -36,16 +36,20 @@ import time
 from dataclasses import dataclass, field
 
 PHASES = ("productive", "data_wait", "evaluation", "checkpoint", "save_dip", "startup",
-          "hung", "lost_work", "other", "unrecorded")
+          "compilation", "hung", "lost_work", "other", "unrecorded")
 DESCRIBED = {"productive": "training steps", "data_wait": "steps waiting for data",
              "evaluation": "evaluation", "checkpoint": "checkpoint saves (blocking)",
              "save_dip": "steps slowed by a save writing behind them (async_save)",
              "startup": "start-up (imports, build, resume's load)",
+             "compilation": "compilation (torch.compile, in steps and evaluations)",
              "hung": "hung: no progress until the hang watch ended the job",
              "lost_work": "work lost to stops (steps redone)",
              "other": "shutdown, and the rest",
              "unrecorded": "in the job, outside the run's records (script, launch, GPUs "
                            "unused)"}
+# a start-up's parts (run.json's split, bookkeeping.Clock's marks): from the process's start to
+# the build, the build, a resume's load; the rest of the start-up is the run's records
+STARTUP_PARTS = {"imports": "imports", "build": "build", "resume_load": "resume's load"}
 SCHEDULER, RECORDS = "the scheduler's accounting", "the run's own records"
 ROUNDING = 2.0  # seconds: accounting's whole seconds, against a start's time in fractions
 
@@ -63,6 +67,7 @@ class Account:
     source: str = RECORDS  # where the jobs' allocated seconds come from
     recorded: float = 0.0  # device-seconds of the run's own records, for the comparison
     scheduler: float | None = None  # device-seconds the scheduler reports for the jobs
+    startups: list = field(default_factory=list)  # each recorded job's start, by part
 
     @property
     def between_jobs(self) -> float:
@@ -82,7 +87,7 @@ class Account:
                 "redone_steps": self.redone_steps, "jobs_without_seconds":
                 self.unaccounted_jobs, "source": self.source,
                 "recorded_device_seconds": self.recorded,
-                "scheduler_device_seconds": self.scheduler}
+                "scheduler_device_seconds": self.scheduler, "startups": list(self.startups)}
 
 
 @dataclass
@@ -171,11 +176,26 @@ def _count(out: Account, job: _Job, now: float) -> None:
         total = max(scheduled * given, own)
         out.phases["unrecorded"] += total - own
     out.allocated += total
+    if job.start is not None and (startup := _startup(start)) is not None:
+        out.startups.append(startup)
     if seconds is not None:
         for phase, spent in _job_phases(seconds, start.get("split") or {},
                                         start.get("redone_seconds") or 0.0,
                                         bool(start.get("hung"))).items():
             out.phases[phase] += spent * used
+
+
+def _startup(start: dict) -> dict | None:
+    """A job's way to its first step, in seconds: the start-up's parts (STARTUP_PARTS, the
+    rest of it as `rest`), its compiling, and when its first step ended; None where its
+    record has no parts (an older hpctrain's, or a job that ended before training)."""
+    split = start.get("split") or {}
+    if split.get("startup") is None or "imports" not in split:
+        return None
+    parts = {name: split.get(name) for name in STARTUP_PARTS}
+    rest = split["startup"] - sum(value or 0.0 for value in parts.values())
+    return {"job_id": start.get("job_id"), **parts, "rest": max(0.0, rest),
+            "compilation": split.get("compilation"), "first_step": split.get("first_step")}
 
 
 def _job_phases(seconds: float, split: dict, redone_seconds: float, hung: bool) -> dict:
@@ -189,10 +209,15 @@ def _job_phases(seconds: float, split: dict, redone_seconds: float, hung: bool) 
     waited = min(split.get("data_wait") or 0.0, training)
     dip = min(split.get("save_dip") or 0.0, training - waited)
     productive = training - waited - dip
-    phases = {"productive": productive, "data_wait": waited,
-              "evaluation": split.get("evaluation") or 0.0,
+    evaluation = split.get("evaluation") or 0.0
+    compiled = split.get("compilation") or 0.0  # within the training's and evaluations'
+    in_evaluation = min(split.get("compilation_in_evaluation") or 0.0, compiled, evaluation)
+    in_training = min(compiled - in_evaluation, productive)
+    phases = {"productive": productive - in_training, "data_wait": waited,
+              "evaluation": evaluation - in_evaluation,
               "checkpoint": split.get("checkpoint") or 0.0, "save_dip": dip,
-              "startup": split.get("startup") or 0.0, "hung": split.get("hung") or 0.0}
+              "startup": split.get("startup") or 0.0,
+              "compilation": in_training + in_evaluation, "hung": split.get("hung") or 0.0}
     if hung and training:  # the redone steps were in its training: each part its share
         lost = min(redone_seconds, training)
         for part in ("productive", "data_wait", "save_dip"):

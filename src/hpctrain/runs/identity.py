@@ -30,7 +30,7 @@ from hpctrain.runs.directory import CAPS, IDENTITY, RunDir, mark_changed, stamp
 from hpctrain.writers import write_whole
 
 # what says where a run lives, not what it trains: not part of the configuration's hash
-LOCATION_KEYS = ("output_dir", "run_name", "resume")
+LOCATION_KEYS = ("output_dir", "run_name", "resume", "compile_cache")
 HEARTBEAT_SECONDS = 60.0
 DAMAGED = IDENTITY + ".damaged-{time}"  # a damaged run.json, kept aside when a start replaces it
 # what run.json must hold to be read (record_start writes it), and each of its starts

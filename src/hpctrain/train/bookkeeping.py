@@ -15,9 +15,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hpctrain.runs.goodput import STARTUP_PARTS
 from hpctrain.tasks.steps import Task
+from hpctrain.train.compilation import tally
 
 DIP_REFERENCE = 16  # clean intervals whose median step time a save's dip is measured against
+# the start-up's parts (run.json's split), each ending at a mark the loop makes
+STARTUP_MARKS = dict(zip(STARTUP_PARTS, ("entered", "built", "resumed")))
 
 
 @dataclass
@@ -45,6 +49,11 @@ class Clock:
     save_dip_seconds: float = 0.0  # training slowed by asynchronous saves writing meanwhile
     clean_step_seconds: deque = field(default_factory=lambda: deque(maxlen=DIP_REFERENCE))
     hung_seconds: float = 0.0  # without progress before the hang watch ended the job
+    # the start-up's parts, perf_counter marks: entered train(), built, resumed
+    marks: dict = field(default_factory=dict)
+    compiled_before: dict = field(default_factory=tally)  # what earlier runs here compiled
+    eval_compile_seconds: float = 0.0  # compiling inside this job's evaluations
+    first_step_seconds: float | None = None  # from the job's start to its first step's end
 
     def add_padding(self, fraction: float, samples: int) -> None:
         """An interval's share of padded positions (a task that pads: token sequences, your
@@ -62,14 +71,38 @@ class Clock:
         """When this job began, in Unix seconds."""
         return time.time() - (time.perf_counter() - self.started)
 
+    def mark(self, moment: str) -> None:
+        """The start-up reached `moment` (STARTUP_MARKS)."""
+        self.marks[moment] = time.perf_counter()
+
     def split(self, step: int) -> dict:
         """This job's seconds by phase so far (run.json's `split`, `hpctrain goodput`):
         training (to the last logging interval read, its data wait and its save dip
-        within) and the steps it trained."""
+        within) and the steps it trained; the start-up's parts; compiling (within training
+        and evaluation: torch's count), and when the first step ended."""
         return {"startup": self.startup_seconds, "training": self.train_seconds,
                 "data_wait": self.data_wait_seconds, "evaluation": self.eval_seconds,
                 "checkpoint": self.checkpoint_seconds, "save_dip": self.save_dip_seconds,
-                "hung": self.hung_seconds, "steps": step - self.first_step}
+                "hung": self.hung_seconds, "steps": step - self.first_step,
+                **self.startup_parts(), **self.compiled(),
+                "compilation_in_evaluation": self.eval_compile_seconds,
+                "first_step": self.first_step_seconds}
+
+    def startup_parts(self) -> dict:
+        """The start-up's seconds by part, each from the mark before it (imports: from the
+        process's start); a part not reached is left out."""
+        parts, before = {}, self.started
+        for name, moment in STARTUP_MARKS.items():
+            if moment in self.marks:
+                parts[name] = max(0.0, self.marks[moment] - before)
+                before = self.marks[moment]
+        return parts
+
+    def compiled(self) -> dict:
+        """What this job has compiled so far (compilation.tally; this process's earlier runs
+        left out)."""
+        return {name: max(0.0, value - self.compiled_before[name])
+                for name, value in tally().items()}
 
     def count_save_dip(self, seconds: float, waited: float, steps: int, saving: int) -> None:
         """An interval read: `seconds` of it, `waited` for data, `steps` trained, `saving` of

@@ -43,6 +43,7 @@ from hpctrain.runs.identity import read_identity
 from hpctrain.tasks import registry, tensors
 from hpctrain.tasks.spec import TaskSetup
 from hpctrain.tasks.steps import Batch, Task, logits_of
+from hpctrain.train import compilation
 from hpctrain.train.checkpoints.checkpoint import Checkpointer
 from hpctrain.train.checkpoints.run_place import RunPlace, resolve_run
 from hpctrain.train.hardware import fp8
@@ -89,6 +90,7 @@ class Parts:
     optimizer_note: str  # the optimiser and its LR, as the banner says them
     model_flops: ModelFlops  # parameters of the whole model, and its FLOPs per token
     beats: Beats  # this process's progress, which its hang watch reads (monitor/hangs.py)
+    compile_cache: str | None = None  # where compiled kernels are kept, as the banner says it
 
     @property
     def world_size(self) -> int:
@@ -349,18 +351,6 @@ def _task(config: Config, data: DataBundle, device: torch.device, plan: SystemPl
                                             batch_size, plan.channels_last, model))
 
 
-def _compiled(model: nn.Module, wrapped: nn.Module, config: Config, plan: SystemPlan):
-    """The module the step calls, compiled when compile is on: a model with its own steps
-    compiles its forward only (a LightningModule's steps, with their logging, stay Python, as
-    under Lightning)."""
-    if not plan.compile:
-        return wrapped
-    if config.task_spec.steps_model:
-        model.compile_forward(config.compile_mode)
-        return wrapped
-    return torch.compile(wrapped, mode=config.compile_mode)
-
-
 def _optimizer(model: nn.Module, config: Config, distributed: Distributed, place: RunPlace,
                device: torch.device, global_batch: int, steps_per_epoch: int,
                total_steps: int) -> tuple:
@@ -460,7 +450,9 @@ def build_parts(config: Config, env: ProcessEnv | None = None,
         model, stage_parts, stream = _cut_for_pipeline(model, config, layout, env.rank,
                                                        distributed, device, batch_size // micro)
     model, fp8_plan, wrapped, plan = _wrap(model, config, layout, distributed, device, plan)
-    forward = _compiled(model, wrapped, config, plan)
+    kept = compilation.keep_cache(config.compile_cache, place.run_dir, device, held) \
+        if plan.compile else None  # before torch.compile, which reads the folder
+    forward = compilation.compiled(model, wrapped, config, plan.compile)
     folded = _fused_evaluation(model, config, layout, plan)
 
     # ---- the run's length, the task, the optimiser and schedule ----
@@ -489,4 +481,4 @@ def build_parts(config: Config, env: ProcessEnv | None = None,
         trial=link(config, distributed),
         steps_per_epoch=steps_per_epoch, total_steps=total_steps, batch_size=batch_size,
         global_batch_size=global_batch, effective_lr=lr, optimizer_note=note,
-        model_flops=flops, beats=beats)
+        model_flops=flops, beats=beats, compile_cache=kept)

@@ -52,7 +52,8 @@ def train(config: Config, env: ProcessEnv | None = None,
     called at the end of every optimiser step (the profiler steps its schedule there).
     `started` (perf_counter): when this job began, for its time and device-hours; now when
     not given."""
-    started = time.perf_counter() if started is None else started
+    entered = time.perf_counter()  # the imports end here (the process began at `started`)
+    started = entered if started is None else started
     env = env or detect()
     watch = HangWatch(config.monitor).start()  # a start-up that never ends is a hang too
     # From the very start: a notice during start-up is not lost, and the DataLoader workers,
@@ -67,10 +68,11 @@ def train(config: Config, env: ProcessEnv | None = None,
             parts = build_parts(config, env, held, watch.beats)
         except RuntimeError as err:
             stops.raise_readable(err, env, "while starting", config)
+        clock = Clock(started=started, marks={"entered": entered, "built": time.perf_counter()})
         watch.place(parts.run_dir, parts.distributed.env.rank, parts.world_size,
-                    began=time.time() - (time.perf_counter() - started))
+                    began=clock.began())
         stopper.attach(parts.distributed, parts.deadline)
-        return _train(parts, stopper, on_step, Clock(started=started), watch)
+        return _train(parts, stopper, on_step, clock, watch)
     finally:
         watch.stop()
         held.close()
@@ -85,6 +87,8 @@ def _train(parts: Parts, stopper: Stopper, on_step: Callable[[Parts, int], None]
     parts.beats.beat(f"{STARTUP}: the resume")
     progress, changes = restore(parts, parts.resume_from) if parts.resume_from else \
         (Progress(), [])
+    if parts.resume_from:
+        clock.mark("resumed")
     if is_complete(progress, parts.total_steps):  # a finished run: touch nothing
         return _already_complete(parts, progress)
     parts.beats.beat(f"{STARTUP}: the run's records")
@@ -167,6 +171,8 @@ def _run_steps(parts: Parts, progress: Progress, clock: Clock, telemetry: Teleme
             parts.beats.beat(STEP, progress.step)
             saving = parts.checkpointer.pending is not None  # a save writes meanwhile
             clock.data_wait_seconds += take_step(parts.step, next_batch, record=figures)
+            if clock.first_step_seconds is None:
+                _first_step_done(parts, clock)
             interval.saving += saving
             _after_step(parts, metrics)
             progress.step += 1
@@ -222,6 +228,14 @@ def _begin(parts: Parts, progress: Progress, clock: Clock, telemetry: Telemetry,
     if progress.eval_owed is not None:
         owed_evaluation(parts, progress, clock, telemetry, stopper,
                         -(-progress.step // eval_every))
+
+
+def _first_step_done(parts: Parts, clock: Clock) -> None:
+    """When this job's first step ended (its compilation's, where compile is on), counted
+    from the job's start: waited for once, as the step's kernels may still run."""
+    if parts.device.type == "cuda":
+        torch.cuda.synchronize(parts.device)
+    clock.first_step_seconds = time.perf_counter() - clock.started
 
 
 def _after_step(parts: Parts, metrics: RunningMetrics) -> None:

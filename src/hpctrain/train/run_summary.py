@@ -30,6 +30,7 @@ def banner(parts, resume_from: Path | None) -> str:
         f"  device {p.device} ({p.device_name}), precision {p.precision}, channels_last "
         f"{p.channels_last}, compile {p.compile}, cudnn.benchmark {p.cudnn_benchmark}"
         + (f" ({p.note})" if p.note else ""),
+        *([f"  compiled kernels: {parts.compile_cache}"] if parts.compile_cache else []),
         f"  task {parts.task.name}, model {c.model.name} "
         f"({parts.model_flops.parameters / 1e6:.2f} M parameters), data {c.data.dataset} "
         f"({len(parts.data.train_loader.dataset)} train"

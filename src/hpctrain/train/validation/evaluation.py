@@ -25,6 +25,7 @@ from hpctrain.train import run_summary
 from hpctrain.train.bookkeeping import Clock
 from hpctrain.train.checkpoints.checkpoint import capture_rng, restore_rng
 from hpctrain.train.checkpoints.progress_state import Progress
+from hpctrain.train.compilation import seconds_compiling
 from hpctrain.train.preemption import Stopper
 from hpctrain.train.run_record import finish_saving, save_checkpoint
 from hpctrain.train.telemetry import Telemetry
@@ -97,13 +98,14 @@ def evaluate_and_record(parts, progress: Progress, clock: Clock, telemetry: Tele
     """Evaluate (the `evaluation`-th time), record it, and report it to the search when the
     run is one of its trials: TrialPruned when the study stops it. An evaluation a stop cuts
     short is owed (progress.eval_owed, checkpointed): the resume does it first."""
-    start = time.perf_counter()
+    start, compiled = time.perf_counter(), seconds_compiling()
     model = parts.fused_eval.module() if parts.fused_eval else parts.step.model
     progress.eval_owed = progress.step  # until recorded: a stop or a failure leaves it owed
     parts.beats.step = progress.step  # the steps trained, for its batches' beats
     values = evaluate(parts, model, stopper)
     seconds = time.perf_counter() - start  # the sums' read-back waited for the device
     clock.eval_seconds += seconds
+    clock.eval_compile_seconds += seconds_compiling() - compiled
     if values is None:
         telemetry.message(f"step {progress.step}: evaluation cut short to stop in time")
         return

@@ -1,0 +1,163 @@
+"""torch.compile in a run: the module the step calls, where torch keeps what it compiled, and
+what torch says it spent compiling.
+
+A requeued job is a new process: by default torch keeps its compiled kernels in the node's
+/tmp, which the next job, on another node or after the node's clean-up, does not find, so it
+compiles again (the default recipe on a CPU: 60.9 s, against 3.0 s with the folder kept;
+docs/benchmarks.md). The run keeps that folder with itself (`compile_cache: run`, in
+RUN_DIR/compile-cache/), or in a folder its user's runs share, under a key of the torch,
+Triton, Python and device that made it, so that a job on another card or version never reads
+it. Torch's compiler takes file locks in that folder; one that takes none (Lustre mounted
+without flock) is said and left for torch's own.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib.metadata
+import os
+import platform
+import re
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from hpctrain.runs.directory import RunDir
+
+CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"  # where torch's Inductor keeps its caches
+# the folder the job's environment names, read before torch's compiler sets the variable
+# itself (torch.compile does, to its default, where it is unset)
+YOURS = os.environ.get(CACHE_VARIABLE)
+# torch's own timings (torch._dynamo.utils.compilation_time_metrics): a graph's compilation
+# (Dynamo, then the backend, the forward's kernels included), and the backward's, which
+# AOTAutograd compiles at the first backward call
+COMPILING = ("_compile.compile_inner", "backward._backward_impl")
+TALLIED = ("compilation", "compiled_graphs", "compile_cache_hits", "compile_cache_misses")
+
+
+def compiled(model: nn.Module, wrapped: nn.Module, config, compile_on: bool) -> nn.Module:
+    """The module the step calls, compiled when compile is on: a model with its own steps
+    compiles its forward only (a LightningModule's steps, with their logging, stay Python, as
+    under Lightning)."""
+    if not compile_on:
+        return wrapped
+    if config.task_spec.steps_model:
+        model.compile_forward(config.compile_mode)
+        return wrapped
+    return torch.compile(wrapped, mode=config.compile_mode)
+
+
+def keep_cache(setting: str, run_dir: Path, device: torch.device, held: ExitStack) -> str:
+    """Point torch's compile caches at the folder `setting` names for this run (`run`: in the
+    run directory; `none`: torch's own; else a folder shared by runs), under this machine's
+    key, until `held` closes; the banner's words for it."""
+    if setting == "run" and YOURS:
+        return f"kept in {YOURS} (your {CACHE_VARIABLE}, which compile_cache=run leaves be)"
+    if setting == "none":
+        return ("kept where torch keeps them (the node's temporary folder, unless your "
+                f"{CACHE_VARIABLE} says otherwise): a job on another node compiles again")
+    base = RunDir(run_dir).compile_cache if setting == "run" else Path(setting).expanduser()
+    folder = base.resolve() / cache_key(device)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        _takes_locks(folder)
+    except OSError as err:
+        return (f"kept where torch keeps them: {folder} cannot hold them "
+                f"({err.strerror or err}); a job on another node compiles again")
+    found = sum(1 for _ in _files(folder))
+    _point_torch_at(str(folder), held)
+    return f"kept in {folder}" + (f" ({found} files from earlier jobs: loaded, not compiled "
+                                  "again where they match)" if found else " (empty: compiled "
+                                  "in this job, loaded by the next)")
+
+
+def cache_key(device: torch.device) -> str:
+    """A folder name that differs wherever compiled kernels would: torch, Triton and Python
+    versions, and the device (the GPU's name and capability; the CPU's vector instructions)."""
+    try:
+        triton = importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        triton = "none"
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        name = torch.cuda.get_device_name(index)
+        made_for = f"{name} sm{''.join(map(str, torch.cuda.get_device_capability(index)))}"
+    else:
+        # the vector instructions Inductor's C++ kernels are compiled for (AVX2, AVX512...)
+        name = platform.machine() or "cpu"
+        made_for = f"{name} {torch.backends.cpu.get_cpu_capability()}"
+    parts = [torch.__version__, triton, f"py{sys.version_info[0]}.{sys.version_info[1]}",
+             made_for]
+    digest = hashlib.sha256("|".join(parts).encode()).hexdigest()[:10]
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", f"torch{torch.__version__}-{name}-{digest}")
+
+
+def seconds_compiling() -> float:
+    """Seconds this process has spent compiling so far, as torch counts them (none before
+    torch's compiler is loaded)."""
+    if "torch._dynamo.utils" not in sys.modules:
+        return 0.0
+    from torch._dynamo.utils import compilation_time_metrics
+
+    return sum(sum(compilation_time_metrics.get(key, ())) for key in COMPILING)
+
+
+def tally() -> dict:
+    """What this process has compiled so far, as torch counts it: seconds, graphs, and the
+    kernels its cache gave (hits) or had to compile (misses), forward and backward apart."""
+    if "torch._dynamo.utils" not in sys.modules:
+        return dict.fromkeys(TALLIED, 0.0)
+    from torch._dynamo.utils import counters
+
+    return {"compilation": seconds_compiling(),
+            "compiled_graphs": counters["stats"]["unique_graphs"],
+            "compile_cache_hits": counters["inductor"]["fxgraph_cache_hit"],
+            "compile_cache_misses": counters["inductor"]["fxgraph_cache_miss"]}
+
+
+def _takes_locks(folder: Path) -> None:
+    """Raise OSError where `folder`'s file system takes no flock (torch's compiler locks its
+    cache with it)."""
+    handle = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    except BlockingIOError:
+        pass  # another job holds it: locks work
+    finally:
+        os.close(handle)
+
+
+def _files(folder: Path):
+    for _, _, names in os.walk(folder):
+        yield from names
+
+
+def _point_torch_at(folder: str, held: ExitStack) -> None:
+    """torch's caches in `folder` until `held` closes (the run's end), then as they were: a
+    next run in this process (a test, a search's trial) chooses its own."""
+    before = os.environ.get(CACHE_VARIABLE)
+    os.environ[CACHE_VARIABLE] = folder
+    _forget_folders()
+
+    def restore() -> None:
+        if before is None:
+            os.environ.pop(CACHE_VARIABLE, None)
+        else:
+            os.environ[CACHE_VARIABLE] = before
+        _forget_folders()
+    held.callback(restore)
+
+
+def _forget_folders() -> None:
+    """torch remembers folders derived from the cache's (its lock and kernel folders): cleared
+    where this torch can, so the new one is read."""
+    try:
+        from torch._inductor.utils import clear_inductor_caches
+    except ImportError:
+        return
+    clear_inductor_caches()

@@ -1,0 +1,71 @@
+"""A compiled run keeps what torch compiled with the run (issue 68): a job stopped and started
+again loads its kernels instead of compiling them, and ends with the same weights as a run
+never stopped. How much sooner it reaches its first step is benchmarks/compile_restart.py's."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+from launching import launch, one_thread_env, wait_for_step
+from training_state import assert_same_training_state, final_state
+
+
+def starts(run) -> list[dict]:
+    return json.loads((run / "run.json").read_text())["starts"]
+
+
+def test_a_requeued_compiled_run_loads_its_kernels_and_ends_with_the_same_weights(tmp_path,
+                                                                                 tiny):
+    """Stopped by SIGTERM after its first evaluation (every graph compiled), resumed to a few
+    steps on; a constant LR, so that the length the runs are given changes nothing else."""
+    settings = ("compile=true", "schedule.name=constant", "optim.lr=0.05", "optim.ema.enabled=true")
+    stopped = tmp_path / "runs" / "stopped"
+    # one thread, as launch's jobs below: Inductor's CPU kernels are made for a thread count
+    process = subprocess.Popen(
+        [sys.executable, "-m", "hpctrain", "run", "default",
+         *tiny(*settings, "train.max_steps=100000", "run_name=stopped")],
+        start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=one_thread_env())
+    wait_for_step(stopped, 12, process, timeout=300)  # 10 steps an epoch: evaluated once
+    os.killpg(process.pid, signal.SIGTERM)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 75, err[-3000:]
+    end = f"train.max_steps={json.loads((stopped / 'summary.json').read_text())['steps'] + 6}"
+
+    again = launch(1, tiny(*settings, end, "run_name=stopped", "resume=auto"))
+    assert again.returncode == 0, again.stderr[-3000:]
+    folders = list((stopped / "compile-cache").iterdir())
+    assert len(folders) == 1 and folders[0].name.startswith("torch")  # one machine's key
+    assert f"compiled kernels: kept in {folders[0]}" in again.stdout
+    assert "files from earlier jobs: loaded, not compiled again" in again.stdout
+    first, second = (start["split"] for start in starts(stopped))
+    assert first["compile_cache_misses"] > 0 and first["compile_cache_hits"] == 0
+    # every graph the requeued job needed came from the first job's kernels
+    assert second["compile_cache_hits"] > 0 and second["compile_cache_misses"] == 0
+    assert second["compiled_graphs"] == first["compiled_graphs"]
+    assert second["resume_load"] > 0 and "resume_load" not in first
+    assert second["compilation"] > 0 and second["first_step"] > second["startup"]
+
+    # a run never stopped, its kernels from the same folder: the same weights to the bit
+    whole = launch(1, tiny(*settings, end, "run_name=whole",
+                           f"compile_cache={stopped / 'compile-cache'}"))
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    assert starts(stopped.parent / "whole")[0]["split"]["compile_cache_misses"] == 0
+    assert_same_training_state(final_state(stopped), final_state(stopped.parent / "whole"))
+
+
+def test_goodput_tells_each_job_s_way_to_its_first_step(tmp_path, tiny, run_cli):
+    """A run without compile: the start-up's parts, no compilation, the first step's end."""
+    code, _, err = run_cli("run", "default", *tiny("run_name=eager", "train.max_steps=2"))
+    assert code == 0, err
+    run = tmp_path / "runs" / "eager"
+    split = starts(run)[0]["split"]
+    assert split["imports"] >= 0 and split["build"] > 0 and "resume_load" not in split
+    assert split["compilation"] == 0 and split["compiled_graphs"] == 0
+    assert split["startup"] <= split["first_step"]
+    code, out, _ = run_cli("goodput", str(run))
+    assert code == 0 and "each job's way to its first step" in out
+    row = next(line for line in out.splitlines() if "#1" in line)
+    assert row.split("│")[6].strip() == "0.0"  # compiled nothing
