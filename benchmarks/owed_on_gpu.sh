@@ -71,6 +71,8 @@ RUN=$(ls -td /tmp/runs/*/ 2>/dev/null | head -1)
 [ -n "$RUN" ] && step goodput 20 hpctrain goodput "$RUN" \
   && cp "$RUN/summary.json" "$OUT/default_summary.json"
 step fused-eval 60 "$PY" benchmarks/fused_eval.py --compile
+# issue 68: a requeued compiled run, its kernels (Triton's among them) kept with the run
+step compile-restart 150 "$PY" benchmarks/compile_restart.py --steps 20
 # issue 55: a large model's asynchronous save, its blocking part and the steps' dip apart
 step async-save 120 hpctrain run gpt-1b parallel.tensor=1 parallel.sequence_parallel=false \
   model.activation_checkpointing=true checkpoint.async_save=true checkpoint.every_steps=20 \

@@ -140,6 +140,12 @@ CASES = [
       r"^exhaustive grid: \d+ s; autotune: \d+ trials in \d+ s \(budget 15 s\)",
       r"^the recipe as given\s+[\d,.]+\s+[\d.]+\s+-$",
       r"^autotune's pick\s+[\d,.]+\s+[\d.]+", r"^the grid's best\s+[\d,.]+\s+1\.000"]),
+    ("compile_restart.py", ["--steps", "2", "--set", "model.name=hpctrain:tiny_cnn",
+                            "data.shapes.num_train=64", "data.shapes.num_val=16",
+                            "data.shapes.image_size=16", "data.images.image_size=16",
+                            "train.batch_size=16", "data.num_workers=0"],
+     [r"^cold start \(a new run\)(\s+[\d.]+){7}\s+1\.00$",
+      r"^requeued, cache kept with the run(\s+[\d.]+){5}\s+0\.0\s+[\d.]+\s+[\d.]+$"]),
     ("warm_starts.py", ["--rounds", "1"],
      [r"^cold \(a fresh interpreter\)\s+[\d.]+\s+1\.00$",
       r"^warm \(forked from it\)\s+[\d.]+\s+[\d.]+$"]),
@@ -160,7 +166,7 @@ def test_a_benchmark_runs_at_a_tiny_size(script, arguments, expected, tmp_path):
     if script in ("data_pipeline.py", "data_stages.py", "stop_latency.py", "host_memory.py",
                   "lm_overhead.py", "sequence_padding.py", "runs_index.py", "tune_search.py",
                   "token_loader.py", "pack_growth.py", "tune_workers.py",
-                  "checkpoint_interval_slurm.py", "warm_starts.py"):
+                  "checkpoint_interval_slurm.py", "warm_starts.py", "compile_restart.py"):
         arguments = [*arguments, "--cache-dir", str(tmp_path)]
     if "{tmp}/photos" in arguments:  # a user's own photographs, in ImageFolder layout
         write_image_folder(tmp_path / "photos", per_class=20, size=64)

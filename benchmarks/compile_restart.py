@@ -1,0 +1,78 @@
+"""How soon a requeued compiled run reaches its first step, with its compile cache kept in the
+run directory (compile_cache=run, the default) and without (a new node's empty cache, as
+torch's default /tmp folder leaves a requeue).
+
+Three jobs of `hpctrain run RECIPE compile=true`, each a process of its own:
+1. cold: a new run, its cache empty, trained to --steps (an evaluation at its end, so every
+   graph the run needs is compiled);
+2. requeued: the same run resumed (resume=auto) to twice --steps, its kept cache read;
+3. requeued without the kept cache: the same run resumed again, its kernels to be compiled
+   into an empty folder.
+Each job's way to its first step is read from run.json (`hpctrain goodput`'s figures:
+imports, build, the checkpoint's load, compilation, when the first step ended); the ratio is
+each requeue's first step against the cold start's.
+
+    python benchmarks/compile_restart.py                 # the default recipe, as it is
+    python benchmarks/compile_restart.py --steps 2 --set model.name=hpctrain:tiny_cnn
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+# run.json's split: the column's title
+COLUMNS = {"imports": "imports", "build": "build", "resume_load": "load",
+           "compilation": "compiling", "compile_cache_hits": "hits",
+           "compile_cache_misses": "misses", "first_step": "1st step"}
+
+
+def job(recipe: str, output: Path, settings: list[str]) -> dict:
+    """One `hpctrain run` in a process of its own; its start's split from run.json."""
+    command = [sys.executable, "-m", "hpctrain", "run", recipe, "compile=true",
+               f"output_dir={output}", "run_name=restart", "report=false",
+               "tensorboard=false", *settings]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} exited {done.returncode}:\n"
+                         f"{done.stderr[-3000:]}")
+    starts = json.loads((output / "restart" / "run.json").read_text())["starts"]
+    return starts[-1]["split"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--recipe", default="default")
+    parser.add_argument("--steps", type=int, default=20, help="steps of the cold job")
+    parser.add_argument("--set", nargs="*", default=[], help="recipe overrides (key=value)")
+    parser.add_argument("--cache-dir", help="where the shapes dataset is made (default: the "
+                        "recipe's data.shapes.cache_dir)")
+    args = parser.parse_args()
+    if args.cache_dir:
+        args.set = [*args.set, f"data.shapes.cache_dir={args.cache_dir}"]
+    with tempfile.TemporaryDirectory() as scratch:
+        output, empty = Path(scratch) / "runs", Path(scratch) / "empty-cache"
+        rows = {"cold start (a new run)": job(args.recipe, output, [
+                    *args.set, f"train.max_steps={args.steps}"]),
+                "requeued, cache kept with the run": job(args.recipe, output, [
+                    *args.set, f"train.max_steps={2 * args.steps}", "resume=auto"]),
+                "requeued, cache not kept (a new node)": job(args.recipe, output, [
+                    *args.set, f"train.max_steps={3 * args.steps}", "resume=auto",
+                    f"compile_cache={empty}"])}
+    cold = rows["cold start (a new run)"]["first_step"]
+    print(f"{args.recipe} compile=true {' '.join(args.set)} on {os.cpu_count()} CPUs "
+          "(seconds from the job's start)")
+    print(f"{'job':40s}" + "".join(f"{title:>10s}" for title in COLUMNS.values())
+          + f"{'ratio':>7s}")
+    for name, split in rows.items():
+        print(f"{name:40s}" + "".join(f"{split.get(column, 0.0):10.1f}" for column in COLUMNS)
+              + f"{split['first_step'] / cold:7.2f}")
+
+
+if __name__ == "__main__":
+    main()
