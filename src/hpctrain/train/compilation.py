@@ -36,7 +36,11 @@ YOURS = os.environ.get(CACHE_VARIABLE)
 # (Dynamo, then the backend, the forward's kernels included), and the backward's, which
 # AOTAutograd compiles at the first backward call
 COMPILING = ("_compile.compile_inner", "backward._backward_impl")
-TALLIED = ("compilation", "compiled_graphs", "compile_cache_hits", "compile_cache_misses")
+TALLIED = ("compilation", "compiled_graphs", "recompiles", "compile_cache_hits",
+           "compile_cache_misses")
+# recompilations a job is told of: the switch to evaluation and one shape made dynamic are two
+# or three; past that the batches' shapes keep changing
+RECOMPILES_TOLD = 4
 
 
 def compiled(model: nn.Module, wrapped: nn.Module, config, compile_on: bool) -> nn.Module:
@@ -115,8 +119,42 @@ def tally() -> dict:
 
     return {"compilation": seconds_compiling(),
             "compiled_graphs": counters["stats"]["unique_graphs"],
+            "recompiles": recompiles(),
             "compile_cache_hits": counters["inductor"]["fxgraph_cache_hit"],
             "compile_cache_misses": counters["inductor"]["fxgraph_cache_miss"]}
+
+
+def recompiles() -> int:
+    """Times torch compiled a function it had compiled before, in this process (each
+    function's compilations after its first: a new shape, the switch to evaluation)."""
+    convert_frame = sys.modules.get("torch._dynamo.convert_frame")
+    counter = getattr(convert_frame, "FRAME_COMPILE_COUNTER", {})
+    return sum(max(0, count - 1) for count in list(counter.values()))
+
+
+def recompile_reasons() -> list[str]:
+    """Why torch compiled a function again in this process: each of its compilations that
+    a recompilation found wrong, its first line, newest last ("tensor 'ids' size mismatch at
+    index 1. expected 8, actual 12")."""
+    if "torch._dynamo.utils" not in sys.modules:
+        return []
+    failures = getattr(sys.modules["torch._dynamo.utils"], "guard_failures", {})
+    return [re.sub(r"^\d+/\d+: ", "", str(reason).splitlines()[0] if str(reason) else "")
+            for reasons in list(failures.values()) for reason in reasons]
+
+
+def recompiling(recompiles: int, reasons: list[str]) -> str:
+    """What a job that keeps compiling again is told: how often, the latest reason, the
+    fix."""
+    latest = reasons[-1][:200] if reasons else "not said"
+    limit = getattr(torch._dynamo.config, "recompile_limit", None) or \
+        getattr(torch._dynamo.config, "cache_size_limit", 8)
+    return (f"hpctrain: warning: torch.compile compiled the model again {recompiles} times in "
+            f"this job, the latest because {latest}. Each costs a compilation's seconds, and "
+            f"past {limit} (torch._dynamo.config.recompile_limit) a function runs uncompiled. "
+            "Give the batches few shapes: pad widths to a multiple (your collate; "
+            "DataCollatorWithPadding(pad_to_multiple_of=64)) with data.bucketing=true, "
+            "data.tokens.batching=blocks, or compile=false")
 
 
 def _takes_locks(folder: Path) -> None:

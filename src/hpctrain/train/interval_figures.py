@@ -15,6 +15,7 @@ from hpctrain.errors import RunFailed
 from hpctrain.monitor.meter import add_energy, energy_of, interval_record
 from hpctrain.monitor.watchdog import Watchdog
 from hpctrain.tasks.steps import Batch
+from hpctrain.train import compilation
 from hpctrain.train.bookkeeping import Clock, Interval, RunningMetrics
 from hpctrain.train.build import Parts
 from hpctrain.train.checkpoints.progress_state import Progress
@@ -82,11 +83,23 @@ def report_interval(parts: Parts, progress: Progress, metrics: RunningMetrics,
         record["rank_step_seconds"] = [r[0] / steps for r in per_rank]
         record["rank_data_wait_fraction"] = [r[1] / r[0] if r[0] else 0.0 for r in per_rank]
     telemetry.record("train", progress.step, record)
+    if parts.plan.compile and not clock.recompiling_told:
+        _tell_recompiling(clock, telemetry)
     _record_gpus(parts, progress, clock, telemetry, watchdog, per_rank, steps, data_wait)
     label = spec.rate_label
     telemetry.show(progress.step, f"epoch {epoch}  loss {values['loss']:.4f}  "
                                   f"{rates[unit + '_per_second']:,.0f} {label}/s  "
                                   f"data wait {data_wait:.0%}")
+
+
+def _tell_recompiling(clock: Clock, telemetry: Telemetry) -> None:
+    """Once a job: a compiled model torch keeps compiling again (batches of ever new
+    shapes), with why and the fix."""
+    recompiles = clock.compiled()["recompiles"]
+    if recompiles >= compilation.RECOMPILES_TOLD:
+        clock.recompiling_told = True
+        telemetry.message(compilation.recompiling(int(recompiles),
+                                                  compilation.recompile_reasons()))
 
 
 def _stop_if_nan_too_long(parts: Parts, progress: Progress, all_nonfinite: bool, steps: int,

@@ -18,6 +18,7 @@ from hpctrain.runs.directory import RunDir
 from hpctrain.tasks.spec import Measured
 from hpctrain.train.checkpoints.checkpoint import checkpoint_path
 from hpctrain.train.checkpoints.interval import FIRST_SAVE_SECONDS
+from hpctrain.train.compilation import recompile_reasons
 from hpctrain.train.hardware.mfu import model_flops_utilisation, peak_source
 from hpctrain.version import __version__
 
@@ -210,11 +211,22 @@ def summary(parts, progress, clock, status: str, run: dict | None = None) -> dic
         "resumed_with_changes": progress.changes,
         "straggler": straggler(rank_step, parts.distributed.hosts),
         "skipped_images": parts.data.skipped_images,
+        "compiled": _compiled(parts, clock),
         "system": parts.plan.as_dict(),
         "software": software(),
         "slurm_job_id": parts.distributed.env.job_id,
         "run_dir": str(parts.run_dir),
     }
+
+
+def _compiled(parts, clock) -> dict | None:
+    """What this job compiled (compile on): its seconds, graphs, recompilations and the
+    latest reasons for them, and what its kept cache gave; None without compile."""
+    if not parts.plan.compile:
+        return None
+    reasons = list(dict.fromkeys(recompile_reasons()[::-1]))[:3][::-1] \
+        if clock.compiled()["recompiles"] else []  # the latest three apart, newest last
+    return {**clock.compiled(), "latest_recompile_reasons": [r[:200] for r in reasons]}
 
 
 def _best_checkpoints(parts, progress) -> list[dict] | None:

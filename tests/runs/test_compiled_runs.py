@@ -1,6 +1,7 @@
-"""A compiled run keeps what torch compiled with the run (issue 68): a job stopped and started
+"""Compiled runs (issue 68): a run keeps what torch compiled, so that a job stopped and started
 again loads its kernels instead of compiling them, and ends with the same weights as a run
-never stopped. How much sooner it reaches its first step is benchmarks/compile_restart.py's."""
+never stopped (how much sooner it reaches its first step is benchmarks/compile_restart.py's);
+a run that keeps compiling again is told why and what to do."""
 
 import json
 import os
@@ -8,8 +9,16 @@ import signal
 import subprocess
 import sys
 
+from torch import nn
+from torch.utils.data import DataLoader
+
+import hpctrain
 from launching import launch, one_thread_env, wait_for_step
+from recipes import FIXTURES
 from training_state import assert_same_training_state, final_state
+
+sys.path.insert(0, str(FIXTURES))
+from widths import Specialising, Widths, pad  # noqa: E402
 
 
 def starts(run) -> list[dict]:
@@ -69,3 +78,38 @@ def test_goodput_tells_each_job_s_way_to_its_first_step(tmp_path, tiny, run_cli)
     assert code == 0 and "each job's way to its first step" in out
     row = next(line for line in out.splitlines() if "#1" in line)
     assert row.split("│")[6].strip() == "0.0"  # compiled nothing
+
+
+def test_a_run_that_keeps_compiling_again_is_told_why_and_the_fix(tmp_path, capsys):
+    """A model torch compiles once per width, given batches of six widths: the run says so
+    once, with the latest reason and what to do, and its summary counts the graphs."""
+    summary = hpctrain.fit(Specialising(), DataLoader(Widths(), batch_size=8, collate_fn=pad),
+                           compile=True, output_dir=str(tmp_path), tensorboard=False,
+                           report=False, train={"epochs": 1, "log_every": 2},
+                           data={"num_workers": 0})
+    out = capsys.readouterr().out
+    assert out.count("hpctrain: warning: torch.compile compiled the model again") == 1
+    told = next(line for line in out.splitlines() if "compiled the model again" in line)
+    assert "size mismatch at index 1" in told and "pad_to_multiple_of" in told
+    compiled = summary["compiled"]
+    assert compiled["recompiles"] >= 5 and compiled["compiled_graphs"] >= 6  # one per width
+    assert any("size mismatch" in reason for reason in compiled["latest_recompile_reasons"])
+
+
+def test_a_run_whose_shapes_settle_is_not_told(tmp_path, capsys):
+    """The same batches through a model that does not branch on their width: torch makes
+    the width dynamic after its first change, and the evaluation's switch is one more."""
+    class Mean(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.head = nn.Embedding(16, 8), nn.Linear(8, 2)
+
+        def forward(self, ids):
+            return self.head(self.embed(ids).mean(1))
+
+    summary = hpctrain.fit(Mean(), DataLoader(Widths(), batch_size=8, collate_fn=pad),
+                           compile=True, output_dir=str(tmp_path), tensorboard=False,
+                           report=False, train={"epochs": 1, "log_every": 2},
+                           data={"num_workers": 0})
+    assert "compiled the model again" not in capsys.readouterr().out
+    assert 1 <= summary["compiled"]["recompiles"] < 4
