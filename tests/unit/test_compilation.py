@@ -38,13 +38,21 @@ def test_a_shared_folder_holds_one_subfolder_per_machine_and_version(tmp_path, m
 
 
 def test_your_own_variable_and_none_are_left_to_torch(tmp_path, monkeypatch):
+    """Your TORCHINDUCTOR_CACHE_DIR is kept, torch's default left set by a process that
+    compiled before this one started it is not yours; `none` leaves torch's."""
     monkeypatch.setattr(compilation, "YOURS", "/scratch/mine")
     assert compilation.keep_cache("run", tmp_path, torch.device("cpu"), ExitStack()) == \
         "kept in /scratch/mine (your TORCHINDUCTOR_CACHE_DIR, which compile_cache=run leaves be)"
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.setattr(compilation, "YOURS", default_cache_dir())  # a compiling parent's
+    with ExitStack() as held:
+        assert compilation.keep_cache("run", tmp_path, torch.device("cpu"), held).startswith(
+            f"kept in {tmp_path / 'compile-cache'}")
     monkeypatch.setattr(compilation, "YOURS", None)
     assert "a job on another node compiles again" in compilation.keep_cache(
-        "none", tmp_path, torch.device("cpu"), ExitStack())
-    assert not (tmp_path / "compile-cache").exists()
+        "none", tmp_path / "elsewhere", torch.device("cpu"), ExitStack())
+    assert not (tmp_path / "elsewhere" / "compile-cache").exists()
 
 
 def test_a_folder_that_takes_no_lock_is_said_and_left(tmp_path, monkeypatch):

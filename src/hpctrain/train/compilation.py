@@ -4,11 +4,11 @@ what torch says it spent compiling.
 A requeued job is a new process: by default torch keeps its compiled kernels in the node's
 /tmp, which the next job, on another node or after the node's clean-up, does not find, so it
 compiles again (the default recipe on a CPU reached its first step 54.9 s after a cold start,
-9.9 s after a requeue with the folder kept: benchmarks/compile_restart.py). The run keeps that folder with itself (`compile_cache: run`, in
-RUN_DIR/compile-cache/), or in a folder its user's runs share, under a key of the torch,
-Triton, Python and device that made it, so that a job on another card or version never reads
-it. Torch's compiler takes file locks in that folder; one that takes none (Lustre mounted
-without flock) is said and left for torch's own.
+9.9 s after a requeue with the folder kept: benchmarks/compile_restart.py). The run keeps
+that folder with itself (`compile_cache: run`, in RUN_DIR/compile-cache/), or in a folder its
+user's runs share, under a key of the torch, Triton, Python and device that made it, so that
+a job on another card or version never reads it. Torch's compiler takes file locks in that
+folder; one that takes none (Lustre mounted without flock) is said and left for torch's own.
 """
 
 from __future__ import annotations
@@ -46,20 +46,22 @@ RECOMPILES_TOLD = 4
 def compiled(model: nn.Module, wrapped: nn.Module, config, compile_on: bool) -> nn.Module:
     """The module the step calls, compiled when compile is on: a model with its own steps
     compiles its forward only (a LightningModule's steps, with their logging, stay Python, as
-    under Lightning)."""
+    under Lightning). Batches of a few known shapes compile a static graph each; others as
+    torch chooses (static, then symbolic sizes once a shape changes)."""
     if not compile_on:
         return wrapped
     if config.task_spec.steps_model:
         model.compile_forward(config.compile_mode)
         return wrapped
-    return torch.compile(wrapped, mode=config.compile_mode)
+    static = config.data.kind_spec.few_shapes(config.data)
+    return torch.compile(wrapped, mode=config.compile_mode, dynamic=False if static else None)
 
 
 def keep_cache(setting: str, run_dir: Path, device: torch.device, held: ExitStack) -> str:
     """Point torch's compile caches at the folder `setting` names for this run (`run`: in the
     run directory; `none`: torch's own; else a folder shared by runs), under this machine's
     key, until `held` closes; the banner's words for it."""
-    if setting == "run" and YOURS:
+    if setting == "run" and _yours():
         return f"kept in {YOURS} (your {CACHE_VARIABLE}, which compile_cache=run leaves be)"
     if setting == "none":
         return ("kept where torch keeps them (the node's temporary folder, unless your "
@@ -77,6 +79,17 @@ def keep_cache(setting: str, run_dir: Path, device: torch.device, held: ExitStac
     return f"kept in {folder}" + (f" ({found} files from earlier jobs: loaded, not compiled "
                                   "again where they match)" if found else " (empty: compiled "
                                   "in this job, loaded by the next)")
+
+
+def _yours() -> bool:
+    """Whether the environment names a cache folder of the user's choosing: not torch's
+    default, which a process that compiled before it (the job's parent) leaves set for its
+    children."""
+    if not YOURS:
+        return False
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    return os.path.abspath(YOURS) != os.path.abspath(default_cache_dir())
 
 
 def cache_key(device: torch.device) -> str:
