@@ -5,16 +5,21 @@ a run that keeps compiling again is told why and what to do."""
 
 import json
 import os
+import random
+import re
 import signal
 import subprocess
 import sys
+
+import pytest
 
 from torch import nn
 from torch.utils.data import DataLoader
 
 import hpctrain
-from launching import launch, one_thread_env, wait_for_step
+from launching import launch, one_thread_env, records, wait_for_step
 from recipes import FIXTURES
+from hpctrain.data.tokens.token_packing import TokenPackOptions, pack_tokens
 from training_state import assert_same_training_state, final_state
 
 sys.path.insert(0, str(FIXTURES))
@@ -113,3 +118,47 @@ def test_a_run_whose_shapes_settle_is_not_told(tmp_path, capsys):
                            data={"num_workers": 0})
     assert "compiled the model again" not in capsys.readouterr().out
     assert 1 <= summary["compiled"]["recompiles"] < 4
+
+
+@pytest.fixture(scope="module")
+def varied_pack(tmp_path_factory):
+    """Documents of 1 to 30 words (a few bytes to over the context of 64): batches of many
+    widths."""
+    root = tmp_path_factory.mktemp("varied")
+    rng = random.Random(0)
+    words = "the a sum of two and three is four five six seven".split()
+    for split, count in (("train", 400), ("val", 40)):
+        (root / "src" / split).mkdir(parents=True)
+        (root / "src" / split / "t.jsonl").write_text("".join(
+            json.dumps({"text": " ".join(rng.choices(words, k=rng.randint(1, 30)))}) + "\n"
+            for _ in range(count)))
+    pack_tokens(root / "src", root / "pack", TokenPackOptions(), workers=1, log=lambda _: None)
+    return root / "pack"
+
+
+def test_documents_padded_to_width_buckets_compile_a_graph_a_width_and_train_as_eager(
+        tmp_path, run_cli, varied_pack):
+    """data.tokens.width_buckets=2: every batch is one of two widths, each compiled once as
+    a static graph for training and once for evaluation (torch's own count), and the losses
+    are eager's within compilation's rounding."""
+    common = ["data.dataset=tokens", f"data.path={varied_pack}", "data.tokens.seq_len=64",
+              "data.tokens.batching=documents", "data.tokens.width_buckets=2",
+              "model.name=hpctrain:gpt_tiny", "model.kwargs.width=32", "model.kwargs.layers=1",
+              "train.max_steps=8", "train.batch_size=8", "train.log_every=1",
+              "data.num_workers=0", "tensorboard=false", "report=false",
+              f"output_dir={tmp_path}"]
+    losses = {}
+    for name in ("eager", "compiled"):
+        code, out, err = run_cli("run", "tiny-lm", *common, f"run_name={name}",
+                                 f"compile={name == 'compiled'}")
+        assert code == 0, err[-3000:]
+        losses[name] = [r["loss"] for r in records(tmp_path / name, "train")]
+    widths = {int(w) for w in out.split("documents padded to 2 widths (")[1].split(";")[0]
+              .split(", ")}
+    compiled = json.loads((tmp_path / "compiled" / "summary.json").read_text())["compiled"]
+    assert compiled["compiled_graphs"] <= 2 * 2  # each width: training, evaluation
+    # a graph made for one width was refused the other (the model's input: a width less one)
+    changes = [re.search(r"size mismatch at index 1\. expected (\d+), actual (\d+)", reason)
+               for reason in compiled["latest_recompile_reasons"]]
+    assert any(c and {int(c[1]) + 1, int(c[2]) + 1} == widths for c in changes)
+    assert losses["compiled"] == pytest.approx(losses["eager"], rel=1e-3)

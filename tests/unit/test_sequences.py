@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from hpctrain.data.tokens.sequences import LengthBucketSampler, pad_collate
+from hpctrain.data.tokens.sequences import (LengthBucketSampler, bucket_widths, pad_collate,
+                                            padding_of)
 
 
 @pytest.fixture
@@ -47,3 +48,23 @@ def test_pad_collate_pads_to_the_batch_and_reports_the_padding():
     assert batch["tokens"].shape == (2, 16) and batch["tokens"][0, 3:].eq(-1).all()
     assert batch["mask"].sum(1).tolist() == [3, 10] and batch["labels"].tolist() == [0, 1]
     assert batch["padding_fraction"] == pytest.approx(1 - 13 / 32)
+
+
+def test_batches_padded_to_a_few_widths_take_only_those_widths(lengths):
+    """data.tokens.width_buckets: every batch of an epoch, any epoch, is padded to one of at
+    most 8 widths (what a compiled model then sees), the largest holding any sample, for a
+    little more padding than each batch to its own longest."""
+    sampler = LengthBucketSampler(lengths, batch_size=32, seed=1)
+    widths = bucket_widths(lengths, sampler.batches(), 8, shift=1)
+    assert len(widths) == 8 and widths[-1] == 505 and all((w - 1) % 8 == 0 for w in widths)
+    made = set()
+    for epoch in range(3):
+        sampler.set_epoch(epoch)
+        for batch in sampler:
+            samples = [(torch.ones(int(lengths[i]), dtype=torch.int32), 0) for i in batch]
+            made.add(pad_collate(samples, shift=1, widths=widths)["tokens"].shape[1])
+    assert made <= set(widths) and len(made) > 1
+    sampler.set_epoch(0)  # the batches the widths were chosen from: 4.1 % -> 12.1 % padding
+    own = padding_of(lengths, sampler.batches(), shift=1, multiple_of=8)
+    assert own < padding_of(lengths, sampler.batches(), widths, 8, 1) < own + 0.1
+    assert bucket_widths(lengths, sampler.batches(), 0) == ()

@@ -105,7 +105,10 @@ class DataKind:
       samples (None: nothing), `own_expected(data)` what one should be, and
       `own_hint(sample)` a task it looks made for instead;
     - `classes_needed`: your own data of this kind must say its classes (its models are
-      sized by them; others' output width can say it).
+      sized by them; others' output width can say it);
+    - `few_shapes(data)`: its batches come in a few shapes known to be few (a token pack's
+      documents padded to width buckets), which torch.compile then compiles statically, one
+      graph each, rather than one graph of symbolic sizes (False: torch's own choice).
     """
 
     name: str
@@ -140,6 +143,7 @@ class DataKind:
     own_expected: Callable[[object], str] = lambda data: ""
     own_hint: Callable[[object], str] = lambda sample: ""
     classes_needed: bool = False
+    few_shapes: Callable[[object], bool] = lambda data: False
 
 
 def three_quarters(size: int) -> int:

@@ -3,13 +3,15 @@ documents batched by length and padded per batch."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from torch.utils.data import Dataset
 
 from hpctrain.data.sampling import EpochSampler
 from hpctrain.data.tokens.arithmetic import ANSWER_START, ensure_arithmetic
-from hpctrain.data.tokens.sequences import LengthBucketSampler
+from hpctrain.data.tokens.sequences import (MULTIPLE, LengthBucketSampler, bucket_widths,
+                                             padding_of)
 from hpctrain.data.tokens.token_pack import (TokenBlocks, TokenDocuments, TokenPack,
                                              pad_documents)
 from hpctrain.data.worker_signals import SignalSafeLoader
@@ -43,10 +45,11 @@ def token_loaders(data, batch_size: int, seed: int, rank: int, world_size: int,
     train_set, val_set, pack = token_datasets(data)
     shard = dict(rank=rank, world_size=world_size)
     documents = data.tokens.batching == "documents"
-    collate = pad_documents if documents else None
+    collate, notes = None, ()
     if documents:
         train_sampler = LengthBucketSampler(train_set.lengths, batch_size,
                                             data.tokens.bucket_pool_batches, seed=seed, **shard)
+        collate, notes = _padded_to_buckets(data, train_set, train_sampler)
         train_loader = SignalSafeLoader(train_set, batch_sampler=train_sampler,
                                         collate_fn=collate, **common)
     else:
@@ -66,4 +69,21 @@ def token_loaders(data, batch_size: int, seed: int, rank: int, world_size: int,
         answer = (ord(ANSWER_START), pack.eos_id)
     return DataBundle(train_loader, train_sampler, val_loader, val_sampler, None,
                       common["num_workers"], pack.vocab_size, answer,
-                      **({"collate": collate} if collate else {}))
+                      **({"collate": collate} if collate else {}), notes=notes)
+
+
+def _padded_to_buckets(data, documents: TokenDocuments, sampler: LengthBucketSampler):
+    """(the documents' collate, the banner's words for it): each batch padded up to one of
+    data.tokens.width_buckets widths, chosen from the first epoch's batches, or to its own
+    longest."""
+    batches, count = sampler.batches(), data.tokens.width_buckets
+    own = padding_of(documents.lengths, batches, multiple_of=MULTIPLE, shift=1)
+    if not count:
+        return pad_documents, (f"documents padded per batch to its longest, rounded up to "
+                               f"{MULTIPLE}: {own:.1%} of the positions padding",)
+    widths = bucket_widths(documents.lengths, batches, count, shift=1)
+    padded = padding_of(documents.lengths, batches, widths, multiple_of=MULTIPLE, shift=1)
+    return functools.partial(pad_documents, widths=widths), (
+        f"documents padded to {len(widths)} widths ({', '.join(map(str, widths))}; "
+        f"data.tokens.width_buckets): {padded:.1%} of the positions padding (each batch to "
+        f"its longest, rounded up to {MULTIPLE}: {own:.1%})",)

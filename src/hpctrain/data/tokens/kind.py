@@ -72,6 +72,7 @@ SPEC = DataKind(
     datasets=("tokens", "arithmetic"), needs_path=("tokens",),
     settings={"tokens": TokensConfig, "arithmetic": ArithmeticConfig},
     vocabulary=True, datasets_of=_datasets_of, loaders=_loaders, collate=_collate,
+    few_shapes=lambda data: data.tokens.batching == "documents" and data.tokens.width_buckets > 0,
     sample_shape=lambda data: (data.tokens.seq_len,), width=_width,
     smaller_sample=_smaller_sample, own_data_problem=_own_data_problem,
     own_facts=lambda data: {"seq_len": data.tokens.seq_len},

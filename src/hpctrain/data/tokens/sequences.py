@@ -18,6 +18,8 @@ from torch.utils.data import Sampler
 
 from hpctrain.data.sampling import SampleKey
 
+MULTIPLE = 8  # padded widths are multiples of it (the model's input length): tensor cores' size
+
 
 class LengthBucketSampler(Sampler[list[int]]):
     """Batches of indices of similar length (see the module docstring); a batch sampler."""
@@ -66,20 +68,71 @@ class LengthBucketSampler(Sampler[list[int]]):
         return padding_of(self.lengths, self.batches())
 
 
-def padding_of(lengths: np.ndarray, batches: list[list[int]]) -> float:
+def padding_of(lengths: np.ndarray, batches: list[list[int]], widths: tuple[int, ...] = (),
+               multiple_of: int = 1, shift: int = 0) -> float:
+    """The share of padding in `batches`, each padded to its longest (rounded as
+    pad_collate rounds), or up to the first of `widths` that holds it."""
     real = sum(int(lengths[b].sum()) for b in batches)
-    padded = sum(int(lengths[b].max()) * len(b) for b in batches)
+    padded = sum(bucketed(rounded(int(lengths[b].max()), multiple_of, shift), widths) * len(b)
+                 for b in batches)
     return 1 - real / max(padded, 1)
 
 
+def bucket_widths(lengths: np.ndarray, batches: list[list[int]], count: int,
+                  multiple_of: int = MULTIPLE, shift: int = 0) -> tuple[int, ...]:
+    """At most `count` widths batches are padded up to, so that a compiled model sees at most
+    `count` shapes: those that pad `batches` least (each batch's longest rounded as
+    pad_collate rounds it, then grouped into `count` runs by dynamic programming over the
+    distinct widths, each run padded to its widest), the largest holding every sample."""
+    if count < 1 or not batches:
+        return ()
+    samples: dict[int, int] = {}  # a batch's rounded width -> samples in such batches
+    for batch in batches:
+        width = rounded(int(lengths[batch].max()), multiple_of, shift)
+        samples[width] = samples.get(width, 0) + len(batch)
+    samples.setdefault(rounded(int(np.max(lengths)), multiple_of, shift), 0)
+    widths = sorted(samples)
+    before = np.cumsum([0] + [samples[w] for w in widths])  # samples up to each width
+    # best[k][j]: the least padded size of the first j widths in k runs; came[k][j]: where
+    # its last run began
+    best = np.full((count + 1, len(widths) + 1), np.inf)
+    came = np.zeros((count + 1, len(widths) + 1), dtype=int)
+    best[0][0] = 0.0
+    for k in range(1, count + 1):
+        for j in range(1, len(widths) + 1):
+            costs = [best[k - 1][i] + widths[j - 1] * (before[j] - before[i]) for i in range(j)]
+            came[k][j] = int(np.argmin(costs))
+            best[k][j] = costs[came[k][j]]
+    runs = int(np.argmin(best[1:, len(widths)])) + 1
+    chosen, j = [], len(widths)
+    for k in range(runs, 0, -1):
+        chosen.append(widths[j - 1])
+        j = came[k][j]
+    return tuple(sorted(chosen))
+
+
+def rounded(width: int, multiple_of: int = MULTIPLE, shift: int = 0) -> int:
+    """`width` rounded up so that the model's input (the width less `shift`) is a multiple
+    of `multiple_of`."""
+    return -(-(width - shift) // multiple_of) * multiple_of + shift
+
+
+def bucketed(width: int, widths: tuple[int, ...]) -> int:
+    """The first of `widths` that holds `width`; `width` itself where none does (or none
+    are given)."""
+    return next((w for w in widths if w >= width), width)
+
+
 def pad_collate(samples: list[tuple[torch.Tensor, int]], pad_id: int = 0,
-                multiple_of: int = 8, shift: int = 0) -> dict[str, torch.Tensor | float]:
+                multiple_of: int = MULTIPLE, shift: int = 0,
+                widths: tuple[int, ...] = ()) -> dict[str, torch.Tensor | float]:
     """Pad a batch to its own longest sequence (rounded up to `multiple_of`, which tensor cores
-    want): tokens, mask (True on real tokens), lengths, labels and the padding fraction.
-    `shift`: a language model's input is all but the last token, so with shift=1 that input,
-    the width less one, is the multiple."""
+    want; then up to the first of `widths` that holds it): tokens, mask (True on real
+    tokens), lengths, labels and the padding fraction. `shift`: a language model's input is
+    all but the last token, so with shift=1 that input, the width less one, is the
+    multiple."""
     lengths = torch.tensor([len(tokens) for tokens, _ in samples])
-    width = -(-(int(lengths.max()) - shift) // multiple_of) * multiple_of + shift
+    width = bucketed(rounded(int(lengths.max()), multiple_of, shift), widths)
     tokens = torch.full((len(samples), width), pad_id, dtype=torch.int32)
     for row, (sequence, _) in enumerate(samples):
         tokens[row, :len(sequence)] = sequence

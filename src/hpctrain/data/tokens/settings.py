@@ -21,6 +21,11 @@ class TokensConfig(Section):
         "padding); documents: one sample per document, batched by length and padded per batch")
     bucket_pool_batches: int = Field(50, ge=1, description="documents: batches sorted by "
                                      "length together (more: less padding, less randomness)")
+    width_buckets: int = Field(0, ge=0, le=64, description="documents: pad batches up to at "
+                               "most this many widths (those that pad the first epoch least), "
+                               "each compiled as a static graph of its own (CUDA graphs, "
+                               "per-shape kernels); 0: each batch to its own longest, rounded "
+                               "up to 8 (compiled with symbolic sizes once a width changes)")
     vocab_size: int | None = Field(None, ge=2, description="your own token data: its "
                                    "vocabulary (None: the training dataset's vocab_size)")
 
