@@ -36,6 +36,9 @@ def test_override_without_equals_sign_is_rejected():
      "precision = 'fp4': expected 'auto', 'fp32', 'tf32', 'fp16', 'bf16' or 'fp8'"),
     ("device=tpu", "device = 'tpu'"),
     ("data.augment.crop_scale=[0.9, 0.1]", "crop_scale must satisfy"),
+    ("compile_cache=''", "compile_cache = ''"),
+    ("data.tokens.width_buckets=65", "less than or equal to 64"),
+    ("data.tokens.width_buckets=-1", "greater than or equal to 0"),
 ])
 def test_bad_values_name_the_key_value_and_what_is_allowed(run_cli, override, expected):
     code, out, err = run_cli("config", "show", "default", override)

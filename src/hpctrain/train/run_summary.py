@@ -224,9 +224,10 @@ def _compiled(parts, clock) -> dict | None:
     latest reasons for them, and what its kept cache gave; None without compile."""
     if not parts.plan.compile:
         return None
+    compiled = clock.compiled()
     reasons = list(dict.fromkeys(recompile_reasons()[::-1]))[:3][::-1] \
-        if clock.compiled()["recompiles"] else []  # the latest three apart, newest last
-    return {**clock.compiled(), "latest_recompile_reasons": [r[:200] for r in reasons]}
+        if compiled["recompiles"] else []  # the latest three apart, newest last
+    return {**compiled, "latest_recompile_reasons": [r[:200] for r in reasons]}
 
 
 def _best_checkpoints(parts, progress) -> list[dict] | None:

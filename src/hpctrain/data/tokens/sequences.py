@@ -99,8 +99,8 @@ def bucket_widths(lengths: np.ndarray, batches: list[list[int]], count: int,
     came = np.zeros((count + 1, len(widths) + 1), dtype=int)
     best[0][0] = 0.0
     for k in range(1, count + 1):
-        for j in range(1, len(widths) + 1):
-            costs = [best[k - 1][i] + widths[j - 1] * (before[j] - before[i]) for i in range(j)]
+        for j in range(1, len(widths) + 1):  # the last run: widths i..j-1, padded to j-1's
+            costs = best[k - 1][:j] + widths[j - 1] * (before[j] - before[:j])
             came[k][j] = int(np.argmin(costs))
             best[k][j] = costs[came[k][j]]
     runs = int(np.argmin(best[1:, len(widths)])) + 1
