@@ -93,6 +93,38 @@ def test_a_pass_left_early_does_not_spoil_the_next(packs):
     loader.close()
 
 
+class _SlowRendering(ShardDataset):
+    """A pack whose batches take 0.4 s each to render."""
+
+    def render_rows(self, keys, rows):
+        time.sleep(0.4)
+        return super().render_rows(keys, rows)
+
+
+def test_a_pass_renders_from_when_it_is_opened_and_spares_the_last_pass_s_batches(packs):
+    """The loop opens the next epoch before the evaluation between them: its first batch
+    is rendered meanwhile. The last batches of the pass before, which the step may still be
+    reading (or copying to the GPU from), are not written over by it."""
+    split = Pack(packs / "jpeg").split("train")
+    dataset = _SlowRendering(split, None, True, AugmentConfig(), seed=3)
+    sampler = EpochSampler(len(dataset), 24, shuffle=True)
+    loader = BufferedLoader(dataset, sampler, 4, True, 2, max_size=24, prefetch_factor=1)
+    last = None
+    for last in loader:  # the pass's last batch, in its buffer (not copied)
+        pass
+    kept = (last[0].clone(), last[1].clone())
+    sampler.set_epoch(1, 24)
+    opened = iter(loader)  # the next pass, opened as an evaluation begins
+    time.sleep(1.5)  # the evaluation
+    started = time.monotonic()
+    first = next(opened)
+    assert time.monotonic() - started < 0.3  # rendered meanwhile: 0.4 s a batch otherwise
+    assert torch.equal(last[0], kept[0])  # the new pass wrote elsewhere
+    expected = next(iter(DataLoader(dataset, batch_size=4, sampler=sampler, drop_last=True)))
+    assert torch.equal(first[0], expected[0]) and torch.equal(first[1], expected[1])
+    loader.close()
+
+
 def test_a_worker_killed_mid_epoch_is_named_not_waited_for(packs):
     dataset = _dataset(packs, "jpeg")
     sampler = EpochSampler(len(dataset), 24, shuffle=True)

@@ -21,3 +21,26 @@ def test_augmentation_is_seeded_per_sample_not_per_worker(image_folder):
     assert len(batches[0]) == len(batches[2]) == 6  # more than the 0-worker loader's 4 buffers
     assert all(torch.equal(a, b) for a, b in zip(batches[0], batches[2]))
     assert batches[0][0].dtype == torch.uint8 and batches[0][0].shape == (4, 12, 12, 3)
+
+
+def test_the_next_epoch_s_first_batches_are_made_during_the_evaluation(tmp_path, run_cli):
+    """An epoch's end opens the next one before evaluating, so its workers make its first
+    batches meanwhile: the next epoch's first step does not wait for them. (Each batch takes
+    its worker 0.4 s here, the evaluation between the epochs 1.2 s; before, that first step
+    waited its 0.4 s, 99 % of its interval.)"""
+    import json
+
+    from recipes import tensor_recipe
+
+    recipe = tensor_recipe(tmp_path, "classification", "SignalNet", "slow_waves")
+    code, _, err = run_cli("run", str(recipe), "data.kwargs={}", "data.num_workers=2",
+                           "data.prefetch_factor=2", "train.batch_size=8", "train.epochs=2",
+                           "train.log_every=1")
+    assert code == 0, err
+    records = [json.loads(line) for line in
+               next((tmp_path / "runs").iterdir()).joinpath("metrics.jsonl").open()]
+    waits = {r["step"]: r["data_wait_fraction"] * r["seconds_per_step"]  # seconds
+             for r in records if r["kind"] == "train"}
+    assert sorted(waits) == list(range(1, 9))
+    assert waits[1] > 0.3  # the first epoch's first batch: nothing opened it ahead
+    assert waits[5] < 0.1, waits

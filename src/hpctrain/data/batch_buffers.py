@@ -19,12 +19,14 @@ sample's shape and dtype at the sampler's size, and whether it has a label: imag
 
 The batches are the ones torch's loader gives: the same samples, crops and flips (views are
 drawn from the sample keys alone: sampling.py), in order. A batch stays valid until two more
-have been asked for; clone it to keep it longer. A worker that dies is named with how it died,
+have been asked for, from its pass or the next; clone it to keep it longer. A pass starts
+rendering when it is opened (`iter`), as torch's DataLoader does. A worker that dies is named with how it died,
 never waited for forever; one that raises passes its error on.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import queue
@@ -214,6 +216,9 @@ class BufferedLoader:
         self._live: dict = {"workers": None, "batches": None}
         self._unfinished: set[int] = set()  # batches sent by a pass that was left early
         self._numbers = 0  # batches are numbered across passes
+        # the slots of the batches last handed out, which the consumer may still read (or
+        # copy to the device from), with the copy's event: kept from one pass to the next
+        self._held: deque[tuple[int, torch.cuda.Event | None]] = deque()
         weakref.finalize(self, _shut_down, self._live)
 
     @property
@@ -245,13 +250,20 @@ class BufferedLoader:
             yield batch
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor] | torch.Tensor]:
+        """A pass over the sampler's keys, its first batches sent to the workers now (as
+        torch's DataLoader does when its iterator is made): a pass opened before the step
+        that asks for its first batch, during an evaluation, finds it ready."""
         if self.num_workers == 0:
             return self._inline()
         if self._workers is None:
             self._live["workers"] = _Workers(self.dataset, self.batches, self.num_workers,
                                              self.context, self.stop_signals)
         self._drain()
-        return self._pass()
+        in_use = {slot for slot, _ in self._held}  # the last pass's batches may still be read
+        opened = _Opened(self._key_batches(),
+                         deque(slot for slot in range(self.slots) if slot not in in_use))
+        self._send(opened)
+        return self._pass(opened)
 
     def _inline(self):
         for number, keys in enumerate(self._key_batches()):
@@ -273,23 +285,21 @@ class BufferedLoader:
             batch, _ = self._workers.finished("a batch of an earlier pass")
             self._unfinished.discard(batch)
 
-    def _pass(self):
-        workers, keys, batches = self._workers, self._key_batches(), self.batches
-        free = deque(range(self.slots))
-        held: deque[tuple[int, torch.cuda.Event | None]] = deque()
-        sent: deque[tuple[int, int, list[SampleKey]]] = deque()  # (batch, slot, keys) in order
+    def _send(self, opened: "_Opened") -> None:
+        """The pass's next keys to the workers, a batch into each free slot."""
+        while opened.free and (chunk := next(opened.keys, None)) is not None:
+            number, slot = self._numbers, opened.free.popleft()
+            self._numbers += 1
+            self._workers.send(number, slot, chunk)
+            opened.sent.append((number, slot, chunk))
+            self._unfinished.add(number)
+
+    def _pass(self, opened: "_Opened"):
+        workers, batches, held = self._workers, self.batches, self._held
         ready: dict[int, Exception | None] = {}
         try:
-            while True:
-                while free and (chunk := next(keys, None)) is not None:
-                    number, slot = self._numbers, free.popleft()
-                    self._numbers += 1
-                    workers.send(number, slot, chunk)
-                    sent.append((number, slot, chunk))
-                    self._unfinished.add(number)
-                if not sent:
-                    break
-                number, slot, chunk = sent.popleft()
+            while opened.sent:
+                number, slot, chunk = opened.sent.popleft()
                 while number not in ready:
                     batch, error = workers.finished(f"batch {number}")
                     ready[batch] = error
@@ -303,7 +313,8 @@ class BufferedLoader:
                     reused, event = held.popleft()
                     if event is not None:
                         event.synchronize()  # the device copy from it is done
-                    free.append(reused)
+                    opened.free.append(reused)
+                self._send(opened)
         finally:
             if not self.persistent_workers and not self._unfinished:
                 self.close()
@@ -312,6 +323,16 @@ class BufferedLoader:
         """Stop the workers and free the buffers (made again by the next pass)."""
         _shut_down(self._live)
         self._unfinished.clear()
+        self._held.clear()
+
+
+@dataclasses.dataclass
+class _Opened:
+    """A pass under way: the keys still to send, the slots free for them, and the batches
+    sent, in order (number, slot, keys)."""
+    keys: Iterator[list[SampleKey]]
+    free: deque
+    sent: deque = dataclasses.field(default_factory=deque)
 
 
 def _copy_event(batches: SharedBatches):
