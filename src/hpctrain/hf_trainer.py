@@ -142,8 +142,8 @@ def _precision(args, steps_per_epoch: int) -> dict:
         "tf32" if args.tf32 else "fp32"
     settings = {"precision": precision, "compile": bool(args.torch_compile),
                 "model.activation_checkpointing": bool(args.gradient_checkpointing)}
-    if args.torch_compile_mode:
-        settings["compile_mode"] = args.torch_compile_mode
+    if args.torch_compile:  # torch's default mode where the arguments name none, as theirs
+        settings["compile_mode"] = args.torch_compile_mode or "default"
     if args.use_cpu or getattr(args, "no_cuda", False):  # (no_cuda: transformers 4's)
         settings["device"] = "cpu"
     return settings

@@ -53,6 +53,7 @@ def test_a_requeued_compiled_run_loads_its_kernels_and_ends_with_the_same_weight
     folders = list((stopped / "compile-cache").iterdir())
     assert len(folders) == 1 and folders[0].name.startswith("torch")  # one machine's key
     assert f"compiled kernels: kept in {folders[0]}" in again.stdout
+    assert "compile True (default)" in again.stdout  # auto's mode on a CPU: no CUDA graphs
     assert "files from earlier jobs: loaded, not compiled again" in again.stdout
     first, second = (start["split"] for start in starts(stopped))
     assert first["compile_cache_misses"] > 0 and first["compile_cache_hits"] == 0

@@ -8,7 +8,9 @@ from contextlib import ExitStack
 
 import torch
 
+from hpctrain.config.loading import load_config
 from hpctrain.train import compilation
+from hpctrain.train.hardware.system import SystemPlan
 
 
 def test_the_run_s_folder_is_torch_s_until_the_run_ends(tmp_path, monkeypatch):
@@ -74,3 +76,83 @@ def test_a_folder_that_takes_no_lock_is_said_and_left(tmp_path, monkeypatch):
 def test_nothing_is_counted_before_torch_s_compiler_is_loaded(monkeypatch):
     monkeypatch.delitem(__import__("sys").modules, "torch._dynamo.utils", raising=False)
     assert compilation.tally() == dict.fromkeys(compilation.TALLIED, 0.0)
+
+
+def _plan(device: str = "cuda:0", compile_on: bool = True) -> SystemPlan:
+    return SystemPlan(device, "NVIDIA H100 80GB HBM3", "bf16", True, compile_on, True, False)
+
+
+def test_auto_captures_cuda_graphs_for_a_small_model_on_one_gpu_and_says_what_it_assumed():
+    config = load_config("default", [])
+    plan = compilation.with_mode(_plan(), config, processes=1, parameters=120_000)
+    assert plan.compile_mode == "reduce-overhead"
+    assert "0.12 M-parameter model's step is assumed launch-bound (under 10 M)" in \
+        plan.compile_note
+    # where the step is not launch-bound, or not whole on one GPU: torch's default mode
+    for processes, parameters, why in ((1, 25_600_000, "25.6 M parameters keep the GPU busy"),
+                                       (8, 120_000, "8 processes train it")):
+        plan = compilation.with_mode(_plan(), config, processes, parameters)
+        assert plan.compile_mode == "default"
+        assert plan.compile_note == f"compile_mode default (auto; no CUDA graphs: {why})"
+    # on a CPU, auto is torch's default and nothing is said
+    plan = compilation.with_mode(_plan("cpu"), config, 1, 120_000)
+    assert (plan.compile_mode, plan.compile_note) == ("default", "")
+    # compile off: no mode
+    assert compilation.with_mode(_plan(compile_on=False), config, 1, 120_000).compile_mode == ""
+
+
+def test_auto_leaves_cuda_graphs_out_where_the_batches_shapes_vary():
+    documents = load_config("tiny-lm", ["data.tokens.batching=documents"])
+    plan = compilation.with_mode(_plan(), documents, 1, 120_000)
+    assert plan.compile_mode == "default" and "its batches' shapes are varied" in \
+        plan.compile_note
+    bucketed = load_config("tiny-lm", ["data.tokens.batching=documents",
+                                       "data.tokens.width_buckets=4"])
+    assert compilation.with_mode(_plan(), bucketed, 1, 120_000).compile_mode == \
+        "reduce-overhead"
+
+
+def test_cuda_graphs_asked_for_on_a_cpu_run_without_them_and_say_so():
+    for asked, runs in (("reduce-overhead", "default"),
+                        ("max-autotune", "max-autotune-no-cudagraphs")):
+        plan = compilation.with_mode(_plan("cpu"), load_config("default", [
+            f"compile_mode={asked}"]), 1, 120_000)
+        assert plan.compile_mode == runs
+        assert plan.compile_note == f"compile_mode {runs}: CUDA graphs ({asked}) need a GPU"
+    plan = compilation.with_mode(_plan(), load_config("default", ["compile_mode=max-autotune"]),
+                                 8, 10**9)
+    assert (plan.compile_mode, plan.compile_note) == ("max-autotune", "")  # as asked
+
+
+def test_cuda_graphs_on_batches_of_ever_new_widths_are_refused_in_one_line(run_cli):
+    code, _, err = run_cli("run", "tiny-lm", "data.tokens.batching=documents",
+                           "compile_mode=reduce-overhead")
+    assert code == 2
+    assert "compile_mode=reduce-overhead captures CUDA graphs, one per batch shape" in err
+    assert "use data.tokens.width_buckets=8" in err and "Traceback" not in err
+
+
+def test_each_call_of_a_graphed_module_begins_a_replay_and_torch_s_skips_are_gathered(
+        monkeypatch):
+    """Under CUDA graphs, a forward's outputs stay the caller's until its next call (an
+    evaluation batch, the next micro-batch); why torch ran a graph without them is kept as
+    its logger says it (torch's own function, as a GPU run calls it)."""
+    from torch._inductor.cudagraph_utils import log_cudagraph_skip_and_bump_counter
+
+    begun = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: begun.append(1))
+    plain = compilation.replayed(torch.nn.Linear(2, 2), "default")
+    plain(torch.ones(1, 2))
+    assert begun == []
+    graphed = compilation.replayed(torch.nn.Linear(2, 2), "reduce-overhead")
+    graphed(torch.ones(1, 2))
+    graphed(torch.ones(1, 2))
+    assert len(begun) == 2
+    before = compilation.tally()["cuda_graph_skips"]
+    log_cudagraph_skip_and_bump_counter("skipping cudagraphs due to mutated inputs (1 "
+                                        "instances)")
+    assert compilation.tally()["cuda_graph_skips"] == before + 1
+    assert compilation.graph_skip_reasons()[-1] == \
+        "skipping cudagraphs due to mutated inputs (1 instances)"
+    told = compilation.graphs_skipped(1, compilation.graph_skip_reasons())
+    assert "without CUDA graphs (skipping cudagraphs due to mutated inputs" in told

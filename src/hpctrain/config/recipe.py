@@ -21,6 +21,10 @@ from hpctrain.data.settings import DataConfig
 from hpctrain.tasks import registry as tasks
 
 
+# torch.compile's modes that capture CUDA graphs (max-autotune-no-cudagraphs does not)
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
 class Config(Section):
     name: str = "default"
     seed: int = Field(0, ge=0, le=2**32 - 1, description="numpy takes seeds below 2**32")
@@ -31,8 +35,11 @@ class Config(Section):
     precision: Literal["auto", "fp32", "tf32", "fp16", "bf16", "fp8"] = "auto"
     channels_last: bool | Auto = "auto"
     compile: bool | Auto = "auto"
-    compile_mode: Literal["default", "reduce-overhead", "max-autotune",
-                          "max-autotune-no-cudagraphs"] = "default"
+    compile_mode: Literal["auto", "default", "reduce-overhead", "max-autotune",
+                          "max-autotune-no-cudagraphs"] = Field(
+        "auto", description="torch.compile's mode; auto: reduce-overhead (CUDA graphs: the "
+        "step replayed with one launch) for a small model on one GPU whose batches come in "
+        "a few shapes, else default")
     compile_cache: str = Field(
         "run", min_length=1, description="where torch keeps what compile made, so that a "
         "requeued or resumed job loads it instead of compiling again: 'run' (in the run "
@@ -97,6 +104,7 @@ class Config(Section):
         elif task != "auto" and tasks.KIND_OF_TASK[task] != self.data.kind:
             raise ValueError(f"task {task} cannot learn from data.dataset={self.data.dataset} "
                              f"({self.data.kind}); use task=auto, or data that fits the task")
+        self._graphs_fit_the_shapes()
         if self.model.name == "auto":
             if not self.task_spec.default_model:
                 raise ValueError(f"task {self.task_spec.name} learns from your own tensors "
@@ -104,6 +112,17 @@ class Config(Section):
                                  "(package.module:build or path/to/file.py:build)")
             self.model.name = self.task_spec.default_model
         return self
+
+    def _graphs_fit_the_shapes(self) -> None:
+        """CUDA graphs record one graph (and its memory) per shape: refused on batches whose
+        shapes vary without bound."""
+        if self.compile_mode in CUDA_GRAPH_MODES and \
+                self.data.kind_spec.shapes(self.data) == "varied":
+            fix = self.data.kind_spec.fewer_shapes
+            raise ValueError(f"compile_mode={self.compile_mode} captures CUDA graphs, one per "
+                             "batch shape, and this data's batches each have a width of their "
+                             f"own (data.dataset={self.data.dataset}): use {fix}, or "
+                             "compile_mode=default")
 
     def _model_brings_its_steps(self) -> None:
         """A model with its own steps (a LightningModule) takes your own data, gives its own

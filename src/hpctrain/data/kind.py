@@ -39,6 +39,14 @@ class SampleKey(NamedTuple):
     size: int
 
 
+SHAPES = ("fixed", "few", "varied", "unknown")  # a kind's training batches' shapes (shapes())
+
+
+def _shapes(data) -> str:
+    """hpctrain's own datasets of a kind: one shape; your own: yours to say."""
+    return "unknown" if data.from_user_code else "fixed"
+
+
 def _sample_key(data, index: int):
     """A validation sample's key: the sampler's at epoch 0 and validation's size; your own
     datasets' an int."""
@@ -106,9 +114,13 @@ class DataKind:
       `own_hint(sample)` a task it looks made for instead;
     - `classes_needed`: your own data of this kind must say its classes (its models are
       sized by them; others' output width can say it);
-    - `few_shapes(data)`: its batches come in a few shapes known to be few (a token pack's
-      documents padded to width buckets), which torch.compile then compiles statically, one
-      graph each, rather than one graph of symbolic sizes (False: torch's own choice).
+    - `shapes(data)`: the shapes its training batches come in, one of SHAPES: `fixed`;
+      `few`, known to be few (a token pack's documents padded to width buckets, images
+      resized per epoch), which torch.compile then compiles statically, one graph each, rather
+      than one graph of symbolic sizes; `varied` (documents padded each to its batch's
+      longest); `unknown` (your own tensors: your collate may pad them). CUDA graphs record
+      one graph per shape: `compile_mode=auto` uses them only on fixed or few shapes;
+      `fewer_shapes` says how varied batches come in a few.
     """
 
     name: str
@@ -143,7 +155,8 @@ class DataKind:
     own_expected: Callable[[object], str] = lambda data: ""
     own_hint: Callable[[object], str] = lambda sample: ""
     classes_needed: bool = False
-    few_shapes: Callable[[object], bool] = lambda data: False
+    shapes: Callable[[object], str] = _shapes
+    fewer_shapes: str = "a collate that pads to a few fixed lengths"
 
 
 def three_quarters(size: int) -> int:

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from hpctrain.config import current_names, flatten
+from hpctrain.config.recipe import CUDA_GRAPH_MODES
 from hpctrain.profiling.analysis import Evidence, analyse
 from hpctrain.profiling.collect import collect
 from hpctrain.profiling.picture import write_html, write_png
@@ -71,6 +72,7 @@ def settings_from_run(run_dir: Path | None, recipe: str | None = None) -> Settin
     # a switch the plan turned off for a reason (its note: FSDP, pipeline stages) is no advice
     settings.channels_last = None if system.get("note") else system.get("channels_last")
     settings.compile = system.get("compile")
+    settings.cuda_graphs = system.get("compile_mode") in CUDA_GRAPH_MODES
     settings.batch_size = summary.get("batch_size_per_device")
     settings.strategy = summary.get("strategy")
     settings.log_every = config.get("train", {}).get("log_every")

@@ -48,6 +48,7 @@ class Settings:
     device_name: str | None = None
     channels_last: bool | None = None
     compile: bool | None = None
+    cuda_graphs: bool | None = None  # compiled in a mode that captures CUDA graphs
     batch_size: int | None = None
     strategy: str | None = None
     log_every: int | None = None
@@ -196,9 +197,10 @@ def _launch_advice(e: Evidence, gain: float, s: Settings) -> list[Recommendation
     if not s.compile:
         out.append(Recommendation("compile=true", "torch.compile fuses small kernels: fewer "
                                   "launches for the same work", _up_to(gain), gain))
-    out.append(Recommendation("compile=true compile_mode=reduce-overhead", "CUDA graphs "
-                              "replay the whole step with one launch", _up_to(gain),
-                              gain * 0.95))
+    if not s.cuda_graphs:
+        out.append(Recommendation("compile=true compile_mode=reduce-overhead", "CUDA graphs "
+                                  "replay the whole step with one launch", _up_to(gain),
+                                  gain * 0.95))
     batch = f"train.batch_size={2 * s.batch_size}" if s.batch_size else "a larger batch"
     out.append(Recommendation(batch, "the same launches carry twice the work",
                               f"about {gain / 2:.0%} less launch overhead per sample",

@@ -55,6 +55,7 @@ class Clock:
     eval_compile_seconds: float = 0.0  # compiling inside this job's evaluations
     first_step_seconds: float | None = None  # from the job's start to its first step's end
     recompiling_told: bool = False  # a job that keeps compiling again is told once
+    graph_skips_told: bool = False  # and one whose CUDA graphs torch skipped
 
     def add_padding(self, fraction: float, samples: int) -> None:
         """An interval's share of padded positions (a task that pads: token sequences, your

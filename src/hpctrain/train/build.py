@@ -178,10 +178,10 @@ def _with_your_loaders(config: Config, decided: _Decided, leader: bool) \
 
 
 def _wrap(model: nn.Module, config: Config, layout: Layout, distributed: Distributed,
-          device: torch.device, plan: SystemPlan):
+          device: torch.device, plan: SystemPlan, flops: ModelFlops):
     """(model, fp8 plan, wrapped model, plan): the tensor-parallel split, float8 layers,
     activation checkpointing, then the DDP/FSDP wrapper; compile off under a pipeline (its
-    schedule calls the stage, not `forward`)."""
+    schedule calls the stage, not `forward`), else in the mode it compiles with."""
     model = tensor.split_tensors(model, distributed, config)
     fp8_plan = fp8.convert(model, config.fp8, fsdp=layout.strategy == Strategy.FSDP) \
         if plan.precision == "fp8" else None
@@ -190,6 +190,7 @@ def _wrap(model: nn.Module, config: Config, layout: Layout, distributed: Distrib
     wrapped = data_parallel.wrap_model(model, distributed, config, device, plan.precision)
     if layout.pipeline > 1 and plan.compile:
         plan = dataclasses.replace(plan, compile=False)
+    plan = compilation.with_mode(plan, config, distributed.env.world_size, flops.parameters)
     return model, fp8_plan, wrapped, plan
 
 
@@ -339,7 +340,7 @@ def _fused_evaluation(model: nn.Module, config: Config, layout, plan: SystemPlan
     if setting is False or layout.model_parallel or layout.strategy == Strategy.FSDP:
         return None
     folded = fused_eval.fold(model, sync_buffers=layout.strategy == Strategy.DDP,
-                             compile_mode=config.compile_mode if plan.compile else None)
+                             compile_mode=plan.compile_mode if plan.compile else None)
     if isinstance(folded, str) and setting == "auto" and "no BatchNorm2d" in folded:
         return None  # nothing to fold, nothing to say
     return folded
@@ -449,10 +450,10 @@ def build_parts(config: Config, env: ProcessEnv | None = None,
     if layout.pipeline > 1:
         model, stage_parts, stream = _cut_for_pipeline(model, config, layout, env.rank,
                                                        distributed, device, batch_size // micro)
-    model, fp8_plan, wrapped, plan = _wrap(model, config, layout, distributed, device, plan)
+    model, fp8_plan, wrapped, plan = _wrap(model, config, layout, distributed, device, plan, flops)
     kept = compilation.keep_cache(config.compile_cache, place.run_dir, device, held) \
         if plan.compile else None  # before torch.compile, which reads the folder
-    forward = compilation.compiled(model, wrapped, config, plan.compile)
+    forward = compilation.compiled(model, wrapped, config, plan)
     folded = _fused_evaluation(model, config, layout, plan)
 
     # ---- the run's length, the task, the optimiser and schedule ----

@@ -83,8 +83,8 @@ def report_interval(parts: Parts, progress: Progress, metrics: RunningMetrics,
         record["rank_step_seconds"] = [r[0] / steps for r in per_rank]
         record["rank_data_wait_fraction"] = [r[1] / r[0] if r[0] else 0.0 for r in per_rank]
     telemetry.record("train", progress.step, record)
-    if parts.plan.compile and not clock.recompiling_told:
-        _tell_recompiling(clock, telemetry)
+    if parts.plan.compile:
+        _tell_compiling(clock, telemetry)
     _record_gpus(parts, progress, clock, telemetry, watchdog, per_rank, steps, data_wait)
     label = spec.rate_label
     telemetry.show(progress.step, f"epoch {epoch}  loss {values['loss']:.4f}  "
@@ -92,14 +92,19 @@ def report_interval(parts: Parts, progress: Progress, metrics: RunningMetrics,
                                   f"data wait {data_wait:.0%}")
 
 
-def _tell_recompiling(clock: Clock, telemetry: Telemetry) -> None:
-    """Once a job: a compiled model torch keeps compiling again (batches of ever new
-    shapes), with why and the fix."""
-    recompiles = clock.compiled()["recompiles"]
-    if recompiles >= compilation.RECOMPILES_TOLD:
+def _tell_compiling(clock: Clock, telemetry: Telemetry) -> None:
+    """Once a job each: a compiled model torch keeps compiling again (batches of ever new
+    shapes), with why and the fix; graphs torch ran without the CUDA graphs asked for, with
+    its reason."""
+    compiled = clock.compiled()
+    if not clock.recompiling_told and compiled["recompiles"] >= compilation.RECOMPILES_TOLD:
         clock.recompiling_told = True
-        telemetry.message(compilation.recompiling(int(recompiles),
+        telemetry.message(compilation.recompiling(int(compiled["recompiles"]),
                                                   compilation.recompile_reasons()))
+    if not clock.graph_skips_told and compiled["cuda_graph_skips"]:
+        clock.graph_skips_told = True
+        telemetry.message(compilation.graphs_skipped(int(compiled["cuda_graph_skips"]),
+                                                     compilation.graph_skip_reasons()))
 
 
 def _stop_if_nan_too_long(parts: Parts, progress: Progress, all_nonfinite: bool, steps: int,

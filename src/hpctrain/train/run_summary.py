@@ -18,7 +18,7 @@ from hpctrain.runs.directory import RunDir
 from hpctrain.tasks.spec import Measured
 from hpctrain.train.checkpoints.checkpoint import checkpoint_path
 from hpctrain.train.checkpoints.interval import FIRST_SAVE_SECONDS
-from hpctrain.train.compilation import recompile_reasons
+from hpctrain.train.compilation import graph_skip_reasons, recompile_reasons
 from hpctrain.train.hardware.mfu import model_flops_utilisation, peak_source
 from hpctrain.version import __version__
 
@@ -29,8 +29,10 @@ def banner(parts, resume_from: Path | None) -> str:
         f"hpctrain: run {parts.run_dir}" + (f" (resuming {resume_from.name})" if resume_from
                                            else ""),
         f"  device {p.device} ({p.device_name}), precision {p.precision}, channels_last "
-        f"{p.channels_last}, compile {p.compile}, cudnn.benchmark {p.cudnn_benchmark}"
+        f"{p.channels_last}, compile {p.compile}"
+        + (f" ({p.compile_mode})" if p.compile else "") + f", cudnn.benchmark {p.cudnn_benchmark}"
         + (f" ({p.note})" if p.note else ""),
+        *([f"  {p.compile_note}"] if p.compile_note else []),
         *([f"  compiled kernels: {parts.compile_cache}"] if parts.compile_cache else []),
         f"  task {parts.task.name}, model {c.model.name} "
         f"({parts.model_flops.parameters / 1e6:.2f} M parameters), data {c.data.dataset} "
@@ -227,7 +229,9 @@ def _compiled(parts, clock) -> dict | None:
     compiled = clock.compiled()
     reasons = list(dict.fromkeys(recompile_reasons()[::-1]))[:3][::-1] \
         if compiled["recompiles"] else []  # the latest three apart, newest last
-    return {**compiled, "latest_recompile_reasons": [r[:200] for r in reasons]}
+    return {**compiled, "latest_recompile_reasons": [r[:200] for r in reasons],
+            "cuda_graph_skip_reasons": list(dict.fromkeys(graph_skip_reasons()))[-3:]
+            if compiled["cuda_graph_skips"] else []}
 
 
 def _best_checkpoints(parts, progress) -> list[dict] | None:

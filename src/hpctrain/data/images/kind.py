@@ -107,6 +107,8 @@ SPEC = DataKind(
     channels_first=True, datasets_of=_datasets_of, collate=_collate,
     key_size=image_size_for_epoch,
     image_sizes=image_sizes, sample_shape=_sample_shape, width=_width,
+    shapes=lambda data: "unknown" if data.from_user_code else
+    "few" if data.progressive.enabled else "fixed",
     smaller_sample=_smaller_sample, stand_in=_stand_in, settings_problem=_settings_problem,
     own_sample_problem=own_check("image_sample_problem"),
     own_expected=lambda data: "(image, label): a uint8 (H, W, 3) image, or a float (3, H, "

@@ -65,6 +65,14 @@ def _own_data_problem(data) -> str | None:
     return None
 
 
+def _shapes(data) -> str:
+    """Blocks: one shape; documents: padded to a few widths (width_buckets), else each batch
+    to its longest."""
+    if data.from_user_code or data.tokens.batching == "blocks":
+        return "unknown" if data.from_user_code else "fixed"
+    return "few" if data.tokens.width_buckets > 0 else "varied"
+
+
 SPEC = DataKind(
     name="tokens", samples_word="token ids",
     model_hint="a language model (hpctrain:gpt_*, hf:PATH)",
@@ -72,7 +80,7 @@ SPEC = DataKind(
     datasets=("tokens", "arithmetic"), needs_path=("tokens",),
     settings={"tokens": TokensConfig, "arithmetic": ArithmeticConfig},
     vocabulary=True, datasets_of=_datasets_of, loaders=_loaders, collate=_collate,
-    few_shapes=lambda data: data.tokens.batching == "documents" and data.tokens.width_buckets > 0,
+    shapes=_shapes, fewer_shapes="data.tokens.width_buckets=8 (a few widths, one graph each)",
     sample_shape=lambda data: (data.tokens.seq_len,), width=_width,
     smaller_sample=_smaller_sample, own_data_problem=_own_data_problem,
     own_facts=lambda data: {"seq_len": data.tokens.seq_len},

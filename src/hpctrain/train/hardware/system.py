@@ -28,6 +28,10 @@ class SystemPlan:
     cudnn_benchmark: bool
     deterministic: bool
     note: str = ""  # why a switch asked for is off, printed with the switches
+    # torch.compile's mode (compile on): config.compile_mode, auto's decided where the model is
+    # built (train/compilation.py: with_mode)
+    compile_mode: str = ""
+    compile_note: str = ""  # how auto decided it, or why it is not the mode asked
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -18,6 +18,8 @@ import torch.distributed as dist
 from torch import fx, nn
 from torch.nn.utils.fusion import fuse_conv_bn_weights
 
+from hpctrain.train.compilation import replayed
+
 
 class FusedEvaluation:
     """The traced model with its conv -> BN pairs folded; `module()` refreshes and gives it."""
@@ -25,7 +27,8 @@ class FusedEvaluation:
     def __init__(self, traced: fx.GraphModule, pairs: list, live: nn.Module,
                  sync_buffers: bool, compile_mode: str | None):
         self.traced, self.pairs, self.live, self.sync_buffers = traced, pairs, live, sync_buffers
-        self.forward = torch.compile(traced, mode=compile_mode) if compile_mode else traced
+        self.forward = replayed(torch.compile(traced, mode=compile_mode), compile_mode) \
+            if compile_mode else traced
 
     def describe(self) -> str:
         return f"{len(self.pairs)} conv + batch-norm pairs folded for evaluation"
