@@ -73,6 +73,8 @@ RUN=$(ls -td /tmp/runs/*/ 2>/dev/null | head -1)
 step fused-eval 60 "$PY" benchmarks/fused_eval.py --compile
 # issue 68: a requeued compiled run, its kernels (Triton's among them) kept with the run
 step compile-restart 150 "$PY" benchmarks/compile_restart.py --steps 20
+# issue 68: the launch-bound default recipe eager, compiled, and with CUDA graphs
+step cuda-graphs 150 "$PY" benchmarks/cuda_graphs.py --steps 300
 # issue 55: a large model's asynchronous save, its blocking part and the steps' dip apart
 step async-save 120 hpctrain run gpt-1b parallel.tensor=1 parallel.sequence_parallel=false \
   model.activation_checkpointing=true checkpoint.async_save=true checkpoint.every_steps=20 \

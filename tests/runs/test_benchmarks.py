@@ -146,6 +146,14 @@ CASES = [
                             "train.batch_size=16", "data.num_workers=0"],
      [r"^cold start \(a new run\)(\s+[\d.]+){7}\s+1\.00$",
       r"^requeued, cache kept with the run(\s+[\d.]+){5}\s+0\.0\s+[\d.]+\s+[\d.]+$"]),
+    ("cuda_graphs.py", ["--steps", "4", "--set", "model.name=hpctrain:tiny_cnn",
+                        "data.shapes.num_train=64", "data.shapes.num_val=16",
+                        "data.shapes.image_size=16", "data.images.image_size=16",
+                        "train.batch_size=16", "data.num_workers=0", "train.log_every=2"],
+     [r"^eager\s+[\d,]+\s+[\d.]+\s+eager$",
+      r"^compiled, default mode\s+[\d,]+\s+1\.00\s+default, \d+ graphs$",
+      # on a CPU, CUDA graphs asked for run as the default mode (the run's header says so)
+      r"^compiled, CUDA graphs\s+[\d,]+\s+[\d.]+\s+default, \d+ graphs$"]),
     ("warm_starts.py", ["--rounds", "1"],
      [r"^cold \(a fresh interpreter\)\s+[\d.]+\s+1\.00$",
       r"^warm \(forked from it\)\s+[\d.]+\s+[\d.]+$"]),
@@ -166,7 +174,8 @@ def test_a_benchmark_runs_at_a_tiny_size(script, arguments, expected, tmp_path):
     if script in ("data_pipeline.py", "data_stages.py", "stop_latency.py", "host_memory.py",
                   "lm_overhead.py", "sequence_padding.py", "runs_index.py", "tune_search.py",
                   "token_loader.py", "pack_growth.py", "tune_workers.py",
-                  "checkpoint_interval_slurm.py", "warm_starts.py", "compile_restart.py"):
+                  "checkpoint_interval_slurm.py", "warm_starts.py", "compile_restart.py",
+                  "cuda_graphs.py"):
         arguments = [*arguments, "--cache-dir", str(tmp_path)]
     if "{tmp}/photos" in arguments:  # a user's own photographs, in ImageFolder layout
         write_image_folder(tmp_path / "photos", per_class=20, size=64)
