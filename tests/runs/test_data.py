@@ -44,3 +44,26 @@ def test_the_next_epoch_s_first_batches_are_made_during_the_evaluation(tmp_path,
     assert sorted(waits) == list(range(1, 9))
     assert waits[1] > 0.3  # the first epoch's first batch: nothing opened it ahead
     assert waits[5] < 0.1, waits
+
+
+def test_validation_keeps_its_workers_between_evaluations_where_its_buffers_are_small(
+        image_folder, monkeypatch):
+    """Started again at each evaluation, a GPU node's 15 workers were most of a small
+    evaluation; a large validation's buffers (ImageNet's: 4.5 GiB) are freed after each."""
+    from hpctrain.data import loader
+
+    data = DataConfig(dataset="imagefolder", path=str(image_folder), num_workers=2,
+                      images={"image_size": 12})
+    kept = build_data(data, batch_size=4, seed=5, device=torch.device("cpu")).val_loader
+    assert kept.persistent_workers and kept.buffer_bytes <= loader.KEPT_VALIDATION_BUFFERS
+    passes = [[labels.clone() for _, labels in kept] for _ in range(2)]
+    workers = kept._workers.processes
+    assert passes[0] and all(torch.equal(a, b) for a, b in zip(*passes))
+    list(kept)  # a third pass: the same worker processes
+    assert kept._workers.processes == workers and all(p.is_alive() for p in workers)
+    kept.close()
+    monkeypatch.setattr(loader, "KEPT_VALIDATION_BUFFERS", kept.buffer_bytes - 1)
+    freed = build_data(data, batch_size=4, seed=5, device=torch.device("cpu")).val_loader
+    assert not freed.persistent_workers
+    list(freed)
+    assert freed._workers is None  # stopped with the pass, its buffers freed

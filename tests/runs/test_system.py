@@ -77,7 +77,8 @@ def test_training_switches_reach_their_one_place(tiny_config):
     assert isinstance(loader, BufferedLoader)  # an image folder decoded on the CPU
     assert loader.num_workers == 1 and loader.persistent_workers and loader.prefetch_factor == 3
     assert loader.drop_last and not parts.data.val_loader.drop_last
-    assert not parts.data.val_loader.persistent_workers  # its buffers go between evaluations
+    # its buffers are small: kept between evaluations, with its workers (test_data.py)
+    assert parts.data.val_loader.persistent_workers
     assert not loader.pin_memory  # pinned memory only helps copies to a GPU
     torch_loader = build_parts(tiny_config("data.loader=torch")).data.train_loader
     assert isinstance(torch_loader, SignalSafeLoader)

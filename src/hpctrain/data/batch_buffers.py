@@ -222,6 +222,11 @@ class BufferedLoader:
         weakref.finalize(self, _shut_down, self._live)
 
     @property
+    def buffer_bytes(self) -> int:
+        """What its batch buffers take, in shared memory (and page-locked, pinned)."""
+        return self.slots * self.batch_size * self.dataset.row_layout(self.max_size).bytes
+
+    @property
     def _workers(self) -> _Workers | None:
         return self._live["workers"]
 
