@@ -38,3 +38,19 @@ def test_the_choices_on_this_cpu_keep_the_global_batch_what_you_fix_and_your_loa
     kept = space_of(yours, {})
     assert kept.knob("workers") is None and kept.knob("micro-batch") is None
     assert "micro-batch: your DataLoader's batch size is kept" in kept.notes
+
+
+def test_the_compile_knob_names_the_mode_auto_runs_and_does_not_try_it_twice(tiny_config):
+    """compile_mode=auto is one of torch's modes once the model's size is known (counted on
+    the meta device): a trial of that mode would repeat the recipe's own."""
+    from hpctrain.autotune.knobs import _mode_run, space_of
+
+    knob = space_of(tiny_config("compile=true"), {}).knob("compile")
+    assert [c.label for c in knob.choices] == ["on, default (auto) (recipe)", "off"]
+    # on a GPU: the default recipe's 0.12 M parameters take CUDA graphs, a GPT-124M does not
+    assert _mode_run(load_config("default", []), True, 1) == "reduce-overhead"
+    assert _mode_run(load_config("default", []), True, 2) == "default"
+    assert _mode_run(load_config("tiny-lm", ["model.name=hpctrain:gpt_124m"]), True, 1) == \
+        "default"
+    assert _mode_run(load_config("default", ["compile_mode=max-autotune"]), True, 1) == \
+        "max-autotune"

@@ -119,17 +119,40 @@ def _compile(config: Config, plan, processes: int) -> Knob:
     from hpctrain.train.hardware.system import resolve_device
 
     on_gpu = resolve_device(config.device).type == "cuda"
-    own = f"{'on, ' + config.compile_mode if plan.compile else 'off'}"
+    runs = _mode_run(config, on_gpu, processes) if plan.compile else None
+    own = f"on, {runs}" + (" (auto)" if config.compile_mode == "auto" else "") \
+        if plan.compile else "off"
     choices = [own_choice("compile", own)]
     modes = ("default", "max-autotune-no-cudagraphs", "reduce-overhead") if on_gpu else \
         ("default",)  # CUDA graphs and Triton autotuning are GPU matters
     if plan.compile:
         choices.append(Choice("compile", "off", (("compile", False),)))
     for mode in modes:
-        if not (plan.compile and mode == config.compile_mode):
+        if not (plan.compile and mode == runs):
             choices.append(Choice("compile", f"on, {mode}",
                                   (("compile", True), ("compile_mode", mode))))
     return Knob("compile", choices)
+
+
+def _mode_run(config: Config, on_gpu: bool, processes: int) -> str:
+    """The compile mode the recipe runs: compile_mode=auto's decision for the model's size
+    (counted on the meta device, as `hpctrain memory` builds it), so that no trial repeats
+    the recipe's own; `auto` where the model cannot be built there."""
+    if config.compile_mode != "auto":
+        return config.compile_mode
+    if not on_gpu:
+        return "default"
+    from hpctrain.errors import UserError
+    from hpctrain.memory.estimate import model_info, output_width, resolve_target, step_spec
+    from hpctrain.train.compilation import auto_mode
+
+    try:
+        target = resolve_target(config, None, processes)
+        spec = step_spec(config, target, output_width(config)[0])
+        parameters = model_info(spec, target.precision).parameters
+    except (UserError, RuntimeError, ValueError, NotImplementedError):
+        return "auto"
+    return auto_mode(config, on_gpu, processes, parameters)[0]
 
 
 def _channels_last(config: Config, plan, processes: int) -> Knob | None:

@@ -61,7 +61,7 @@ def with_mode(plan, config, processes: int, parameters: int):
         return plan
     asked, on_gpu = config.compile_mode, plan.device.startswith("cuda")
     if asked == "auto":
-        mode, why = _auto_mode(config, on_gpu, processes, parameters)
+        mode, why = auto_mode(config, on_gpu, processes, parameters)
     elif asked in CUDA_GRAPH_MODES and not on_gpu:
         mode = "default" if asked == "reduce-overhead" else "max-autotune-no-cudagraphs"
         why = f"compile_mode {mode}: CUDA graphs ({asked}) need a GPU"
@@ -70,7 +70,7 @@ def with_mode(plan, config, processes: int, parameters: int):
     return dataclasses.replace(plan, compile_mode=mode, compile_note=why)
 
 
-def _auto_mode(config, on_gpu: bool, processes: int, parameters: int) -> tuple[str, str]:
+def auto_mode(config, on_gpu: bool, processes: int, parameters: int) -> tuple[str, str]:
     """(mode, why) of compile_mode=auto: CUDA graphs where one GPU trains a small model on
     batches of a few shapes, as a whole step."""
     if not on_gpu:
