@@ -26,6 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from harness import run_job_arguments, run_job_settings
+
 # run.json's split: the column's title
 COLUMNS = {"imports": "imports", "build": "build", "resume_load": "load",
            "compilation": "compiling", "compile_cache_hits": "hits",
@@ -47,14 +49,9 @@ def job(recipe: str, output: Path, settings: list[str]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--recipe", default="default")
-    parser.add_argument("--steps", type=int, default=20, help="steps of the cold job")
-    parser.add_argument("--set", nargs="*", default=[], help="recipe overrides (key=value)")
-    parser.add_argument("--cache-dir", help="where the shapes dataset is made (default: the "
-                        "recipe's data.shapes.cache_dir)")
+    run_job_arguments(parser, 20, "steps of the cold job")
     args = parser.parse_args()
-    if args.cache_dir:
-        args.set = [*args.set, f"data.shapes.cache_dir={args.cache_dir}"]
+    args.set = run_job_settings(args)
     with tempfile.TemporaryDirectory() as scratch:
         output, empty = Path(scratch) / "runs", Path(scratch) / "empty-cache"
         rows = {"cold start (a new run)": job(args.recipe, output, [

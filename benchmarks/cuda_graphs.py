@@ -21,6 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from harness import run_job_arguments, run_job_settings
+
 ROWS = {"eager": ["compile=false"],
         "compiled, default mode": ["compile=true", "compile_mode=default"],
         "compiled, CUDA graphs": ["compile=true", "compile_mode=reduce-overhead"]}
@@ -51,14 +53,9 @@ def describe(summary: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--recipe", default="default")
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--set", nargs="*", default=[], help="recipe overrides (key=value)")
-    parser.add_argument("--cache-dir", help="where the shapes dataset is made (default: the "
-                        "recipe's data.shapes.cache_dir)")
+    run_job_arguments(parser, 200, "steps of each job")
     args = parser.parse_args()
-    if args.cache_dir:
-        args.set = [*args.set, f"data.shapes.cache_dir={args.cache_dir}"]
+    args.set = run_job_settings(args)
     common = [*args.set, f"train.max_steps={args.steps}", "train.eval_every_epochs=1000"]
     with tempfile.TemporaryDirectory() as scratch:
         summaries = {row: job(args.recipe, Path(scratch), f"run{i}", [*common, *settings])

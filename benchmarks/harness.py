@@ -22,6 +22,20 @@ from hpctrain.train.preemption import Stopper
 from hpctrain.train.telemetry import Telemetry
 
 
+def run_job_arguments(parser, steps: int, steps_help: str) -> None:
+    """A benchmark of `hpctrain run` jobs: --recipe, --steps, --set and --cache-dir."""
+    parser.add_argument("--recipe", default="default")
+    parser.add_argument("--steps", type=int, default=steps, help=steps_help)
+    parser.add_argument("--set", nargs="*", default=[], help="recipe overrides (key=value)")
+    parser.add_argument("--cache-dir", help="where the shapes dataset is made (default: the "
+                        "recipe's data.shapes.cache_dir)")
+
+
+def run_job_settings(args) -> list[str]:
+    """The overrides of run_job_arguments: --set, and the shapes' folder of --cache-dir."""
+    return [*args.set, *([f"data.shapes.cache_dir={args.cache_dir}"] if args.cache_dir else [])]
+
+
 def make_batches(count: int, batch_size: int, image_size: int, num_classes: int,
                  pin: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """uint8 NHWC batches, as the DataLoader delivers them (DeviceBatcher permutes them)."""

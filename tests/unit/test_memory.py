@@ -228,6 +228,11 @@ def test_a_gpu_target_counts_the_context_and_allocator(run_cli, tiny, tmp_path):
     assert est["device"] == "cuda" and est["precision"] == "bf16"
     assert est["capacity_bytes"] == 40960 * MIB and est["strategy"] == "ddp"
     assert est["in_use_bytes"] == int(est["peak_allocated_bytes"] * 1.1) + 512 * MIB
+    # a convnet's prediction says what it leaves out (a GPU measured it); a GPT has no conv
+    assert any("not counted: cuDNN's convolution workspace" in note for note in est["notes"])
+    code, out, err = run_cli("memory", "tiny-lm", "--gpu-memory", "a100-40gb", "--json")
+    assert code == 0, err
+    assert not any("cuDNN" in note for note in json.loads(out)["estimate"]["notes"])
 
 
 def test_a_model_whose_states_do_not_fit_is_sharded_with_the_smallest_degree(tiny_config):
