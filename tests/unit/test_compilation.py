@@ -102,7 +102,10 @@ def test_auto_captures_cuda_graphs_for_a_small_model_on_one_gpu_and_says_what_it
 
 
 def test_auto_leaves_cuda_graphs_out_where_the_batches_shapes_vary():
+    from hpctrain.data.kind import SHAPES
+
     documents = load_config("tiny-lm", ["data.tokens.batching=documents"])
+    assert documents.data.kind_spec.shapes(documents.data) == "varied" and "varied" in SHAPES
     plan = compilation.with_mode(_plan(), documents, 1, 120_000)
     assert plan.compile_mode == "default" and "its batches' shapes are varied" in \
         plan.compile_note

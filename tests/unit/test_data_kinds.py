@@ -12,6 +12,7 @@ from torch.utils.data import default_collate
 
 from hpctrain.config import load_config
 from hpctrain.data import kinds
+from hpctrain.data.kind import BOUNDED_SHAPES
 from hpctrain.data.sampling import SampleKey
 from hpctrain.data.worker_start import not_shippable
 
@@ -54,6 +55,7 @@ def test_a_kind_s_built_in_datasets_honour_the_dataset_contract(kind_name, datas
     assert batch is not None
     assert val[kind.sample_key(data, 0)] is not None
     assert not_shippable([train, val]) is None  # what a forkserver's workers are handed
+    assert kind.shapes(data) in BOUNDED_SHAPES  # one graph per shape compiles a few
 
 
 OWN_MODELS = [(kind.name, name) for kind in kinds.KINDS.values() for name in kind.models]

@@ -40,6 +40,7 @@ class SampleKey(NamedTuple):
 
 
 SHAPES = ("fixed", "few", "varied", "unknown")  # a kind's training batches' shapes (shapes())
+BOUNDED_SHAPES = SHAPES[:2]  # a graph per shape is a bounded few graphs
 
 
 def _shapes(data) -> str:

@@ -18,7 +18,5 @@ SPEC = DataKind(
     name=tensors.KIND, samples_word="your own tensors",
     model_hint="your own model (model.name: path/to/file.py:build)",
     unit=lambda data: "sample", batcher=moving_batcher, any_shape=True,
-    # data.bucketing batches samples of different lengths, padded by your collate
-    shapes=lambda data: "varied" if data.bucketing else "unknown",
     own_sample_problem=own_check("tensor_sample_problem"),
     own_expected=lambda data: EXPECTED[data.targets])
