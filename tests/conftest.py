@@ -136,7 +136,9 @@ def restore_torch_globals():
     deterministic = torch.are_deterministic_algorithms_enabled()
     benchmark = torch.backends.cudnn.benchmark
     tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    cudnn_attention = torch.backends.cuda.cudnn_sdp_enabled()
     yield
+    torch.backends.cuda.enable_cudnn_sdp(cudnn_attention)
     torch.use_deterministic_algorithms(deterministic)
     torch.backends.cudnn.benchmark = benchmark
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32

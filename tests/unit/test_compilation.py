@@ -1,10 +1,12 @@
 """Where a run keeps what torch compiled (train/compilation.py): its folder chosen, keyed,
 given back when the run ends, and refused where torch could not lock it."""
 
+import dataclasses
 import errno
 import fcntl
 import os
 from contextlib import ExitStack
+from pathlib import Path
 
 import torch
 
@@ -159,3 +161,28 @@ def test_each_call_of_a_graphed_module_begins_a_replay_and_torch_s_skips_are_gat
         "skipping cudagraphs due to mutated inputs (1 instances)"
     told = compilation.graphs_skipped(1, compilation.graph_skip_reasons())
     assert "without CUDA graphs (skipping cudagraphs due to mutated inputs" in told
+
+
+def test_cudnn_attention_is_left_to_batches_of_a_few_shapes(tiny_config):
+    """cuDNN builds an attention plan for each sequence length: a GPU run of ever new widths
+    (or your collate's, unknown) runs flash or memory-efficient attention instead."""
+    from hpctrain.train.hardware.system import apply_global_switches, cudnn_attention
+
+    assert cudnn_attention(load_config("default", []))
+    assert not cudnn_attention(load_config("tiny-lm", ["data.tokens.batching=documents"]))
+    assert cudnn_attention(load_config("tiny-lm", ["data.tokens.batching=documents",
+                                                   "data.tokens.width_buckets=4"]))
+    assert cudnn_attention(load_config("tiny-lm", ["data.tokens.batching=documents",
+                                                   "cudnn_attention=true"]))
+    fixture = Path(__file__).parent.parent / "fixtures" / "tensor_data.py"
+    yours = load_config("default", [f"data.dataset={fixture}:waves",
+                                    f"model.name={fixture}:SignalNet"])
+    assert not cudnn_attention(yours)
+    # the switch reaches torch on a GPU run (a plan made for one: the flag is the process's)
+    apply_global_switches(dataclasses.replace(_plan(), cudnn_attention=False), seed=0)
+    assert not torch.backends.cuda.cudnn_sdp_enabled()
+    apply_global_switches(dataclasses.replace(_plan(), cudnn_attention=True), seed=0)
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    from hpctrain.train.hardware.system import plan_system
+
+    assert not plan_system(tiny_config()).cudnn_attention  # a CPU has none

@@ -46,6 +46,11 @@ class Config(Section):
         "directory), a folder your runs share (a subfolder per torch, Triton and device), or "
         "'none' (torch's own, the node's temporary folder)")
     cudnn_benchmark: bool | Auto = "auto"
+    cudnn_attention: bool | Auto = Field(
+        "auto", description="cuDNN's attention kernels for scaled_dot_product_attention; "
+        "auto: on a GPU where the batches come in a few shapes (cuDNN builds a plan for each "
+        "sequence length, tens of milliseconds each), off where their widths vary or are your "
+        "collate's")
     deterministic: bool = False
     report: bool = Field(True, description="write report.html (and its PNGs) into the run "
                          "directory when the run ends")

@@ -31,6 +31,7 @@ def banner(parts, resume_from: Path | None) -> str:
         f"  device {p.device} ({p.device_name}), precision {p.precision}, channels_last "
         f"{p.channels_last}, compile {p.compile}"
         + (f" ({p.compile_mode})" if p.compile else "") + f", cudnn.benchmark {p.cudnn_benchmark}"
+        + (f", cudnn attention {p.cudnn_attention}" if p.device.startswith("cuda") else "")
         + (f" ({p.note})" if p.note else ""),
         *([f"  {p.compile_note}"] if p.compile_note else []),
         *([f"  compiled kernels: {parts.compile_cache}"] if parts.compile_cache else []),

@@ -1,7 +1,7 @@
 """Resolve the `auto` system switches against the hardware, once, and apply the global ones.
 
 Each switch is decided here and nowhere else: device, precision, channels_last, compile,
-cudnn.benchmark, determinism. The result is printed at the start of a run and saved in the
+cudnn.benchmark, cuDNN's attention, determinism. The result is printed at the start of a run and saved in the
 summary, so a user always knows what ran.
 """
 
@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from hpctrain.config import Config
+from hpctrain.data.kind import BOUNDED_SHAPES
 from hpctrain.errors import DeviceError
 from hpctrain.seeding import seed_process
 from hpctrain.train.hardware import fp8
@@ -32,6 +33,8 @@ class SystemPlan:
     # built (train/compilation.py: with_mode)
     compile_mode: str = ""
     compile_note: str = ""  # how auto decided it, or why it is not the mode asked
+    # scaled_dot_product_attention may take cuDNN's kernels (a GPU run's only)
+    cudnn_attention: bool = False
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -111,7 +114,19 @@ def plan_system(config: Config, device_setting: str | None = None, sharded: bool
         else config.cudnn_benchmark
     name = torch.cuda.get_device_name(device) if on_gpu else "cpu"
     return SystemPlan(str(device), name, precision, channels_last, compile_, benchmark,
-                      config.deterministic, note)
+                      config.deterministic, note,
+                      cudnn_attention=on_gpu and cudnn_attention(config))
+
+
+def cudnn_attention(config: Config) -> bool:
+    """Whether a GPU run lets scaled_dot_product_attention take cuDNN's kernels: cuDNN builds
+    an execution plan for each sequence length it meets (tens of milliseconds each, hundreds
+    with a mask: a run whose batches each have a width of their own crawled at 1-2 % GPU
+    utilisation on an H200), so `auto` leaves them to batches of a bounded few shapes; your
+    own data's shapes are your collate's, unknown here."""
+    if config.cudnn_attention != "auto":
+        return config.cudnn_attention
+    return config.data.kind_spec.shapes(config.data) in BOUNDED_SHAPES
 
 
 def apply_global_switches(plan: SystemPlan, seed: int) -> None:
@@ -121,6 +136,8 @@ def apply_global_switches(plan: SystemPlan, seed: int) -> None:
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
     torch.backends.cudnn.benchmark = plan.cudnn_benchmark
+    if plan.device.startswith("cuda"):
+        torch.backends.cuda.enable_cudnn_sdp(plan.cudnn_attention)
     if plan.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
