@@ -1,13 +1,16 @@
-"""How soon a requeued compiled run reaches its first step, with its compile cache kept in the
-run directory (compile_cache=run, the default) and without (a new node's empty cache, as
-torch's default /tmp folder leaves a requeue).
+"""How soon a requeued compiled run reaches its first step, with its compile cache kept in its
+output folder (compile_cache=shared, the default; `run` keeps it in the run directory, the
+same for a requeue) and without (a new node's empty cache, as torch's default /tmp folder
+leaves a requeue).
 
 Three jobs of `hpctrain run RECIPE compile=true`, each a process of its own:
 1. cold: a new run, its cache empty, trained to --steps (an evaluation at its end, so every
    graph the run needs is compiled);
 2. requeued: the same run resumed (resume=auto) to twice --steps, its kept cache read;
 3. requeued without the kept cache: the same run resumed again, its kernels to be compiled
-   into an empty folder.
+   into an empty folder;
+4. a new run of the same recipe in the same output folder (a search's next trial, the next
+   experiment), which compile_cache=shared starts warm.
 Each job's way to its first step is read from run.json (`hpctrain goodput`'s figures:
 imports, build, the checkpoint's load, compilation, when the first step ended); the ratio is
 each requeue's first step against the cold start's.
@@ -34,16 +37,16 @@ COLUMNS = {"imports": "imports", "build": "build", "resume_load": "load",
            "compile_cache_misses": "misses", "first_step": "1st step"}
 
 
-def job(recipe: str, output: Path, settings: list[str]) -> dict:
+def job(recipe: str, output: Path, settings: list[str], name: str = "restart") -> dict:
     """One `hpctrain run` in a process of its own; its start's split from run.json."""
     command = [sys.executable, "-m", "hpctrain", "run", recipe, "compile=true",
-               f"output_dir={output}", "run_name=restart", "report=false",
+               f"output_dir={output}", f"run_name={name}", "report=false",
                "tensorboard=false", *settings]
     done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command)} exited {done.returncode}:\n"
                          f"{done.stderr[-3000:]}")
-    starts = json.loads((output / "restart" / "run.json").read_text())["starts"]
+    starts = json.loads((output / name / "run.json").read_text())["starts"]
     return starts[-1]["split"]
 
 
@@ -56,11 +59,13 @@ def main() -> None:
         output, empty = Path(scratch) / "runs", Path(scratch) / "empty-cache"
         rows = {"cold start (a new run)": job(args.recipe, output, [
                     *args.set, f"train.max_steps={args.steps}"]),
-                "requeued, cache kept with the run": job(args.recipe, output, [
+                "requeued, cache kept (shared)": job(args.recipe, output, [
                     *args.set, f"train.max_steps={2 * args.steps}", "resume=auto"]),
                 "requeued, cache not kept (a new node)": job(args.recipe, output, [
                     *args.set, f"train.max_steps={3 * args.steps}", "resume=auto",
-                    f"compile_cache={empty}"])}
+                    f"compile_cache={empty}"]),
+                "a new run in the same output folder": job(args.recipe, output, [
+                    *args.set, f"train.max_steps={args.steps}"], name="another")}
     cold = rows["cold start (a new run)"]["first_step"]
     print(f"{args.recipe} compile=true {' '.join(args.set)} on {os.cpu_count()} CPUs "
           "(seconds from the job's start)")

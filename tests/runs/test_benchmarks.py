@@ -145,7 +145,9 @@ CASES = [
                             "data.shapes.image_size=16", "data.images.image_size=16",
                             "train.batch_size=16", "data.num_workers=0"],
      [r"^cold start \(a new run\)(\s+[\d.]+){7}\s+1\.00$",
-      r"^requeued, cache kept with the run(\s+[\d.]+){5}\s+0\.0\s+[\d.]+\s+[\d.]+$"]),
+      r"^requeued, cache kept \(shared\)(\s+[\d.]+){5}\s+0\.0\s+[\d.]+\s+[\d.]+$",
+      r"^a new run in the same output folder(\s+[\d.]+){2}\s+0\.0(\s+[\d.]+){2}\s+0\.0\s+"
+      r"[\d.]+\s+[\d.]+$"]),
     ("cuda_graphs.py", ["--steps", "4", "--set", "model.name=hpctrain:tiny_cnn",
                         "data.shapes.num_train=64", "data.shapes.num_val=16",
                         "data.shapes.image_size=16", "data.images.image_size=16",

@@ -50,7 +50,7 @@ def test_a_requeued_compiled_run_loads_its_kernels_and_ends_with_the_same_weight
 
     again = launch(1, tiny(*settings, end, "run_name=stopped", "resume=auto"))
     assert again.returncode == 0, again.stderr[-3000:]
-    folders = list((stopped / "compile-cache").iterdir())
+    folders = list((stopped.parent / ".compile-cache").iterdir())  # the output folder's
     assert len(folders) == 1 and folders[0].name.startswith("torch")  # one machine's key
     assert f"compiled kernels: kept in {folders[0]}" in again.stdout
     assert "compile True (default)" in again.stdout  # auto's mode on a CPU: no CUDA graphs
@@ -63,10 +63,11 @@ def test_a_requeued_compiled_run_loads_its_kernels_and_ends_with_the_same_weight
     assert second["resume_load"] > 0 and "resume_load" not in first
     assert second["compilation"] > 0 and second["first_step"] > second["startup"]
 
-    # a run never stopped, its kernels from the same folder: the same weights to the bit
-    whole = launch(1, tiny(*settings, end, "run_name=whole",
-                           f"compile_cache={stopped / 'compile-cache'}"))
+    # a new run never stopped, in the same output folder: it starts warm from the folder's
+    # kernels (compile_cache: shared), and ends with the same weights to the bit
+    whole = launch(1, tiny(*settings, end, "run_name=whole"))
     assert whole.returncode == 0, whole.stderr[-3000:]
+    assert f"compiled kernels: kept in {folders[0]}" in whole.stdout
     assert starts(stopped.parent / "whole")[0]["split"]["compile_cache_misses"] == 0
     assert_same_training_state(final_state(stopped), final_state(stopped.parent / "whole"))
 

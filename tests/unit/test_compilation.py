@@ -37,6 +37,25 @@ def test_a_shared_folder_holds_one_subfolder_per_machine_and_version(tmp_path, m
     key = compilation.cache_key(torch.device("cpu"))
     assert [p.name for p in (tmp_path / "shared").iterdir()] == [key]
     assert key.startswith(f"torch{torch.__version__.split('+')[0]}") and "/" not in key
+    # shared, the default: the output folder's, beside the runs, for every run of it
+    with ExitStack() as held:
+        said = compilation.keep_cache("shared", tmp_path / "runs" / "a", torch.device("cpu"),
+                                      held)
+    assert said.startswith(f"kept in {tmp_path / 'runs' / '.compile-cache' / key} (empty")
+    (tmp_path / "runs" / ".compile-cache" / key / "kernels").mkdir()
+    for number in range(compilation.FILES_COUNTED + 5):  # counted up to a bound
+        (tmp_path / "runs" / ".compile-cache" / key / "kernels" / str(number)).touch()
+    with ExitStack() as held:
+        said = compilation.keep_cache("shared", tmp_path / "runs" / "b", torch.device("cpu"),
+                                      held)
+    assert f"({compilation.FILES_COUNTED}+ files from earlier jobs" in said
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "linked").mkdir()
+    (tmp_path / "linked" / ".compile-cache").symlink_to(elsewhere)
+    said = compilation.keep_cache("shared", tmp_path / "linked" / "a", torch.device("cpu"),
+                                  ExitStack())
+    assert "is a link, which hpctrain does not follow" in said and not any(elsewhere.iterdir())
     monkeypatch.setattr(torch, "__version__", "9.9.9")
     assert compilation.cache_key(torch.device("cpu")) != key
 

@@ -107,7 +107,7 @@ class Search:
                                          options.fixed)
         self.overrides = [*overrides, *settings]
         self.config = load_config(recipe, self.overrides)
-        if self.config.compile_cache == "run":  # one folder for every trial and the pick's run
+        if self.config.compile_cache in ("shared", "run"):  # one for the trials and the pick
             self.overrides.append(f"compile_cache={folder.resolve() / COMPILE_CACHE}")
         self.space = space_of(self.config, fixed, processes)
         self.plan = Plan(recipe, self.overrides, folder, warmup=options.warmup,

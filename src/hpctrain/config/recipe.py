@@ -41,10 +41,12 @@ class Config(Section):
         "step replayed with one launch) for a small model on one GPU whose batches come in "
         "a few shapes, else default")
     compile_cache: str = Field(
-        "run", min_length=1, description="where torch keeps what compile made, so that a "
-        "requeued or resumed job loads it instead of compiling again: 'run' (in the run "
-        "directory), a folder your runs share (a subfolder per torch, Triton and device), or "
-        "'none' (torch's own, the node's temporary folder)")
+        "shared", min_length=1, description="where torch keeps what compile made, so that a "
+        "requeued or resumed job, and a later run of the same model, load it instead of "
+        "compiling again: 'shared' (OUTPUT_DIR/.compile-cache, every run of the output "
+        "folder), 'run' (in the run directory), a folder of your choosing (each a subfolder "
+        "per torch, Triton, Python and device), or 'none' (torch's own, the node's "
+        "temporary folder)")
     cudnn_benchmark: bool | Auto = "auto"
     cudnn_attention: bool | Auto = Field(
         "auto", description="cuDNN's attention kernels for scaled_dot_product_attention; "

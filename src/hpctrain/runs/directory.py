@@ -44,6 +44,9 @@ CHECKPOINTS = "checkpoints"
 # torch's compiled kernels (compile_cache: run), a folder per torch, Triton and device:
 # written by torch's compiler, whose files hpctrain neither writes nor reads
 COMPILE_CACHE = "compile-cache"
+# the same, in the output folder (compile_cache: shared): every run of it reads and adds
+# to it; hidden, so that no run name's folder can be it
+SHARED_COMPILE_CACHE = ".compile-cache"
 TENSORBOARD = "tb"
 PROFILE = "profile"
 PROFILE_SUMMARY = "profile.json"  # in profile/: hpctrain profile's verdict and figures

@@ -10,9 +10,11 @@ A requeued job is a new process: by default torch keeps its compiled kernels in 
 /tmp, which the next job, on another node or after the node's clean-up, does not find, so it
 compiles again (the default recipe on a CPU reached its first step 54.9 s after a cold start,
 9.9 s after a requeue with the folder kept: benchmarks/compile_restart.py). The run keeps
-that folder with itself (`compile_cache: run`, in RUN_DIR/compile-cache/), or in a folder its
-user's runs share, under a key of the torch, Triton, Python and device that made it, so that
-a job on another card or version never reads it. Torch's compiler takes file locks in that
+that folder in its output folder (`compile_cache: shared`, OUTPUT_DIR/.compile-cache/, where
+the next run of the same model, a search's next trial, finds it too), with itself
+(`compile_cache: run`, RUN_DIR/compile-cache/) or in a folder of your choosing, under a key of
+the torch, Triton, Python and device that made it, so that a job on another card or version
+never reads it. Torch's compiler takes file locks in that
 folder; one that takes none (Lustre mounted without flock) is said and left for torch's own.
 """
 
@@ -22,6 +24,7 @@ import dataclasses
 import fcntl
 import hashlib
 import importlib.metadata
+import itertools
 import logging
 import os
 import platform
@@ -36,7 +39,7 @@ from torch import nn
 
 from hpctrain.config.recipe import CUDA_GRAPH_MODES
 from hpctrain.data.kind import BOUNDED_SHAPES
-from hpctrain.runs.directory import RunDir
+from hpctrain.runs.directory import SHARED_COMPILE_CACHE, RunDir
 
 CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"  # where torch's Inductor keeps its caches
 # the folder the job's environment names, read before torch's compiler sets the variable
@@ -51,6 +54,7 @@ TALLIED = ("compilation", "compiled_graphs", "recompiles", "compile_cache_hits",
 # recompilations a job is told of: the switch to evaluation and one shape made dynamic are two
 # or three; past that the batches' shapes keep changing
 RECOMPILES_TOLD = 4
+FILES_COUNTED = 1000  # the banner counts a kept cache's files up to this (a shared one grows)
 
 
 # `compile_mode=auto` captures CUDA graphs for models up to this size: their step's kernels
@@ -154,15 +158,22 @@ def graphs_skipped(skips: int, reasons: list[str]) -> str:
 
 
 def keep_cache(setting: str, run_dir: Path, device: torch.device, held: ExitStack) -> str:
-    """Point torch's compile caches at the folder `setting` names for this run (`run`: in the
-    run directory; `none`: torch's own; else a folder shared by runs), under this machine's
-    key, until `held` closes; the banner's words for it."""
-    if setting == "run" and _yours():
-        return f"kept in {YOURS} (your {CACHE_VARIABLE}, which compile_cache=run leaves be)"
+    """Point torch's compile caches at the folder `setting` names for this run (`shared`:
+    in its output folder, `run`: in the run directory; `none`: torch's own; else a folder of
+    your choosing), under this machine's key, until `held` closes; the banner's words for
+    it."""
+    if setting in ("shared", "run") and _yours():
+        return (f"kept in {YOURS} (your {CACHE_VARIABLE}, which compile_cache={setting} "
+                "leaves be)")
     if setting == "none":
         return ("kept where torch keeps them (the node's temporary folder, unless your "
                 f"{CACHE_VARIABLE} says otherwise): a job on another node compiles again")
-    base = RunDir(run_dir).compile_cache if setting == "run" else Path(setting).expanduser()
+    base = RunDir(run_dir).compile_cache if setting == "run" else \
+        Path(run_dir).parent / SHARED_COMPILE_CACHE if setting == "shared" else \
+        Path(setting).expanduser()
+    if setting == "shared" and (base.is_symlink() or (base / cache_key(device)).is_symlink()):
+        return (f"kept where torch keeps them: {base} is a link, which hpctrain does not "
+                "follow in an output folder; compile_cache=PATH names a folder of your choosing")
     folder = base.resolve() / cache_key(device)
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -170,11 +181,12 @@ def keep_cache(setting: str, run_dir: Path, device: torch.device, held: ExitStac
     except OSError as err:
         return (f"kept where torch keeps them: {folder} cannot hold them "
                 f"({err.strerror or err}); a job on another node compiles again")
-    found = sum(1 for _ in _files(folder))
+    found = sum(1 for _ in itertools.islice(_files(folder), FILES_COUNTED))
     _point_torch_at(str(folder), held)
-    return f"kept in {folder}" + (f" ({found} files from earlier jobs: loaded, not compiled "
-                                  "again where they match)" if found else " (empty: compiled "
-                                  "in this job, loaded by the next)")
+    many = "+" if found == FILES_COUNTED else ""
+    return f"kept in {folder}" + (f" ({found}{many} files from earlier jobs: loaded, not "
+                                  "compiled again where they match)" if found else " (empty: "
+                                  "compiled in this job, loaded by the next)")
 
 
 def _yours() -> bool:
