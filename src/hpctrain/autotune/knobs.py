@@ -120,8 +120,8 @@ def _compile(config: Config, plan, processes: int) -> Knob:
 
     on_gpu = resolve_device(config.device).type == "cuda"
     runs = _mode_run(config, on_gpu, processes) if plan.compile else None
-    own = f"on, {runs}" + (" (auto)" if config.compile_mode == "auto" else "") \
-        if plan.compile else "off"
+    own = "off" if not plan.compile else f"on, {runs}" if runs == config.compile_mode else \
+        f"on, {runs} (auto)"
     choices = [own_choice("compile", own)]
     modes = ("default", "max-autotune-no-cudagraphs", "reduce-overhead") if on_gpu else \
         ("default",)  # CUDA graphs and Triton autotuning are GPU matters

@@ -20,8 +20,8 @@ sample's shape and dtype at the sampler's size, and whether it has a label: imag
 The batches are the ones torch's loader gives: the same samples, crops and flips (views are
 drawn from the sample keys alone: sampling.py), in order. A batch stays valid until two more
 have been asked for, from its pass or the next; clone it to keep it longer. A pass starts
-rendering when it is opened (`iter`), as torch's DataLoader does. A worker that dies is named with how it died,
-never waited for forever; one that raises passes its error on.
+rendering when it is opened (`iter`), as torch's DataLoader does. A worker that dies is named
+with how it died, never waited for forever; one that raises passes its error on.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Resolve the `auto` system switches against the hardware, once, and apply the global ones.
 
 Each switch is decided here and nowhere else: device, precision, channels_last, compile,
-cudnn.benchmark, cuDNN's attention, determinism. The result is printed at the start of a run and saved in the
+cudnn.benchmark, cuDNN's attention, determinism (compile's mode is decided with the model in
+hand, train/compilation.py). The result is printed at the start of a run and saved in the
 summary, so a user always knows what ran.
 """
 
