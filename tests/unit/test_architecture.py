@@ -311,3 +311,50 @@ def test_the_command_line_is_a_package_by_verb_family_with_real_sub_commands():
     families = {path.stem for path in (SOURCE / "cli").glob("*.py")} - {"__init__", "arguments"}
     assert families == {"run", "jobs", "runs", "views", "tune", "bench", "tools"}
     assert not [path for path in SOURCE.glob("cli*.py")]
+
+
+# the captured child processes that are not external commands hpctrain reads, and why
+CAPTURED_ELSEWHERE = {
+    "profiling/collect.py": "hpctrain's own Python reading a piece of a trace, which prints "
+                            "one count",
+    "bench/python_profile.py": "py-spy record, running for the whole measurement; its stderr "
+                               "read only when it fails to attach, within half a second",
+}
+CAPTURING = ("run", "check_output", "getoutput", "getstatusoutput", "Popen", "call",
+             "check_call")
+
+
+def captured_calls(text: str) -> list[int]:
+    """Lines of `text` that start a child process whose output is read: subprocess's calls
+    with capture_output or a PIPE, and those that always capture (check_output, getoutput)."""
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "subprocess"
+                and node.func.attr in CAPTURING):
+            continue
+        piped = any(keyword.arg == "capture_output" or (
+            keyword.arg in ("stdout", "stderr") and isinstance(keyword.value, ast.Attribute)
+            and keyword.value.attr == "PIPE") for keyword in node.keywords)
+        if piped or node.func.attr in ("check_output", "getoutput", "getstatusoutput"):
+            found.append(node.lineno)
+    return found
+
+
+def test_external_commands_are_read_only_through_the_one_runner():
+    """sacct, squeue, git, py-spy...: through commands.run_command (a deadline that holds
+    while the command prints, capped output, the group killed), never captured whole."""
+    found = {path: lines for path, text in sources().items()
+             if path != "commands.py" and path not in CAPTURED_ELSEWHERE
+             and (lines := captured_calls(text))}
+    assert not found, found
+    assert all(captured_calls((SOURCE / path).read_text()) for path in CAPTURED_ELSEWHERE)
+
+
+def test_the_runner_check_can_fail():
+    planted = ("import subprocess\n"
+               "a = subprocess.run(['sacct'], capture_output=True, timeout=120)\n"
+               "b = subprocess.Popen(['squeue'], stdout=subprocess.PIPE)\n"
+               "c = subprocess.check_output(['git', 'rev-parse', 'HEAD'])\n"
+               "d = subprocess.run(['wandb', 'sync'])\n")
+    assert captured_calls(planted) == [2, 3, 4]

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpctrain.commands import OutputTooLarge, run_command
 from hpctrain.cluster import scheduler
 from hpctrain.cluster.profiles import Profile, get_profile
 from hpctrain.cluster.records import FINAL_STATES, UNKNOWN, ClusterError
@@ -297,11 +298,13 @@ def check_user_code(references: list[tuple[str, str]], venv: str | None) -> None
     exit 2 at submission, not a failed job after the queue."""
     python = str(Path(venv).expanduser() / "bin" / "python") if venv else sys.executable
     try:
-        done = subprocess.run([python, "-c", _IMPORT_CHECK, json.dumps(references)],
-                              capture_output=True, text=True, timeout=600)
+        done = run_command([python, "-c", _IMPORT_CHECK, json.dumps(references)], 600)
     except subprocess.TimeoutExpired:
         raise ConfigError(f"the user code of this recipe did not import within 10 minutes "
                           f"({python})") from None
+    except OutputTooLarge as err:
+        raise ConfigError(f"importing the user code of this recipe: {err} ({python})") \
+            from None
     if done.returncode != 0:
         lines = done.stderr.strip().splitlines() or ["(no output)"]
         message = next((line.removeprefix("hpctrain.errors.ConfigError: ") for line in

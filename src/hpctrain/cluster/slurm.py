@@ -24,6 +24,7 @@ from hpctrain.cluster.records import (MOST_RESTARTS, UNKNOWN, ClusterError, JobE
                                       ProcessEnv, below, whole_number)
 from hpctrain.cluster import sbatch
 from hpctrain.cluster.sbatch import render
+from hpctrain.commands import OutputTooLarge, run_command
 from hpctrain.errors import ConfigError
 
 NAME = "slurm"
@@ -166,8 +167,7 @@ def job_end_time(job_id: str, environ: Mapping[str, str]) -> float | None:
     if shutil.which("squeue") is None:
         return None
     try:
-        out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%e"], capture_output=True,
-                             text=True, timeout=30).stdout.strip()
+        out = run_command(["squeue", "-h", "-j", job_id, "-o", "%e"], 30).stdout.strip()
         return datetime.fromisoformat(out).timestamp()  # local time, like squeue prints it
     except (subprocess.SubprocessError, OSError, ValueError):
         return None  # no limit ("N/A"), job unknown, or slurmctld unreachable
@@ -183,8 +183,11 @@ def requeue(job_id: str, script_continues: bool) -> str:
     if shutil.which("scontrol") is None:
         return ("scontrol is not available here: exiting with the requeue status for the "
                 "batch script to act on.")
-    done = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True,
-                          timeout=60)
+    try:
+        done = run_command(["scontrol", "requeue", job_id], 60)
+    except (subprocess.SubprocessError, OSError) as err:
+        return (f"'scontrol requeue {job_id}' failed ({err}): exiting with the requeue "
+                "status for the batch script to act on.")
     if done.returncode == 0:
         return f"Requeued Slurm job {job_id}."
     return (f"'scontrol requeue {job_id}' failed ({done.stderr.strip() or done.returncode}): "
@@ -204,8 +207,16 @@ def run(args: list[str], check: bool = True,
     if shutil.which(args[0]) is None:
         raise ClusterError(f"'{args[0]}' is not on PATH: is this a Slurm login node? (On a "
                            "cluster, load its Slurm module; elsewhere use hpctrain run.)")
-    done = subprocess.run(args, capture_output=True, text=True, timeout=120,
-                          env=None if env is None else {**os.environ, **env})
+    try:
+        done = run_command(args, 120, env=None if env is None else {**os.environ, **env})
+    except subprocess.TimeoutExpired:
+        raise ClusterError(f"{' '.join(args[:2])} did not answer within 120 s: is the "
+                           "scheduler's controller reachable from here?") from None
+    except OutputTooLarge as err:
+        raise ClusterError(f"{err}: more than a scheduler's answer; is '{args[0]}' on PATH "
+                           "the scheduler's own?") from None
+    except OSError as err:
+        raise ClusterError(f"{args[0]} could not be started: {err}") from None
     if check and done.returncode != 0:
         message = (done.stderr or done.stdout).strip() or f"exit status {done.returncode}"
         raise ClusterError(f"{' '.join(args[:2])} failed: {message}")

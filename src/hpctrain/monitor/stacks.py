@@ -34,6 +34,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpctrain.commands import run_command
+
 DUMP_SIGNAL = signal.SIGQUIT  # a worker writes its stacks on it (armed at its start)
 MEMORY_FILE = "hpctrain-stacks"  # the worker's anonymous file for them
 PY_SPY_SECONDS = 15.0
@@ -241,9 +243,7 @@ def worker_stacks(pid: int, started: str | None = None) -> WorkerStacks:
     tool = shutil.which("py-spy")
     if tool is not None:
         try:
-            done = subprocess.run([tool, "dump", "--pid", str(pid), "--json"],
-                                  capture_output=True, text=True, timeout=PY_SPY_SECONDS,
-                                  start_new_session=True)
+            done = run_command([tool, "dump", "--pid", str(pid), "--json"], PY_SPY_SECONDS)
             if done.returncode == 0:
                 return WorkerStacks(pid, _py_spy_text(done.stdout), _py_spy_main(done.stdout),
                                     "py-spy", armed, started, waits)

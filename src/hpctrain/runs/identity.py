@@ -24,6 +24,7 @@ import time
 import uuid
 from pathlib import Path
 
+from hpctrain.commands import run_command
 from hpctrain.readers import (AMOUNT, COUNT, MAPPING, TEXT, TIME, Kind, field_problem,
                               json_document, list_of, optional)
 from hpctrain.runs.directory import CAPS, IDENTITY, RunDir, mark_changed, stamp
@@ -77,12 +78,11 @@ def config_hash(config: dict) -> str:
 def git_commit(folder: Path) -> str | None:
     """The commit checked out where the run was started (with '+dirty' for local changes)."""
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=folder, capture_output=True,
-                              text=True, timeout=5)
+        head = run_command(["git", "rev-parse", "HEAD"], 5, cwd=folder)
         if head.returncode != 0:
             return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=folder, capture_output=True, text=True, timeout=5)
+        dirty = run_command(["git", "status", "--porcelain", "--untracked-files=no"], 5,
+                            cwd=folder)
     except (OSError, subprocess.SubprocessError):
         return None
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
