@@ -76,6 +76,20 @@ def open_appending(path: Path) -> TextIO:
     return os.fdopen(descriptor, "a", buffering=1)
 
 
+def open_fresh(path: Path) -> TextIO:
+    """`path` as a new, empty file open for writing lines (a log a child process writes
+    into): made exclusively under a fresh name, then renamed to `path`, so a link planted at
+    `path` is replaced, never written through."""
+    descriptor, partial = fresh_file(Path(path))
+    try:
+        os.replace(partial, path)
+    except BaseException:
+        os.close(descriptor)
+        partial.unlink(missing_ok=True)
+        raise
+    return os.fdopen(descriptor, "w", buffering=1)
+
+
 def own_folder(path: Path) -> Path:
     """`path` as a folder to write in (made, with its parents, when missing), refused when it
     is a link."""

@@ -13,7 +13,7 @@ import pytest
 from hpctrain.errors import OutputError
 from hpctrain.runs.identity import Heartbeat
 from hpctrain.train.telemetry import write_summary
-from hpctrain.writers import open_appending, own_folder, write_whole
+from hpctrain.writers import open_appending, open_fresh, own_folder, write_whole
 
 
 @pytest.fixture
@@ -91,3 +91,25 @@ def test_the_heartbeat_touches_a_link_not_what_it_points_to(tmp_path, victim):
     finally:
         beat.stop()
     assert victim.stat().st_mtime_ns == before - 10**10
+
+
+def test_a_log_a_child_writes_is_fresh_and_a_link_at_its_name_is_replaced(tmp_path, victim):
+    """Issue 69: a scale study's `gpus-1.log` and an autotune trial's log were opened with
+    open(path, "w"), truncating and replacing the file a planted link pointed to."""
+    log = tmp_path / "gpus-1.log"
+    log.symlink_to(victim)
+    with open_fresh(log) as out:
+        out.write("size 1\n")
+    assert victim.read_text() == "precious" and not log.is_symlink()
+    assert log.read_text() == "size 1\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpus-1.log", "outside"]
+
+
+def test_an_autotune_trial_refuses_a_logs_folder_that_is_a_link(tmp_path, victim):
+    """Before any process starts: nothing is written where the link points."""
+    from hpctrain.autotune.trials import LOGS, Plan, Trial, run_trial
+
+    (tmp_path / LOGS).symlink_to(victim.parent)
+    with pytest.raises(OutputError, match="logs is a symbolic link"):
+        run_trial(Plan("default", [], tmp_path), Trial(1, {}, []), 10, 60)
+    assert [p.name for p in victim.parent.iterdir()] == ["precious.txt"]

@@ -25,6 +25,7 @@ from hpctrain.runs.directory import RunDir
 from hpctrain.runs.identity import read_identity
 from hpctrain.tune.space import override
 from hpctrain.tune.worker import hpctrain_run
+from hpctrain.writers import open_fresh, own_folder
 
 TRIALS = "trials"  # in the autotune folder: one run directory per trial
 LOGS = "logs"
@@ -85,12 +86,11 @@ def run_trial(plan: Plan, trial: Trial, measure: int, limit_seconds: float) -> T
     """Run `trial` for `plan.warmup + measure` steps, at most `limit_seconds`; fills its
     figures, or its status and why."""
     name = f"trial-{trial.number:02d}"
-    log_path = plan.folder / LOGS / f"{name}.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path = own_folder(plan.folder / LOGS) / f"{name}.log"
     command = [*plan.launcher, *hpctrain_run(plan.recipe, [
         *plan.overrides, *trial.settings, *trial_settings(plan, name, measure)])]
     started = time.perf_counter()
-    with open(log_path, "w") as log:
+    with open_fresh(log_path) as log:
         log.write(" ".join(command) + "\n")
         log.flush()
         child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,

@@ -24,7 +24,7 @@ from hpctrain.errors import ConfigError
 from hpctrain.runs.directory import RunDir, stamp
 from hpctrain.tune.study import read_settings
 from hpctrain.tune.worker import hpctrain_run, torchrun
-from hpctrain.writers import write_png, write_whole
+from hpctrain.writers import open_fresh, write_png, write_whole
 
 SETTINGS = "scale.json"
 RESULT = "scale-result.json"
@@ -106,7 +106,7 @@ def run_locally(folder: Path, study: Study, say=print) -> None:
         say(f"size {size}: {study.steps} steps ...")
         overrides = [*study.overrides, *study.size_overrides(config, size),
                      f"output_dir={folder}", f"run_name={study.run_name(size)}"]
-        with open(log, "w") as out:
+        with open_fresh(log) as out:
             code = subprocess.call([*torchrun(size), *hpctrain_run(study.recipe, overrides)],
                                    stdout=out, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL,

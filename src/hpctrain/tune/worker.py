@@ -35,7 +35,7 @@ from hpctrain.runs.directory import RunDir
 from hpctrain.runs.identity import Heartbeat
 from hpctrain.tune.space import Parameter, override, parse_all, shown
 from hpctrain.tune.study import Search, open_study, read_search
-from hpctrain.writers import write_whole
+from hpctrain.writers import open_appending, own_folder, write_whole
 
 CLAIMS = "claims"
 LOGS = "logs"
@@ -244,11 +244,10 @@ class Worker:
         chosen = shown(claim.params)
         self.say(f"trial {claim.trial} {'resumed' if claim.resumed else 'started'} "
                  f"(slot {self.slot}): {chosen}")
-        log_path = self.folder / LOGS / f"{claim.run_name}.log"
-        log_path.parent.mkdir(exist_ok=True)
+        log_path = own_folder(self.folder / LOGS) / f"{claim.run_name}.log"
         heart = Heartbeat(claim_file(self.folder, self.slot), every=HEARTBEAT_SECONDS).start()
         try:
-            with open(log_path, "a") as log:
+            with open_appending(log_path) as log:  # a resumed trial's log goes on
                 self.child = subprocess.Popen(
                     self.command(claim), stdout=log, stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL, env={**os.environ, **self.launch.environment,
