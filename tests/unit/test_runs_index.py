@@ -145,3 +145,16 @@ def test_db_in_a_folder_that_does_not_exist_is_an_error(tmp_path, run_cli, priva
     assert not (tmp_path / "nowhere").exists()
     code, _, err = run_cli("runs", "--db", str(tmp_path))
     assert code == 2 and "is a folder" in err
+
+
+@pytest.mark.parametrize("url, why", [
+    ("postgresql://me:secret@[::1/runs", "Invalid IPv6 URL"),
+    ("postgresql://me:secret@host:99999/runs", "Port out of range"),
+    ("postgresql://me:secret@host:port/runs", "Port could not be cast")])
+def test_a_postgresql_url_that_cannot_be_read_is_one_line_without_its_password(
+        run_cli, private_state, url, why):
+    """Issue 69: a malformed IPv6 host was a ValueError traceback, exit 70."""
+    code, out, err = run_cli("runs", "--db", url)
+    assert code == 2 and why in err and "postgresql://USER@HOST:PORT/DATABASE" in err
+    assert "secret" not in out + err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1

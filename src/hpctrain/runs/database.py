@@ -152,17 +152,22 @@ def _write_ahead_log(connection: sqlite3.Connection) -> None:
 
 
 def _postgres(url: str) -> Database:
+    try:  # the URL is never shown whole: it may hold a password
+        parts = urlsplit(url)
+        host, port = parts.hostname or "localhost", parts.port or 5432
+    except ValueError as err:  # "Invalid IPv6 URL", a port out of range or not a number
+        raise ConfigError(f"--db postgresql://...: the URL cannot be read ({err}); write it "
+                          "as postgresql://USER@HOST:PORT/DATABASE, an IPv6 host in brackets "
+                          "([::1])") from None
     try:
         import psycopg
     except ImportError:
         raise ConfigError("--db postgresql://...: the PostgreSQL driver is not installed; "
                           "pip install 'hpctrain[postgres]'") from None
-    parts = urlsplit(url)
-    host, port = parts.hostname or "localhost", parts.port or 5432
     shown = f"{parts.scheme}://{host}:{port}{parts.path}"  # never the password
     try:
         connection = psycopg.connect(url, connect_timeout=10)
-    except psycopg.OperationalError as err:
+    except psycopg.Error as err:  # unreachable, refused, or a connection string it refuses
         reason = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
         raise ConfigError(f"--db {shown}: cannot reach PostgreSQL at host {host} port {port} "
                           f"({reason}); check the URL, that the server runs, and that this "
