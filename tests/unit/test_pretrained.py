@@ -155,3 +155,17 @@ def test_an_hf_config_of_the_wrong_type_or_nested_deep_is_one_line(tmp_path, run
     with pytest.raises(ConfigError, match="its config.json is not a config transformers can "
                                           r"read \(config.json is nested deeper than 64"):
         build_model(f"hf:{tmp_path / 'deep'}", None, vocab_size=300)
+    # issue 69: NaN in the file (JSON has none; Python's reader takes it), a field of the
+    # wrong type (huggingface_hub's strict check): one line each, where both were tracebacks
+    import json
+
+    written = json.loads((tmp_path / "gpt" / "config.json").read_text())
+    for field, value, said in (("n_embd", float("nan"), r"n_embd is nan: a config's numbers "
+                                                        "are finite"),
+                               ("layer_norm_epsilon", float("inf"), "layer_norm_epsilon is inf"),
+                               ("n_embd", "wide", "n_embd")):
+        (tmp_path / "crafted").mkdir(exist_ok=True)
+        (tmp_path / "crafted" / "config.json").write_text(json.dumps({**written, field: value}))
+        with pytest.raises(ConfigError, match="its config.json is not a config transformers "
+                                              rf"can read \(.*{said}"):
+            build_model(f"hf:{tmp_path / 'crafted'}", None, vocab_size=300)

@@ -12,6 +12,7 @@ task, checkpoints and every verb treat both alike. `pip install "hpctrain[hf]"`.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -90,6 +91,37 @@ def causal_lm(path: str, kwargs: dict, pretrained: bool = False) -> CausalLM:
 CONFIG_CAP = 16 * MiB  # a config.json (GPT-2's: 665 bytes)
 
 
+def _not_finite(value, where: str = "") -> str | None:
+    """The first field of a JSON value that is NaN or infinite (JSON has neither; Python's
+    reader takes both), as a dotted path; None where there is none."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where or "the value"
+    children = value.items() if isinstance(value, dict) else \
+        enumerate(value) if isinstance(value, list) else ()
+    for key, child in children:
+        found = _not_finite(child, f"{where}.{key}" if where else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+def _not_finite_value(document, field: str) -> str:
+    value = document
+    for key in field.split("."):
+        value = value[int(key)] if isinstance(value, list) else value[key]
+    return str(value)
+
+
+def _strict_errors() -> tuple[type, ...]:
+    """huggingface_hub's refusal of a field of the wrong type (newer versions), a config
+    fault like the others."""
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:
+        return ()
+    return (StrictDataclassError,)
+
+
 def _config(path: str, kwargs: dict):
     """The model's config (model.kwargs applied, each of the type of the field it changes)
     and its local folder (None: a hub name in the cache). config.json is read within the
@@ -106,14 +138,17 @@ def _config(path: str, kwargs: dict):
                           f"in the Hugging Face cache ({hub_cache()}); give a folder with a "
                           f"model's config.json, or fetch the model with {PREFETCH}")
     # the hub cache's snapshot names are links to its blobs: read where they lead
-    _, unreadable = json_document(config_file.resolve(), CONFIG_CAP)
+    document, unreadable = json_document(config_file.resolve(), CONFIG_CAP)
     try:
         if unreadable:
             raise ValueError(f"{config_file.name} {unreadable}")
+        if (field := _not_finite(document)) is not None:
+            raise ValueError(f"{field} is {_not_finite_value(document, field)}: a config's "
+                             "numbers are finite")
         config = AutoConfig.from_pretrained(
             str(folder) if local else path, local_files_only=True,
             **({} if local else {"cache_dir": hub_cache()}))
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except (OSError, ValueError, KeyError, TypeError, *_strict_errors()) as err:
         raise ConfigError(f"model.name hf:{path}: its config.json is not a config "
                           f"transformers can read ({str(err).splitlines()[0][:300]})") from None
     for key, value in kwargs.items():
