@@ -24,12 +24,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-from harness import run_job_arguments, run_job_settings
+from harness import run_job, run_job_arguments, run_job_settings
 
 # run.json's split: the column's title
 COLUMNS = {"imports": "imports", "build": "build", "resume_load": "load",
@@ -38,16 +36,10 @@ COLUMNS = {"imports": "imports", "build": "build", "resume_load": "load",
 
 
 def job(recipe: str, output: Path, settings: list[str], name: str = "restart") -> dict:
-    """One `hpctrain run` in a process of its own; its start's split from run.json."""
-    command = [sys.executable, "-m", "hpctrain", "run", recipe, "compile=true",
-               f"output_dir={output}", f"run_name={name}", "report=false",
-               "tensorboard=false", *settings]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(command)} exited {done.returncode}:\n"
-                         f"{done.stderr[-3000:]}")
-    starts = json.loads((output / name / "run.json").read_text())["starts"]
-    return starts[-1]["split"]
+    """One `hpctrain run ... compile=true` in a process of its own; its start's split from
+    run.json."""
+    run = run_job(recipe, output, name, ["compile=true", *settings])
+    return json.loads((run / "run.json").read_text())["starts"][-1]["split"]
 
 
 def main() -> None:

@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-from harness import run_job_arguments, run_job_settings
+from harness import run_job, run_job_arguments, run_job_settings
 
 ROWS = {"eager": ["compile=false"],
         "compiled, default mode": ["compile=true", "compile_mode=default"],
@@ -31,13 +29,7 @@ BASELINE = "compiled, default mode"
 
 def job(recipe: str, output: Path, name: str, settings: list[str]) -> dict:
     """One `hpctrain run` in a process of its own; its summary."""
-    command = [sys.executable, "-m", "hpctrain", "run", recipe, f"output_dir={output}",
-               f"run_name={name}", "report=false", "tensorboard=false", *settings]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(command)} exited {done.returncode}:\n"
-                         f"{done.stderr[-3000:]}")
-    return json.loads((output / name / "summary.json").read_text())
+    return json.loads((run_job(recipe, output, name, settings) / "summary.json").read_text())
 
 
 def describe(summary: dict) -> str:

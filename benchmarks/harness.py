@@ -11,7 +11,10 @@ import contextlib
 import dataclasses
 import io
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -34,6 +37,18 @@ def run_job_arguments(parser, steps: int, steps_help: str) -> None:
 def run_job_settings(args) -> list[str]:
     """The overrides of run_job_arguments: --set, and the shapes' folder of --cache-dir."""
     return [*args.set, *([f"data.shapes.cache_dir={args.cache_dir}"] if args.cache_dir else [])]
+
+
+def run_job(recipe: str, output: Path, name: str, settings: list[str]) -> Path:
+    """One `hpctrain run` in a process of its own (no report, no TensorBoard); its run
+    directory. A job that fails ends the benchmark with its command and stderr's end."""
+    command = [sys.executable, "-m", "hpctrain", "run", recipe, f"output_dir={output}",
+               f"run_name={name}", "report=false", "tensorboard=false", *settings]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} exited {done.returncode}:\n"
+                         f"{done.stderr[-3000:]}")
+    return Path(output) / name
 
 
 def make_batches(count: int, batch_size: int, image_size: int, num_classes: int,

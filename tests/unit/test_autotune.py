@@ -48,9 +48,22 @@ def test_the_compile_knob_names_the_mode_auto_runs_and_does_not_try_it_twice(tin
     knob = space_of(tiny_config("compile=true"), {}).knob("compile")
     assert [c.label for c in knob.choices] == ["on, default (auto) (recipe)", "off"]
     # on a GPU: the default recipe's 0.12 M parameters take CUDA graphs, a GPT-124M does not
-    assert _mode_run(load_config("default", []), True, 1) == "reduce-overhead"
-    assert _mode_run(load_config("default", []), True, 2) == "default"
-    assert _mode_run(load_config("tiny-lm", ["model.name=hpctrain:gpt_124m"]), True, 1) == \
+    assert _mode_run(load_config("default", []), True, 1)[0] == "reduce-overhead"
+    assert _mode_run(load_config("default", []), True, 2)[0] == "default"
+    assert _mode_run(load_config("tiny-lm", ["model.name=hpctrain:gpt_124m"]), True, 1)[0] == \
         "default"
-    assert _mode_run(load_config("default", ["compile_mode=max-autotune"]), True, 1) == \
+    assert _mode_run(load_config("default", ["compile_mode=max-autotune"]), True, 1)[0] == \
         "max-autotune"
+
+
+def test_a_model_the_meta_device_cannot_count_leaves_auto_s_mode_said_unknown(monkeypatch):
+    from hpctrain.autotune.knobs import _mode_run
+    from hpctrain.memory import estimate
+
+    def refused(*args, **kwargs):
+        raise ValueError("a shape that depends on the data")
+
+    monkeypatch.setattr(estimate, "model_info", refused)
+    assert _mode_run(load_config("default", []), True, 1) == (
+        "auto", "compile_mode=auto's choice unknown (ValueError: a shape that depends on the "
+        "data): every mode tried")

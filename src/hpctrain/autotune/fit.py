@@ -19,9 +19,22 @@ class Prediction:
     untold: str | None = None  # why the prediction could not tell
 
 
+def cannot_trace() -> tuple[type[BaseException], ...]:
+    """What `hpctrain memory`'s fake-tensor step raises for a model it cannot run: the model
+    is the user's, so these are said with the candidate, not a failure of autotune."""
+    from hpctrain.errors import UserError
+
+    return (UserError, RuntimeError, ValueError, NotImplementedError)
+
+
+def untold(err: BaseException) -> str:
+    """Why the prediction could not tell, in one line."""
+    return f"{type(err).__name__}: {str(err).splitlines()[0][:200]}" if str(err) else \
+        type(err).__name__
+
+
 def predict_fit(config: Config, processes: int = 1) -> Prediction:
     """Whether `config` fits this machine's device, by the prediction."""
-    from hpctrain.errors import UserError
     from hpctrain.memory.estimate import estimate, resolve_target
     from hpctrain.monitor.host_memory import available_bytes
     from hpctrain.train.hardware.system import resolve_device
@@ -34,10 +47,8 @@ def predict_fit(config: Config, processes: int = 1) -> Prediction:
     try:
         where = config.model_copy(update={"device": "cpu"}) if on_cpu else config
         found = estimate(where, resolve_target(where, capacity, processes))
-    except (UserError, RuntimeError, ValueError, NotImplementedError) as err:
-        # the model is the user's: what the fake-tensor step cannot run is theirs to have
-        return Prediction(untold=f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
-                          if str(err) else type(err).__name__)
+    except cannot_trace() as err:
+        return Prediction(untold=untold(err))
     if found.fits:
         return Prediction()
     source = "available on this machine" if on_cpu else found.target.capacity_source

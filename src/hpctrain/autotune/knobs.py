@@ -119,7 +119,7 @@ def _compile(config: Config, plan, processes: int) -> Knob:
     from hpctrain.train.hardware.system import resolve_device
 
     on_gpu = resolve_device(config.device).type == "cuda"
-    runs = _mode_run(config, on_gpu, processes) if plan.compile else None
+    runs, why = _mode_run(config, on_gpu, processes) if plan.compile else (None, "")
     own = "off" if not plan.compile else f"on, {runs}" if runs == config.compile_mode else \
         f"on, {runs} (auto)"
     choices = [own_choice("compile", own)]
@@ -131,18 +131,19 @@ def _compile(config: Config, plan, processes: int) -> Knob:
         if not (plan.compile and mode == runs):
             choices.append(Choice("compile", f"on, {mode}",
                                   (("compile", True), ("compile_mode", mode))))
-    return Knob("compile", choices)
+    return Knob("compile", choices, note=why)
 
 
-def _mode_run(config: Config, on_gpu: bool, processes: int) -> str:
-    """The compile mode the recipe runs: compile_mode=auto's decision for the model's size
-    (counted on the meta device, as `hpctrain memory` builds it), so that no trial repeats
-    the recipe's own; `auto` where the model cannot be built there."""
+def _mode_run(config: Config, on_gpu: bool, processes: int) -> tuple[str, str]:
+    """(the compile mode the recipe runs, why it is not known): compile_mode=auto's decision
+    for the model's size (counted on the meta device, as `hpctrain memory` builds it), so
+    that no trial repeats the recipe's own; `auto` where the model cannot be built there,
+    with why, and each mode then tried."""
     if config.compile_mode != "auto":
-        return config.compile_mode
+        return config.compile_mode, ""
     if not on_gpu:
-        return "default"
-    from hpctrain.errors import UserError
+        return "default", ""
+    from hpctrain.autotune.fit import cannot_trace, untold
     from hpctrain.memory.estimate import model_info, output_width, resolve_target, step_spec
     from hpctrain.train.compilation import auto_mode
 
@@ -150,9 +151,9 @@ def _mode_run(config: Config, on_gpu: bool, processes: int) -> str:
         target = resolve_target(config, None, processes)
         spec = step_spec(config, target, output_width(config)[0])
         parameters = model_info(spec, target.precision).parameters
-    except (UserError, RuntimeError, ValueError, NotImplementedError):
-        return "auto"
-    return auto_mode(config, on_gpu, processes, parameters)[0]
+    except cannot_trace() as err:
+        return "auto", f"compile_mode=auto's choice unknown ({untold(err)}): every mode tried"
+    return auto_mode(config, on_gpu, processes, parameters)[0], ""
 
 
 def _channels_last(config: Config, plan, processes: int) -> Knob | None:

@@ -91,11 +91,11 @@ def causal_lm(path: str, kwargs: dict, pretrained: bool = False) -> CausalLM:
 CONFIG_CAP = 16 * MiB  # a config.json (GPT-2's: 665 bytes)
 
 
-def _not_finite(value, where: str = "") -> str | None:
-    """The first field of a JSON value that is NaN or infinite (JSON has neither; Python's
-    reader takes both), as a dotted path; None where there is none."""
+def _not_finite(value, where: str = "") -> tuple[str, float] | None:
+    """(the dotted path, the value) of the first field of a JSON value that is NaN or
+    infinite (JSON has neither; Python's reader takes both); None where there is none."""
     if isinstance(value, float) and not math.isfinite(value):
-        return where or "the value"
+        return where or "the value", value
     children = value.items() if isinstance(value, dict) else \
         enumerate(value) if isinstance(value, list) else ()
     for key, child in children:
@@ -103,13 +103,6 @@ def _not_finite(value, where: str = "") -> str | None:
         if found is not None:
             return found
     return None
-
-
-def _not_finite_value(document, field: str) -> str:
-    value = document
-    for key in field.split("."):
-        value = value[int(key)] if isinstance(value, list) else value[key]
-    return str(value)
 
 
 def _strict_errors() -> tuple[type, ...]:
@@ -142,9 +135,8 @@ def _config(path: str, kwargs: dict):
     try:
         if unreadable:
             raise ValueError(f"{config_file.name} {unreadable}")
-        if (field := _not_finite(document)) is not None:
-            raise ValueError(f"{field} is {_not_finite_value(document, field)}: a config's "
-                             "numbers are finite")
+        if (found := _not_finite(document)) is not None:
+            raise ValueError(f"{found[0]} is {found[1]}: a config's numbers are finite")
         config = AutoConfig.from_pretrained(
             str(folder) if local else path, local_files_only=True,
             **({} if local else {"cache_dir": hub_cache()}))

@@ -96,6 +96,8 @@ def _tell_compiling(clock: Clock, telemetry: Telemetry) -> None:
     """Once a job each: a compiled model torch keeps compiling again (batches of ever new
     shapes), with why and the fix; graphs torch ran without the CUDA graphs asked for, with
     its reason."""
+    if clock.recompiling_told and clock.graph_skips_told:
+        return
     compiled = clock.compiled()
     if not clock.recompiling_told and compiled["recompiles"] >= compilation.RECOMPILES_TOLD:
         clock.recompiling_told = True

@@ -68,8 +68,10 @@ def _own_data_problem(data) -> str | None:
 def _shapes(data) -> str:
     """Blocks: one shape; documents: padded to a few widths (width_buckets), else each batch
     to its longest."""
-    if data.from_user_code or data.tokens.batching == "blocks":
-        return "unknown" if data.from_user_code else "fixed"
+    if data.from_user_code:
+        return "unknown"
+    if data.tokens.batching == "blocks":
+        return "fixed"
     return "few" if data.tokens.width_buckets > 0 else "varied"
 
 
