@@ -63,20 +63,22 @@ def command_seconds(args: list[str], env: dict, repeats: int) -> float:
 
 
 def client_calls(action) -> int:
-    """How many Slurm client commands `action()` runs (in this process)."""
+    """How many Slurm client commands `action()` starts (in this process). Counted where every
+    process starts (`subprocess.Popen`), under hpctrain's one runner of commands
+    (hpctrain/commands.py), so that a change of door does not make the count read 0."""
     calls = []
-    original = subprocess.run
+    original = subprocess.Popen
 
     def counting(args, *rest, **kwargs):
-        if args and args[0] in ("squeue", "sacct", "scontrol", "sinfo"):
+        if args and Path(args[0]).name in ("squeue", "sacct", "scontrol", "sinfo"):
             calls.append(args[0])
         return original(args, *rest, **kwargs)
 
-    subprocess.run = counting
+    subprocess.Popen = counting
     try:
         action()
     finally:
-        subprocess.run = original
+        subprocess.Popen = original
     return len(calls)
 
 
