@@ -28,6 +28,18 @@ def launch(nproc: int, overrides: list[str], timeout: float = 240,
                           env=one_thread_env())
 
 
+def limited(*args: str, size: int = 4 << 30, env: dict | None = None,
+            timeout: float = 300) -> tuple[int, str, str]:
+    """`hpctrain ARGS` in a child of `size` bytes of address space: a broken defence that
+    reads or allocates without bound fails there, not on the machine. (code, stdout, stderr)"""
+    from warm_starts import AddressSpaceLimit
+
+    done = subprocess.run([sys.executable, "-m", "hpctrain", *args], capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})},
+                          preexec_fn=AddressSpaceLimit(size))
+    return done.returncode, done.stdout, done.stderr
+
+
 def run_ok(nproc, overrides) -> Path:
     done = launch(nproc, overrides)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

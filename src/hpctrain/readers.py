@@ -90,6 +90,22 @@ def capped_lines(path: Path, cap: int, line_cap: int) -> Iterator[bytes | None]:
             yield None
 
 
+def tail_text(path: Path, most_bytes: int = 64 * KiB) -> str:
+    """The end of the regular file `path` (a log), at most `most_bytes` of it from a line's
+    start, as text with undecodable bytes replaced; '' when it cannot be read. A log of many
+    GB is read no further than its end."""
+    try:
+        with open_capped(path, 1 << 62) as handle:  # any size: only its end is read
+            start = max(0, os.fstat(handle.fileno()).st_size - most_bytes)
+            handle.seek(start)
+            data = handle.read(most_bytes)
+    except (OSError, Unreadable):
+        return ""
+    if start:
+        data = data.partition(b"\n")[2]  # a line cut by the start
+    return data.decode(errors="replace")
+
+
 def parse_json(text: str | bytes):
     """The JSON value of `text`; ValueError when it is not JSON or nested deeper than
     MAX_DEPTH (where json would raise RecursionError)."""
@@ -276,6 +292,24 @@ COUNT = Kind("a whole number from 0 to 2^53", lambda v: isinstance(v, int) and
              not isinstance(v, bool) and 0 <= v <= 2**53)
 # seconds since 1970 that time.localtime can turn into a date (to the year 3000)
 TIME = Kind("a time (seconds since 1970)", lambda v: _real(v) and 0 <= v <= 32503680000)
+YEAR_SECONDS = 366 * 86400
+# a span a job or a run records (its seconds, a phase's): past a year it is damage, where 1e308
+# seconds read back as 100 % of a run's time spent training and 100 % starting at once
+SECONDS = Kind("a number of seconds from 0 to a year", lambda v: _real(v) and
+               0 <= v <= YEAR_SECONDS)
+SHARE = Kind("a fraction from 0 to 1", lambda v: _real(v) and 0 <= v <= 1)
+
+
+def one_of(*values) -> Kind:
+    """Exactly one of `values` (text or numbers, compared by type as well)."""
+    return Kind("one of " + ", ".join(map(str, values)),
+                lambda v: any(type(v) is type(x) and v == x for x in values))
+
+
+def whole(low: int, high: int) -> Kind:
+    """A whole number from `low` to `high` (a flag or a float is not one)."""
+    return Kind(f"a whole number from {low:,} to {high:,}", lambda v: isinstance(v, int) and
+                not isinstance(v, bool) and low <= v <= high)
 
 
 def list_of(kind: Kind) -> Kind:

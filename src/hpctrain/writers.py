@@ -64,16 +64,33 @@ def write_whole(path: Path, data: str | bytes, durable: bool = False) -> None:
         raise
 
 
-def open_appending(path: Path) -> TextIO:
-    """`path` opened to append lines (created when missing), never through a link."""
+def _appending(path: Path) -> int:
+    """A descriptor appending to `path` (created when missing), never through a link."""
     try:
-        descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
-                             | os.O_CLOEXEC, 0o666)
+        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+                       | os.O_CLOEXEC, 0o666)
     except OSError as err:
         if err.errno == errno.ELOOP:
             raise refuse_link(path) from None
         raise
-    return os.fdopen(descriptor, "a", buffering=1)
+
+
+def open_appending(path: Path) -> TextIO:
+    """`path` opened to append lines (created when missing), never through a link."""
+    return os.fdopen(_appending(path), "a", buffering=1)
+
+
+def append_durably(path: Path, data: bytes) -> None:
+    """`data` appended to `path` in one write and on disk before this returns (a journal that
+    other processes replay), never through a link; the file is made when missing."""
+    descriptor = _appending(path)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(descriptor, view):]
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def open_fresh(path: Path) -> TextIO:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from warm_starts import AddressSpaceLimit
+from launching import limited
 
 FIRST = 1795600000.0  # when the fleet's runs started
 INF = float("inf")
@@ -192,16 +192,8 @@ BOMBS = {
 
 
 def _limited(*args: str, home: Path) -> tuple[int, str, str]:
-    """`hpctrain ARGS` in a child of 4 GiB of address space: an unbounded read fails there,
-    not on the machine."""
-    import os
-    import subprocess
-    import sys
-
-    done = subprocess.run([sys.executable, "-m", "hpctrain", *args], capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "XDG_STATE_HOME": str(home)},
-                          preexec_fn=AddressSpaceLimit(4 << 30))
-    return done.returncode, done.stdout, done.stderr
+    """`hpctrain ARGS` in a child of 4 GiB of address space, with its own state folder."""
+    return limited(*args, env={"XDG_STATE_HOME": str(home)})
 
 
 def test_links_to_dev_zero_deep_nesting_and_huge_files_are_named_not_read(tmp_path):

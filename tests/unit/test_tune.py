@@ -75,13 +75,21 @@ def test_bad_searches_are_exit_2_naming_the_culprit(run_cli, tiny, tmp_path):
     assert not list((tmp_path / "runs").glob("*tune*"))  # nothing was started
 
 
-def test_sqlite_is_refused_on_a_shared_file_system(monkeypatch, tmp_path):
+def test_sqlite_is_refused_on_a_shared_file_system_and_outside_the_search(monkeypatch,
+                                                                           tmp_path):
     monkeypatch.setattr("hpctrain.tune.study.file_system_type", lambda path: "lustre")
     with pytest.raises(ConfigError, match=r"shared file system \(lustre\)"):
-        check_storage(f"sqlite:///{tmp_path}/study.db", array=False)
+        check_storage(f"sqlite:///{tmp_path}/study.db", array=False, folder=tmp_path)
     monkeypatch.setattr("hpctrain.tune.study.file_system_type", lambda path: "ext4")
-    assert check_storage(f"sqlite:///{tmp_path}/study.db", array=False).startswith("sqlite")
-    assert check_storage("postgresql://u@h/db", array=True) == "postgresql+psycopg://u@h/db"
+    assert check_storage(f"sqlite:///{tmp_path}/study.db", array=False,
+                         folder=tmp_path) == f"sqlite:///{tmp_path}/study.db"
+    assert check_storage("sqlite", array=False, folder=tmp_path) == \
+        f"sqlite:///{tmp_path}/study.db"  # the search's own, in its folder
+    with pytest.raises(ConfigError, match="not the search's own storage"):
+        check_storage(f"sqlite:///{tmp_path}/elsewhere/study.db", array=False,
+                      folder=tmp_path / "search")
+    assert check_storage("postgresql://u@h/db", array=True, folder=tmp_path) == \
+        "postgresql+psycopg://u@h/db"
 
 
 def test_a_trial_left_by_a_lost_worker_is_failed_and_retried_in_its_run_directory(tiny,

@@ -30,8 +30,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpctrain.readers import (AMOUNT, COUNT, FINITE, MAPPING, GiB, KiB, MiB, TEXT, TIME,
-                              Unreadable,
+from hpctrain.readers import (AMOUNT, COUNT, FINITE, MAPPING, NUMBER, SECONDS, SHARE, GiB,
+                              KiB, MiB, TEXT, TIME, Unreadable,
                               capped_lines, field_problem, json_document, list_of, optional,
                               parse_json, yaml_mapping)
 
@@ -92,6 +92,23 @@ METRIC_RULES = {
     "power_watts": list_of(optional(FINITE)), "step_seconds": list_of(AMOUNT),
     "utilization_mean": optional(FINITE), "power_watts_total": optional(FINITE),
     "seconds_per_step": optional(AMOUNT),
+}
+# what summary.json's figures that others compute with must hold to be read back (a scaling
+# study divides by its throughput and epochs, a search ranks by its objective, the runs index
+# adds its device-hours): a figure broken is damage, named, where it was a traceback
+SUMMARY_RULES = {
+    "status": TEXT, "steps": COUNT, "epochs": optional(AMOUNT), "restarts": COUNT,
+    "global_batch_size": optional(COUNT), "batch_size_per_device": optional(COUNT),
+    "grad_accum_steps": optional(COUNT), "world_size": optional(COUNT),
+    "samples_per_second": optional(AMOUNT), "tokens_per_second": optional(AMOUNT),
+    "images_per_second": optional(AMOUNT), "data_wait_fraction": optional(SHARE),
+    "wall_seconds": optional(SECONDS), "job_seconds": optional(SECONDS),
+    "stop_seconds": optional(SECONDS), "device_hours": optional(AMOUNT),
+    "energy_joules": optional(AMOUNT), "samples_per_joule": optional(AMOUNT),
+    "mfu": optional(AMOUNT), "peak_memory_bytes": optional(COUNT),
+    "best_val_accuracy": optional(NUMBER), "final_val_accuracy": optional(NUMBER),
+    "best_val_loss": optional(NUMBER), "device": optional(TEXT),
+    "straggler": optional(MAPPING), "layout": optional(MAPPING), "compiled": optional(MAPPING),
 }
 # what progress.json must hold to be read back: whose beat (the process, when it began) and
 # where it stood (the steps trained, the phase) at `time`
@@ -273,6 +290,9 @@ class RunDir:
         value, why = json_document(self.summary, CAPS[SUMMARY])
         if why is None and value is not None and not isinstance(value, dict):
             why = "is not a JSON object"
+        if why is None and value is not None and \
+                (broken := field_problem(value, SUMMARY_RULES)) is not None:
+            why = f"is damaged: {broken}"
         return (None, f"{SUMMARY} {why}") if why else (value, None)
 
     def read_config(self) -> dict | None:

@@ -25,7 +25,7 @@ import uuid
 from pathlib import Path
 
 from hpctrain.commands import run_command
-from hpctrain.readers import (AMOUNT, COUNT, MAPPING, TEXT, TIME, Kind, field_problem,
+from hpctrain.readers import (AMOUNT, COUNT, MAPPING, SECONDS, TEXT, TIME, Kind, field_problem,
                               json_document, list_of, optional)
 from hpctrain.runs.directory import CAPS, IDENTITY, RunDir, mark_changed, stamp
 from hpctrain.writers import write_whole
@@ -43,13 +43,14 @@ RECORD_RULES = {
 START_RULES = {
     "time": TIME, "job_id": optional(TEXT), "restart": COUNT, "launcher": TEXT,
     "world_size": COUNT, "hosts": list_of(TEXT), "gpu_model": optional(TEXT),
-    "gpus": optional(COUNT), "output_dir": TEXT, "seconds": optional(AMOUNT),
+    "gpus": optional(COUNT), "output_dir": TEXT, "seconds": optional(SECONDS),
     "device_hours": optional(AMOUNT), "energy_joules": optional(AMOUNT),
     "claimed": optional(TIME), "began": optional(TIME), "lost": optional(TEXT),
     "redone_steps": optional(COUNT),
-    "redone_seconds": optional(AMOUNT), "hung": optional(TEXT),
-    "split": optional(Kind("a mapping of the job's seconds by phase", lambda v: isinstance(
-        v, dict) and all(optional(AMOUNT).holds(x) for x in v.values()))),
+    "redone_seconds": optional(SECONDS), "hung": optional(TEXT),
+    "split": optional(Kind("a mapping of the job's seconds by phase, each at most a year",
+                           lambda v: isinstance(v, dict) and
+                           all(optional(SECONDS).holds(x) for x in v.values()))),
 }
 
 

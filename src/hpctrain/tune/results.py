@@ -13,6 +13,7 @@ from pathlib import Path
 from hpctrain.runs.directory import RunDir
 from hpctrain.tune.space import override, parse_all, shown
 from hpctrain.tune.study import Search, open_study, read_search
+from hpctrain.tune.worker import trial_run_name
 from hpctrain.writers import write_whole
 
 BEST_RECIPE = "best.yaml"
@@ -26,7 +27,7 @@ def nothing_running(folder: Path) -> bool:
     from optuna.trial import TrialState
 
     search = read_search(folder)
-    study = open_study(folder, search, 0, parse_all(search.space))
+    study = open_study(folder, search, 0, parse_all(search.space), create=False)
     return not study.get_trials(deepcopy=False, states=(TrialState.RUNNING,
                                                          TrialState.WAITING))
 
@@ -35,7 +36,7 @@ def trial_rows(study, folder: Path) -> list[dict]:
     """One row per trial: its state, value, parameters and what its run directory says."""
     rows = []
     for trial in study.get_trials(deepcopy=False):
-        run_name = trial.user_attrs.get("run_name", f"trial-{trial.number:04d}")
+        run_name = trial_run_name(trial)
         summary = RunDir(folder / run_name).read_summary() or {}
         rows.append({
             "trial": trial.number, "state": trial.state.name.lower(), "value": trial.value,
@@ -100,7 +101,7 @@ def collect(folder: Path, write: bool = True) -> dict:
     folder = Path(folder)
     search = read_search(folder)
     parameters = parse_all(search.space)
-    study = open_study(folder, search, 0, parameters)
+    study = open_study(folder, search, 0, parameters, create=False)
     rows = trial_rows(study, folder)
     best = best_trial(study)
     states = {}

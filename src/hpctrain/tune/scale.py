@@ -22,14 +22,25 @@ from pathlib import Path
 from hpctrain.monitor import lifeline
 from hpctrain.errors import ConfigError
 from hpctrain.runs.directory import RunDir, stamp
-from hpctrain.tune.study import read_settings
+from hpctrain.readers import FINITE, FLAG, TEXT, Kind, list_of, optional, whole
+from hpctrain.tune.study import check_settings, read_settings
 from hpctrain.tune.worker import hpctrain_run, torchrun
-from hpctrain.writers import open_fresh, write_png, write_whole
+from hpctrain.writers import open_fresh, own_folder, write_png, write_whole
 
 SETTINGS = "scale.json"
 RESULT = "scale-result.json"
 PICTURE = "scale.png"
 DATA_BOUND = 0.2  # a data wait share from which the input pipeline is named as the limit
+
+
+MOST_DEVICES = 1 << 20  # a size: more devices than any machine has
+STUDY_RULES = {"recipe": optional(TEXT), "overrides": list_of(TEXT),
+               "sizes": Kind("a list of 1 to 64 device counts", lambda v: isinstance(v, list)
+                             and 0 < len(v) <= 64 and all(whole(1, MOST_DEVICES).holds(x)
+                                                          for x in v)),
+               "steps": whole(10, 10**9), "strong": FLAG,
+               "threshold": Kind("a number above 0, at most 1", lambda v: FINITE.holds(v)
+                                 and 0 < v <= 1)}
 
 
 @dataclass
@@ -85,14 +96,19 @@ def prepare(recipe: str | None, overrides: list[str], sizes: list[int], steps: i
     place = Path(folder) if folder else \
         Path(config.output_dir) / f"{config.name}-scale-{stamp()}"
     place = place.expanduser().absolute()
-    place.mkdir(parents=True, exist_ok=True)
+    check_settings(study, STUDY_RULES, "the scaling study")
+    own_folder(place)
     write_whole(place / SETTINGS, json.dumps(study.__dict__, indent=1) + "\n")
     return place, study
 
 
 def read_study(folder: Path) -> Study:
-    return read_settings(folder, SETTINGS, Study, "a scaling study",
-                         "hpctrain scale RECIPE --gpus 1,2,4")
+    study = read_settings(folder, SETTINGS, Study, STUDY_RULES, "a scaling study",
+                          "hpctrain scale RECIPE --gpus 1,2,4")
+    if sorted(set(study.sizes)) != study.sizes:
+        raise ConfigError(f"{Path(folder) / SETTINGS} is damaged: its sizes "
+                          f"{study.sizes[:8]} do not increase; it is written by hpctrain")
+    return study
 
 
 def run_locally(folder: Path, study: Study, say=print) -> None:
@@ -135,10 +151,12 @@ def submit(folder: Path, study: Study, time_limit: str, cluster: str | None, **o
     return [(size, jobs.send(request, script, profile).id) for size, request, script in planned]
 
 
-def _row(study: Study, folder: Path, size: int) -> dict | None:
-    summary = RunDir(folder / study.run_name(size)).read_summary()
-    if not summary or summary.get("status") != "completed" or \
-            not summary.get("samples_per_second"):
+def _row(study: Study, folder: Path, size: int, summary: dict | None) -> dict | None:
+    """The size's figures from its run's summary (held to its rules as read: a NaN or a
+    string throughput is damage, named by analyse), None before it completed."""
+    if not summary or summary.get("status") != "completed" or not all(
+            summary.get(key) for key in ("samples_per_second", "global_batch_size", "steps",
+                                         "epochs")):
         return None
     throughput = summary["samples_per_second"]
     per_epoch = summary["global_batch_size"] * summary["steps"] / summary["epochs"]
@@ -159,8 +177,14 @@ def analyse(folder: Path) -> dict:
     """The table, the recommendation and what limits the next size."""
     folder = Path(folder)
     study = read_study(folder)
-    rows = [row for size in study.sizes if (row := _row(study, folder, size))]
-    missing = [s for s in study.sizes if s not in {r["size"] for r in rows}]
+    rows, damaged = [], {}
+    for size in study.sizes:
+        summary, why = RunDir(folder / study.run_name(size)).summary_and_damage()
+        if why is not None:
+            damaged[size] = why
+        elif row := _row(study, folder, size, summary):
+            rows.append(row)
+    missing = [s for s in study.sizes if s not in {r["size"] for r in rows} | set(damaged)]
     base = next((r for r in rows if r["size"] == study.sizes[0]), None)
     for row in rows:
         if base is None:
@@ -177,7 +201,7 @@ def analyse(folder: Path) -> dict:
     after = next((r for r in rows if pick and r["size"] > pick["size"]), None)
     result = {"folder": str(folder), "recipe": study.recipe, "mode": "strong" if study.strong
               else "weak", "steps": study.steps, "threshold": study.threshold, "rows": rows,
-              "missing": missing, "recommended": pick["size"] if pick else None,
+              "missing": missing, "damaged": damaged, "recommended": pick["size"] if pick else None,
               "limit": _limit(after, base) if after else None}
     if rows and base is not None:
         _picture(rows, study, folder / PICTURE)
@@ -245,6 +269,8 @@ def text(result: dict) -> str:
         lines.append(f"{r['size']:>8}{r['samples_per_second']:>12,.1f}{speedup:>9}"
                      f"{efficiency:>12}{_clock(r['epoch_seconds']):>10}"
                      f"{r['epoch_gpu_hours']:>13.3g}{kwh:>11}{r['data_wait_fraction']:>11.0%}")
+    for size, why in result["damaged"].items():
+        lines.append(f"size {size}: its {why}; left out")
     if result["missing"]:
         lines.append(f"no result for {', '.join(map(str, result['missing']))} device(s): "
                      "still running, or failed (see the run directories and their logs)")

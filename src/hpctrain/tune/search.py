@@ -15,8 +15,8 @@ from pathlib import Path
 from hpctrain.errors import ConfigError, ExitCode
 from hpctrain.runs.directory import stamp
 from hpctrain.tune.space import check_against, parse_all
-from hpctrain.tune.study import (SETTINGS, Search, check_storage, grid_size, objective, open_study,
-                                 read_search)
+from hpctrain.tune.study import (SEARCH_RULES, SETTINGS, Search, check_settings, check_storage,
+                                 grid_size, objective, open_study, read_search)
 from hpctrain.tune.worker import Launch, Worker, torchrun
 
 RESERVED = ("run_name=", "resume=", "trial.")  # the worker sets these per trial
@@ -45,9 +45,10 @@ def prepare(recipe: str | None, overrides: list[str], options: Options,
 
     if options.folder and not (recipe or overrides or options.space or options.reductions) \
             and \
-            (Path(options.folder) / SETTINGS).is_file():  # `tune --dir DIR`: continue it
+            os.path.lexists(Path(options.folder) / SETTINGS):  # `tune --dir DIR`: continue it
         folder = Path(options.folder).expanduser().absolute()
         search = read_search(folder)
+        open_study(folder, search, create=False)  # its record is there and whole
         search.trials = max(search.trials, options.trials or 0)
         search.save(folder)
         return folder, search
@@ -60,7 +61,10 @@ def prepare(recipe: str | None, overrides: list[str], options: Options,
     parameters = parse_all(options.space)
     check_against(parameters, lambda extra: load_config(recipe, [*trial_overrides, *extra]))
     key, direction = objective(options.objective or config.task_spec.objective)
-    storage = check_storage(options.storage, array)
+    folder = Path(options.folder) if options.folder else \
+        Path(config.output_dir) / f"{config.name}-tune-{stamp()}"
+    folder = folder.expanduser().absolute()
+    storage = check_storage(options.storage, array, folder)
     trials = options.trials
     if options.sampler == "grid":
         size = grid_size(parameters)
@@ -72,10 +76,8 @@ def prepare(recipe: str | None, overrides: list[str], options: Options,
                     sampler=options.sampler, pruner=options.pruner, seed=options.seed,
                     storage=storage, processes_per_trial=options.processes_per_trial,
                     reductions=list(options.reductions))
-    folder = Path(options.folder) if options.folder else \
-        Path(config.output_dir) / f"{config.name}-tune-{stamp()}"
-    folder = folder.expanduser().absolute()
-    if (folder / SETTINGS).is_file():
+    check_settings(search, SEARCH_RULES, "the search")
+    if os.path.lexists(folder / SETTINGS):  # whatever is there: read, or named damaged
         search = _continued(folder, search)
     else:
         folder.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ reports its evaluations; nothing here runs training.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -21,10 +22,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from hpctrain.errors import ConfigError
-from hpctrain.writers import write_whole
+from hpctrain.readers import (TEXT, TIME, Unreadable, field_problem, list_of, one_of, optional,
+                              parse_json, read_capped, whole)
+from hpctrain.writers import refuse_link, write_whole
 
 SETTINGS = "tune.json"
 JOURNAL = "study.journal"
+SQLITE_FILE = "study.db"  # --storage sqlite
 LOCK_GRACE_SECONDS = 30  # a journal or claims lock older than this was left by a killed writer
 SAMPLERS = ("tpe", "random", "grid", "cmaes")
 PRUNERS = ("median", "hyperband", "none")
@@ -77,29 +81,66 @@ class Search:
         return None
 
     def save(self, folder: Path) -> None:
+        check_settings(self, SEARCH_RULES, "the search")
         write_whole(folder / SETTINGS, json.dumps(asdict(self), indent=1) + "\n")
 
 
 
+MOST_TRIALS = 100_000  # a search's budget: far above what a cluster's allocation trains
+SETTINGS_CAP = 1 << 20  # tune.json, scale.json: a few hundred bytes as hpctrain writes them
+# tune.json's fields as hpctrain writes them: read back, a field that breaks one is named
+SEARCH_RULES = {
+    "recipe": optional(TEXT), "overrides": list_of(TEXT), "space": list_of(TEXT),
+    "objective": one_of(*OBJECTIVES), "direction": one_of("maximize", "minimize"),
+    "trials": whole(1, MOST_TRIALS), "sampler": one_of(*SAMPLERS), "pruner": one_of(*PRUNERS),
+    "seed": whole(0, 2**31 - 1), "storage": optional(TEXT), "study_name": TEXT,
+    "processes_per_trial": whole(1, 4096), "created": TIME, "reductions": list_of(TEXT)}
+
+
 def read_search(folder: Path) -> Search:
-    return read_settings(folder, SETTINGS, Search, "a search folder",
-                         "hpctrain tune RECIPE --space ...")
+    search = read_settings(folder, SETTINGS, Search, SEARCH_RULES, "a search folder",
+                           "hpctrain tune RECIPE --space ...")
+    own_storage(search.storage, Path(folder), f"{Path(folder) / SETTINGS}'s storage")
+    return search
 
 
-def read_settings(folder: Path, name: str, build, what: str, start: str):
+def read_settings(folder: Path, name: str, build, rules: dict, what: str, start: str):
     """`build(**settings)` from the JSON file `name` of a study's folder (tune.json,
-    scale.json); a folder without it, or a file given as the folder, is `what` not, and
-    damage is named: one line each."""
+    scale.json), read through readers.py (a regular file, not a link, of at most
+    SETTINGS_CAP bytes) and held to `rules` (each field of the dataclass `build`): a folder
+    without it, or a file given as the folder, is `what` not, and damage is named, each in one
+    line."""
     path = Path(folder) / name
     try:
-        return build(**json.loads(path.read_text()))
+        settings = parse_json(read_capped(path, SETTINGS_CAP))
     except (FileNotFoundError, NotADirectoryError):
         raise ConfigError(f"{folder}: not {what} (no {name}); start one with {start}") \
             from None
+    except Unreadable as err:
+        raise ConfigError(f"{path} {err}; it is written by hpctrain ({start} makes a new "
+                          "one)") from None
     except OSError as err:
         raise ConfigError(f"{path} cannot be read ({err.strerror or err})") from None
-    except (ValueError, TypeError) as err:
-        raise ConfigError(f"{path} is damaged ({err}); it is written by hpctrain") from None
+    except ValueError:
+        settings = None
+    fields = {f.name: f for f in dataclasses.fields(build)}
+    why = "it is not a JSON object (cut short?)" if not isinstance(settings, dict) else \
+        next((f"{key[:40]!r} is not one of its fields" for key in settings
+              if key not in fields), None) or field_problem(settings, rules, tuple(
+                  key for key, f in fields.items() if f.default is dataclasses.MISSING
+                  and f.default_factory is dataclasses.MISSING))
+    if why is not None:
+        raise ConfigError(f"{path} is damaged: {why}; it is written by hpctrain ({start} "
+                          "makes a new one)")
+    return build(**settings)
+
+
+def check_settings(settings, rules: dict, what: str) -> None:
+    """Settings about to be written hold the rules they are read back with: what breaks one
+    is named as `what`'s (a budget past MOST_TRIALS), before the file is written."""
+    why = field_problem(dataclasses.asdict(settings), rules)
+    if why is not None:
+        raise ConfigError(f"{what}: {why}")
 
 
 def objective(text: str) -> tuple[str, str]:
@@ -133,22 +174,26 @@ def file_system_type(path: Path) -> str | None:
     return kind
 
 
-def check_storage(url: str | None, array: bool) -> str | None:
-    """The storage URL as Optuna takes it; refused where it would break."""
+def check_storage(url: str | None, array: bool, folder: Path) -> str | None:
+    """The storage URL of a new search in `folder` as Optuna takes it; refused where it would
+    break. `sqlite` is study.db in the folder."""
     if url is None:
         return None
-    if url.startswith("sqlite:"):
+    if url == "sqlite" or url.startswith("sqlite:"):
         if array:
             raise ConfigError(f"--storage {url}: the array's nodes do not share a local disk, "
                               "and SQLite on a shared file system corrupts under concurrent "
                               "writers; leave --storage out (a journal file in the search "
                               "folder) or give a PostgreSQL URL")
-        where = url.split(":///", 1)[-1]
-        kind = file_system_type(Path(where).parent)
+        where = Path(folder) / SQLITE_FILE if url == "sqlite" else \
+            Path(url.split(":///", 1)[-1]).expanduser().absolute()
+        kind = file_system_type(where.parent)
         if kind in SHARED_FILE_SYSTEMS:
             raise ConfigError(f"--storage {url}: {where} is on a shared file system ({kind}), "
                               "where SQLite's locks are not safe; leave --storage out (a "
                               "journal file, safe there) or give a PostgreSQL URL")
+        url = f"sqlite:///{where}"
+        own_storage(url, folder, "--storage")
         return url
     if url.startswith(("postgresql:", "postgres:")):
         # psycopg 3 (hpctrain[postgres]), not SQLAlchemy's default psycopg2
@@ -157,20 +202,46 @@ def check_storage(url: str | None, array: bool) -> str | None:
     if url.startswith("postgresql+") or url.startswith("mysql"):
         return url
     raise ConfigError(f"--storage {url}: give a PostgreSQL URL (postgresql://user@host/db), "
-                      "or leave it out for a journal file in the search folder")
+                      "sqlite (study.db in the search's folder), or leave it out for a "
+                      "journal file in the search folder")
 
 
-def open_storage(folder: Path, url: str | None):
-    """The study's storage: the journal file in `folder`, or the database at `url`."""
+def own_storage(url: str | None, folder: Path, what: str) -> None:
+    """Refuse a storage that is not the search's own: the journal (None), a database
+    server's URL, or a SQLite file inside the search's folder. A tune.json naming a SQLite
+    file elsewhere made even `tune status` create a database there (or add Optuna's tables to
+    another program's)."""
+    if url is None or url.startswith(("postgresql", "mysql")):
+        return
+    if url.startswith("sqlite:///"):
+        where = Path(url.removeprefix("sqlite:///"))
+        if where.is_absolute() and where.parent.resolve() == Path(folder).resolve():
+            return
+    raise ConfigError(f"{what} {url[:200]!r} is not the search's own storage: a search keeps "
+                      "its study in a journal file in its folder, a SQLite file there "
+                      "(--storage sqlite) or a PostgreSQL database")
+
+
+def open_storage(folder: Path, url: str | None, create: bool = True):
+    """The study's storage: the journal file in `folder`, or the database at `url`. Without
+    `create` (a verb that only reads), the journal or the SQLite file must be there already:
+    nothing is made."""
     import optuna
-    from optuna.storages.journal import (JournalFileBackend, JournalFileSymlinkLock,
-                                         JournalStorage)
+    from optuna.storages.journal import JournalFileSymlinkLock, JournalStorage
+
+    from hpctrain.tune.journal import StudyJournal, replayed
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if url is None:
-        path = str(Path(folder) / JOURNAL)
-        lock = JournalFileSymlinkLock(path, grace_period=LOCK_GRACE_SECONDS)
-        return JournalStorage(JournalFileBackend(path, lock_obj=lock))
+        path = Path(folder) / JOURNAL
+        lock = JournalFileSymlinkLock(str(path), grace_period=LOCK_GRACE_SECONDS)
+        return replayed(lambda: JournalStorage(StudyJournal(path, lock, create)), path)
+    if url.startswith("sqlite:///"):
+        where = Path(url.removeprefix("sqlite:///"))
+        if where.is_symlink():
+            raise refuse_link(where)
+        if not create and not where.is_file():
+            raise ConfigError(f"{where} is missing: the search's study is kept there")
     try:
         return optuna.storages.RDBStorage(url)
     except Exception as err:  # SQLAlchemy's errors: the server, the driver, the password
@@ -220,15 +291,24 @@ def grid_size(parameters: list) -> int:
     return math.prod(len(s) for s in sizes)
 
 
-def open_study(folder: Path, search: Search, slot: int = 0, parameters: list | None = None):
+def open_study(folder: Path, search: Search, slot: int = 0, parameters: list | None = None,
+               create: bool = True):
     """The search's study, created on first use, with this worker's sampler and the
-    search's pruner."""
+    search's pruner. Without `create` (a verb that only reads), the study must be recorded
+    already: neither its storage nor its first record is made."""
     import optuna
 
     from hpctrain.tune.space import parse_all
 
     parameters = parameters if parameters is not None else parse_all(search.space)
-    return optuna.create_study(storage=open_storage(folder, search.storage),
-                               study_name=search.study_name, direction=search.direction,
-                               sampler=sampler(search, slot, parameters),
-                               pruner=pruner(search), load_if_exists=True)
+    storage = open_storage(folder, search.storage, create)
+    chosen = dict(study_name=search.study_name, storage=storage,
+                  sampler=sampler(search, slot, parameters), pruner=pruner(search))
+    if create:
+        return optuna.create_study(direction=search.direction, load_if_exists=True, **chosen)
+    try:
+        return optuna.load_study(**chosen)
+    except KeyError:
+        raise ConfigError(f"{folder}: its storage holds no study {search.study_name!r} (the "
+                          "search has not started; hpctrain tune --dir DIR starts it)") \
+            from None

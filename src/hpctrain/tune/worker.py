@@ -29,8 +29,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpctrain.config.base import plain_name
+from hpctrain.errors import ConfigError, ExitCode
 from hpctrain.monitor import lifeline
-from hpctrain.errors import ExitCode
+from hpctrain.readers import COUNT, Kind, KiB, field_problem, json_mapping, tail_text
 from hpctrain.runs.directory import RunDir
 from hpctrain.runs.identity import Heartbeat
 from hpctrain.tune.space import Parameter, override, parse_all, shown
@@ -38,10 +40,22 @@ from hpctrain.tune.study import Search, open_study, read_search
 from hpctrain.writers import open_appending, own_folder, write_whole
 
 CLAIMS = "claims"
+CLAIM_CAP = 64 * KiB  # a claim is some hundred bytes
 LOGS = "logs"
 HEARTBEAT_SECONDS = 30.0
 STALE_SECONDS = 600.0
 FAILURES_IN_A_ROW = 3
+
+
+def _plain(name) -> bool:
+    try:
+        return isinstance(name, str) and plain_name(name, "a trial's run") is not None
+    except ValueError:
+        return False
+
+
+RUN_NAME = Kind("a plain folder name", _plain)  # a trial's run directory, inside the search
+CLAIM_RULES = {"trial": COUNT, "run_name": RUN_NAME}
 
 
 @dataclass
@@ -82,23 +96,38 @@ def claim_file(folder: Path, slot: str) -> Path:
     return Path(folder) / CLAIMS / f"{slot}.json"
 
 
-def _read_claim(folder: Path, slot: str) -> dict | None:
-    try:
-        return json.loads(claim_file(folder, slot).read_text())
-    except (OSError, ValueError):
-        return None
+def _read_claim(path: Path) -> dict | None:
+    """A claim as _write_claim wrote it; None when absent or damaged (a link, cut short, a
+    field of another kind): a slot without a claim takes a new trial."""
+    claim = json_mapping(path, CLAIM_CAP)
+    return claim if claim is not None and field_problem(
+        claim, CLAIM_RULES, tuple(CLAIM_RULES)) is None else None
 
 
 def _heartbeats(folder: Path) -> dict[int, float]:
     """trial number -> the newest heartbeat of a claim naming it."""
     beats: dict[int, float] = {}
     for path in (Path(folder) / CLAIMS).glob("*.json"):
+        claim = _read_claim(path)
         try:
-            number, when = json.loads(path.read_text())["trial"], path.stat().st_mtime
-        except (OSError, ValueError, KeyError, TypeError):
+            when = path.lstat().st_mtime
+        except OSError:
             continue
-        beats[number] = max(beats.get(number, 0.0), when)
+        if claim is not None:
+            beats[claim["trial"]] = max(beats.get(claim["trial"], 0.0), when)
     return beats
+
+
+def trial_run_name(trial) -> str:
+    """The run directory of `trial` inside the search's folder: trial-NNNN, or the one its
+    retry continues (its user attribute). A journal naming another place (a path, a hidden
+    name) is damaged: the trial's log and run would be written there."""
+    name = trial.user_attrs.get("run_name", f"trial-{trial.number:04d}")
+    if not RUN_NAME.holds(name):
+        raise ConfigError(f"the search's study names {str(name)[:80]!r} as trial "
+                          f"{trial.number}'s run directory, not a plain folder name inside "
+                          "the search's folder: its journal is damaged")
+    return name
 
 
 def tell(study, number: int, value: float | None = None, state=None) -> None:
@@ -138,8 +167,8 @@ def fail_stale(study, folder: Path, now: float | None = None,
             continue
         tell(study, trial.number, state=TrialState.FAIL)
         study.enqueue_trial(trial.params, user_attrs={
-            "retry_of": trial.number, "run_name": trial.user_attrs.get(
-                "run_name", f"trial-{trial.number:04d}")}, skip_if_exists=False)
+            "retry_of": trial.number, "run_name": trial_run_name(trial)},
+            skip_if_exists=False)
         failed.append(trial.number)
     return failed
 
@@ -156,12 +185,11 @@ def take_trial(study, search: Search, folder: Path, slot: str,
 
     from hpctrain.tune.study import LOCK_GRACE_SECONDS
 
-    (Path(folder) / CLAIMS).mkdir(exist_ok=True)
-    lock = JournalFileSymlinkLock(str(Path(folder) / CLAIMS / "take"),
+    lock = JournalFileSymlinkLock(str(own_folder(Path(folder) / CLAIMS) / "take"),
                                   grace_period=LOCK_GRACE_SECONDS)
     lock.acquire()
     try:
-        mine = _read_claim(folder, slot)
+        mine = _read_claim(claim_file(folder, slot))
         trials = study.get_trials(deepcopy=False)
         if mine is not None and mine["trial"] < len(trials) and \
                 trials[mine["trial"]].state == TrialState.RUNNING:
@@ -175,7 +203,7 @@ def take_trial(study, search: Search, folder: Path, slot: str,
             claim_file(folder, slot).unlink(missing_ok=True)
             return None
         trial = study.ask()
-        run_name = trial.user_attrs.get("run_name", f"trial-{trial.number:04d}")
+        run_name = trial_run_name(trial)
         trial.set_user_attr("run_name", run_name)
         _write_claim(folder, slot, trial.number, run_name)
     finally:
@@ -295,9 +323,6 @@ class Worker:
 
 
 def _last_line(path: Path) -> str:
-    try:
-        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
-    except OSError:
-        return "no log"
+    lines = [line for line in tail_text(path).splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith("hpctrain: error:")]
     return (errors or lines or ["no output"])[-1][:300]
