@@ -64,8 +64,9 @@ def add_verbs(verbs) -> None:
                       "workers here, or with --submit the array's elements")
     tune.add_argument("--processes-per-trial", type=count(1), default=1,
                       help="here: torchrun processes (GPUs) per trial")
-    tune.add_argument("--storage", metavar="URL", help="a PostgreSQL URL for the study "
-                      "(default: a journal file in the search's folder)")
+    tune.add_argument("--storage", metavar="URL", help="a PostgreSQL URL for the study, or "
+                      "sqlite (study.db in the search's folder; not with --submit) (default: "
+                      "a journal file in the search's folder)")
     tune.add_argument("--dir", metavar="DIR", help="the search's folder (default: "
                       "OUTPUT_DIR/RECIPE-tune-TIME); an existing one is continued")
     tune.add_argument("--submit", action="store_true", help="run the workers as one Slurm "
