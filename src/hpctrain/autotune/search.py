@@ -31,7 +31,7 @@ from typing import Callable
 from hpctrain.autotune.fit import predict_fit
 from hpctrain.autotune.knobs import (Choice, Knob, Space, settings_of, space_of,
                                      with_checkpointing)
-from hpctrain.autotune.trials import Plan, Trial, run_steps, run_trial
+from hpctrain.autotune.trials import Plan, Trial, next_number, run_steps, run_trial
 from hpctrain.config import Config, load_config
 from hpctrain.errors import ConfigError, RunFailed, UserError
 from hpctrain.runs.directory import COMPILE_CACHE
@@ -114,6 +114,7 @@ class Search:
                          log_every=max(d for d in range(1, 6) if options.warmup % d == 0),
                          launcher=launcher(processes))
         self.trials: list[Trial] = []
+        self.first = next_number(folder)  # an earlier search's trials stay as they are
         self.chosen: dict[int, dict[str, Choice]] = {}  # trial number -> its choices
         self.tried: set[frozenset] = set()
         self.broken: set[Choice] = set()  # choices that failed or hung: not tried again
@@ -298,7 +299,7 @@ class Search:
     def _candidate(self, choices: dict[str, Choice]) -> Trial | None:
         """Measure `choices` unless the configuration refuses them, the prediction says
         they do not fit, or the budget cannot pay for them (None: not tried)."""
-        trial = Trial(len(self.trials), _labels(choices), settings_of(choices.values()))
+        trial = Trial(self._number(), _labels(choices), settings_of(choices.values()))
         try:
             config = load_config(self.recipe, [*self.overrides, *trial.settings])
         except UserError as err:
@@ -317,7 +318,8 @@ class Search:
 
     def _measure(self, choices: dict[str, Choice], measure: int, limit: float,
                  trial: Trial | None = None) -> Trial:
-        trial = trial or Trial(len(self.trials), _labels(choices), settings_of(choices.values()))
+        trial = trial or Trial(self._number(), _labels(choices),
+                               settings_of(choices.values()))
         self.say(f"trial {trial.number}: {self._shown(trial)}")
         run_trial(self.plan, trial, measure, limit)
         if not self.total_steps and trial.measured:  # the baseline says how long the run is
@@ -361,9 +363,13 @@ class Search:
     def _repeat(self, trial: Trial, why: str) -> Trial:
         """A new trial of `trial`'s settings, marked with `why` (again: the run-off;
         confirms: a longer run) and the number it repeats."""
-        repeat = Trial(len(self.trials), dict(trial.choices), list(trial.settings))
+        repeat = Trial(self._number(), dict(trial.choices), list(trial.settings))
         repeat.extra[why] = trial.number
         return repeat
+
+    def _number(self) -> int:
+        """The next trial's number: after those of an earlier search in the folder."""
+        return self.first + len(self.trials)
 
     # ---- figures ----
     def _predict(self, trial: Trial) -> None:

@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import subprocess
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from hpctrain.monitor import lifeline
+from hpctrain.readers import tail_text
 from hpctrain.runs.directory import RunDir
 from hpctrain.runs.identity import read_identity
 from hpctrain.tune.space import override
@@ -28,6 +31,7 @@ from hpctrain.tune.worker import hpctrain_run
 from hpctrain.writers import open_fresh, own_folder
 
 TRIALS = "trials"  # in the autotune folder: one run directory per trial
+TRIAL_NAME = re.compile(r"trial-(\d+)(?:\.log)?")  # a trial's run directory, or its log
 LOGS = "logs"
 OUT_OF_MEMORY = ("out of memory", "outofmemoryerror")
 KILL_GRACE_SECONDS = 10  # after SIGTERM, before SIGKILL
@@ -70,6 +74,33 @@ class Trial:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+@contextmanager
+def held_folder(folder: Path):
+    """The autotune folder held for one search's life, as a run holds its run directory
+    (runs/lock.py: run.lock, refused while another living autotune holds it, taken over from
+    one that is gone, such as an earlier start of the same job; no link in the folder)."""
+    from hpctrain.cluster.environment import detect
+    from hpctrain.runs.lock import claim
+
+    env = detect()
+    lock = claim(folder, env.job_id, env.restart_count, "--dir", instead="--dir")
+    lock.keep_folders()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def next_number(folder: Path) -> int:
+    """The first trial number no earlier search in `folder` used: a second autotune into the
+    folder (a job requeued while it tuned) numbers its trials after the first one's, where it
+    ran into their run directories and failed."""
+    used = [int(found.group(1)) for path in [*(folder / TRIALS).glob("trial-*"),
+                                             *(folder / LOGS).glob("trial-*.log")]
+            if (found := TRIAL_NAME.fullmatch(path.name))]
+    return max(used, default=-1) + 1
 
 
 def trial_settings(plan: Plan, name: str, measure: int) -> list[str]:
@@ -141,10 +172,7 @@ def _kill_group(child: subprocess.Popen, launched: bool) -> None:
 
 
 def _last_lines(path: Path, count: int = 20) -> str:
-    try:
-        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
-    except OSError:
-        return ""
+    lines = [line for line in tail_text(path).splitlines() if line.strip()]
     return "\n".join(lines[-count:])
 
 

@@ -285,6 +285,7 @@ def cmd_autotune(args) -> int:
     config = load_config(args.recipe, args.overrides)  # told before torch loads
     from hpctrain.autotune import results
     from hpctrain.autotune.search import Options, Search
+    from hpctrain.autotune.trials import held_folder
     from hpctrain.runs.directory import stamp
 
     folder = Path(args.dir or Path(config.output_dir) / f"{config.name}-autotune-{stamp()}")
@@ -292,9 +293,10 @@ def cmd_autotune(args) -> int:
                       measure=args.measure_steps, trial_seconds=args.trial_seconds,
                       confirm=not args.no_confirm, processes=args.processes)
     say = _say(args.json)
-    search = Search(args.recipe, args.overrides, options, folder.absolute(),
-                    lambda text: say(f"autotune: {text}"))
-    outcome = search.run()
-    document = results.write(outcome)
+    with held_folder(folder.absolute()):  # one autotune at a time in its folder
+        search = Search(args.recipe, args.overrides, options, folder.absolute(),
+                        lambda text: say(f"autotune: {text}"))
+        outcome = search.run()
+        document = results.write(outcome)
     print(json.dumps(document, indent=1) if args.json else results.text(outcome, document))
     return ExitCode.INTERRUPTED if outcome.interrupted else ExitCode.DONE

@@ -207,9 +207,11 @@ def claim_new(output_dir: Path, base: str, job_id: str | None, restart: int) -> 
         return _hold(run, made, Holder.this_process(job_id, restart))
 
 
-def claim(run: Path, job_id: str | None, restart: int, setting: str) -> RunLock:
+def claim(run: Path, job_id: str | None, restart: int, setting: str,
+          instead: str = "run_name") -> RunLock:
     """Lock the existing or named run directory `run` for this run; RunInUse when a living
-    run holds it. `setting` names what chose the directory, for the message."""
+    run holds it. `setting` names what chose the directory, `instead` what chooses another,
+    for the message."""
     me = Holder.this_process(job_id, restart)
     try:
         made = _make_folders(run, exclusive=False)
@@ -236,8 +238,8 @@ def claim(run: Path, job_id: str | None, restart: int, setting: str) -> RunLock:
                 f"a run whose lock cannot be read (it {unread})"
             raise RunInUse(
                 f"{setting}: {run} is in use by {held} (its lock: {lock_path}). Wait for it "
-                "to end, or choose another run_name; if that process is gone, delete the lock "
-                "file") from None
+                f"to end, or choose another {instead}; if that process is gone, delete the "
+                "lock file") from None
         if _set_aside(lock_path, holder, beat):
             taken_over, gone = why, (holder, beat) if holder is not None else None
     raise RunInUse(f"{setting}: {run}: other runs keep taking its lock ({lock_path}); "
