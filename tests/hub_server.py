@@ -12,7 +12,8 @@ What a download asks, and nothing more, answered as the hub answers it:
 `lies` makes it a hostile hub, file by file (issue 51): "more" lists the file as it is but
 sends 1.5 GB after it with no length announced; "hash" sends other bytes of the same size;
 "short" announces the file's size and closes the connection halfway; "loop" redirects the
-download to itself. `sent` counts the bytes of each body written.
+download to itself; "slow headers" and "slow body" send the answer (its headers too, or its
+body only) a byte every 0.2 s. `sent` counts the bytes of each body written.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ import hashlib
 import http.server
 import json
 import threading
+import time
 from pathlib import Path
 
 COMMIT = "2" * 40  # every repository's one commit
+TRICKLE_SECONDS = 120  # a trickling answer's end, if its client waits that long
 LFS = (".safetensors", ".bin", ".pth")  # stored with Git LFS on the hub
 
 
@@ -66,6 +69,8 @@ class _Hub(http.server.BaseHTTPRequestHandler):
 
     def _file(self, name: str, data: bytes, with_body: bool) -> None:
         lie = self.lies.get(name)
+        if lie in ("slow headers", "slow body"):
+            return self._trickle(name, data, lie == "slow headers")
         if lie == "loop":
             self.send_response(302)
             self.send_header("Location", self.path)
@@ -88,6 +93,21 @@ class _Hub(http.server.BaseHTTPRequestHandler):
                             break
             return
         self._send(data, "application/octet-stream", with_body, name)
+
+    def _trickle(self, name: str, data: bytes, headers_too: bool) -> None:
+        """The answer a byte every 0.2 s (its headers too, or its body only), for at most
+        TRICKLE_SECONDS or until the client stops reading."""
+        head = (f"HTTP/1.1 200 OK\r\nContent-Length: {len(data)}\r\n"
+                "Connection: close\r\n\r\n").encode()
+        self.close_connection = True
+        if not headers_too:
+            self.wfile.write(head)
+            self.wfile.flush()
+        for byte in [*(head if headers_too else b""), *data][:int(TRICKLE_SECONDS / 0.2)]:
+            if not self._write(name, bytes([byte])):
+                return
+            self.wfile.flush()
+            time.sleep(0.2)
 
     def _write(self, name: str, data: bytes) -> bool:
         try:

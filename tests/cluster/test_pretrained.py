@@ -210,23 +210,33 @@ def test_prefetch_fetches_timm_weights_from_a_stand_in_hub(tmp_path, monkeypatch
     ("hash", "the file's sha256 hash is"),
     ("more", "the server sent more than the"),
     ("short", "peer closed connection without sending complete message body"),
-    ("loop", "TooManyRedirects"),
+    ("loop", "more than 5 redirects (a loop?); nothing kept"),
+    ("slow headers", "slower than 1,024 bytes/s after 2 s (--min-rate, --grace); stopped, "
+                     "nothing kept"),
+    ("slow body", "slower than 1,024 bytes/s after 2 s"),
 ])
 def test_prefetch_keeps_nothing_a_lying_hub_sends(tmp_path, lie, words):
     """A hub that sends other bytes than its hash, 1.5 GB after a file it lists as small, a
-    body cut short, or a redirect loop: prefetch stops (at the first byte past the promise),
-    keeps nothing and says so in one line, exit 1 (before: kept with exit 0, the whole 1.5 GB
-    in the cache, or an httpx traceback)."""
+    body cut short, a redirect loop, or its answer a byte at a time: prefetch stops (at the
+    first byte past the promise, at the pace's end), keeps nothing and says so in one line,
+    exit 1 (before: kept with exit 0, the whole 1.5 GB in the cache, an httpx traceback, or a
+    wait without end beside a .partial blob)."""
+    import time
+
     from hub_server import StandInHub
 
     _tiny_gpt2(tmp_path / "served" / "lab" / "tiny-gpt")
     cache = tmp_path / "hub"
     hub = StandInHub(tmp_path / "served", {"model.safetensors": lie})
+    started = time.monotonic()
     with hub as url:
-        done = subprocess.run(["hpctrain", "prefetch", "tiny-lm", "model.name=hf:lab/tiny-gpt"],
+        done = subprocess.run(["hpctrain", "prefetch", "tiny-lm", "model.name=hf:lab/tiny-gpt",
+                               "--min-rate", "1k", "--grace", "2"],
                               text=True, capture_output=True, timeout=300,
                               env={**os.environ, "HF_ENDPOINT": url, "HF_HUB_CACHE": str(cache)})
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    if lie.startswith("slow"):  # the pace's end: 2 s and the bytes that came, not 120 s
+        assert time.monotonic() - started < 60
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("hpctrain: error: cannot fetch hf:lab/tiny-gpt's config, weights "
                            "and tokenizer: ") and words in last, last

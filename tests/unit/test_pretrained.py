@@ -139,6 +139,16 @@ def test_prefetch_of_a_recipe_that_reads_nothing_from_the_internet_says_so(run_c
     assert code == 0 and out.strip() == "[]"
 
 
+@pytest.mark.parametrize("option, value, words", [
+    ("--min-rate", "0", "'0' is not a rate: give bytes a second, e.g. 500, 64k or 2M"),
+    ("--min-rate", "fast", "'fast' is not a rate"), ("--min-rate", "nank", "is not a rate"),
+    ("--grace", "-1", "'-1' is not a positive number of seconds")])
+def test_a_pace_that_cannot_be_one_is_refused(run_cli, capsys, option, value, words):
+    with pytest.raises(SystemExit) as stop:
+        run_cli("prefetch", "default", option, value)
+    assert stop.value.code == 2 and words in capsys.readouterr().err
+
+
 def test_an_hf_config_of_the_wrong_type_or_nested_deep_is_one_line(tmp_path, run_cli):
     from transformers import GPT2Config
 

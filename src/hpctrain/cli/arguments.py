@@ -102,6 +102,16 @@ def duration(text: str) -> float:
                                          "2h") from None
 
 
+def rate(text: str) -> float:
+    """An argparse type: bytes a second from '500', '64k' or '2M' (binary: k is 1,024)."""
+    scale = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(text[-1:].lower())
+    try:
+        return seconds(text[:-1] if scale else text) * (scale or 1)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a rate: give bytes a second, e.g. "
+                                         "500, 64k or 2M") from None
+
+
 def _script_options() -> dict[str, object]:
     """Each scheduler's option that adds a line to its batch script -> the scheduler (the
     registry imported late: it reads the cluster profiles' schema)."""

@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hpctrain.cli.arguments import add_recipe, make_verb
+from hpctrain.cli.arguments import add_recipe, make_verb, rate, seconds
 from hpctrain.errors import FetchFailed
+from hpctrain.network import Patience
 
 
 
@@ -82,6 +83,13 @@ def _add_prefetch(verbs) -> None:
                          "  hpctrain prefetch finetune-resnet50 data.path=/scratch/flowers",
                          cmd_prefetch)
     add_recipe(prefetch)
+    prefetch.add_argument("--min-rate", type=rate, default=Patience.min_rate, metavar="RATE",
+                          help="the slowest a download may arrive on average, in bytes a "
+                          "second after its --grace (64k, 2M; default 64k): a slower server "
+                          "is stopped, nothing kept")
+    prefetch.add_argument("--grace", type=seconds, default=Patience.grace, metavar="SECONDS",
+                          help="how long a download may take before its rate counts (the "
+                          "connection, the server's first answer, a redirect; default 30)")
     prefetch.add_argument("--json", action="store_true")
 
 
@@ -90,13 +98,14 @@ def cmd_prefetch(args) -> int:
     from hpctrain.models import huggingface, pretrained
 
     config = load_config(args.recipe, args.overrides)
+    patience = Patience(args.min_rate, args.grace)
     fetched = []
     library, _, name = config.model.name.partition(":")
     job = None
     if library == "hf" and not Path(name).expanduser().exists():  # a hub name, not a folder
-        job = ("config, weights and tokenizer", lambda: huggingface.prefetch(name))
+        job = ("config, weights and tokenizer", lambda: huggingface.prefetch(name, patience))
     elif config.model.pretrained and library != "hf":
-        job = ("pretrained weights", lambda: pretrained.prefetch(library, name))
+        job = ("pretrained weights", lambda: pretrained.prefetch(library, name, patience))
     if job is not None:
         try:
             fetched.append({"what": f"{config.model.name} {job[0]}", "path": str(job[1]())})

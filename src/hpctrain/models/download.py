@@ -8,13 +8,15 @@ or a body cut short is a traceback. Here each file is streamed into a fresh part
 beside its place and checked as it comes: a body announcing more than the listing promised
 is refused before it is read, the download stops at the first byte past the promise, a body
 shorter than its promise is refused, the hash is compared at the end; only then is the file
-renamed into place. Whatever fails leaves nothing behind and is one line (FetchFailed,
-exit 1).
+renamed into place. Every request goes through hpctrain's one HTTP client (network.py): a
+server slower than the minimum rate, its headers or its body, is stopped. Whatever fails
+leaves nothing behind and is one line (FetchFailed, exit 1).
 
 The Hugging Face cache is written as huggingface_hub lays it out and reads it
 (`models--ORG--NAME/blobs/<hash>`, `snapshots/<commit>/<file>` linking to its blob,
 `refs/main` naming the commit), so timm and transformers find the files offline; the
-listing (which files, their sizes and hashes, the commit) comes from huggingface_hub's API.
+listing (which files, their sizes and hashes, the commit) is the hub's API, read through the
+same client and checked (a path that would leave the snapshot is refused).
 """
 
 from __future__ import annotations
@@ -22,15 +24,19 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpctrain import network
 from hpctrain.errors import FetchFailed
+from hpctrain.network import Patience
+from hpctrain.readers import COUNT, parse_json
 from hpctrain.writers import fresh_file, own_folder, write_whole
 
-MAX_REDIRECTS = 5
-CHUNK = 1 << 20
 MOST_BYTES = 1 << 40  # where nothing promises a size: no weight file is a terabyte
+LISTING_BYTES = 64 << 20  # a repository's listing: some hundred bytes a file
+MOST_PAGES = 1000  # of a listing (the hub's pages hold a thousand files each)
 
 
 @dataclass(frozen=True)
@@ -44,36 +50,54 @@ class Promise:
     digest: str | None = None
 
 
-def fetch(url: str, place: Path, promise: Promise, headers: dict | None = None) -> Path:
-    """`url` into `place` (its folder made), checked against `promise` as it streams."""
-    import httpx
-
+def fetch(url: str, place: Path, promise: Promise, headers: dict | None = None,
+          patience: Patience = Patience()) -> Path:
+    """`url` into `place` (its folder made), checked against `promise` as it streams, at the
+    pace `patience` allows (network.py)."""
     own_folder(place.parent)
     descriptor, partial = fresh_file(place)
     try:  # uncompressed: a compressed body could expand past the promise in one piece
-        with os.fdopen(descriptor, "wb") as out, httpx.Client(
-                follow_redirects=True, max_redirects=MAX_REDIRECTS,
-                headers={**(headers or {}), "Accept-Encoding": "identity"},
-                timeout=httpx.Timeout(60.0, connect=20.0)) as client, \
-                client.stream("GET", url) as response:
-            if response.status_code != 200:
-                raise FetchFailed(f"{url}: the server answered {response.status_code} "
-                                  f"{response.reason_phrase}")
+        with os.fdopen(descriptor, "wb") as out, network.get(
+                url, {**(headers or {}), "Accept-Encoding": "identity"}, patience) as response:
+            if response.status != 200:
+                raise FetchFailed(f"{url}: the server answered {response.status}")
             hashed = _receive(response, out, promise, url)
         _check_hash(hashed, promise, url)
         os.replace(partial, place)
         return place
-    except httpx.HTTPError as err:
+    except network.errors() as err:
         raise FetchFailed(f"{url}: {type(err).__name__}: {str(err)[:200]}; nothing kept") \
             from None
     finally:
         partial.unlink(missing_ok=True)
 
 
+def fetch_json(url: str, headers: dict, patience: Patience):
+    """The JSON value at `url` (a listing), at most LISTING_BYTES, and the response's headers
+    (a next page's link)."""
+    try:
+        with network.get(url, {**headers, "Accept-Encoding": "identity"}, patience) as response:
+            if response.status != 200:
+                raise FetchFailed(f"{url}: the server answered {response.status}")
+            body, size = [], 0
+            for chunk in response.chunks():
+                size += len(chunk)
+                if size > LISTING_BYTES:
+                    raise FetchFailed(f"{url}: a listing of more than {LISTING_BYTES:,} bytes; "
+                                      "stopped")
+                body.append(chunk)
+        return parse_json(b"".join(body)), response.headers
+    except network.errors() as err:
+        raise FetchFailed(f"{url}: {type(err).__name__}: {str(err)[:200]}") from None
+    except ValueError as err:  # not JSON, nested too deep (readers.Unreadable)
+        raise FetchFailed(f"{url}: its listing is not JSON that can be read ({err})"[:300]) \
+            from None
+
+
 def _receive(response, out, promise: Promise, url: str):
     """The body into `out`, counted against the promise as it comes; its running hash."""
-    announced = response.headers.get("Content-Length")
-    encoded = response.headers.get("Content-Encoding", "identity") != "identity"
+    announced = response.headers.get("content-length")
+    encoded = response.headers.get("content-encoding", "identity") != "identity"
     announced = int(announced) if announced and announced.isdigit() and not encoded else None
     most = promise.size if promise.size is not None else \
         announced if announced is not None else MOST_BYTES
@@ -82,7 +106,7 @@ def _receive(response, out, promise: Promise, url: str):
                           f"{most:,} were promised; nothing kept")
     hashed = _hasher(promise)
     received = 0
-    for chunk in response.iter_bytes(CHUNK):
+    for chunk in response.chunks():
         received += len(chunk)
         if received > most:
             raise FetchFailed(f"{url}: the server sent more than the {most:,} bytes "
@@ -117,36 +141,90 @@ def _check_hash(hashed, promise: Promise, url: str) -> None:
 # ---- the Hugging Face hub, into its cache
 
 
-def hub_files(repo: str, cache: str, endpoint: str, patterns: list[str] | None = None) -> Path:
+HEX = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")  # a commit or git blob id; a SHA-256
+NEXT_PAGE = re.compile(r'<([^>]+)>;\s*rel="next"')
+
+
+@dataclass(frozen=True)
+class Listed:
+    """A file of a hub repository as its listing names it, checked: a relative path that
+    stays inside the snapshot, and the size and hash its download must have."""
+
+    path: str
+    promise: Promise
+
+
+def hub_files(repo: str, cache: str, endpoint: str, patterns: list[str] | None = None,
+              patience: Patience = Patience()) -> Path:
     """The files of hub repository `repo` (those matching `patterns`, else all) at its main
-    revision into the Hugging Face cache `cache`; the snapshot folder."""
-    from huggingface_hub import HfApi
+    revision into the Hugging Face cache `cache`; the snapshot folder. The listing is the
+    hub's API (what huggingface_hub's model_info and list_repo_tree read), through the same
+    paced client as the files."""
     from huggingface_hub.utils import build_hf_headers
 
-    api = HfApi(endpoint=endpoint)
-    try:
-        commit = api.model_info(repo, revision="main").sha
-        files = [f for f in api.list_repo_tree(repo, revision=commit, recursive=True)
-                 if hasattr(f, "blob_id") and (patterns is None or any(
-                     fnmatch.fnmatch(f.path, p) for p in patterns))]
-    except Exception as err:  # the library's own errors (HTTP, a repository not found)
-        raise FetchFailed(f"{endpoint}: cannot list {repo} ({type(err).__name__}: "
-                          f"{str(err).splitlines()[0][:200] if str(err) else ''})") from None
-    if not commit or not files:
+    headers = build_hf_headers()
+    commit = _commit(f"{endpoint}/api/models/{repo}/revision/main", headers, patience)
+    files = [f for f in _tree(f"{endpoint}/api/models/{repo}/tree/{commit}?recursive=true",
+                              headers, patience)
+             if patterns is None or any(fnmatch.fnmatch(f.path, p) for p in patterns)]
+    if not files:
         raise FetchFailed(f"{endpoint}: {repo} lists no files to fetch")
     folder = Path(cache) / f"models--{repo.replace('/', '--')}"
     snapshot = folder / "snapshots" / commit
-    headers = build_hf_headers()
     for listed in files:
-        promise = Promise(listed.lfs.size, "sha256", listed.lfs.sha256) if listed.lfs else \
-            Promise(listed.size, "git", listed.blob_id)
-        blob = folder / "blobs" / promise.digest
+        blob = folder / "blobs" / listed.promise.digest
         if not blob.is_file():
-            fetch(f"{endpoint}/{repo}/resolve/{commit}/{listed.path}", blob, promise, headers)
+            fetch(f"{endpoint}/{repo}/resolve/{commit}/{listed.path}", blob, listed.promise,
+                  headers, patience)
         _link(snapshot / listed.path, blob)
     own_folder(folder / "refs")
     write_whole(folder / "refs" / "main", commit)
     return snapshot
+
+
+def _commit(url: str, headers: dict, patience: Patience) -> str:
+    info, _ = fetch_json(url, headers, patience)
+    commit = info.get("sha") if isinstance(info, dict) else None
+    if not (isinstance(commit, str) and HEX.fullmatch(commit)):
+        raise FetchFailed(f"{url}: the hub names no commit of the repository (its answer "
+                          f"holds {str(commit)[:60]!r})")
+    return commit
+
+
+def _tree(url: str, headers: dict, patience: Patience) -> list[Listed]:
+    """Every file of the listing, its pages followed (the hub's Link header)."""
+    found, pages = [], 0
+    while url:
+        entries, answered = fetch_json(url, headers, patience)
+        if not isinstance(entries, list):
+            raise FetchFailed(f"{url}: the hub's listing is not a list of files")
+        found += [_listed(entry, url) for entry in entries
+                  if isinstance(entry, dict) and entry.get("type") == "file"]
+        following = NEXT_PAGE.search(answered.get("link", ""))
+        url, pages = (following.group(1) if following else None), pages + 1
+        if pages > MOST_PAGES:
+            raise FetchFailed(f"{url}: more than {MOST_PAGES} pages of files")
+    return found
+
+
+def _listed(entry: dict, url: str) -> Listed:
+    """A listing's entry checked: a file's path may not leave the snapshot (an absolute path,
+    a '..'), and its size and hashes are what a download is held to."""
+    path, lfs = entry.get("path"), entry.get("lfs")
+    parts = str(path).split("/")
+    whole = COUNT.holds(entry.get("size")) and isinstance(entry.get("oid"), str) and \
+        HEX.fullmatch(entry["oid"]) is not None
+    if lfs is not None:
+        whole = whole and isinstance(lfs, dict) and COUNT.holds(lfs.get("size")) and \
+            isinstance(lfs.get("oid"), str) and len(lfs["oid"]) == 64 and \
+            HEX.fullmatch(lfs["oid"]) is not None
+    if not isinstance(path, str) or not path or path.startswith("/") or \
+            any(part in ("", ".", "..") for part in parts) or not whole:
+        raise FetchFailed(f"{url}: the hub lists a file it cannot be ({str(path)[:80]!r}: a "
+                          "path inside the repository, its size and hashes); nothing fetched")
+    promise = Promise(lfs["size"], "sha256", lfs["oid"]) if lfs else \
+        Promise(entry["size"], "git", entry["oid"])
+    return Listed(path, promise)
 
 
 def _link(name: Path, blob: Path) -> None:

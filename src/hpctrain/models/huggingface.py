@@ -193,10 +193,10 @@ def _cached_config(name: str) -> Path | None:
 HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "tokenizer*"]  # what prefetch gets
 
 
-def prefetch(name: str) -> Path:
+def prefetch(name: str, patience: download.Patience = download.Patience()) -> Path:
     """A hub model's config, weights and tokenizer files into the Hugging Face cache, each
     checked as it streams (download.py); the snapshot folder."""
     from huggingface_hub import constants
 
     # the endpoint as now set (HF_ENDPOINT: a mirror), where the library formed its URLs at import
-    return download.hub_files(name, hub_cache(), constants.ENDPOINT, HUB_FILES)
+    return download.hub_files(name, hub_cache(), constants.ENDPOINT, HUB_FILES, patience)

@@ -155,7 +155,8 @@ def replace_head(model: nn.Module, num_classes: int, trained_for: int) -> list[s
     return [name]
 
 
-def prefetch(library: str, name: str) -> Path:
+def prefetch(library: str, name: str,
+             patience: download.Patience = download.Patience()) -> Path:
     """Download the default weights of `library`'s model `name` into its cache (a login
     node's job), checked as they stream (download.py); the file's path. A file of torch.hub
     must hold the SHA-256 its name begins."""
@@ -166,10 +167,11 @@ def prefetch(library: str, name: str) -> Path:
         # the endpoint as now set (HF_ENDPOINT: a mirror), where the library formed its own at
         # import
         return download.hub_files(found.hub_id, hub_cache(), constants.ENDPOINT,
-                                  [found.hub_files[0]]) / found.hub_files[0]
+                                  [found.hub_files[0]], patience) / found.hub_files[0]
     path = found.torch_file()
     if not path.is_file():
         named = torch.hub.HASH_REGEX.search(path.name)  # NAME-<SHA-256 prefix>.EXT
         download.fetch(found.url, path, download.Promise(
-            algorithm="sha256", digest=named.group(1)) if named else download.Promise())
+            algorithm="sha256", digest=named.group(1)) if named else download.Promise(),
+            patience=patience)
     return path
