@@ -179,3 +179,24 @@ def test_an_hf_config_of_the_wrong_type_or_nested_deep_is_one_line(tmp_path, run
         with pytest.raises(ConfigError, match="its config.json is not a config transformers "
                                               rf"can read \(.*{said}"):
             build_model(f"hf:{tmp_path / 'crafted'}", None, vocab_size=300)
+
+
+@pytest.mark.parametrize("entry", [
+    {"path": "../../victim.txt"}, {"path": "/etc/passwd"}, {"path": "a/./b"}, {"path": ""},
+    {"path": "config.json", "size": -1}, {"path": "config.json", "oid": "not-a-hash"},
+    {"path": "w.safetensors", "lfs": {"oid": "ab" * 20, "size": 5}},  # a sha1 for a sha256
+    {"path": "w.safetensors", "lfs": "yes"}])
+def test_a_hub_listing_entry_that_cannot_be_a_file_of_the_repository_is_refused(entry):
+    """A crafted listing's path would put a file outside the snapshot (the cache's own
+    folders, or anywhere the user can write); its size and hashes are what the download is
+    held to. Each is refused before anything is fetched."""
+    from hpctrain.errors import FetchFailed
+    from hpctrain.models.download import _listed
+
+    listed = {"type": "file", "path": "config.json", "size": 10, "oid": "a" * 40, **entry}
+    with pytest.raises(FetchFailed, match="the hub lists a file it cannot be"):
+        _listed(listed, "http://hub/api/models/lab/x/tree/c")
+    good = _listed({"type": "file", "path": "sub/config.json", "size": 10, "oid": "a" * 40},
+                   "http://hub")
+    assert (good.path, good.promise.size, good.promise.algorithm) == ("sub/config.json", 10,
+                                                                      "git")
