@@ -1,5 +1,5 @@
 """The one door for external commands whose output hpctrain reads (the scheduler's, git,
-py-spy, a job's python): a deadline that holds while the command keeps printing, its output
+py-spy, a job's python), and for those whose output the user watches (`wandb sync`): a deadline that holds while the command keeps printing, its output
 capped in bytes and lines, and its whole process group killed past either.
 
 `subprocess.run(..., capture_output=True, timeout=...)` keeps everything the command prints
@@ -57,6 +57,18 @@ def run_command(args: Sequence[str], timeout: float, *, cwd=None,
         child.stdout.close()
         child.stderr.close()
     return subprocess.CompletedProcess(list(args), returncode, _text(out), _text(err))
+
+
+def run_shown(args: Sequence[str], timeout: float) -> int:
+    """Run `args` with its output on hpctrain's own (a long command the user watches: `wandb
+    sync`), within `timeout` seconds; its exit status. Past the deadline, or at a Ctrl-C, its
+    whole process group is killed (subprocess.TimeoutExpired, KeyboardInterrupt)."""
+    child = subprocess.Popen(list(args), stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        return child.wait(timeout=timeout)
+    except BaseException:
+        _kill_group(child)
+        raise
 
 
 def _read(child: subprocess.Popen, args, deadline: float, timeout: float, most_bytes: int,

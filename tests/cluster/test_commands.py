@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from hpctrain.commands import OutputTooLarge, run_command
+from hpctrain.commands import OutputTooLarge, run_command, run_shown
 
 LIMITED = textwrap.dedent("""\
     import resource, subprocess, sys
@@ -62,6 +62,24 @@ def test_a_command_past_its_deadline_is_killed_with_its_children(tmp_path):
     while _alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(child)
+
+
+def test_a_watched_command_past_its_deadline_is_killed_with_its_children(tmp_path, capfd):
+    """`wandb sync` runs with its output on the terminal (run_shown): past its deadline it is
+    killed with its child, where it could wait on the network without end."""
+    pids = tmp_path / "pids"
+    _fake(tmp_path, "sync", f"sleep 300 & echo $! > {pids}\necho syncing\nwait")
+    started = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_shown([str(tmp_path / "sync")], 2)
+    assert 1.9 < time.monotonic() - started < 10 and "syncing" in capfd.readouterr().out
+    child = int(pids.read_text())
+    deadline = time.monotonic() + 5
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child)
+    _fake(tmp_path, "done", "exit 4")
+    assert run_shown([str(tmp_path / "done")], 30) == 4
 
 
 def test_output_is_capped_in_bytes_and_read_as_text(tmp_path):

@@ -13,10 +13,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from hpctrain.commands import run_shown
 from hpctrain.errors import ConfigError
 from hpctrain.runs.identity import read_identity, remember_tracker
 
 BATCH = 1000  # MLflow's most metrics per log_batch
+SYNC_SECONDS = 2 * 3600.0  # a run's offline W&B runs sent: far more than their media take
 
 
 def wandb_offline_runs(run_dir: Path) -> list[Path]:
@@ -31,9 +33,14 @@ def sync_wandb(run_dir: Path, dry_run: bool) -> list[str]:
         return []
     command = [sys.executable, "-m", "wandb", "sync", *map(str, found)]
     if not dry_run:
-        done = subprocess.run(command)
-        if done.returncode != 0:
-            raise ConfigError(f"wandb sync failed (exit {done.returncode}) for {run_dir}; "
+        try:
+            code = run_shown(command, SYNC_SECONDS)
+        except subprocess.TimeoutExpired:
+            raise ConfigError(f"wandb sync of {run_dir} took more than {SYNC_SECONDS / 3600:g} h "
+                              "and was stopped; run it again (runs synced are not sent twice) "
+                              "and check the login node's network") from None
+        if code != 0:
+            raise ConfigError(f"wandb sync failed (exit {code}) for {run_dir}; "
                               "check the login node's network and `wandb login`")
     return command
 
