@@ -29,7 +29,7 @@ from hpctrain.writers import own_folder
 
 EXTRAS = {"mlflow": ("mlflow", "mlflow"), "wandb": ("wandb", "wandb")}  # sink: module, extra
 MLFLOW_STATUS = {"completed": "FINISHED", "failed": "FAILED", "interrupted": "KILLED",
-                 "preempted": "KILLED", "hung": "KILLED"}
+                 "preempted": "KILLED", "hung": "KILLED", "pruned": "KILLED"}
 
 
 def check(config: Config) -> None:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpctrain.readers import (AMOUNT, COUNT, FINITE, MAPPING, NUMBER, SECONDS, SHARE, GiB,
-                              KiB, MiB, TEXT, TIME, Unreadable,
+                              KiB, MiB, TEXT, TIME, Unreadable, one_of,
                               capped_lines, field_problem, json_document, list_of, optional,
                               parse_json, yaml_mapping)
 
@@ -93,11 +93,15 @@ METRIC_RULES = {
     "utilization_mean": optional(FINITE), "power_watts_total": optional(FINITE),
     "seconds_per_step": optional(AMOUNT),
 }
+# how a run ended, as summary.json's `status` says (a search's trial may end pruned); anything
+# else there is damage, where `watch` waited on a status it did not know for ever
+RUN_STATUSES = ("completed", "failed", "preempted", "interrupted", "hung", "pruned")
 # what summary.json's figures that others compute with must hold to be read back (a scaling
 # study divides by its throughput and epochs, a search ranks by its objective, the runs index
 # adds its device-hours): a figure broken is damage, named, where it was a traceback
 SUMMARY_RULES = {
-    "status": TEXT, "steps": COUNT, "epochs": optional(AMOUNT), "restarts": COUNT,
+    "status": one_of(*RUN_STATUSES), "steps": COUNT, "epochs": optional(AMOUNT),
+    "restarts": COUNT,
     "global_batch_size": optional(COUNT), "batch_size_per_device": optional(COUNT),
     "grad_accum_steps": optional(COUNT), "world_size": optional(COUNT),
     "samples_per_second": optional(AMOUNT), "tokens_per_second": optional(AMOUNT),

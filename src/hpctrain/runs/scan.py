@@ -16,15 +16,15 @@ import os
 import time
 from pathlib import Path
 
-from hpctrain.runs.directory import (CONFIG, IDENTITY, JOB_SCRIPT, METRICS, SUMMARY, RunDir,
-                                    modified)
+from hpctrain.runs.directory import (CONFIG, IDENTITY, JOB_SCRIPT, METRICS, RUN_STATUSES,
+                                    SUMMARY, RunDir, modified)
 from hpctrain.readers import COUNT, TEXT
 from hpctrain.runs.goodput import account
 from hpctrain.runs.identity import config_hash, job_chain, read_identity
 
 # a live run touches run.json every minute (identity.Heartbeat); silence this long is a loss
 LOST_AFTER_SECONDS = 15 * 60
-FINAL = ("completed", "failed", "preempted", "interrupted", "hung")
+FINAL = RUN_STATUSES  # a summary says how the run ended
 RESUMABLE = ("preempted", "hung")  # a job of the run ended, and the run goes on (requeued)
 # the run's figures kept as columns (the rest stays in the summary JSON)
 RUN_FILES = {CONFIG, IDENTITY, METRICS, SUMMARY, JOB_SCRIPT}  # any of them: a run's folder
