@@ -113,3 +113,27 @@ def test_a_built_in_gpt_of_impossible_or_enormous_shape_is_one_line(tmp_path, ru
         capture_output=True, text=True, timeout=300, preexec_fn=AddressSpaceLimit(8 << 30))
     assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert "model.name hpctrain:gpt_tiny: 13,194,144,065,257,472 parameters" in done.stderr
+
+
+def test_a_model_larger_than_the_address_space_limit_leaves_is_one_line_naming_the_limit(
+        tmp_path):
+    """7 GiB of parameters where this host has more free but the process may map only 4 GiB
+    (`ulimit -v`, as some clusters set on login nodes and in jobs): counted on the meta device
+    and refused, exit 3, naming the limit (before: a MemoryError traceback, exit 70)."""
+    import subprocess
+    import sys
+
+    from hpctrain.monitor.host_memory import room
+
+    assert room().bytes > 8 << 30, "the test needs a host with more than 8 GiB free"
+    recipe = [f"output_dir={tmp_path / 'runs'}", f"data.arithmetic.cache_dir={tmp_path}",
+              "data.arithmetic.num_train=200", "data.arithmetic.num_val=20",
+              "data.tokens.seq_len=32", "train.batch_size=4", "data.num_workers=0",
+              "model.kwargs.layers=4", "model.kwargs.width=6144", "model.kwargs.heads=8"]
+    done = subprocess.run([sys.executable, "-m", "hpctrain", "run", "tiny-lm", *recipe],
+                          capture_output=True, text=True, timeout=300,
+                          preexec_fn=AddressSpaceLimit(4 << 30))
+    assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "GiB of memory the process's address-space limit (ulimit -v 4.0 GiB" in \
+        done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1

@@ -36,14 +36,14 @@ def untold(err: BaseException) -> str:
 def predict_fit(config: Config, processes: int = 1) -> Prediction:
     """Whether `config` fits this machine's device, by the prediction."""
     from hpctrain.memory.estimate import estimate, resolve_target
-    from hpctrain.monitor.host_memory import available_bytes
+    from hpctrain.monitor.host_memory import room
     from hpctrain.train.hardware.system import resolve_device
 
     on_cpu = resolve_device(config.device).type == "cpu"
-    available = available_bytes() if on_cpu else None
-    if on_cpu and available is None:
+    left = room() if on_cpu else None
+    if on_cpu and left is None:
         return Prediction(untold="this machine's available memory cannot be read")
-    capacity = f"{available // processes}B" if on_cpu else None
+    capacity = f"{left.bytes // processes}B" if on_cpu else None
     try:
         where = config.model_copy(update={"device": "cpu"}) if on_cpu else config
         found = estimate(where, resolve_target(where, capacity, processes))
@@ -51,6 +51,6 @@ def predict_fit(config: Config, processes: int = 1) -> Prediction:
         return Prediction(untold=untold(err))
     if found.fits:
         return Prediction()
-    source = "available on this machine" if on_cpu else found.target.capacity_source
+    source = left.bound if on_cpu else found.target.capacity_source
     return Prediction(f"predicted {fmt_bytes(found.in_use)} of "
                       f"{fmt_bytes(found.target.capacity)} ({source})")

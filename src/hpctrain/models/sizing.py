@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from hpctrain.errors import DoesNotFit
-from hpctrain.monitor.host_memory import available_bytes
+from hpctrain.monitor.host_memory import room
 
 
 def building_for_real() -> bool:
@@ -24,9 +24,9 @@ def refuse_if_too_large(what: str, on_meta: nn.Module, copies: int = 1,
     device: `held` says what the copies are) take more than the memory available here."""
     parameters = sum(p.numel() for p in on_meta.parameters())
     needed = copies * sum(p.numel() * p.element_size() for p in on_meta.parameters())
-    available = available_bytes()
-    if available is not None and needed > available:
+    left = room()
+    if left is not None and needed > left.bytes:
         raise DoesNotFit(f"{what}: {parameters:,} parameters, {needed / 2**30:,.1f} GiB {held} "
                          f"({torch.get_default_dtype()}), more than the "
-                         f"{available / 2**30:,.1f} GiB of memory available here; give it "
+                         f"{left.bytes / 2**30:,.1f} GiB of {left.bound}; give it "
                          "fewer layers, a smaller width or vocabulary (model.kwargs)")
