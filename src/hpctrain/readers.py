@@ -71,6 +71,12 @@ def read_capped(path: Path, cap: int) -> bytes:
     return b"".join(chunks)
 
 
+def read_text_capped(path: Path, cap: int = 64 * KiB) -> str:
+    """The text of the regular file `path` (a /proc or /sys entry, a log's few lines), at most
+    `cap` bytes, undecodable bytes replaced; raises as read_capped."""
+    return read_capped(path, cap).decode(errors="replace")
+
+
 def capped_lines(path: Path, cap: int, line_cap: int) -> Iterator[bytes | None]:
     """The lines of the regular file `path` (see open_capped), reading at most `cap` bytes in
     all; None in place of a line longer than `line_cap`, which is skipped."""
@@ -88,6 +94,15 @@ def capped_lines(path: Path, cap: int, line_cap: int) -> Iterator[bytes | None]:
                 line = handle.readline(min(MiB, left))
                 left -= len(line)
             yield None
+
+
+def chunks(path: Path, start: int = 0) -> Iterator[bytes]:
+    """The regular file `path` (a log: no link, no device) from byte `start` to its end as it
+    is now, a MiB at a time, however large: for printing, never kept whole."""
+    with open_capped(path, 1 << 62) as handle:
+        handle.seek(start)
+        while chunk := handle.read(MiB):
+            yield chunk
 
 
 def tail_text(path: Path, most_bytes: int = 64 * KiB) -> str:

@@ -132,22 +132,38 @@ def cmd_logs(args) -> int:
 
     job = Job(args.job)
     if not args.follow:
-        print(job.logs(err=args.err), end="")
+        for path in job.log_files(err=args.err):
+            _print_log(path)
         return 0
     path = job.log_file(err=args.err)
     from hpctrain.cluster.records import FINAL_STATES
 
     position = 0
     while True:  # print what is new, until the job ends
-        if path is not None and path.is_file():
-            with open(path, errors="replace") as log:
-                log.seek(position)
-                sys.stdout.write(log.read())
-                sys.stdout.flush()
-                position = log.tell()
+        if path is not None and (path.is_file() or path.is_symlink()):
+            position = _print_log(path, position)
         if job.state.split()[0] in FINAL_STATES:
             return 0
         time.sleep(1)
+
+
+def _print_log(path, start: int = 0) -> int:
+    """The log from byte `start` on, a chunk at a time (a log of any size, never kept
+    whole); where it now ends. A log that is a link or no regular file is one line."""
+    import codecs
+
+    from hpctrain.readers import chunks
+
+    text = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character cut by a chunk
+    try:
+        for chunk in chunks(path, start):
+            sys.stdout.write(text.decode(chunk))
+            start += len(chunk)
+    except ValueError as err:  # readers.Unreadable
+        raise ConfigError(f"{path} {err}: a job's log is a file the scheduler writes") \
+            from None
+    sys.stdout.flush()
+    return start
 
 
 def _add_cancel(verbs) -> None:

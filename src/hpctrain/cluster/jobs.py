@@ -27,12 +27,15 @@ from hpctrain.cluster.records import FINAL_STATES, UNKNOWN, ClusterError
 from hpctrain.cluster.request import JobRequest, layout
 from hpctrain.config import code_references, load_config, plain_name
 from hpctrain.errors import ConfigError
+from hpctrain.readers import MiB, chunks, tail_text
 from hpctrain.runs.directory import (SUMMARY, RunDir, is_checkpoint, new_run_name, read_ledger,
                                      remember_job)
 from hpctrain.runs.identity import read_identity
 from hpctrain.runs.lock import Holder
 from hpctrain.runs.scan import LOST_AFTER_SECONDS, scan_run
 from hpctrain.writers import write_whole
+
+LOG_TEXT_CAP = 16 * MiB  # of each job's log, read back as text (the end: where a job fails)
 
 
 def scheduler_of(profile: Profile | None = None) -> scheduler.Scheduler:
@@ -185,15 +188,20 @@ class Job:
             return RunDir(self.run_dir).job_log(job.JOB_LOG, job_id, err)
         return None
 
-    def logs(self, err: bool = False) -> str:
-        """The whole log: of every job of the chain, in order."""
+    def log_files(self, err: bool = False) -> list[Path]:
+        """The logs of every job of the chain, in order; ConfigError before the first."""
         job = scheduler_of()
         paths = [self._own_log_file(job_id, err, job) for job_id in self.chain()]
-        found = [p for p in paths if p is not None and p.is_file()]
+        found = [p for p in paths if p is not None and (p.is_file() or p.is_symlink())]
         if not found:
             raise ConfigError(f"no {'error' if err else 'output'} log for job {self.id} yet"
                               + (f" (expected {paths[0]})" if paths[0] else ""))
-        return "".join(p.read_text(errors="replace") for p in found)
+        return found
+
+    def logs(self, err: bool = False, most_bytes: int = LOG_TEXT_CAP) -> str:
+        """The logs' text, the last `most_bytes` of each at most (a log that is a link or no
+        regular file reads as empty): `hpctrain logs` prints them whole, a chunk at a time."""
+        return "".join(tail_text(p, most_bytes) for p in self.log_files(err))
 
     def cancel(self) -> None:
         scheduler_of().cancel(self.id)
@@ -412,9 +420,23 @@ def find_logs(job_or_text) -> list[Path]:
     found = []
     for run in sorted({row["run_dir"] for row in read_ledger()}):
         for log in RunDir(Path(run)).job_logs(scheduler.job_logs()):
-            if text in log.read_text(errors="replace"):
+            if _holds(log, text.encode()):
                 found.append(log)
     return found
+
+
+def _holds(log: Path, text: bytes) -> bool:
+    """Whether the log holds `text`, read a chunk at a time (the end of each kept for a text
+    that spans two); False where it cannot be read (a link, not a regular file)."""
+    carried = b""
+    try:
+        for chunk in chunks(log):
+            if text in carried + chunk:
+                return True
+            carried = chunk[-len(text):]
+    except (OSError, ValueError):
+        return False
+    return False
 
 
 def allocations(job_ids: list[str]) -> list[dict] | None:

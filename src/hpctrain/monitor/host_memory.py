@@ -15,7 +15,7 @@ import resource
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpctrain.readers import KiB, Unreadable, read_capped
+from hpctrain.readers import read_text_capped
 
 CGROUPS = Path("/sys/fs/cgroup")
 
@@ -37,8 +37,8 @@ def room() -> Room | None:
 def _small(path: Path | str) -> str | None:
     """A /proc or /sys file's text (a few lines), None where it cannot be read."""
     try:
-        return read_capped(Path(path), 64 * KiB).decode(errors="replace")
-    except (OSError, Unreadable):
+        return read_text_capped(Path(path))
+    except (OSError, ValueError):
         return None
 
 

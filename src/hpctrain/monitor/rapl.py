@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hpctrain.readers import read_text_capped
+
 POWERCAP = Path("/sys/class/powercap")
 
 
@@ -21,12 +23,12 @@ class RaplPackages:
     def __init__(self, domains: list[Path]):
         self.domains = domains
         self.last = [self._counter(d) for d in domains]
-        self.ranges = [int((d / "max_energy_range_uj").read_text()) for d in domains]
+        self.ranges = [int(read_text_capped(d / "max_energy_range_uj")) for d in domains]
         self.total_uj = 0
 
     @staticmethod
     def _counter(domain: Path) -> int:
-        return int((domain / "energy_uj").read_text())
+        return int(read_text_capped(domain / "energy_uj"))
 
     def energy_joules(self) -> float:
         """Joules since this object was made (every wrap seen since the last call counted)."""
@@ -54,6 +56,6 @@ def open_rapl(root: Path = POWERCAP) -> RaplPackages | str:
 
 def _name(domain: Path) -> str:
     try:
-        return (domain / "name").read_text().strip()
-    except OSError:
+        return read_text_capped(domain / "name").strip()
+    except (OSError, ValueError):
         return ""

@@ -35,8 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpctrain.commands import run_command
+from hpctrain.readers import read_text_capped
 
 DUMP_SIGNAL = signal.SIGQUIT  # a worker writes its stacks on it (armed at its start)
+DUMP_CAP = 4 << 20  # of a worker's faulthandler dump: every thread's stack, some KB
 MEMORY_FILE = "hpctrain-stacks"  # the worker's anonymous file for them
 PY_SPY_SECONDS = 15.0
 _PR_SET_PTRACER = 0x59616D61  # Yama: which process may trace this one
@@ -160,7 +162,7 @@ def waiting_on(pid: int, thread: int | None = None) -> str | None:
     own threads, and its children's): 'reading PATH', 'opening a file', 'a lock', ..."""
     base = Path(f"/proc/{pid}") / ("task" if thread else "") / (str(thread) if thread else "")
     try:
-        call, *arguments = (base / "syscall").read_text().split()
+        call, *arguments = read_text_capped(base / "syscall").split()
     except (OSError, ValueError):
         return None
     kind = _CALLS.get(platform.machine(), {}).get(int(call) if call.isdigit() else -1)
@@ -293,7 +295,8 @@ def _signalled_stacks(pid: int, wait: float = 2.0) -> str:
     while time.monotonic() < deadline:
         time.sleep(0.1)
         try:
-            now = memory.read_text(errors="replace")
+            with open(memory, "rb") as dump:  # /proc/PID/fd/N: a link by nature, followed
+                now = dump.read(DUMP_CAP).decode(errors="replace")
         except OSError:
             return text
         if now and now == text:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from hpctrain.errors import ConfigError
 from hpctrain.readers import (TEXT, TIME, Unreadable, field_problem, list_of, one_of, optional,
-                              parse_json, read_capped, whole)
+                              parse_json, read_capped, read_text_capped, whole)
 from hpctrain.writers import refuse_link, write_whole
 
 SETTINGS = "tune.json"
@@ -160,8 +160,8 @@ def objective(text: str) -> tuple[str, str]:
 def file_system_type(path: Path) -> str | None:
     """The type of the file system holding `path` (from /proc/mounts; None elsewhere)."""
     try:
-        mounts = Path("/proc/mounts").read_text().splitlines()
-    except OSError:
+        mounts = read_text_capped(Path("/proc/mounts"), 16 << 20).splitlines()
+    except (OSError, ValueError):
         return None
     path, best, kind = str(Path(path).resolve()), "", None
     for line in mounts:
