@@ -17,8 +17,10 @@ import errno
 import io
 import os
 import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TextIO
+from typing import BinaryIO, TextIO
 
 from hpctrain.errors import OutputError
 
@@ -48,6 +50,21 @@ def fresh_file(path: Path, suffix: str = "") -> tuple[int, Path]:
             continue
 
 
+def fresh_folder(path: Path) -> Path:
+    """A new, empty folder beside `path` under a random name (`.NAME.RANDOM.partial`), made
+    exclusively (its parent made and refused when a link): where what becomes `path` is filled
+    before it is renamed into place."""
+    path = Path(path)
+    own_folder(path.parent)
+    while True:
+        partial = path.with_name(f".{path.name}.{secrets.token_hex(6)}.partial")
+        try:
+            partial.mkdir()
+            return partial
+        except FileExistsError:  # a name taken by chance, or planted
+            continue
+
+
 def write_whole(path: Path, data: str | bytes, durable: bool = False) -> None:
     """`path` replaced at once by `data` (`durable`: on disk before the rename)."""
     path = Path(path)
@@ -72,6 +89,21 @@ def _appending(path: Path) -> int:
     except OSError as err:
         if err.errno == errno.ELOOP:
             raise refuse_link(path) from None
+        raise
+
+
+@contextmanager
+def replacing(path: Path) -> Iterator[BinaryIO]:
+    """`with replacing(path) as handle:` a binary handle to a fresh file beside `path`, renamed
+    over it when the block ends, removed when it fails: for what is written as it streams (an
+    index, a copy of a shard), whole or not at all and never through a link."""
+    descriptor, partial = fresh_file(Path(path))
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            yield handle
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
         raise
 
 

@@ -126,7 +126,7 @@ def test_verify_checks_a_token_pack_whole_and_refuses_what_is_no_pack(tmp_path, 
     code, out, _ = run_cli("pack", "--verify", str(tmp_path / "tokens"))
     assert code == 2 and f"{shard.name}: SHA-256 differs" in out
     code, _, err = run_cli("pack", "--verify", str(tmp_path / "src"))
-    assert code == 2 and "no readable pack.json" in err
+    assert code == 2 and "pack.json is missing; give pack --verify a pack folder made by" in err
     code, _, err = run_cli("pack", "--verify", str(tmp_path / "tokens"), "a", "b")
     assert code == 2 and "give no SRC DST" in err
 

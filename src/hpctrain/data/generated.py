@@ -8,10 +8,11 @@ generating at once (ranks of a node, jobs of an array) the first to finish wins.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+
+from hpctrain.writers import fresh_folder, write_whole
 
 MARKER = "complete.json"
 
@@ -21,10 +22,12 @@ def generate_once(folder: Path, make: Callable[[Path], dict]) -> Path:
     folder `tmp` and returns what the marker records."""
     if (folder / MARKER).exists():
         return folder
-    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    (tmp / MARKER).write_text(json.dumps(make(tmp)))
+    tmp = fresh_folder(folder)
+    try:
+        write_whole(tmp / MARKER, json.dumps(make(tmp)))
+    except BaseException:  # nothing half-made left beside the cache
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if (folder / MARKER).exists():  # another process finished first: keep theirs
         shutil.rmtree(tmp)
         return folder

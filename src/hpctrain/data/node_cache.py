@@ -19,9 +19,11 @@ import sys
 import uuid
 from pathlib import Path
 
-from hpctrain.data.packs import MANIFEST, pack_file
+from hpctrain.data.packs import MANIFEST, MANIFEST_CAP, pack_file
 from hpctrain.data.images.image_pack import Pack
 from hpctrain.errors import DataError
+from hpctrain.readers import read_capped
+from hpctrain.writers import replacing
 
 CACHE_FOLDER = "hpctrain-cache"
 VERIFIED = ".verified"
@@ -56,24 +58,25 @@ def _is_valid(target: Path, pack: Pack) -> bool:
     if not (target / VERIFIED).is_file():
         return False
     try:
-        if (target / MANIFEST).read_bytes() != (pack.root / MANIFEST).read_bytes():
+        if read_capped(target / MANIFEST, MANIFEST_CAP) != \
+                read_capped(pack.root / MANIFEST, MANIFEST_CAP):
             return False
         return all(size is None or (target / name).stat().st_size == size
                    for name, size, _ in pack_files(pack))
-    except OSError:
+    except (OSError, ValueError):  # absent, a link, past its cap: copied again
         return False
 
 
 def _copy_verified(source: Path, destination: Path, sha256: str | None) -> None:
     digest = hashlib.sha256()
-    with open(source, "rb") as reader, open(destination, "wb") as writer:
+    with open(source, "rb") as reader, replacing(destination) as writer:
         while chunk := reader.read(16 << 20):
             digest.update(chunk)
             writer.write(chunk)
-    if sha256 is not None and digest.hexdigest() != sha256:
-        raise DataError(f"pack {source.parent}: {source.name} does not match its SHA-256 in "
-                        f"{MANIFEST}: the pack is corrupted at its source. Restore the file "
-                        "or re-pack; nothing was cached")
+        if sha256 is not None and digest.hexdigest() != sha256:  # nothing renamed into place
+            raise DataError(f"pack {source.parent}: {source.name} does not match its SHA-256 "
+                            f"in {MANIFEST}: the pack is corrupted at its source. Restore the "
+                            "file or re-pack; nothing was cached")
 
 
 def node_local_pack(pack: Pack, setting: str, scratch: Path | None = None) -> Pack:

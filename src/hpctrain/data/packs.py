@@ -19,11 +19,28 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from hpctrain.errors import DataError
+from hpctrain.readers import MiB, json_document, json_mapping
+from hpctrain.writers import fresh_file, replacing, write_whole
 
 
 # --- reading: names, checksums, bounds --------------------------------------------------------
 
 MANIFEST = "pack.json"
+
+
+MANIFEST_CAP = 256 * MiB  # a pack's manifest: its shards and every file it skipped
+
+
+def manifest_json(path: Path, fix: str):
+    """The JSON value of a pack's manifest, read through readers.py (a regular file, not a
+    link, of at most MANIFEST_CAP bytes, nested at most 64 levels); DataError naming why it
+    cannot be, then `fix`."""
+    value, why = json_document(path, MANIFEST_CAP)
+    if why is None and value is None:
+        why = "is missing"
+    if why is not None:
+        raise DataError(f"{path} {why}; {fix}")
+    return value
 
 
 def index_name(split: str) -> str:
@@ -90,24 +107,35 @@ def beyond(starts: np.ndarray, lengths: np.ndarray, limits: np.ndarray) -> np.nd
 # --- writing ----------------------------------------------------------------------------------
 
 PLAN = ".plan.json"
+FRAGMENT_CAP = 256 * MiB  # a job's statistics: its skipped files' paths and reasons
 
 
 def save_npy(path: Path, index: np.ndarray) -> None:
-    """np.save under a temporary name, then rename."""
-    partial = path.with_name(f".{path.name}.partial")
-    with open(partial, "wb") as handle:
+    """np.save into a fresh file, then renamed to `path` (writers.replacing)."""
+    with replacing(path) as handle:
         np.save(handle, index, allow_pickle=False)
-    os.replace(partial, path)
 
 
 class HashingFile:
-    """A file opened for writing that hashes what goes into it, so that a shard's SHA-256 needs
-    no second read of the shard (tarfile needs only write and tell)."""
+    """A shard being written: a fresh file beside `path` (writers.fresh_file: never through a
+    link planted at a name) that hashes what goes into it, so that a shard's SHA-256 needs no
+    second read (tarfile needs only write and tell); `keep()` renames it to `path`,
+    `discard()` removes it."""
 
     def __init__(self, path: Path):
-        self.file = open(path, "wb")
+        self.path = Path(path)
+        descriptor, self.partial = fresh_file(self.path)
+        self.file = os.fdopen(descriptor, "wb")
         self.digest = hashlib.sha256()
         self.size = 0
+
+    def keep(self) -> None:
+        self.file.close()
+        os.replace(self.partial, self.path)
+
+    def discard(self) -> None:
+        self.file.close()
+        self.partial.unlink(missing_ok=True)
 
     def write(self, data) -> int:
         self.digest.update(data)
@@ -120,11 +148,19 @@ class HashingFile:
 
 def _planned(plan: Path) -> str | None:
     """The fingerprint an unfinished pack was planned with (None: none, or unreadable)."""
-    try:
-        found = json.loads(plan.read_text())
-    except (OSError, ValueError):
-        return None
-    return found.get("fingerprint") if isinstance(found, dict) else None
+    found = json_mapping(plan, FRAGMENT_CAP)
+    return found.get("fingerprint") if found is not None else None
+
+
+def read_fragment(path: Path) -> dict | None:
+    """A finished job's statistics (a packing worker wrote them), None where they cannot be
+    read: its job is done again."""
+    return json_mapping(path, FRAGMENT_CAP)
+
+
+def leftovers(dst: Path) -> list[Path]:
+    """The partial files of writes a killed worker left (writers.fresh_file's names)."""
+    return list(dst.glob(".*.partial*"))
 
 
 def prepare_destination(dst: Path, fingerprint: str, overwrite: bool) -> bool:
@@ -146,7 +182,7 @@ def prepare_destination(dst: Path, fingerprint: str, overwrite: bool) -> bool:
         for entry in dst.iterdir():
             shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
     dst.mkdir(parents=True, exist_ok=True)
-    plan.write_text(json.dumps({"fingerprint": fingerprint}))
+    write_whole(plan, json.dumps({"fingerprint": fingerprint}))
     return False
 
 

@@ -11,7 +11,6 @@ per-document checksum: their shards are checked whole.
 
 from __future__ import annotations
 
-import json
 import os
 import zlib
 from dataclasses import dataclass, field
@@ -22,7 +21,7 @@ from pydantic import ValidationError
 
 from hpctrain.data.images import image_pack as images
 from hpctrain.data.tokens import token_pack as tokens
-from hpctrain.data.packs import MANIFEST, file_sha256, links_out
+from hpctrain.data.packs import MANIFEST, file_sha256, links_out, manifest_json
 from hpctrain.errors import DataError
 from hpctrain.progress_bar import progress_bar
 
@@ -68,12 +67,8 @@ class Verified:
 def verify(root: Path | str) -> Verified:
     root = Path(root).expanduser()
     manifest = root / MANIFEST
-    try:
-        data = json.loads(manifest.read_text())
-        found = data.get("format")
-    except (OSError, ValueError, AttributeError) as err:
-        raise DataError(f"pack --verify {root}: no readable {MANIFEST} there ({err}); "
-                        "give a pack folder made by hpctrain pack") from None
+    data = manifest_json(manifest, "give pack --verify a pack folder made by hpctrain pack")
+    found = data.get("format") if isinstance(data, dict) else None
     if found == images.FORMAT:
         return _verify_images(root)
     if found == tokens.FORMAT:

@@ -34,6 +34,7 @@ from hpctrain.readers import (AMOUNT, COUNT, FINITE, MAPPING, NUMBER, SECONDS, S
                               KiB, MiB, TEXT, TIME, Unreadable, one_of,
                               capped_lines, field_problem, json_document, list_of, optional,
                               parse_json, yaml_mapping)
+from hpctrain.writers import open_appending, own_folder
 
 CONFIG = "config.yaml"
 IDENTITY = "run.json"
@@ -125,6 +126,7 @@ VERDICT_RULES = {"line": TEXT, "time": TIME, "step": optional(COUNT), "phase": T
 LEDGER = "jobs.jsonl"
 LEDGER_CAP = 256 * MiB  # a million jobs
 OUTPUT_DIRS = "output_dirs"  # where runs were written
+OUTPUT_DIRS_CAP = 64 * MiB  # some hundred thousand folders
 # the job ledger as a batch script's shell names it
 SHELL_LEDGER = "${XDG_STATE_HOME:-$HOME/.local/state}/hpctrain/" + LEDGER
 
@@ -402,18 +404,18 @@ def remember_output_dir(folder: Path) -> None:
     try:
         if str(folder) in known_output_dirs():
             return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a") as listed:
+        with open_appending(own_folder(path.parent) / path.name) as listed:
             listed.write(f"{folder}\n")
-    except OSError:
+    except OSError:  # a link there too (OutputError is said by the run's other writes)
         pass
 
 
 def known_output_dirs() -> list[str]:
     try:
-        return [line for line in output_dirs_path().read_text(errors="replace").splitlines()
-                if line.strip()]
-    except OSError:
+        return [line.decode(errors="replace").rstrip("\n") for line in
+                capped_lines(output_dirs_path(), OUTPUT_DIRS_CAP, RECORD_CAP)
+                if line is not None and line.strip()]
+    except (OSError, ValueError):  # absent, a link, past its cap
         return []
 
 
@@ -425,9 +427,7 @@ def ledger_path() -> Path:
 
 
 def remember_job(job_id: str, run_dir: Path) -> None:
-    path = ledger_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as ledger:
+    with open_appending(own_folder(state_dir()) / LEDGER) as ledger:  # never through a link
         ledger.write(json.dumps({"job_id": job_id, "run_dir": str(run_dir),
                                  "submitted": round(time.time())}) + "\n")
 

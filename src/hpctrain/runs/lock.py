@@ -29,7 +29,8 @@ from pathlib import Path
 
 from hpctrain.errors import ConfigError, cannot_write
 from hpctrain import process_clock
-from hpctrain.readers import COUNT, TEXT, TIME, Kind, field_problem, json_document, optional
+from hpctrain.readers import (COUNT, TEXT, TIME, Kind, Unreadable, field_problem, json_document,
+                              optional, read_capped)
 from hpctrain.runs.directory import CAPS, LOCK, RunDir, modified
 from hpctrain.runs.identity import HEARTBEAT_SECONDS, Heartbeat
 from hpctrain.writers import fresh_file, refuse_link
@@ -264,10 +265,11 @@ def _hold(run: Path, made: list[Path], me: Holder) -> RunLock:
     except OSError as err:
         raise cannot_write(lock_path, err, "A run needs a run directory it can write in") \
             from None
+    record = json.dumps(dataclasses.asdict(me)) + "\n"
     try:
         with os.fdopen(descriptor, "w") as handle:
-            handle.write(json.dumps(dataclasses.asdict(me)) + "\n")
-        _link_or_create(draft, lock_path)
+            handle.write(record)
+        _link_or_create(draft, lock_path, record)
     except FileExistsError:
         raise
     except OSError as err:
@@ -279,10 +281,10 @@ def _hold(run: Path, made: list[Path], me: Holder) -> RunLock:
     return RunLock(lock_path, made, heartbeat=heartbeat, claimed=me.started)
 
 
-def _link_or_create(draft: Path, lock_path: Path) -> None:
+def _link_or_create(draft: Path, lock_path: Path, record: str) -> None:
     """`lock_path` made whole from `draft` if it does not exist (FileExistsError if it does):
     a hard link; where the file system has none (some FUSE and object-store mounts), an
-    exclusive create written at once."""
+    exclusive create (which a link at the name fails too) written at once with `record`."""
     try:
         os.link(draft, lock_path)
         return
@@ -292,7 +294,7 @@ def _link_or_create(draft: Path, lock_path: Path) -> None:
         pass
     descriptor = os.open(lock_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     with os.fdopen(descriptor, "w") as lock:
-        lock.write(draft.read_text())
+        lock.write(record)
 
 
 def _set_aside(lock_path: Path, judged: Holder | None, beat: float | None) -> bool:
@@ -309,8 +311,9 @@ def _set_aside(lock_path: Path, judged: Holder | None, beat: float | None) -> bo
         aside.unlink()
         return True
     try:  # a fresh lock of a run that took over first: back where it was
-        _link_or_create(aside, lock_path)
-    except FileExistsError:
+        _link_or_create(aside, lock_path, read_capped(aside, CAPS[LOCK]).decode(
+            errors="replace"))
+    except (FileExistsError, Unreadable):
         pass
     aside.unlink()
     return False

@@ -29,7 +29,6 @@ manifest can make hpctrain read, write or delete a file outside the pack or its 
 
 from __future__ import annotations
 
-import json
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +38,7 @@ import numpy as np
 from pydantic import Field, StringConstraints, ValidationError
 
 from hpctrain.data.packs import (MANIFEST, Count, FileName, IndexEntry, Sha256, StrictModel, beyond,
-                                  file_sha256, pack_file)
+                                  file_sha256, manifest_json, pack_file)
 from hpctrain.errors import DataError
 
 FORMAT = "hpctrain-shards"
@@ -92,11 +91,7 @@ class Manifest(StrictModel):
 
 
 def _read_manifest(path: Path) -> Manifest:
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise DataError(f"{path} is not valid JSON ({err}); re-run hpctrain pack with "
-                        "--overwrite") from None
+    data = manifest_json(path, "re-run hpctrain pack with --overwrite")
     if not isinstance(data, dict) or data.get("format") != FORMAT or \
             data.get("version") != VERSION:
         found = (data.get("format"), data.get("version")) if isinstance(data, dict) else \

@@ -29,12 +29,14 @@ from PIL import Image
 
 from hpctrain.data.images.image_folders import image_folder_splits
 from hpctrain.data.packs import (MANIFEST, PLAN, HashingFile, file_sha256, index_name,
-                                  prepare_destination, run_jobs, save_npy)
+                                  leftovers, prepare_destination, read_fragment, run_jobs,
+                                  save_npy)
 from hpctrain.data.images.image_pack import (EXTENSIONS, FORMAT, INDEX_DTYPE, KIND_JPEG,
                                              KIND_RAW, MAX_CLASSES, MAX_SIDE, VERSION,
                                              ppm_header, shard_name)
 from hpctrain.errors import DataError
 from hpctrain.progress_bar import progress_bar
+from hpctrain.writers import write_whole
 
 SHARD_SAMPLES = 16_384  # at most, per shard: 2 kB images made one shard of 100,000 (one worker)
 
@@ -231,35 +233,35 @@ def write_shard(job: ShardJob) -> ShardResult:
     """Write one shard under a temporary name, then its index fragment and statistics; the
     statistics file, renamed last, marks the shard finished."""
     dst = Path(job.dst)
-    name = shard_name(job.split, job.number)
-    partial = dst / f".{name}.partial"
     records = np.zeros(len(job.samples), INDEX_DTYPE)  # 32 bytes a sample, not a tuple's 300
     count = 0
     result = ShardResult(job.split, job.number)
-    out = HashingFile(partial)
-    with out.file, tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        for position, (path, label) in enumerate(job.samples, job.first):
-            try:
-                data, kind, width, height = encode_sample(path, job.options)
-            except (OSError, ValueError, Image.DecompressionBombError) as err:
-                if job.strict:
-                    raise DataError(f"unreadable source image {path}: {err} (--strict)") \
-                        from None
-                result.skipped.append((path, str(err)))
-                continue
-            data_at = _add_member(tar, f"{position:08d}.{EXTENSIONS[kind]}", data)
-            _add_member(tar, f"{position:08d}.cls", f"{label}\n".encode())
-            records[count] = (job.number, data_at, len(data), zlib.crc32(data), label,
-                              width, height, kind)
-            count += 1
-            result.per_class[label] = result.per_class.get(label, 0) + 1
+    out = HashingFile(dst / shard_name(job.split, job.number))
+    try:
+        with out.file, tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+            for position, (path, label) in enumerate(job.samples, job.first):
+                try:
+                    data, kind, width, height = encode_sample(path, job.options)
+                except (OSError, ValueError, Image.DecompressionBombError) as err:
+                    if job.strict:
+                        raise DataError(f"unreadable source image {path}: {err} (--strict)") \
+                            from None
+                    result.skipped.append((path, str(err)))
+                    continue
+                data_at = _add_member(tar, f"{position:08d}.{EXTENSIONS[kind]}", data)
+                _add_member(tar, f"{position:08d}.cls", f"{label}\n".encode())
+                records[count] = (job.number, data_at, len(data), zlib.crc32(data), label,
+                                  width, height, kind)
+                count += 1
+                result.per_class[label] = result.per_class.get(label, 0) + 1
+    except BaseException:
+        out.discard()
+        raise
     result.samples, result.bytes = count, out.size
     result.sha256 = out.digest.hexdigest()
     save_npy(_fragment(dst, job.split, job.number, "npy"), records[:count])
-    os.replace(partial, dst / name)
-    _fragment(dst, job.split, job.number, "json.partial").write_text(json.dumps(asdict(result)))
-    os.replace(_fragment(dst, job.split, job.number, "json.partial"),
-               _fragment(dst, job.split, job.number, "json"))
+    out.keep()
+    write_whole(_fragment(dst, job.split, job.number, "json"), json.dumps(asdict(result)))
     return result
 
 
@@ -268,7 +270,7 @@ def _finished(dst: Path, job: ShardJob) -> ShardResult | None:
     if not (stats.is_file() and (dst / shard_name(job.split, job.number)).is_file()):
         return None
     try:  # a fragment that cannot be read is a shard to write again
-        data = json.loads(stats.read_text())
+        data = read_fragment(stats)
         data["per_class"] = {int(k): v for k, v in data["per_class"].items()}
         data["skipped"] = [tuple(s) for s in data["skipped"]]
         return ShardResult(**data)
@@ -333,10 +335,9 @@ def _write_manifest(dst: Path, src: Path, classes, splits, jobs, done, options) 
             "per_class": per_class,
             "skipped": [list(s) for r in results for s in r.skipped],
         }
-    partial = dst / f".{MANIFEST}.partial"
-    partial.write_text(json.dumps(manifest, indent=1) + "\n")
-    os.replace(partial, dst / MANIFEST)
-    for leftover in [*dst.glob(".*-*.npy"), *dst.glob(".*-*.json"), dst / PLAN]:
+    write_whole(dst / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+    for leftover in [*dst.glob(".*-*.npy"), *dst.glob(".*-*.json"), *leftovers(dst),
+                     dst / PLAN]:
         leftover.unlink(missing_ok=True)
     return manifest
 

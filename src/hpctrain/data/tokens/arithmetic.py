@@ -14,7 +14,6 @@ the folder name holds every parameter, and a pack is only ever published complet
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 from pathlib import Path
@@ -22,6 +21,7 @@ from pathlib import Path
 from hpctrain.data.tokens.token_packing import TokenPackOptions, pack_tokens
 from hpctrain.data.tokens.token_pack import MANIFEST
 from hpctrain.errors import DataError
+from hpctrain.writers import fresh_folder, write_whole
 
 FORMAT_VERSION = 2
 ANSWER_START = "="  # the answer is the text after this, up to the end of the document
@@ -62,14 +62,18 @@ def ensure_arithmetic(root: Path, seed: int, num_train: int, num_val: int, max_o
     rng = random.Random(seed)
     rng.shuffle(every)
     val, train = every[:num_val], every[num_val:]
-    tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    for split, texts in (("train", [rng.choice(train) for _ in range(num_train)]),
-                         ("val", val)):
-        (tmp / "source" / split).mkdir(parents=True)
-        (tmp / "source" / split / "problems.jsonl").write_text(
-            "".join(json.dumps({"text": text}) + "\n" for text in texts))
-    pack_tokens(tmp / "source", tmp / "pack", TokenPackOptions(), workers=1, log=lambda _: None)
+    tmp = fresh_folder(folder)
+    try:
+        for split, texts in (("train", [rng.choice(train) for _ in range(num_train)]),
+                             ("val", val)):
+            (tmp / "source" / split).mkdir(parents=True)
+            write_whole(tmp / "source" / split / "problems.jsonl",
+                        "".join(json.dumps({"text": text}) + "\n" for text in texts))
+        pack_tokens(tmp / "source", tmp / "pack", TokenPackOptions(), workers=1,
+                    log=lambda _: None)
+    except BaseException:  # nothing half-made left beside the cache
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if (folder / MANIFEST).is_file():  # another process finished first: keep theirs
         shutil.rmtree(tmp)
         return folder

@@ -26,7 +26,6 @@ Two ways to batch:
 from __future__ import annotations
 
 import functools
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -38,7 +37,7 @@ from torch.utils.data import Dataset
 from hpctrain.data.batch_buffers import RowLayout
 from hpctrain.data.tokens.sequences import pad_collate
 from hpctrain.data.packs import (MANIFEST, FileName, IndexEntry, Sha256, StrictModel, beyond,
-                                 file_sha256, pack_file)
+                                 file_sha256, manifest_json, pack_file)
 from hpctrain.errors import DataError
 
 FORMAT = "hpctrain-tokens"
@@ -92,10 +91,7 @@ class TokenPack:
         if not path.is_file():
             raise DataError(f"data.path: {self.root} is not a token pack (no {MANIFEST}); make "
                             "one with hpctrain pack --tokens SRC DST")
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError) as err:
-            raise DataError(f"{path} cannot be read as JSON ({err}); pack again") from None
+        data = manifest_json(path, "pack again")
         if not isinstance(data, dict) or (data.get("format"), data.get("version")) != \
                 (FORMAT, VERSION):
             found = data.get("format") if isinstance(data, dict) else type(data).__name__

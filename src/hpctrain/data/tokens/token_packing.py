@@ -28,11 +28,13 @@ from pathlib import Path
 import numpy as np
 
 from hpctrain.data.packs import (MANIFEST, PLAN, HashingFile, file_sha256, index_name,
-                                 prepare_destination, run_jobs, save_npy)
+                                 leftovers, prepare_destination, read_fragment, run_jobs,
+                                 save_npy)
 from hpctrain.data.tokens.tokenizer import Tokenizer, byte_tokenizer, huggingface_tokenizer
 from hpctrain.data.tokens.token_pack import DOC_DTYPE, FORMAT, VERSION, shard_name, token_dtype
 from hpctrain.errors import DataError
 from hpctrain.progress_bar import progress_bar
+from hpctrain.writers import write_whole
 
 SUFFIXES = (".txt", ".jsonl")
 
@@ -120,7 +122,7 @@ def write_job(job: TokenJob) -> TokenResult:
 
     def output(split: str) -> HashingFile:
         if split not in outputs:
-            outputs[split] = HashingFile(dst / f".{shard_name(split, job.number)}.partial")
+            outputs[split] = HashingFile(dst / shard_name(split, job.number))
             records[split] = []
         return outputs[split]
 
@@ -146,27 +148,24 @@ def write_job(job: TokenJob) -> TokenResult:
                 start = out.size // dtype.itemsize
                 out.write(np.array(ids + [tokenizer.eos_id], dtype=dtype).tobytes())
                 records[split].append((job.number, start, len(ids)))
-    finally:
+    except BaseException:
         for out in outputs.values():
-            out.file.close()
+            out.discard()
+        raise
     for split, out in outputs.items():
-        name = shard_name(split, job.number)
         save_npy(_fragment(dst, job.number, f"{split}.npy"),
                  np.array(records[split], dtype=DOC_DTYPE))
-        os.replace(dst / f".{name}.partial", dst / name)
+        out.keep()
         result.splits[split] = {"documents": len(records[split]),
                                 "tokens": out.size // dtype.itemsize, "bytes": out.size,
                                 "sha256": out.digest.hexdigest()}
-    partial = _fragment(dst, job.number, "json.partial")
-    partial.write_text(json.dumps(asdict(result)))
-    os.replace(partial, _fragment(dst, job.number, "json"))
+    write_whole(_fragment(dst, job.number, "json"), json.dumps(asdict(result)))
     return result
 
 
 def _finished(dst: Path, job: TokenJob) -> TokenResult | None:
     try:  # an unreadable fragment is a job to do again
-        data = json.loads(_fragment(dst, job.number, "json").read_text())
-        result = TokenResult(**data)
+        result = TokenResult(**read_fragment(_fragment(dst, job.number, "json")))
     except (OSError, ValueError, TypeError):
         return None
     shards_there = all((dst / shard_name(split, job.number)).is_file()
@@ -254,10 +253,8 @@ def _write_manifest(dst: Path, src: Path, tokenizer: Tokenizer, jobs, done, opti
             "shards": [{"file": shard_name(split, r.number), **{k: r.splits[split][k] for k in
                                                                 ("tokens", "bytes", "sha256")}}
                        for r in mine]}
-    partial = dst / f".{MANIFEST}.partial"
-    partial.write_text(json.dumps(manifest, indent=1) + "\n")
-    os.replace(partial, dst / MANIFEST)
-    for leftover in [*dst.glob(".job-*"), dst / PLAN]:
+    write_whole(dst / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+    for leftover in [*dst.glob(".job-*"), *leftovers(dst), dst / PLAN]:
         leftover.unlink(missing_ok=True)
     return manifest
 
