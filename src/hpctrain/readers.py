@@ -71,6 +71,21 @@ def read_capped(path: Path, cap: int) -> bytes:
     return b"".join(chunks)
 
 
+def read_data(path: Path, cap: int) -> bytes:
+    """The bytes of a file of the user's own dataset (a mesh, a names list): a dataset laid
+    out with links is the user's choice, so a link is followed, but only to a regular file of
+    at most `cap` bytes (Unreadable otherwise)."""
+    with open(path, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_size > cap:
+            raise Unreadable("is not a regular file" if not stat.S_ISREG(info.st_mode) else
+                             f"holds {info.st_size:,} bytes, more than the {cap:,} it may")
+        data = handle.read(cap + 1)
+    if len(data) > cap:
+        raise Unreadable(f"holds more than the {cap:,} bytes it may")
+    return data
+
+
 def read_text_capped(path: Path, cap: int = 64 * KiB) -> str:
     """The text of the regular file `path` (a /proc or /sys entry, a log's few lines), at most
     `cap` bytes, undecodable bytes replaced; raises as read_capped."""

@@ -81,6 +81,27 @@ def write_whole(path: Path, data: str | bytes, durable: bool = False) -> None:
         raise
 
 
+def new_file(path: Path) -> BinaryIO:
+    """`path` created for writing, exclusively: FileExistsError when anything is at the name,
+    a link included (never written through). For a file of a folder just made (a checkpoint's),
+    or a lock that must not replace another's."""
+    return os.fdopen(os.open(path, _NEW, 0o666), "wb")
+
+
+def truncate(path: Path, size: int) -> None:
+    """`path` cut back to `size` bytes, never through a link (a resumed run's metrics.jsonl)."""
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise refuse_link(path) from None
+        raise
+    try:
+        os.ftruncate(descriptor, size)
+    finally:
+        os.close(descriptor)
+
+
 def _appending(path: Path) -> int:
     """A descriptor appending to `path` (created when missing), never through a link."""
     try:

@@ -28,6 +28,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from hpctrain.readers import read_text_capped
+
+PROFILE_CAP = 1 << 30  # py-spy's collapsed stacks of a measurement: some MB
 STAGES = ("reading", "decoding", "augmentation", "transport", "rest")
 _PATTERNS = [  # innermost match wins; checked in this order within a frame
     ("decoding", re.compile(r"decode_jpeg|decode_full|stored_pixels|ImageFile\.load|"
@@ -182,7 +185,8 @@ class Recording:
         try:
             if self._output.is_file() and self._output.stat().st_size:
                 return InputProfile("py-spy", time.monotonic() - self.started,
-                                    parse_py_spy(self._output.read_text(), os.getpid()))
+                                    parse_py_spy(read_text_capped(self._output, PROFILE_CAP),
+                                                 os.getpid()))
             self.failed = _why(errors)
             return None
         finally:

@@ -134,11 +134,11 @@ def _add_recipes(verbs) -> None:
 
 def cmd_recipes(args) -> int:
     from hpctrain.config import shipped_recipes
-    from hpctrain.readers import load_yaml
+    from hpctrain.readers import load_yaml, read_text_capped
 
     rows = []
     for name, path in sorted(shipped_recipes().items()):
-        text = path.read_text()
+        text = read_text_capped(path, 4 << 20)  # hpctrain's own recipes, a few KB each
         first = text.splitlines()[0] if text else ""
         description = first.lstrip("# ").strip() if first.startswith("#") else ""
         data = (load_yaml(text) or {}).get("data", {})

@@ -15,7 +15,6 @@ of autograd's engine) now shows as error.
 from __future__ import annotations
 
 import itertools
-import json
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -26,8 +25,10 @@ from torch.profiler import ProfilerActivity, profile
 from hpctrain.memory.estimate import Estimate, output_width, step_spec
 from hpctrain.memory.simulate import StepSpec, run_steps, simulate
 from hpctrain.profiling.names import PREFIX
+from hpctrain.readers import parse_json, read_capped
 
 FORWARD = PREFIX + "forward"  # the step's forward region in the profiler's trace (step.py)
+TRACE_CAP = 4 << 30  # the profiler's trace of one step: tens of MB for a large model
 HELD = ("parameters", "gradients", "optimizer states", "weight copies", "activations",
         "inputs")
 
@@ -93,7 +94,7 @@ def allocator_step(spec: StepSpec, batch_size: int, steps: int) -> tuple[int, in
     with tempfile.TemporaryDirectory() as folder:  # the trace: the profiler's public record
         trace = Path(folder) / "trace.json"
         recorded.export_chrome_trace(str(trace))
-        events = json.loads(trace.read_text())["traceEvents"]
+        events = parse_json(read_capped(trace, TRACE_CAP))["traceEvents"]
     forward, = [e for e in events if e.get("name") == FORWARD and e.get("ph") == "X"]
     # this thread's allocations and frees, summed: the allocator's own total counts every
     # thread of the process (a test suite's leftover loader threads, say)

@@ -33,7 +33,7 @@ from hpctrain.readers import (COUNT, TEXT, TIME, Kind, Unreadable, field_problem
                               optional, read_capped)
 from hpctrain.runs.directory import CAPS, LOCK, RunDir, modified
 from hpctrain.runs.identity import HEARTBEAT_SECONDS, Heartbeat
-from hpctrain.writers import fresh_file, refuse_link
+from hpctrain.writers import fresh_file, new_file, refuse_link
 
 STALE_SECONDS = 5 * HEARTBEAT_SECONDS  # a holder silent this long is taken for dead
 # the lock's own beat: a job killed without a word is counted to within this (runs/goodput)
@@ -292,9 +292,8 @@ def _link_or_create(draft: Path, lock_path: Path, record: str) -> None:
         raise
     except OSError:
         pass
-    descriptor = os.open(lock_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    with os.fdopen(descriptor, "w") as lock:
-        lock.write(record)
+    with new_file(lock_path) as lock:
+        lock.write(record.encode())
 
 
 def _set_aside(lock_path: Path, judged: Holder | None, beat: float | None) -> bool:

@@ -24,7 +24,7 @@ from hpctrain.errors import OutputError, cannot_write
 from hpctrain.readers import Unreadable, capped_lines, open_capped, parse_json
 from hpctrain.runs.directory import CAPS, METRICS, RECORD_CAP, RunDir, mark_changed
 from hpctrain.units import fmt_bytes
-from hpctrain.writers import open_appending, write_whole
+from hpctrain.writers import open_appending, truncate, write_whole
 
 KEEP_GOING = "Free space (or set output_dir elsewhere) and run again with resume=auto"
 CLOSE_SECONDS = 10.0  # for each tracker to close at the run's end
@@ -169,11 +169,7 @@ def forget_lost_records(metrics: Path, step: int, saved_bytes: int | None,
     size = 0 if step == 0 else saved_bytes
     if size is not None and _line_ends_at(metrics, size):
         forgotten = _lines_from(metrics, size)
-        descriptor = os.open(metrics, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            os.ftruncate(descriptor, size)
-        finally:
-            os.close(descriptor)
+        truncate(metrics, size)
     elif step:
         forgotten = drop_records_after(metrics, step)
     else:

@@ -27,10 +27,12 @@ from hpctrain.data.generated import generate_once
 from hpctrain.data.points.clouds import check_clouds, fan, normalise, sample_on_faces
 from hpctrain.errors import DataError
 from hpctrain.progress_bar import progress_bar
+from hpctrain.readers import MiB, read_data
 
 SPLITS = {"train": "train", "val": "test"}  # our split -> ModelNet's folder and file names
 FORMAT_VERSION = 1
 PARALLEL_FROM = 200  # meshes; below this, starting worker processes costs more than it saves
+MESH_CAP = 1 << 30  # one OFF mesh (ModelNet's largest are some tens of MB)
 
 
 @dataclass
@@ -67,7 +69,11 @@ def _shape_names(root: Path) -> list[str]:
     if not names_file.is_file():
         raise DataError(f"data.path: {root} has HDF5 files but no shape_names.txt (the class "
                         "names, one per line, as in modelnet40_ply_hdf5_2048)")
-    return [line.strip() for line in names_file.read_text().splitlines() if line.strip()]
+    try:
+        text = read_data(names_file, MiB).decode(errors="replace")
+    except (OSError, ValueError) as err:
+        raise DataError(f"{names_file}: cannot be read ({err})") from None
+    return [line.strip() for line in text.splitlines() if line.strip()]
 
 
 def _class_folders(root: Path) -> list[str]:
@@ -127,8 +133,8 @@ def read_off(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """(vertices, triangles) of an OFF file; faces with more corners are fanned. Accepts
     ModelNet's known defect of a header fused with the counts ('OFF490 518 0')."""
     try:
-        tokens = path.read_text(encoding="ascii", errors="strict").split()
-    except (OSError, UnicodeDecodeError) as err:
+        tokens = read_data(path, MESH_CAP).decode("ascii", errors="strict").split()
+    except (OSError, ValueError) as err:  # not ASCII (UnicodeDecodeError), past its cap
         raise DataError(f"{path}: cannot be read as an OFF file ({err})") from None
     if not tokens or not tokens[0].startswith("OFF"):
         raise DataError(f"{path}: not an OFF file (it must begin with 'OFF')")

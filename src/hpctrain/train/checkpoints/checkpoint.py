@@ -37,7 +37,7 @@ from hpctrain.runs.directory import CHECKPOINT_NAME as NAME
 from hpctrain.runs.directory import list_checkpoints
 from hpctrain.train.checkpoints.safe_checkpoint import (SafeEmptyPlanner, SafePlanner, SafeReader,
                                                         read_meta)
-from hpctrain.writers import own_folder
+from hpctrain.writers import new_file, own_folder
 
 # DCP warns that it "assumes a single process" whenever no process group exists: that is
 # exactly our single-process case, not a mistake.
@@ -231,7 +231,7 @@ def _clear(path: Path) -> None:
 
 def _write_file(path: Path, payload) -> None:
     """A new file in the checkpoint's fresh folder (created there, never through a link)."""
-    with open(path, "xb") as handle:
+    with new_file(path) as handle:
         if isinstance(payload, bytes):
             handle.write(payload)
         else:
