@@ -4,6 +4,7 @@ and `runs`, `report` and `watch` mark that run and go on (issue 37, item 4)."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,22 @@ DAMAGE = {
               "run.json: starts[0].hosts is {}", True),
     "recipe": (lambda r: _edit(r / "run.json", lambda j: j.update(recipe={})),
                "run.json: recipe is {}", True),
+    "a job's seconds past a year": (  # before: 100 % training and 100 % start-up at once
+        lambda r: _edit(r / "run.json", lambda j: j["starts"][0].update(seconds=1e308)),
+        "run.json: starts[0].seconds is 1e+308, not a number of seconds from 0 to a year",
+        True),
+    "a phase's seconds negative": (
+        lambda r: _edit(r / "run.json", lambda j: j["starts"][0].update(
+            split={"training": -5.0})), "run.json: starts[0].split is", True),
+    "a throughput NaN": (
+        lambda r: _edit(r / "summary.json", lambda j: j.update(samples_per_second=math.nan)),
+        "summary.json is damaged: samples_per_second is NaN", True),
+    "restarts negative": (lambda r: _edit(r / "summary.json", lambda j: j.update(restarts=-1)),
+                          "summary.json is damaged: restarts is -1", True),
+    "a share over 100 %": (
+        lambda r: _edit(r / "summary.json", lambda j: j.update(data_wait_fraction=1.7)),
+        "summary.json is damaged: data_wait_fraction is 1.7, not a fraction from 0 to 1",
+        True),
     "eval step": (lambda r: _append(r, {"kind": "eval", "step": 10**23, "val_accuracy": 0.9}),
                   "metrics.jsonl line 4: step is 100000000000000000000000", True),
     "eval step float": (lambda r: _append(r, {"kind": "eval", "step": 1e23}),
@@ -108,7 +125,8 @@ def test_runs_lists_a_fleet_with_damaged_runs_naming_each(fleet, run_cli, tmp_pa
             assert rows[name]["status"] == "damaged" and words in rows[name]["problem"], name
         else:  # `runs` does not read profile.json or a memory prediction
             assert rows[name]["status"] == "completed"
-    assert sum(row["status"] == "completed" for row in rows.values()) == 920
+    assert sum(row["status"] == "completed" for row in rows.values()) == \
+        900 + sum(not listed for _, listed in damaged.values())
     code, out, _ = run_cli("runs", "--db", str(db), "usage", "--by", "recipe")  # remembered
     assert code == 0 and "fleet" in out
 

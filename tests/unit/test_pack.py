@@ -95,6 +95,30 @@ def test_an_interrupted_pack_resumes_without_rewriting_finished_shards(image_fol
     assert not list(dst.glob(".*"))  # no fragments or plan left behind
 
 
+def test_links_planted_in_an_unfinished_pack_receive_nothing(image_folder, tmp_path):
+    """Before, a shard, an index and the manifest were written under fixed names
+    (.NAME.partial) opened without care: a link planted there by whoever could write in the
+    pack's folder took the pack's bytes into any file of the user packing it."""
+    broken = sorted((image_folder / "train" / "dog").iterdir())[-1]
+    good = broken.read_bytes()
+    broken.write_bytes(b"garbage")
+    dst = tmp_path / "p"
+    with pytest.raises(DataError):
+        pack(image_folder, dst, SMALL_SHARDS, workers=1, strict=True, log=quiet)
+    broken.write_bytes(good)
+    precious = tmp_path / "precious.txt"
+    precious.write_text("precious")
+    names = [f"train-{n:05d}.tar" for n in range(8)] + [f"val-{n:05d}.tar" for n in range(8)] \
+        + ["pack.json", "train.index.npy", "val.index.npy"]
+    for name in names:
+        if not (dst / name).exists():
+            (dst / f".{name}.partial").symlink_to(precious)
+    pack(image_folder, dst, SMALL_SHARDS, workers=1, strict=True, log=quiet)
+    assert precious.read_text() == "precious"
+    assert Pack(dst).split("train").index.shape == (24,)
+    assert not list(dst.glob(".*"))  # the planted links taken away with the leftovers
+
+
 def test_images_are_in_rgb_whatever_the_source_mode(tmp_path):
     source = tmp_path / "modes" / "only"
     source.mkdir(parents=True)
