@@ -38,6 +38,14 @@ def refuse_link(path: Path) -> OutputError:
                        "directory holds none: docs/reliability.md)")
 
 
+def not_a_link(path: Path) -> Path:
+    """`path`, refused when it is a link: a run directory hpctrain names inside a folder of its
+    own (a search's trial, a scaling study's size), which a link would move elsewhere."""
+    if Path(path).is_symlink():
+        raise refuse_link(Path(path))
+    return Path(path)
+
+
 def fresh_file(path: Path, suffix: str = "") -> tuple[int, Path]:
     """A new, empty file beside `path` under a random name (`.NAME.RANDOM.partial` +
     `suffix`), created exclusively: its descriptor (open for writing) and its path."""

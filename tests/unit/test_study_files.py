@@ -253,3 +253,17 @@ def test_a_size_whose_summary_holds_an_impossible_throughput_is_named_and_left_o
     assert f"size 2: its summary.json is damaged: {words}; left out" in out, out
     assert out.splitlines()[2].split()[:2] == ["1", "100.0"]  # the size that can be read
     assert "no result for" not in out  # it has one: damaged
+
+
+def test_a_trial_s_run_directory_that_is_a_link_is_refused_before_it_starts(tiny, tmp_path,
+                                                                            victim):
+    """A trial's run directory is a name hpctrain gives inside the search: a link there would
+    take the trial's checkpoints and metrics into any folder of the user's."""
+    from hpctrain.tune.worker import Launch, Worker
+
+    folder, _ = prepared(tiny, tmp_path)
+    (folder / "trial-0000").symlink_to(victim)
+    with pytest.raises(UserError, match="trial-0000 is a symbolic link"):
+        Worker(folder, "0", Launch(), say=lambda _: None).run()
+    assert contents(victim) == {"precious.txt": b"precious\n"}
+    assert not (folder / "logs").exists()  # refused before its log was made

@@ -28,7 +28,7 @@ from hpctrain.runs.directory import RunDir
 from hpctrain.runs.identity import read_identity
 from hpctrain.tune.space import override
 from hpctrain.tune.worker import hpctrain_run
-from hpctrain.writers import open_fresh, own_folder
+from hpctrain.writers import not_a_link, open_fresh, own_folder
 
 TRIALS = "trials"  # in the autotune folder: one run directory per trial
 TRIAL_NAME = re.compile(r"trial-(\d+)(?:\.log)?")  # a trial's run directory, or its log
@@ -117,6 +117,7 @@ def run_trial(plan: Plan, trial: Trial, measure: int, limit_seconds: float) -> T
     """Run `trial` for `plan.warmup + measure` steps, at most `limit_seconds`; fills its
     figures, or its status and why."""
     name = f"trial-{trial.number:02d}"
+    not_a_link(own_folder(plan.folder / TRIALS) / name)  # the trial's run stays in the folder
     log_path = own_folder(plan.folder / LOGS) / f"{name}.log"
     command = [*plan.launcher, *hpctrain_run(plan.recipe, [
         *plan.overrides, *trial.settings, *trial_settings(plan, name, measure)])]

@@ -87,12 +87,12 @@ RECORD_CAP = MiB  # one metrics.jsonl line
 # and where there, what places it (step, time, spent) whole and finite; a figure such as a
 # loss may be NaN
 METRIC_RULES = {
-    "kind": TEXT, "step": COUNT, "time": TIME, "epoch": FINITE, "elapsed_seconds": AMOUNT,
-    "eval_seconds": AMOUNT, "device_hours": AMOUNT, "energy_joules": optional(AMOUNT),
+    "kind": TEXT, "step": COUNT, "time": TIME, "epoch": FINITE, "elapsed_seconds": SECONDS,
+    "eval_seconds": SECONDS, "device_hours": AMOUNT, "energy_joules": optional(AMOUNT),
     "memory_used_bytes": list_of(optional(COUNT)), "utilization": list_of(optional(FINITE)),
-    "power_watts": list_of(optional(FINITE)), "step_seconds": list_of(AMOUNT),
+    "power_watts": list_of(optional(FINITE)), "step_seconds": list_of(SECONDS),
     "utilization_mean": optional(FINITE), "power_watts_total": optional(FINITE),
-    "seconds_per_step": optional(AMOUNT),
+    "seconds_per_step": optional(SECONDS),
 }
 # how a run ended, as summary.json's `status` says (a search's trial may end pruned); anything
 # else there is damage, where `watch` waited on a status it did not know for ever

@@ -185,8 +185,8 @@ def summary(parts, progress, clock, status: str, run: dict | None = None) -> dic
         **parts.config.task_spec.figures(
             _measured(parts, progress, clock, samples_per_second, units_per_second)),
         "samples_per_second": samples_per_second,
-        "data_wait_fraction": (clock.data_wait_seconds / clock.train_seconds
-                               if clock.train_seconds else None),
+        "data_wait_fraction": (min(1.0, clock.data_wait_seconds / clock.train_seconds)
+                               if clock.train_seconds else None),  # two clocks: at most all
         "peak_memory_bytes": peak,
         "peak_memory_kind": peak_kind,
         "wall_seconds": run["elapsed_seconds"],

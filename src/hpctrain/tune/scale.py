@@ -25,7 +25,7 @@ from hpctrain.runs.directory import RunDir, stamp
 from hpctrain.readers import FINITE, FLAG, TEXT, Kind, list_of, optional, whole
 from hpctrain.tune.study import check_settings, read_settings
 from hpctrain.tune.worker import hpctrain_run, torchrun
-from hpctrain.writers import open_fresh, own_folder, write_png, write_whole
+from hpctrain.writers import not_a_link, open_fresh, own_folder, write_png, write_whole
 
 SETTINGS = "scale.json"
 RESULT = "scale-result.json"
@@ -118,6 +118,7 @@ def run_locally(folder: Path, study: Study, say=print) -> None:
 
     config = load_config(study.recipe, study.overrides)
     for size in study.sizes:
+        not_a_link(folder / study.run_name(size))  # each size's run stays in the study
         log = folder / f"{study.run_name(size)}.log"
         say(f"size {size}: {study.steps} steps ...")
         overrides = [*study.overrides, *study.size_overrides(config, size),

@@ -37,7 +37,7 @@ from hpctrain.runs.directory import RunDir
 from hpctrain.runs.identity import Heartbeat
 from hpctrain.tune.space import Parameter, override, parse_all, shown
 from hpctrain.tune.study import Search, open_study, read_search
-from hpctrain.writers import open_appending, own_folder, write_whole
+from hpctrain.writers import not_a_link, open_appending, own_folder, write_whole
 
 CLAIMS = "claims"
 CLAIM_CAP = 64 * KiB  # a claim is some hundred bytes
@@ -272,6 +272,7 @@ class Worker:
         chosen = shown(claim.params)
         self.say(f"trial {claim.trial} {'resumed' if claim.resumed else 'started'} "
                  f"(slot {self.slot}): {chosen}")
+        not_a_link(self.folder / claim.run_name)  # the trial's run stays in the search
         log_path = own_folder(self.folder / LOGS) / f"{claim.run_name}.log"
         heart = Heartbeat(claim_file(self.folder, self.slot), every=HEARTBEAT_SECONDS).start()
         try:
