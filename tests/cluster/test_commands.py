@@ -22,7 +22,7 @@ LIMITED = textwrap.dedent("""\
     from hpctrain.cluster import slurm
     from hpctrain.cluster.records import ClusterError
     try:
-        slurm.run(["sacct", "-n", "-P", "-j", "1"])
+        slurm.run(sys.argv[1:])
     except ClusterError as err:
         print(err)
     """)
@@ -34,16 +34,18 @@ def _fake(folder, name: str, body: str) -> None:
     path.chmod(0o755)
 
 
-def test_a_command_that_prints_without_end_is_one_line_in_bounded_memory(tmp_path):
-    _fake(tmp_path, "sacct", "yes 'a line of a scheduler that never ends'")
+@pytest.mark.parametrize("command", [["sacct", "-n", "-P", "-j", "1"], ["squeue", "-h"],
+                                     ["sbatch", "--parsable", "job.sbatch"]])
+def test_a_command_that_prints_without_end_is_one_line_in_bounded_memory(tmp_path, command):
+    _fake(tmp_path, command[0], "yes 'a line of a scheduler that never ends'")
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-c", LIMITED], capture_output=True, text=True,
-                          timeout=120, env={**os.environ,
-                                            "PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    done = subprocess.run([sys.executable, "-c", LIMITED, *command], capture_output=True,
+                          text=True, timeout=120,
+                          env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines() == [
-        "sacct printed more than 200,000 lines and was stopped: more than a scheduler's "
-        "answer; is 'sacct' on PATH the scheduler's own?"]
+        f"{command[0]} printed more than 200,000 lines and was stopped: more than a "
+        f"scheduler's answer; is '{command[0]}' on PATH the scheduler's own?"]
     assert time.monotonic() - started < 60
 
 
