@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import io
 import os
 import re
 from dataclasses import dataclass
@@ -79,14 +80,9 @@ def fetch_json(url: str, headers: dict, patience: Patience):
         with network.get(url, {**headers, "Accept-Encoding": "identity"}, patience) as response:
             if response.status != 200:
                 raise FetchFailed(f"{url}: the server answered {response.status}")
-            body, size = [], 0
-            for chunk in response.chunks():
-                size += len(chunk)
-                if size > LISTING_BYTES:
-                    raise FetchFailed(f"{url}: a listing of more than {LISTING_BYTES:,} bytes; "
-                                      "stopped")
-                body.append(chunk)
-        return parse_json(b"".join(body)), response.headers
+            body = io.BytesIO()
+            _receive(response, body, Promise(), url, most_bytes=LISTING_BYTES)
+        return parse_json(body.getvalue()), response.headers
     except network.errors() as err:
         raise FetchFailed(f"{url}: {type(err).__name__}: {str(err)[:200]}") from None
     except ValueError as err:  # not JSON, nested too deep (readers.Unreadable)
@@ -94,13 +90,14 @@ def fetch_json(url: str, headers: dict, patience: Patience):
             from None
 
 
-def _receive(response, out, promise: Promise, url: str):
-    """The body into `out`, counted against the promise as it comes; its running hash."""
+def _receive(response, out, promise: Promise, url: str, most_bytes: int = MOST_BYTES):
+    """The body into `out`, counted against the promise (where none: what the server
+    announces, at most `most_bytes`) as it comes; its running hash."""
     announced = response.headers.get("content-length")
     encoded = response.headers.get("content-encoding", "identity") != "identity"
     announced = int(announced) if announced and announced.isdigit() and not encoded else None
     most = promise.size if promise.size is not None else \
-        announced if announced is not None else MOST_BYTES
+        announced if announced is not None and announced <= most_bytes else most_bytes
     if announced is not None and announced > most:
         raise FetchFailed(f"{url}: the server announces {announced:,} bytes where "
                           f"{most:,} were promised; nothing kept")
