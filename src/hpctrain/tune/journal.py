@@ -93,7 +93,7 @@ class StudyJournal(BaseJournalBackend):
 
     def append_logs(self, logs: list[dict]) -> None:
         text = "".join(json.dumps(log, separators=(",", ":")) + "\n" for log in logs)
-        self.lock.acquire()
+        self.lock.acquire()  # bounded: a lock left unchanged past its grace is taken over
         try:
             append_durably(self.path, text.encode())
         finally:
