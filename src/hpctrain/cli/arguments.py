@@ -134,11 +134,17 @@ def join_dashed_values(argv: list[str]) -> list[str]:
     return joined
 
 
+JSON_HELP = "print it as JSON, for machines (progress lines go to stderr)"
+
+
 def add_recipe(parser: argparse.ArgumentParser, overrides_help: str | None = None,
                recipe_help: str | None = None) -> None:
     """The RECIPE [key=value ...] positionals every verb that loads a recipe takes."""
-    parser.add_argument("recipe", nargs="?", default=None, help=recipe_help)
-    parser.add_argument("overrides", nargs="*", help=overrides_help)
+    parser.add_argument("recipe", nargs="?", default=None, help=recipe_help or
+                        "a shipped recipe's name (hpctrain recipes) or a YAML file (default: "
+                        "default)")
+    parser.add_argument("overrides", nargs="*", help=overrides_help or
+                        "key=value settings over the recipe (docs/reference/recipe.md)")
 
 
 def add_job_options(parser: argparse.ArgumentParser) -> None:
@@ -150,8 +156,9 @@ def add_job_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=count(1), help="per job; default: as few as the "
                         "profile allows")
     for option in ("account", "partition", "qos", "constraint", "mem", "job-name"):
-        parser.add_argument(f"--{option}")
-    parser.add_argument("--cpus-per-gpu", type=count(1))
+        parser.add_argument(f"--{option}", help=f"the job's {option} (sbatch's --{option})")
+    parser.add_argument("--cpus-per-gpu", type=count(1), help="CPU cores per GPU (default: "
+                        "the profile's)")
     parser.add_argument("--module", action="append", default=[], help="repeatable")
     parser.add_argument("--venv", help="a virtual environment to activate")
     parser.add_argument("--conda", help="a conda environment to activate")
@@ -160,7 +167,8 @@ def add_job_options(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(option, dest="script_options", action="append", default=[],
                             help=f"one more line of {job.NAME}'s batch script, e.g. "
                             f"'{job.SCRIPT_EXAMPLE}'")
-    parser.add_argument("--max-requeues", type=count(0), default=20)
+    parser.add_argument("--max-requeues", type=count(0), default=20, help="jobs a run "
+                        "continues in after its first, at most (time limits, preemptions)")
 
 
 def job_options(args) -> dict:

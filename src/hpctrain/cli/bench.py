@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 import re
 
-from hpctrain.cli.arguments import add_recipe, count, counts, make_verb, seconds
+from hpctrain.cli.arguments import (JSON_HELP, add_recipe, count, counts, make_verb,
+                                    seconds)
 from hpctrain.errors import ConfigError
 
 SOLVE_EXAMPLE = """examples:
@@ -60,7 +61,8 @@ def _add_bench(verbs) -> None:
                             help="timing per setting (default 5)")
     bench_data.add_argument("--model", action="store_true",
                             help="also time the recipe's training step on synthetic data")
-    bench_data.add_argument("--model-steps", type=count(1), default=30)
+    bench_data.add_argument("--model-steps", type=count(1), default=30, help="--model: the "
+                            "training steps timed")
     bench_data.add_argument("--processes-per-node", type=count(1), default=1,
                             help="training processes (GPUs) sharing this node's cores")
     bench_data.add_argument("--python", action="store_true",
@@ -68,7 +70,7 @@ def _add_bench(verbs) -> None:
                             "recommended setting (py-spy, else cProfile): the hottest Python "
                             "functions and the shares of reading, decoding, augmentation, "
                             "transport and the rest")
-    bench_data.add_argument("--json", action="store_true")
+    bench_data.add_argument("--json", action="store_true", help=JSON_HELP)
     _add_node_and_solve(bench_verbs)
 
 
@@ -115,7 +117,7 @@ def _add_node_and_solve(bench_verbs) -> None:
                       help="size of the copies and the all-reduce (default 256)")
     node.add_argument("--seconds", type=seconds, default=0.5, help="timing per row")
     node.add_argument("--data", metavar="PATH", help="also read this file or folder")
-    node.add_argument("--json", action="store_true")
+    node.add_argument("--json", action="store_true", help=JSON_HELP)
     solve = make_verb(bench_verbs, "solve", "Ax = b to fp64 accuracy from low-precision LU "
                       "factors (Tensor Cores for HPC), against an fp64 solve", SOLVE_EXAMPLE,
                       cmd_bench_solve)
@@ -126,7 +128,7 @@ def _add_node_and_solve(bench_verbs) -> None:
                        help="condition numbers of the test matrices")
     solve.add_argument("--repeats", type=count(1), default=3, help="the best time of these")
     solve.add_argument("--device", default="cpu", help="cpu or cuda")
-    solve.add_argument("--json", action="store_true")
+    solve.add_argument("--json", action="store_true", help=JSON_HELP)
 
 
 def cmd_bench_solve(args) -> int:

@@ -10,7 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from hpctrain.cli.arguments import add_job_options, add_recipe, count, job_options, make_verb
+from hpctrain.cli.arguments import (JSON_HELP, add_job_options, add_recipe, count, job_options,
+                                    make_verb)
 from hpctrain.errors import ConfigError
 
 
@@ -42,7 +43,7 @@ def _add_submit(verbs) -> None:
                         "them; a continuation does not tune again")
     submit.add_argument("--dry-run", action="store_true", help="write and print the script, "
                         "submit nothing")
-    submit.add_argument("--json", action="store_true")
+    submit.add_argument("--json", action="store_true", help=JSON_HELP)
 
 
 def cmd_submit(args) -> int:
@@ -93,7 +94,7 @@ def _add_jobs(verbs) -> None:
     queue = make_verb(verbs, "jobs", "your Slurm jobs", "example:\n  hpctrain jobs --json",
                       cmd_jobs)
     queue.add_argument("--name", help="only jobs of this name")
-    queue.add_argument("--json", action="store_true")
+    queue.add_argument("--json", action="store_true", help=JSON_HELP)
 
 
 def cmd_jobs(args) -> int:
@@ -122,7 +123,7 @@ def _add_logs(verbs) -> None:
     """`hpctrain logs`'s arguments."""
     logs = make_verb(verbs, "logs", "a job's output",
                      "example:\n  hpctrain logs 123456 --follow", cmd_logs)
-    logs.add_argument("job")
+    logs.add_argument("job", help="a job id (hpctrain jobs lists them)")
     logs.add_argument("--err", action="store_true", help="the error log instead")
     logs.add_argument("--follow", action="store_true", help="keep printing until it ends")
 
@@ -170,7 +171,7 @@ def _add_cancel(verbs) -> None:
     """`hpctrain cancel`'s arguments."""
     cancel = make_verb(verbs, "cancel", "cancel jobs", "example:\n  hpctrain cancel 123456",
                        cmd_cancel)
-    cancel.add_argument("jobs", nargs="+")
+    cancel.add_argument("jobs", nargs="+", help="job ids")
 
 
 def cmd_cancel(args) -> int:
@@ -187,8 +188,8 @@ def _add_status(verbs) -> None:
     status = make_verb(verbs, "status", "where a job or a run directory stands",
                        "examples:\n  hpctrain status 123456 --json\n"
                        "  hpctrain status runs/default-20261122-101500", cmd_status)
-    status.add_argument("job", metavar="JOB|RUN_DIR")
-    status.add_argument("--json", action="store_true")
+    status.add_argument("job", metavar="JOB|RUN_DIR", help="a job id, or a run directory")
+    status.add_argument("--json", action="store_true", help=JSON_HELP)
 
 
 def cmd_status(args) -> int:

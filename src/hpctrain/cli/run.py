@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hpctrain.cli.arguments import add_recipe, make_verb, rate, seconds
+from hpctrain.cli.arguments import JSON_HELP, add_recipe, make_verb, rate, seconds
 from hpctrain.errors import FetchFailed
 from hpctrain.network import Patience
 
@@ -61,7 +61,7 @@ def _add_config_show(verbs) -> None:
                      "example:\n  hpctrain config show imagenet-resnet50 train.batch_size=512",
                      cmd_config_show)
     add_recipe(show)
-    show.add_argument("--json", action="store_true")
+    show.add_argument("--json", action="store_true", help=JSON_HELP)
 
 
 def cmd_config_show(args) -> int:
@@ -90,7 +90,7 @@ def _add_prefetch(verbs) -> None:
     prefetch.add_argument("--grace", type=seconds, default=Patience.grace, metavar="SECONDS",
                           help="how long a download may take before its rate counts (the "
                           "connection, the server's first answer, a redirect; default 30)")
-    prefetch.add_argument("--json", action="store_true")
+    prefetch.add_argument("--json", action="store_true", help=JSON_HELP)
 
 
 def cmd_prefetch(args) -> int:
@@ -129,7 +129,7 @@ def _add_recipes(verbs) -> None:
     """`hpctrain recipes`'s arguments."""
     recipes = make_verb(verbs, "recipes", "list the shipped recipes",
                         "example:\n  hpctrain recipes --json", cmd_recipes)
-    recipes.add_argument("--json", action="store_true")
+    recipes.add_argument("--json", action="store_true", help=JSON_HELP)
 
 
 def cmd_recipes(args) -> int:

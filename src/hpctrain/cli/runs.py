@@ -15,7 +15,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from hpctrain.cli.arguments import make_verb
+from hpctrain.cli.arguments import JSON_HELP, make_verb
 from hpctrain.cli.views import run_folder
 from hpctrain.errors import ConfigError
 
@@ -58,7 +58,7 @@ def _common(parser) -> None:
     parser.add_argument("--rescan", action="store_true",
                         help="check every run's files, finished ones too, in every folder "
                         "(also those whose time says nothing changed)")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json", action="store_true", help=JSON_HELP)
 
 
 def _roots(args) -> list[Path]:
@@ -135,9 +135,9 @@ def _add_runs(verbs) -> None:
     runs = make_verb(verbs, "runs", "the runs index: list, show, compare, usage, leaderboard",
                      RUNS_EXAMPLE, cmd_runs)
     _common(runs)
-    runs.add_argument("--recipe")
+    runs.add_argument("--recipe", help="only the runs of this recipe")
     runs.add_argument("--status", help="completed, failed, preempted, running, lost, ...")
-    runs.add_argument("--user")
+    runs.add_argument("--user", help="only this user's runs")
     runs.add_argument("--since", help="7d, 12h, or a date (2026-11-01)")
     runs.add_argument("--limit", type=int, default=LISTING_LIMIT,
                       help=f"the newest N runs (default {LISTING_LIMIT}; 0: every run)")
@@ -148,17 +148,20 @@ def _add_runs(verbs) -> None:
     _common(show)
     compare = make_verb(actions, "compare", "runs side by side: settings that differ, figures",
                         "example:\n  hpctrain runs compare RUN_A RUN_B", cmd_runs_compare)
-    compare.add_argument("runs", nargs="+", metavar="RUN")
+    compare.add_argument("runs", nargs="+", metavar="RUN", help="run ids, folder names or "
+                         "paths")
     _common(compare)
     usage = make_verb(actions, "usage", "GPU-hours, kWh, runs and failed share per group",
                       "example:\n  hpctrain runs usage --by month", cmd_runs_usage)
-    usage.add_argument("--by", choices=["user", "recipe", "cluster", "month"], default="user")
+    usage.add_argument("--by", choices=["user", "recipe", "cluster", "month"], default="user",
+                       help="the groups")
     _common(usage)
     board = make_verb(actions, "leaderboard", "the race to a target: time, GPU-hours and "
                       "energy to reach it", "example:\n  hpctrain runs leaderboard "
                       "small-images --target best_val_accuracy=0.94", cmd_runs_leaderboard)
-    board.add_argument("recipe")
-    board.add_argument("--target", required=True, metavar="METRIC=VALUE")
+    board.add_argument("recipe", help="the recipe whose runs race")
+    board.add_argument("--target", required=True, metavar="METRIC=VALUE",
+                       help="the figure to reach, e.g. best_val_accuracy=0.94")
     _common(board)
     sync = make_verb(actions, "sync", "send a run's offline trackers on: W&B offline runs "
                      "through wandb sync, the MLflow run to a tracking server",
@@ -350,7 +353,8 @@ def _add_top(verbs) -> None:
     top = make_verb(verbs, "top", "your running runs, live: per rank GPU use, memory, power, "
                     "step time, data wait", TOP_EXAMPLE, cmd_top)
     top.add_argument("--all", action="store_true", help="every user's runs, not only yours")
-    top.add_argument("--every", type=float, default=2.0, metavar="SECONDS")
+    top.add_argument("--every", type=float, default=2.0, metavar="SECONDS",
+                     help="seconds between refreshes")
     top.add_argument("--once", action="store_true", help="print one table and exit")
     _common(top)
 

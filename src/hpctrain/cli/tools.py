@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from hpctrain.cli.arguments import add_recipe, count, make_verb, size_bytes
+from hpctrain.cli.arguments import JSON_HELP, add_recipe, count, make_verb, size_bytes
 from hpctrain.errors import ConfigError, ExitCode
 
 
@@ -86,7 +86,8 @@ def _add_pack(verbs) -> None:
     packer.add_argument("--store", choices=("jpeg", "raw", "auto"), default="jpeg",
                         help="JPEG bytes, raw pixels (no decoding), or raw for images whose "
                         "longer side is at most --raw-max-side (default: jpeg)")
-    packer.add_argument("--raw-max-side", type=count(1), default=64)
+    packer.add_argument("--raw-max-side", type=count(1), default=64, help="--store auto: "
+                        "images whose longer side is at most this are stored raw")
     packer.add_argument("--raw-fraction", type=float, default=0.0, metavar="F",
                         help="with --store auto, also store this share of the larger images "
                         "raw: no decoding, ~6x the bytes (FFCV's proportion mode; default 0)")
@@ -174,7 +175,7 @@ def _add_memory(verbs) -> None:
                         help="real steps per measurement or try (default 3)")
     memory.add_argument("--out", metavar="DIR",
                         help="where the PNG goes (default: the recipe's output_dir)")
-    memory.add_argument("--json", action="store_true")
+    memory.add_argument("--json", action="store_true", help=JSON_HELP)
 
 
 def cmd_memory(args) -> int:
@@ -289,7 +290,7 @@ def _add_profile(verbs) -> None:
                               "directory) instead of running")
     profile.add_argument("--out", metavar="DIR",
                          help="where profile.json/html/png go (default: beside the trace)")
-    profile.add_argument("--json", action="store_true")
+    profile.add_argument("--json", action="store_true", help=JSON_HELP)
 
 
 def cmd_profile(args) -> int:

@@ -9,8 +9,8 @@ import shutil
 import signal
 import sys
 
-from hpctrain.cli.arguments import (add_job_options, add_recipe, count, duration, job_options,
-                                    make_verb, seconds)
+from hpctrain.cli.arguments import (JSON_HELP, add_job_options, add_recipe, count, duration,
+                                    job_options, make_verb, seconds)
 from hpctrain.errors import ConfigError, ExitCode
 
 TUNE_EXAMPLE = """examples:
@@ -56,10 +56,12 @@ def add_verbs(verbs) -> None:
                       "its size)")
     tune.add_argument("--objective", metavar="KEY:max|min", help="a summary.json figure "
                       "(default: best_val_accuracy:max, best_val_loss:min for language)")
-    tune.add_argument("--sampler", choices=SAMPLERS, default="tpe")
+    tune.add_argument("--sampler", choices=SAMPLERS, default="tpe", help="how trials are "
+                      "proposed: TPE (Optuna's default), random, a grid, CMA-ES")
     tune.add_argument("--pruner", choices=PRUNERS, default="median",
                       help="stop poor trials at an evaluation (default median)")
-    tune.add_argument("--seed", type=count(0), default=0)
+    tune.add_argument("--seed", type=count(0), default=0, help="the samplers' seed (each "
+                      "worker adds its own)")
     tune.add_argument("--parallel", type=count(1), default=1, help="trials at a time: "
                       "workers here, or with --submit the array's elements")
     tune.add_argument("--processes-per-trial", type=count(1), default=1,
@@ -74,14 +76,15 @@ def add_verbs(verbs) -> None:
     tune.add_argument("--gpus", type=count(1), default=1, help="--submit: GPUs per trial")
     add_job_options(tune)
     tune.add_argument("--dry-run", action="store_true", help="--submit: print the script")
-    tune.add_argument("--json", action="store_true")
+    tune.add_argument("--json", action="store_true", help=JSON_HELP)
 
     status = tune.add_sub_command("status", TUNE_STATUS_EXAMPLE, cmd_tune_status)
-    status.add_argument("folder", metavar="DIR")
-    status.add_argument("--json", action="store_true")
+    status.add_argument("folder", metavar="DIR", help="the search's folder")
+    status.add_argument("--json", action="store_true", help=JSON_HELP)
     worker = tune.add_sub_command("worker", "", cmd_tune_worker)
-    worker.add_argument("folder", metavar="DIR")
-    worker.add_argument("--slot", required=True)
+    worker.add_argument("folder", metavar="DIR", help="the search's folder")
+    worker.add_argument("--slot", required=True, help="this worker's slot: its array element, "
+                        "or a number here")
     _add_scale(verbs)
     _add_autotune(verbs)
 
@@ -198,10 +201,10 @@ def _add_scale(verbs) -> None:
                        "OUTPUT_DIR/RECIPE-scale-TIME)")
     scale.add_argument("--submit", action="store_true", help="one Slurm job per size")
     add_job_options(scale)
-    scale.add_argument("--json", action="store_true")
+    scale.add_argument("--json", action="store_true", help=JSON_HELP)
     status = scale.add_sub_command("status", "", cmd_scale_status)
-    status.add_argument("folder", metavar="DIR")
-    status.add_argument("--json", action="store_true")
+    status.add_argument("folder", metavar="DIR", help="the study's folder")
+    status.add_argument("--json", action="store_true", help=JSON_HELP)
 
 
 def cmd_scale(args) -> int:
@@ -274,7 +277,7 @@ def _add_autotune(verbs) -> None:
                           "inside a Slurm job (default 1)")
     autotune.add_argument("--no-confirm", action="store_true", help="no longer run of the "
                           "pick to confirm its figure")
-    autotune.add_argument("--json", action="store_true")
+    autotune.add_argument("--json", action="store_true", help=JSON_HELP)
 
 
 def cmd_autotune(args) -> int:

@@ -14,7 +14,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from hpctrain.cli.arguments import make_verb
+from hpctrain.cli.arguments import JSON_HELP, make_verb
 from hpctrain.errors import ConfigError
 
 REPORT_EXAMPLE = """examples:
@@ -56,7 +56,7 @@ def _add_goodput(verbs) -> None:
     goodput.add_argument("run", help="run folder, its name or id in the runs index, or the id "
                          "of a job submitted with hpctrain submit")
     goodput.add_argument("--db", help="the runs index where RUN is a name or id")
-    goodput.add_argument("--json", action="store_true")
+    goodput.add_argument("--json", action="store_true", help=JSON_HELP)
 
 
 def cmd_goodput(args) -> int:
@@ -230,10 +230,11 @@ def _add_watch(verbs) -> None:
                       "Slurm state; ends when the run does", WATCH_EXAMPLE, cmd_watch)
     watch.add_argument("run", metavar="RUN|JOB", help="a run directory, a run's name or id, "
                        "or a Slurm job id")
-    watch.add_argument("--every", type=float, default=5.0, metavar="SECONDS")
+    watch.add_argument("--every", type=float, default=5.0, metavar="SECONDS",
+                       help="seconds between refreshes")
     watch.add_argument("--once", action="store_true", help="print one reading and exit")
     watch.add_argument("--db", help="the runs index that names RUN (as for hpctrain runs)")
-    watch.add_argument("--json", action="store_true")
+    watch.add_argument("--json", action="store_true", help=JSON_HELP)
 
 
 def cmd_watch(args) -> int:

@@ -22,7 +22,9 @@ class PreemptionConfig(Section):
         "auto", description="save and stop this long before the end: 'auto' reads the Slurm "
         "job's end time; or a time (ISO 8601, local unless it says otherwise, or Unix "
         "seconds); or null")
-    deadline_margin_seconds: float = Field(300, ge=0)
+    deadline_margin_seconds: float = Field(300, ge=0, description="how long before the "
+                                           "deadline the run saves and stops (room for the "
+                                           "save)")
     max_requeues: int = Field(20, ge=0, description="stop requeueing a Slurm job after this "
                                                     "many restarts")
 

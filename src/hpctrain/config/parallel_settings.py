@@ -64,14 +64,18 @@ class ParallelConfig(Section):
         if value != "auto" and value < 1:
             raise ValueError(f"{value} is too few: give 1 or more, or auto")
         return value
-    backend: Literal["auto", "nccl", "gloo"] = "auto"
+    backend: Literal["auto", "nccl", "gloo"] = Field("auto", description="the process "
+                                                     "group's: auto: nccl on GPUs, gloo on "
+                                                     "the CPU")
     timeout_seconds: float = Field(600, gt=0, description="how long a collective may wait "
                                                           "for the other ranks")
     bucket_cap_mb: float = Field(25, gt=0, description="DDP gradient bucket size")
-    gradient_as_bucket_view: bool = True
+    gradient_as_bucket_view: bool = Field(True, description="DDP: gradients are views into "
+                                          "the all-reduce buckets (no copy, less memory)")
     static_graph: bool = Field(False, description="DDP: the same parameters are used every "
                                                   "step (lets DDP skip per-step bookkeeping)")
-    sync_batchnorm: bool = False
+    sync_batchnorm: bool = Field(False, description="batch norm's statistics over every "
+                                 "data-parallel rank's batch (for small batches per device)")
     reshard_after_forward: bool = Field(True, description="FSDP: free gathered parameters "
                                                           "after forward (ZeRO-3); false: ZeRO-2")
     cpu_offload: bool = Field(False, description="FSDP: keep sharded parameters and optimiser "

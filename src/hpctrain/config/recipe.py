@@ -26,15 +26,27 @@ CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
 class Config(Section):
-    name: str = "default"
-    seed: int = Field(0, ge=0, le=2**32 - 1, description="numpy takes seeds below 2**32")
-    output_dir: str = Field("runs", min_length=1)
-    run_name: str | None = None
+    name: str = Field("default", description="the recipe's name: its runs are named NAME-"
+                      "TIME")
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="the run's seed (data order, "
+                      "initial weights, augmentation); numpy takes seeds below 2**32")
+    output_dir: str = Field("runs", min_length=1, description="the folder run directories "
+                            "are made in")
+    run_name: str | None = Field(None, description="the run directory's name in output_dir "
+                                 "(None: NAME-TIME, a new one each run)")
     resume: str | None = Field(None, description="'auto', a run directory or a checkpoint")
-    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
-    precision: Literal["auto", "fp32", "tf32", "fp16", "bf16", "fp8"] = "auto"
-    channels_last: bool | Auto = "auto"
-    compile: bool | Auto = "auto"
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="where to "
+                        "train: auto (a GPU where one is visible, each process its own under a "
+                        "launcher; else the CPU), cpu, cuda or cuda:N")
+    precision: Literal["auto", "fp32", "tf32", "fp16", "bf16", "fp8"] = Field(
+        "auto", description="the arithmetic of the forward and backward passes; auto: bf16 "
+        "on a GPU that has it, else fp16 with loss scaling, fp32 on the CPU")
+    channels_last: bool | Auto = Field("auto", description="images laid out NHWC in memory, "
+                                       "as GPU convolutions prefer; auto: on a GPU, for "
+                                       "image data")
+    compile: bool | Auto = Field("auto", description="torch.compile the model; auto: on a "
+                                 "GPU with Triton (on the CPU its compile time dominates a "
+                                 "short run)")
     compile_mode: Literal["auto", "default", "reduce-overhead", "max-autotune",
                           "max-autotune-no-cudagraphs"] = Field(
         "auto", description="torch.compile's mode; auto: reduce-overhead (CUDA graphs: the "
@@ -47,13 +59,16 @@ class Config(Section):
         "folder), 'run' (in the run directory), a folder of your choosing (each a subfolder "
         "per torch, Triton, Python and device), or 'none' (torch's own, the node's "
         "temporary folder)")
-    cudnn_benchmark: bool | Auto = "auto"
+    cudnn_benchmark: bool | Auto = Field("auto", description="cuDNN measures its "
+                                         "convolution algorithms for each shape and keeps the "
+                                         "fastest; auto: on a GPU, unless deterministic")
     cudnn_attention: bool | Auto = Field(
         "auto", description="cuDNN's attention kernels for scaled_dot_product_attention; "
         "auto: on a GPU where the batches come in a few shapes (cuDNN builds a plan for each "
         "sequence length, tens of milliseconds each), off where their widths vary or are your "
         "collate's")
-    deterministic: bool = False
+    deterministic: bool = Field(False, description="torch's deterministic algorithms "
+                                "only: the same run, the same numbers, at some speed")
     report: bool = Field(True, description="write report.html (and its PNGs) into the run "
                          "directory when the run ends")
     task: TaskConfig = TaskConfig()

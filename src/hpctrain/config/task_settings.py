@@ -80,7 +80,11 @@ class ModelConfig(Section):
     freeze: list[str] = Field(default_factory=list, description="parameters left as they "
                               "are (not trained), by name pattern: ['conv1.*', 'layer1.*'] "
                               "(fnmatch; each must match a parameter)")
-    activation_checkpointing: bool = False
+    activation_checkpointing: bool = Field(False, description="recompute each block's "
+                                           "activations in the backward pass instead of "
+                                           "keeping them: less memory, about a third more "
+                                           "compute (timm's own, else torch's on known block "
+                                           "types)")
 
     @field_validator("pretrained")
     @classmethod

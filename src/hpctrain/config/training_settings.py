@@ -12,25 +12,37 @@ from hpctrain.sections import Auto, Section
 
 
 class EmaConfig(Section):
-    enabled: bool = False
-    decay: float = Field(0.999, gt=0, lt=1)
+    enabled: bool = Field(False, description="keep an exponential moving average of the "
+                          "weights, evaluated and saved beside them")
+    decay: float = Field(0.999, gt=0, lt=1, description="the average's weight on its past at "
+                         "each step")
 
 
 class OptimConfig(Section):
-    name: Literal["sgd", "adamw", "lars", "lamb"] = "sgd"
-    lr: float = Field(0.1, gt=0)
-    momentum: float = Field(0.9, ge=0, lt=1)
-    nesterov: bool = False
-    betas: tuple[float, float] = (0.9, 0.999)
+    name: Literal["sgd", "adamw", "lars", "lamb"] = Field(
+        "sgd", description="the optimiser: torch's SGD and AdamW, or LARS and LAMB for large "
+        "batches")
+    lr: float = Field(0.1, gt=0, description="the peak learning rate (after the warmup, "
+                      "before lr_scaling)")
+    momentum: float = Field(0.9, ge=0, lt=1, description="sgd and lars: the momentum")
+    nesterov: bool = Field(False, description="sgd and lars: Nesterov's momentum")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="adamw and lamb: the "
+                                       "moments' decay rates")
     eps: float = Field(1e-8, gt=0, description="adamw: the term added to the denominator")
     fused: bool | Auto = Field("auto", description="sgd and adamw in torch's fused kernel "
                                "(on the CPU too: Hugging Face's adamw_torch_fused) or its "
                                "foreach one; auto: fused on a GPU, foreach elsewhere")
-    weight_decay: float = Field(5e-5, ge=0)
-    no_decay_norm_bias: bool = True
-    lr_scaling: Literal["none", "linear", "sqrt"] = "none"
-    reference_batch_size: int = Field(256, ge=1)
-    grad_clip_norm: float | None = Field(None, gt=0)
+    weight_decay: float = Field(5e-5, ge=0, description="the weights' decay (decoupled for "
+                                "adamw)")
+    no_decay_norm_bias: bool = Field(True, description="no weight decay on biases and "
+                                     "normalisation weights (the parameters of one dimension)")
+    lr_scaling: Literal["none", "linear", "sqrt"] = Field(
+        "none", description="lr scaled with the global batch over reference_batch_size: "
+        "linearly (Goyal et al.) or by its square root")
+    reference_batch_size: int = Field(256, ge=1, description="the global batch lr is given "
+                                      "for, when lr_scaling scales it")
+    grad_clip_norm: float | None = Field(None, gt=0, description="clip the gradients' total "
+                                         "norm to this before each step (None: no clipping)")
     pretrained_lr_scale: float = Field(1.0, gt=0, le=1, description="with "
                                        "model.pretrained: the pretrained layers' learning "
                                        "rate as a share of optim.lr (0.1: ten times lower); "
@@ -50,10 +62,12 @@ class ScheduleConfig(Section):
                                    "peak one step later, as Hugging Face's schedules (fit "
                                    "with TrainingArguments sets it); false: the first step at "
                                    "peak / warmup steps")
-    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="cosine and linear: the last "
+                                "step's LR as a share of the peak")
     milestones: list[float] = Field(default_factory=lambda: [30, 60, 80],
                                     description="epochs at which 'step' multiplies by gamma")
-    gamma: float = Field(0.1, gt=0, le=1)
+    gamma: float = Field(0.1, gt=0, le=1, description="'step': the factor at each "
+                         "milestone")
     pct_start: float = Field(0.25, gt=0, lt=1, description="'onecycle' rising fraction")
 
     @model_validator(mode="after")
@@ -72,7 +86,8 @@ class ScheduleConfig(Section):
 
 
 class TrainConfig(Section):
-    epochs: float = Field(10, gt=0)
+    epochs: float = Field(10, gt=0, description="passes over the training set (a fraction "
+                          "trains part of one)")
     max_steps: int | None = Field(None, ge=1, description="stop after this many optimiser "
                                                           "steps (overrides epochs)")
     batch_size: int = Field(128, ge=1, description="per-device micro-batch")
@@ -80,10 +95,13 @@ class TrainConfig(Section):
         None, ge=1, description="when set, fixes the samples per optimiser step whatever the "
         "number of processes: batch_size becomes global / (processes x grad_accum_steps). "
         "A train.batch_size override replaces a recipe's global_batch_size")
-    grad_accum_steps: int = Field(1, ge=1)
-    label_smoothing: float = Field(0.0, ge=0, lt=1)
+    grad_accum_steps: int = Field(1, ge=1, description="micro-batches whose gradients add "
+                                  "up to one optimiser step")
+    label_smoothing: float = Field(0.0, ge=0, lt=1, description="classification: the share "
+                                   "of each target spread over the other classes")
     log_every: int = Field(20, ge=1, description="optimiser steps between metric read-backs")
-    eval_every_epochs: float = Field(1, gt=0)
+    eval_every_epochs: float = Field(1, gt=0, description="epochs between evaluations (and "
+                                     "one at the end, always)")
     eval_every_steps: int | None = Field(None, ge=1, description="optimiser steps between "
                                          "evaluations, in place of eval_every_epochs")
     fuse_eval: bool | Auto = Field(
@@ -95,8 +113,11 @@ class TrainConfig(Section):
 
 
 class CheckpointConfig(Section):
-    every_steps: int | None = Field(None, ge=1)
-    every_epochs: float | None = Field(1, gt=0)
+    every_steps: int | None = Field(None, ge=1, description="optimiser steps between "
+                                    "checkpoints, in place of every_epochs")
+    every_epochs: float | None = Field(1, gt=0, description="epochs between checkpoints "
+                                       "(None, with every_steps None: only at the end and at "
+                                       "a stop)")
     every: Literal["auto"] | None = Field(
         None, description="auto: the interval that wastes least (Daly's) for the measured "
         "save time and the run's rate of stops without a word (a prior of one a day until "
@@ -105,7 +126,8 @@ class CheckpointConfig(Section):
         24.0, gt=0, description="checkpoint.every=auto's prior: one stop without a word per "
         "this many hours, until the run's own stops say otherwise (your cluster's known "
         "failure rate, say)")
-    keep_last: int = Field(3, ge=1)
+    keep_last: int = Field(3, ge=1, description="checkpoints kept, the newest (older ones "
+                           "removed once a newer one is whole)")
     async_save: bool = Field(False, description="write in the background while training "
                                                 "goes on (the state is copied to host first)")
 

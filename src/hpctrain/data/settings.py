@@ -33,7 +33,9 @@ class _DataSettings(Section):
                                                "HDF5 files")
     num_classes: int | None = Field(None, ge=1, description="expected number of classes, "
                                     "checked against the data (None: take the data's)")
-    val_fraction: float | None = Field(None, gt=0, lt=1)
+    val_fraction: float | None = Field(None, gt=0, lt=1, description="imagefolder without a "
+                                       "val/ folder: the share of each class held out for "
+                                       "validation (None: the data's own split)")
     collate: str | None = Field(None, description="your own collate function, making a batch "
                                 "of a list of samples (padding, masks): package.module:fn or "
                                 "path/to/file.py:fn; its batch reaches the task and the model "
@@ -43,14 +45,19 @@ class _DataSettings(Section):
     bucketing: bool = Field(False, description="your own samples batched by length (their "
                             "inputs' first dimension), padded by your collate: less padding, "
                             "the order still shuffled each epoch (data/tokens/sequences.py)")
-    num_workers: int | Auto = "auto"
-    prefetch_factor: int = Field(4, ge=1)
-    persistent_workers: bool = True
+    num_workers: int | Auto = Field("auto", description="DataLoader worker processes per "
+                                    "training process; auto: the process's share of the "
+                                    "node's cores less one, 1 to 16; 0: load in the training "
+                                    "process")
+    prefetch_factor: int = Field(4, ge=1, description="batches each worker prepares ahead")
+    persistent_workers: bool = Field(True, description="keep the workers between epochs "
+                                     "(a new epoch's first batches without a restart)")
     worker_start: Literal["auto", "fork", "forkserver", "spawn"] = Field(
         "auto", description="how DataLoader workers start; auto: from a forkserver, a process "
         "without threads whose locks a worker could inherit held (data/worker_start.py), "
         "where the main module is hpctrain's and the data pickles, else fork")
-    pin_memory: bool | Auto = "auto"
+    pin_memory: bool | Auto = Field("auto", description="page-locked batch memory, for "
+                                    "copies to the GPU that overlap the step; auto: on a GPU")
     loader: Literal["auto", "buffers", "torch"] = Field(
         "auto", description="buffers: workers write each sample straight into batch buffers "
         "in shared memory, reused every step (data/batch_buffers.py); torch: torch's "

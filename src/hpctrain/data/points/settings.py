@@ -14,9 +14,11 @@ from hpctrain.sections import Section
 class Shapes3dConfig(Section):
     """The built-in point clouds of 3D primitives (data.dataset=shapes3d)."""
 
-    num_train: int = Field(5000, ge=10, le=MOST_SAMPLES)
-    num_val: int = Field(1000, ge=10, le=MOST_SAMPLES)
-    seed: int = 0
+    num_train: int = Field(5000, ge=10, le=MOST_SAMPLES, description="training clouds "
+                           "generated")
+    num_val: int = Field(1000, ge=10, le=MOST_SAMPLES, description="validation clouds "
+                         "generated")
+    seed: int = Field(0, description="the generator's seed: another seed, other clouds")
     cache_dir: str = Field("~/.cache/hpctrain",
                            description="where the generated dataset is kept between runs")
 
@@ -34,7 +36,8 @@ class PointsConfig(Section):
     scale: tuple[float, float] = Field((0.8, 1.25), description="each cloud scaled by a "
                                        "factor drawn from this range")
     jitter_sigma: float = Field(0.01, ge=0, description="Gaussian noise on every point")
-    jitter_clip: float = Field(0.05, gt=0)
+    jitter_clip: float = Field(0.05, gt=0, description="the noise clipped to this (PointNet's "
+                               "0.05)")
     dropout_max: float = Field(0.875, ge=0, lt=1, description="each cloud loses a random "
                                "share of its points up to this (replaced by its first point)")
     cache_dir: str = Field("~/.cache/hpctrain", description="ModelNet meshes: where their "

@@ -38,7 +38,9 @@ class ArithmeticConfig(Section):
     num_val: int = Field(2000, ge=10, le=MOST_SAMPLES, description="distinct held-out problems")
     max_operand: int = Field(99, ge=2, le=999, description="every problem up to it is "
                              "written out once: 999 makes 1 M per operation")
-    operations: str = Field("+-", pattern=r"^[+*-]+$")
-    seed: int = 0
+    operations: str = Field("+-", pattern=r"^[+*-]+$", description="the operations the "
+                            "problems use, among + - *")
+    seed: int = Field(0, description="the generator's seed: which problems are held out, "
+                      "and the training draw")
     cache_dir: str = Field("~/.cache/hpctrain",
                            description="where the generated corpus is kept between runs")
