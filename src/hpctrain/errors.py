@@ -12,8 +12,8 @@ import textwrap
 
 
 class ExitCode(enum.IntEnum):
-    """Every exit status of hpctrain; the README's table and each verb's --help come from
-    here (`exit_code_table`). 70, 74 and 75 are sysexits.h's; 76 is hpctrain's own."""
+    """Every exit status of hpctrain; docs/exit-codes.md's table and each verb's --help come
+    from here (`exit_code_table`). 70, 74 and 75 are sysexits.h's; 76 is hpctrain's own."""
 
     DONE = 0
     FAILED = 1
@@ -59,7 +59,8 @@ MEANINGS = {
 
 
 def exit_code_table(markdown: bool = False) -> str:
-    """The exit codes and what each means: for --help, or as the README's Markdown table."""
+    """The exit codes and what each means: for --help, or as the Markdown table of
+    docs/exit-codes.md and of the command reference."""
     if markdown:
         return "\n".join(["| code | meaning |", "|---|---|",
                           *(f"| {int(code)} | {text} |" for code, text in MEANINGS.items())])

@@ -167,13 +167,13 @@ def test_stop_signals_after_the_summary_is_written_leave_exit_0(tmp_path, tiny):
     assert json.loads(summary.read_text())["status"] == "completed"
 
 
-def test_one_table_of_exit_codes_in_the_code_the_readme_and_every_help(capsys):
+def test_one_table_of_exit_codes_in_the_code_the_docs_and_every_help(capsys):
     from hpctrain import cli
     from hpctrain.errors import MEANINGS, exit_code_table
 
     assert set(MEANINGS) == set(ExitCode)
-    readme = (Path(__file__).parent.parents[1] / "README.md").read_text()
-    assert exit_code_table(markdown=True) in readme
+    page = (Path(__file__).parent.parents[1] / "docs" / "exit-codes.md").read_text()
+    assert exit_code_table(markdown=True) in page
     for verb in (["run"], ["submit"], ["memory"], ["tune"], ["runs"], ["bench", "node"], []):
         with pytest.raises(SystemExit):
             cli.main([*verb, "--help"])

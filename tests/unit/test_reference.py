@@ -1,5 +1,5 @@
 """The reference pages are the code's (issue 70): docs/reference/recipe.md and commands.md are
-what hpctrain/cli/reference.py generates from the configuration's schema and the command
+what hpctrain/reference.py generates from the configuration's schema and the command
 line's parser, and every key and option they list says what it does."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from hpctrain.cli import build_parser, reference
+from hpctrain import reference
+from hpctrain.cli import build_parser
 from hpctrain.config import Config
 
 REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "reference"
@@ -21,7 +22,7 @@ def test_the_committed_reference_is_what_the_code_generates(page):
     committed = (REFERENCE / page).read_text()
     assert committed == reference.PAGES[page](), (
         f"docs/reference/{page} differs from the code: run "
-        "python -m hpctrain.cli.reference docs/reference, and commit what it writes")
+        "python -m hpctrain.reference docs/reference, and commit what it writes")
 
 
 def _keys(model: type[BaseModel], prefix: str = ""):

@@ -156,7 +156,8 @@ def add_job_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=count(1), help="per job; default: as few as the "
                         "profile allows")
     for option in ("account", "partition", "qos", "constraint", "mem", "job-name"):
-        parser.add_argument(f"--{option}", help=f"the job's {option} (sbatch's --{option})")
+        parser.add_argument(f"--{option}", help=f"the job's {option} (the scheduler's "
+                            f"--{option})")
     parser.add_argument("--cpus-per-gpu", type=count(1), help="CPU cores per GPU (default: "
                         "the profile's)")
     parser.add_argument("--module", action="append", default=[], help="repeatable")

@@ -1,7 +1,7 @@
 """The reference pages, generated from the code: every recipe key from the configuration's
 schema (its type, default, bounds and description, each data section with the kind it belongs
 to) and every verb from the command line's parser (its options and examples). Written by
-`python -m hpctrain.cli.reference docs/reference`; tests/unit/test_reference.py fails when the
+`python -m hpctrain.reference docs/reference`; tests/unit/test_reference.py fails when the
 committed pages differ from what the code generates, so the reference cannot drift from it.
 """
 
@@ -97,7 +97,7 @@ def recipe_reference() -> str:
                        for name in kind.settings}
     lines = ["# Recipe reference", "",
              "Every key of a recipe, generated from the configuration's schema "
-             "(`python -m hpctrain.cli.reference docs/reference`; a test fails when this page "
+             "(`python -m hpctrain.reference docs/reference`; a test fails when this page "
              "differs from the code). Set a key in the recipe's YAML by its section, or on "
              "the command line as `key=value` (`hpctrain run default train.epochs=3`); "
              "`hpctrain config show RECIPE` prints the whole resolved recipe.", "",
@@ -180,7 +180,7 @@ def commands_reference() -> str:
     summaries = {choice.dest: choice.help for choice in verbs._choices_actions}
     lines = ["# Command reference", "",
              "Every verb of `hpctrain`, generated from its parser (`python -m "
-             "hpctrain.cli.reference docs/reference`; a test fails when this page differs "
+             "hpctrain.reference docs/reference`; a test fails when this page differs "
              "from the code). `hpctrain VERB --help` prints the same.", ""]
     for name, child in verbs.choices.items():
         lines += [*_verb(name, child, summaries.get(name)), ""]
