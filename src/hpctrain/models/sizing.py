@@ -21,7 +21,8 @@ def building_for_real() -> bool:
 def refuse_if_too_large(what: str, on_meta: nn.Module, copies: int = 1,
                         held: str = "as built") -> None:
     """DoesNotFit when `copies` of the parameters of `on_meta` (the model built on the meta
-    device: `held` says what the copies are) take more than the memory available here."""
+    device: `held` says what the copies are) take more than this process may still be given
+    (monitor/host_memory.room: the host's free memory, the job's cgroup, the address space)."""
     parameters = sum(p.numel() for p in on_meta.parameters())
     needed = copies * sum(p.numel() * p.element_size() for p in on_meta.parameters())
     left = room()
