@@ -68,3 +68,17 @@ def test_batches_padded_to_a_few_widths_take_only_those_widths(lengths):
     own = padding_of(lengths, sampler.batches(), shift=1, multiple_of=8)
     assert own < padding_of(lengths, sampler.batches(), widths, 8, 1) < own + 0.1
     assert bucket_widths(lengths, sampler.batches(), 0) == ()
+
+
+def test_without_drop_last_one_process_keeps_the_epoch_s_last_smaller_batch():
+    """Your DataLoader's drop_last=False (Hugging Face's default, with group_by_length) kept
+    under data.bucketing: before, the banner said it was kept while the sampler left the last
+    4 of 300 samples out of every epoch."""
+    lengths = np.arange(300) % 37 + 1
+    kept = LengthBucketSampler(lengths, batch_size=8, seed=1, drop_last=False)
+    dropped = LengthBucketSampler(lengths, batch_size=8, seed=1)
+    assert (len(kept), len(dropped)) == (38, 37)
+    assert sorted(i for batch in kept for i in batch) == list(range(300))
+    assert sorted(len(batch) for batch in kept)[0] == 4
+    ranks = LengthBucketSampler(lengths, batch_size=8, seed=1, world_size=2, drop_last=False)
+    assert all(len(batch) == 8 for batch in ranks)  # every rank steps alike

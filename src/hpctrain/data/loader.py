@@ -193,7 +193,7 @@ def _train_loader(data, train_set: Dataset, batch_size: int, seed: int, shard: d
                               "your DataLoader's collate_fn)")
         sampler = LengthBucketSampler(
             batching.lengths_of(train_set.dataset, data.dataset, shard["rank"]), batch_size,
-            seed=seed, keyed=True, **shard)
+            seed=seed, keyed=True, drop_last=drop_last, **shard)
         return SignalSafeLoader(train_set, batch_sampler=sampler, **common), sampler, \
             (bucketing_note(sampler),)
     if given is not None and given.batch_sampler is not None:  # it makes the batches

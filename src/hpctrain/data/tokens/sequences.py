@@ -25,8 +25,12 @@ class LengthBucketSampler(Sampler[list[int]]):
     """Batches of indices of similar length (see the module docstring); a batch sampler."""
 
     def __init__(self, lengths, batch_size: int, pool_batches: int = 50, shuffle: bool = True,
-                 seed: int = 0, rank: int = 0, world_size: int = 1, keyed: bool = False):
+                 seed: int = 0, rank: int = 0, world_size: int = 1, keyed: bool = False,
+                 drop_last: bool = True):
         self.lengths = np.asarray(lengths)
+        # False: the epoch's last samples make a smaller batch, as your DataLoader's
+        # drop_last=False (Hugging Face's default) does, where one process trains
+        self.drop_last = drop_last or world_size > 1
         self.keyed = keyed  # batches of SampleKeys, for a dataset that reseeds its workers
         self.batch_size, self.pool_batches = batch_size, pool_batches
         self.shuffle, self.seed = shuffle, seed
@@ -41,7 +45,8 @@ class LengthBucketSampler(Sampler[list[int]]):
 
     def batches(self) -> list[list[int]]:
         """This epoch's batches over all ranks, the same list on every rank; the tail that
-        does not fill a batch on every rank is left out."""
+        does not fill a batch on every rank is left out (on one process without drop_last, a
+        last smaller batch of it is kept)."""
         generator = np.random.default_rng(self.seed * 1_000_003 + self.epoch)
         order = generator.permutation(len(self.lengths)) if self.shuffle else \
             np.arange(len(self.lengths))
@@ -50,8 +55,9 @@ class LengthBucketSampler(Sampler[list[int]]):
         for begin in range(0, len(order), pool):
             chunk = order[begin:begin + pool]
             chunk = chunk[np.argsort(self.lengths[chunk], kind="stable")]
+            whole = len(chunk) - self.batch_size + 1 if self.drop_last else len(chunk)
             batches += [chunk[i:i + self.batch_size].tolist()
-                        for i in range(0, len(chunk) - self.batch_size + 1, self.batch_size)]
+                        for i in range(0, whole, self.batch_size)]
         if self.shuffle:
             batches = [batches[i] for i in generator.permutation(len(batches))]
         return batches[:len(batches) - len(batches) % self.world_size]
