@@ -95,10 +95,11 @@ def _left_out(parts) -> str | None:
     trained = parts.steps_per_epoch * parts.global_batch_size
     if trained >= samples:
         return None
+    keeping = "; a DataLoader with drop_last=False keeps a last smaller batch" \
+        if parts.world_size == 1 else ""  # several processes: the sampler's, said apart
     return (f"each epoch trains on {trained} of the {samples} samples: the last "
             f"{samples - trained} make no whole step of {parts.global_batch_size} and are left "
-            "out (drop_last; a shuffled order leaves out others each epoch; a DataLoader "
-            "with drop_last=False keeps a last smaller batch)")
+            f"out (drop_last; a shuffled order leaves out others each epoch{keeping})")
 
 
 def start_record(parts) -> dict:
