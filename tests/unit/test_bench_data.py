@@ -62,6 +62,9 @@ def test_python_sampling_places_each_sample_in_a_stage_by_its_innermost_frame():
     torch_worker = "_worker_loop (torch/utils/data/_utils/worker.py:300);fetch (f.py:1) 1"
     assert [p.role for p in parse_py_spy(f'process 10:"p";process 13:"p";{torch_worker}\n',
                                          root=10)] == ["worker"]
+    # there before the sampling began: another loader's worker, not the one measured
+    assert [p.role for p in parse_py_spy(f'process 10:"p";process 13:"p";{torch_worker}\n',
+                                         root=10, before=frozenset({13}))] == ["other process"]
     assert (training.role, training.pid, training.samples) == ("training process", 10, 4)
     assert training.stages["decoding"] == 0.75 and training.stages["transport"] == 0.25
     assert (worker.role, worker.pid, worker.samples) == ("worker", 11, 8)

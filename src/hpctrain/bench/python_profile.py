@@ -127,11 +127,13 @@ def _records(text: str) -> list[tuple[int | None, list[str], int]]:
     return found
 
 
-def parse_py_spy(text: str, root: int) -> list[ProcessProfile]:
+def parse_py_spy(text: str, root: int, before: frozenset[int] = frozenset()) \
+        -> list[ProcessProfile]:
     """py-spy's raw output (`process PID:"cmd";...;frame (file:line) COUNT` per stack, with
     --subprocesses) per process: `root` is the training process, a child seen in a loader
     worker's loop a worker, any other child (a fork server, a resource tracker, what the
-    caller started before) another process."""
+    caller started before: `before`, the processes there when sampling began, though one be
+    another loader's worker) another process."""
     by_pid: dict[int, list[tuple[list[str], int]]] = defaultdict(list)
     for pid, frames, count in _records(text):
         by_pid[root if pid is None else pid].append((frames, count))
@@ -139,6 +141,8 @@ def parse_py_spy(text: str, root: int) -> list[ProcessProfile]:
     def role(pid: int) -> str:
         if pid == root:
             return "training process"
+        if pid in before:
+            return "other process"
         seen_working = any(_WORKER_LOOP.match(frame) for frames, _ in by_pid[pid]
                            for frame in frames)
         return "worker" if seen_working else "other process"
@@ -165,6 +169,7 @@ class Recording:
         if spy is None:
             self.failed = "py-spy is not installed (pip install py-spy)"
             return
+        self._before = descendants(os.getpid())  # none of them the loader's workers
         self._folder = tempfile.TemporaryDirectory(prefix="hpctrain-py-spy-")
         self._output = Path(self._folder.name) / "samples.txt"
         self._recorder = subprocess.Popen(
@@ -186,11 +191,29 @@ class Recording:
             if self._output.is_file() and self._output.stat().st_size:
                 return InputProfile("py-spy", time.monotonic() - self.started,
                                     parse_py_spy(read_text_capped(self._output, PROFILE_CAP),
-                                                 os.getpid()))
+                                                 os.getpid(), self._before))
             self.failed = _why(errors)
             return None
         finally:
             self._folder.cleanup()
+
+
+def descendants(pid: int) -> frozenset[int]:
+    """The processes below `pid` (children, theirs, ...), as /proc lists them now, whichever
+    thread started them."""
+    found, below = set(), [pid]
+    while below:
+        parent = below.pop()
+        children = set()
+        try:
+            for thread in os.scandir(f"/proc/{parent}/task"):
+                children.update(int(c) for c in
+                                read_text_capped(Path(thread.path) / "children").split())
+        except OSError:  # it ended meanwhile, or there is no /proc
+            continue
+        below += children - found
+        found |= children
+    return frozenset(found)
 
 
 def _why(errors: str | None) -> str:

@@ -39,9 +39,9 @@ KEPT_VALIDATION_BUFFERS = 512 << 20
 
 @dataclass
 class DataBundle:
-    train_loader: DataLoader
+    train_loader: SignalSafeLoader | BufferedLoader
     train_sampler: EpochSampler | LengthBucketSampler | Stream  # each has set_epoch
-    val_loader: DataLoader
+    val_loader: SignalSafeLoader | BufferedLoader
     val_sampler: EpochSampler
     num_classes: int | None  # images
     num_workers: int
@@ -51,6 +51,11 @@ class DataBundle:
     collate: Callable = default_collate  # what the loaders batch samples with
     notes: tuple[str, ...] = ()  # what the banner says of the batches (bucketing's padding)
     data_module: object | None = None  # the LightningDataModule they came from, if any
+
+    def close(self) -> None:
+        """Stop both loaders' workers (a next pass starts them again)."""
+        self.train_loader.close()
+        self.val_loader.close()
 
     @property
     def skipped_images(self) -> int:

@@ -31,6 +31,7 @@ import os
 import signal
 import sys
 import threading
+import weakref
 from multiprocessing import resource_tracker
 
 from torch.utils.data import DataLoader
@@ -126,6 +127,7 @@ class SignalSafeLoader(DataLoader):
                 trainer=os.getpid())
         super().__init__(*args, **kwargs)
         self.stop_signals = tuple(stop_signals)
+        self._opened: weakref.WeakSet = weakref.WeakSet()  # the passes with workers
 
     def __iter__(self):
         watcher = signal.getsignal(signal.SIGCHLD)
@@ -133,7 +135,20 @@ class SignalSafeLoader(DataLoader):
             batches = super().__iter__()
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGCHLD, watcher)  # torch's: see _deaths_named
-        return _deaths_named(batches) if self.num_workers else batches
+        if not self.num_workers:
+            return batches
+        self._opened.add(batches)
+        return _deaths_named(batches)
+
+    def close(self) -> None:
+        """Stop the workers of every pass still open (a persistent pass's too), as torch does
+        when an iterator is freed: a run that ended by an exception keeps its frames, and so
+        its passes, in the traceback, which would keep idle workers alive for as long (in a
+        notebook, until the next error). A next pass starts workers again."""
+        for batches in list(self._opened):
+            batches._shutdown_workers()  # torch's own shutdown, bounded by its joins
+        self._opened.clear()
+        self._iterator = None
 
 
 def _deaths_named(batches):

@@ -61,6 +61,7 @@ def train(config: Config, env: ProcessEnv | None = None,
     # worker killed by SIGUSR1 would crash the run).
     stopper = Stopper()
     held = ExitStack()  # the run directory's lock, from its claim to the run's end
+    parts = None
     try:
         stopper.install(config.preemption.signal)  # a Ctrl-C held meanwhile: interrupted here
         start_resource_tracker((config.preemption.signal,))
@@ -75,6 +76,8 @@ def train(config: Config, env: ProcessEnv | None = None,
         return _train(parts, stopper, on_step, clock, watch)
     finally:
         watch.stop()
+        if parts is not None:  # the workers end with the run, however it ends
+            parts.data.close()
         held.close()
         stopper.close()
         forget_made()  # a next run in this process makes your data again
