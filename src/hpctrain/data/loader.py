@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
+from torch.utils.data import Dataset, IterableDataset, default_collate
 
 from hpctrain.data import batching
 from hpctrain.data.batch_buffers import BufferedLoader
