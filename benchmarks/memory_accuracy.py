@@ -129,13 +129,24 @@ def predict_only(args) -> None:
     print("|---|---|---|---|---|---|---|")
     for name in args.models.split(","):
         build, data, base = zoo(args.scale, args.image_size)[name]
-        for precision in ("fp32", "bf16"):
-            for ac in (False, True):
+        for precision in args.precisions:
+            for ac in args.checkpointing:
                 spec = spec_for(build, data, precision, ac, "cuda")
                 predicted, baseline = simulate(spec, base).peak, states_only(spec)
                 print(f"| {name} | {base} | {precision} | {'yes' if ac else 'no'} | "
                       f"{fmt_bytes(predicted)} | {fmt_bytes(baseline)} | "
                       f"{baseline / predicted:.2f} |", flush=True)
+
+
+def _listed(*allowed: str):
+    """An argument type: comma-separated words of `allowed` (yes/no as booleans)."""
+    def parse(text: str) -> list:
+        words = text.split(",")
+        if not words or any(w not in allowed for w in words):
+            raise argparse.ArgumentTypeError(f"{text!r}: comma-separated words of "
+                                             f"{', '.join(allowed)}")
+        return [w == "yes" for w in words] if set(allowed) == {"no", "yes"} else words
+    return parse
 
 
 def main() -> None:
@@ -145,6 +156,10 @@ def main() -> None:
     parser.add_argument("--models", default="resnet18,resnet50,vit_small,gpt")
     parser.add_argument("--image-size", type=int, default=None,
                         help="the image models' side (default 128, ViT 224)")
+    parser.add_argument("--precisions", type=_listed("fp32", "bf16"), default="fp32,bf16",
+                        help="the precisions measured: fp32, bf16 or both (comma-separated)")
+    parser.add_argument("--checkpointing", type=_listed("no", "yes"), default="no,yes",
+                        help="activation checkpointing off (no), on (yes) or both")
     parser.add_argument("--predict-only", action="store_true",
                         help="the GPU prediction beside the states-only estimate, measuring "
                              "nothing (for batch sizes this machine cannot run)")
@@ -165,8 +180,8 @@ def main() -> None:
     for name in args.models.split(","):
         build, data, base = zoo(args.scale, args.image_size)[name]
         for batch in (base, 2 * base):
-            for precision in ("fp32", "bf16"):
-                for ac in (False, True):
+            for precision in args.precisions:
+                for ac in args.checkpointing:
                     spec = spec_for(build, data, precision, ac, args.device)
                     started = time.perf_counter()
                     predicted = simulate(spec, batch)
