@@ -138,14 +138,13 @@ def predict_only(args) -> None:
                       f"{baseline / predicted:.2f} |", flush=True)
 
 
-def _listed(*allowed: str):
-    """An argument type: comma-separated words of `allowed` (yes/no as booleans)."""
+def _listed(words: dict):
+    """An argument type: comma-separated keys of `words`, read as their values."""
     def parse(text: str) -> list:
-        words = text.split(",")
-        if not words or any(w not in allowed for w in words):
+        if any(word not in words for word in text.split(",")):
             raise argparse.ArgumentTypeError(f"{text!r}: comma-separated words of "
-                                             f"{', '.join(allowed)}")
-        return [w == "yes" for w in words] if set(allowed) == {"no", "yes"} else words
+                                             f"{', '.join(words)}")
+        return [words[word] for word in text.split(",")]
     return parse
 
 
@@ -156,9 +155,11 @@ def main() -> None:
     parser.add_argument("--models", default="resnet18,resnet50,vit_small,gpt")
     parser.add_argument("--image-size", type=int, default=None,
                         help="the image models' side (default 128, ViT 224)")
-    parser.add_argument("--precisions", type=_listed("fp32", "bf16"), default="fp32,bf16",
+    parser.add_argument("--precisions", type=_listed({"fp32": "fp32", "bf16": "bf16"}),
+                        default="fp32,bf16",
                         help="the precisions measured: fp32, bf16 or both (comma-separated)")
-    parser.add_argument("--checkpointing", type=_listed("no", "yes"), default="no,yes",
+    parser.add_argument("--checkpointing", type=_listed({"no": False, "yes": True}),
+                        default="no,yes",
                         help="activation checkpointing off (no), on (yes) or both")
     parser.add_argument("--predict-only", action="store_true",
                         help="the GPU prediction beside the states-only estimate, measuring "

@@ -190,6 +190,16 @@ def test_a_benchmark_runs_at_a_tiny_size(script, arguments, expected, tmp_path):
         assert re.search(pattern, done.stdout, re.MULTILINE), (pattern, done.stdout)
 
 
+def test_memory_accuracy_names_a_case_word_it_does_not_know(tmp_path):
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "memory_accuracy.py"),
+                           "--precisions", "bf16,fp16"], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip().splitlines()[-1] == (
+        "memory_accuracy.py: error: argument --precisions: 'bf16,fp16': comma-separated words "
+        "of fp32, bf16")
+
+
 @pytest.mark.slow
 def test_the_gpu_batch_runs_its_steps_in_order_and_skips_what_its_deadline_leaves_out(
         tmp_path):
